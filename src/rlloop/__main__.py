@@ -1,0 +1,5 @@
+import sys
+
+from rlloop.cli import main
+
+sys.exit(main())

@@ -1,0 +1,150 @@
+"""What every algorithm shares: env construction, the runner, RNG, eval envs, state."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlloop.envs.core import EnvSpec, VecEnv
+from rlloop.envs.registry import make_env
+from rlloop.envs.wrappers import NormalizeObservation
+from rlloop.errors import ConfigError
+from rlloop.modules.normalizer import RunningMeanStd
+from rlloop.runners.env_runner import EnvRunner
+from rlloop.runners.evaluation import evaluate
+
+__all__ = ["AlgorithmBase", "ConfigError", "EnvSettings"]
+
+#: Eval envs are seeded apart from training envs so they never share episodes.
+EVAL_SEED_OFFSET = 1_000_003
+
+
+@dataclass
+class EnvSettings:
+    """Where an algorithm gets its experience from (resolved from the run config)."""
+
+    env_id: str
+    spec: EnvSpec
+    num_envs: int
+    backend: str = "auto"
+    seed: int = 0
+    total_env_steps: int = 100_000
+    horizons_per_env_reset: int = -1
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class AlgorithmBase:
+    """Owns the training env, its runner, the algorithm's RNG and cached eval envs.
+
+    Subclasses add modules, a learner and storage, and implement ``collect``,
+    ``update`` and ``act``. All randomness of an algorithm flows from
+    ``self.generator`` (and torch's global RNG only for network initialisation), so a
+    checkpoint of ``get_state()`` continues bit-exactly.
+    """
+
+    name = "base"
+
+    def __init__(self, settings: EnvSettings, obs_stats: RunningMeanStd | None = None) -> None:
+        self.settings = settings
+        torch.manual_seed(settings.seed)
+        self.generator = torch.Generator().manual_seed(settings.seed)
+        self.obs_stats = obs_stats
+        self.env_config: dict[str, Any] = {}
+        self.env = self._make_train_env(settings.env_kwargs)
+        self.runner = EnvRunner(self.env, seed=settings.seed)
+        self._eval_envs: dict[str, VecEnv] = {}
+        self.evals = 0
+
+    @property
+    def horizons_per_env_reset(self) -> int:
+        return self.settings.horizons_per_env_reset
+
+    def _make_train_env(self, env_kwargs: dict[str, Any]) -> VecEnv:
+        s = self.settings
+        env = make_env(s.env_id, s.num_envs, s.backend, seed=s.seed, env_kwargs=env_kwargs)
+        return NormalizeObservation(env, self.obs_stats) if self.obs_stats else env
+
+    def begin_horizon(self, collects: int, env_config: dict[str, Any] | None) -> None:
+        """Reset training envs at ``horizons_per_env_reset`` boundaries (rl8 semantics).
+
+        With a positive k, envs are reset (and ``env_config`` applied) every k collects;
+        with a negative k they are reset only once, at the start of training.
+        """
+        k = self.horizons_per_env_reset
+        if (k < 0 and collects) or (k > 0 and collects % k):
+            return
+        config = dict(env_config or {})
+        if config != self.env_config:
+            self.env.close()
+            self.env = self._make_train_env({**self.settings.env_kwargs, **config})
+            self.runner.env = self.env
+            self.env_config = config
+        if collects:
+            self.runner.reset(seed=self.settings.seed + collects)
+
+    def evaluate(self, episodes: int, env_config: dict[str, Any] | None = None,
+                 deterministic: bool = True) -> dict[str, float]:
+        """Run ``episodes`` whole episodes on an eval env; returns ``return_mean`` etc."""
+        env = self._eval_env(env_config or {}, min(episodes, 32))
+        self.evals += 1
+        seed = self.settings.seed + EVAL_SEED_OFFSET + self.evals
+        return evaluate(lambda obs: self.act(obs, deterministic), env, episodes, seed=seed)
+
+    def _eval_env(self, env_config: dict[str, Any], num_envs: int) -> VecEnv:
+        key = json.dumps([env_config, num_envs], sort_keys=True, default=str)
+        if key not in self._eval_envs:
+            s = self.settings
+            env = make_env(s.env_id, num_envs, s.backend, seed=s.seed + EVAL_SEED_OFFSET,
+                           env_kwargs={**s.env_kwargs, **env_config})
+            if self.obs_stats is not None:
+                env = NormalizeObservation(env, self.obs_stats, update=False)
+            self._eval_envs[key] = env
+        return self._eval_envs[key]
+
+    def collect(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    def update(self, env_steps: int) -> dict[str, float]:
+        raise NotImplementedError
+
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        raise NotImplementedError
+
+    def pop_times(self) -> dict[str, float]:
+        return self.runner.pop_times()
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "generator": self.generator.get_state(),
+            "runner": self.runner.get_state(),
+            "evals": self.evals,
+            "env_config": self.env_config,
+        }
+        if self.obs_stats is not None:
+            state["obs_norm"] = self.obs_stats.get_state()
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.runner.set_state(state["runner"])
+        self.evals = int(state["evals"])
+        self.env_config = dict(state.get("env_config", {}))
+        if self.obs_stats is not None and "obs_norm" in state:
+            self.obs_stats.set_state(state["obs_norm"])
+
+    def set_policy_state(self, state: dict[str, Any]) -> None:
+        """Load only what acting needs (weights, observation statistics) from ``get_state()``."""
+        learner = getattr(self, "learner")  # noqa: B009 - every algorithm owns one
+        learner.set_state({"module": state["learner"]["module"]})
+        if self.obs_stats is not None and "obs_norm" in state:
+            self.obs_stats.set_state(state["obs_norm"])
+
+    def close(self) -> None:
+        self.env.close()
+        for env in self._eval_envs.values():
+            env.close()
+        self._eval_envs.clear()

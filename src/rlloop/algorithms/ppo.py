@@ -1,0 +1,205 @@
+"""PPO: config, learner and the collect/update algorithm wired from rlloop's parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from rlloop.algorithms.base import AlgorithmBase, EnvSettings
+from rlloop.errors import ConfigError
+from rlloop.data.returns import gae
+from rlloop.data.rollout import PPOBatch, RolloutBuffer
+from rlloop.envs.core import Box
+from rlloop.envs.wrappers import discounted_reward_scale
+from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner
+from rlloop.losses.ppo import PPOLossConfig, ppo_loss
+from rlloop.modules.actor_critic import ActorCritic
+from rlloop.modules.normalizer import RunningMeanStd
+
+
+@dataclass
+class PPOConfig:
+    """PPO hyperparameters (defaults are rlloop's fast CartPole settings)."""
+
+    rollout_steps: int = 32
+    """Env steps per env per iteration (T); the batch is T * num_envs samples."""
+    num_epochs: int = 4
+    """Passes over each batch."""
+    minibatch_size: int = 512
+    """Samples per gradient step; must not exceed T * num_envs."""
+    lr: float = 3e-3
+    """Adam learning rate (start value when lr_schedule is linear)."""
+    lr_schedule: Literal["constant", "linear"] = "linear"
+    """"linear" decays lr to 0 at total_env_steps; "constant" keeps it."""
+    adam_eps: float = 1e-5
+    """Adam epsilon."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    clip_coef: float = 0.2
+    """Surrogate clipping epsilon."""
+    vf_coef: float = 0.5
+    """Value loss weight."""
+    ent_coef: float = 0.0
+    """Entropy bonus weight."""
+    clip_vf: float | None = None
+    """Clip the value update to +-clip_vf around the old value (None: off)."""
+    normalize_advantages: bool = True
+    """Standardise advantages per minibatch."""
+    target_kl: float | None = None
+    """Stop the epoch loop once approx-KL exceeds this (None: never)."""
+    max_grad_norm: float | None = 0.5
+    """Gradient clipping threshold (None: off)."""
+    grad_clip_by: Literal["global_norm", "norm", "value"] = "global_norm"
+    """How gradients are clipped: all params together, per tensor, or elementwise."""
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    """Hidden layer sizes of the actor and the critic MLPs."""
+    activation: Literal["tanh", "relu", "elu"] = "tanh"
+    """Hidden activation."""
+    init_log_std: float = 0.0
+    """Initial log standard deviation of the Gaussian policy (Box actions)."""
+    normalize_obs: bool = False
+    """Standardise observations with running statistics."""
+    normalize_rewards: bool = False
+    """Scale rewards by the running std of the discounted return."""
+
+    def __post_init__(self) -> None:
+        for name in ("rollout_steps", "num_epochs", "minibatch_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"ppo.{name} must be > 0, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ConfigError(f"ppo.lr must be > 0, got {self.lr}")
+        if not 0 < self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
+            raise ConfigError("ppo.gamma must be in (0, 1] and ppo.gae_lambda in [0, 1]")
+        if self.clip_coef <= 0:
+            raise ConfigError(f"ppo.clip_coef must be > 0, got {self.clip_coef}")
+        if not self.hidden or any(h <= 0 for h in self.hidden):
+            raise ConfigError(f"ppo.hidden must be a non-empty list of sizes > 0, got {self.hidden}")
+        GradientClip(self.max_grad_norm, self.grad_clip_by)
+
+    def check_batch(self, num_envs: int) -> None:
+        batch = self.rollout_steps * num_envs
+        if self.minibatch_size > batch:
+            raise ConfigError(
+                f"ppo.minibatch_size={self.minibatch_size} is larger than the batch "
+                f"(rollout_steps * num_envs = {batch}); lower it or collect more")
+
+
+class PPOLearner(Learner[PPOBatch]):
+    """Adam per module; the clipped-surrogate loss of :func:`rlloop.losses.ppo.ppo_loss`."""
+
+    def __init__(self, modules: dict[str, ActorCritic], config: PPOConfig,
+                 total_env_steps: int) -> None:
+        self.total_env_steps = total_env_steps
+        self.loss_cfg = PPOLossConfig(config.clip_coef, config.vf_coef, config.ent_coef,
+                                      config.clip_vf, config.normalize_advantages)
+        super().__init__(modules, config)
+
+    def configure_optimizers_for_module(self, module_id: str, config: PPOConfig) -> None:
+        params = list(self.modules[module_id].parameters())
+        lr: Any = config.lr
+        if config.lr_schedule == "linear":
+            lr = {"type": "linear", "start": config.lr, "end": 0.0,
+                  "steps": self.total_env_steps}
+        self.register_optimizer(module_id, "default",
+                                torch.optim.Adam(params, lr=config.lr, eps=config.adam_eps),
+                                params, lr, GradientClip(config.max_grad_norm,
+                                                         config.grad_clip_by))
+
+    def compute_loss_for_module(self, module_id: str, config: PPOConfig,
+                                batch: PPOBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        module = self.modules[module_id]
+        dist = module.dist(batch.obs)
+        actions = batch.actions.flatten(1) if batch.actions.dim() > 1 else batch.actions
+        return ppo_loss(dist.log_prob(actions), batch.log_probs, batch.advantages,
+                        module.value(batch.obs), batch.values, batch.returns,
+                        dist.entropy(), self.loss_cfg)
+
+
+class PPO(AlgorithmBase):
+    """Collect ``rollout_steps`` x ``num_envs`` steps, then ``num_epochs`` of minibatch PPO."""
+
+    name = "ppo"
+
+    def __init__(self, config: PPOConfig, env: EnvSettings) -> None:
+        config.check_batch(env.num_envs)
+        super().__init__(env, obs_stats=RunningMeanStd(env.spec.obs_shape)
+                         if config.normalize_obs else None)
+        self.config = config
+        spec = self.env.spec
+        self.policy = ActorCritic(spec.obs_shape, spec.action_space, config.hidden,
+                                  config.activation, config.init_log_std)
+        self.learner = PPOLearner({DEFAULT_MODULE_ID: self.policy}, config,
+                                  env.total_env_steps)
+        box = isinstance(spec.action_space, Box)
+        act_shape = spec.action_space.shape if isinstance(spec.action_space, Box) else ()
+        self.buffer = RolloutBuffer(config.rollout_steps, self.env.num_envs, spec.obs_shape,
+                                    act_shape, torch.float32 if box else torch.int64)
+        self.reward_stats = RunningMeanStd() if config.normalize_rewards else None
+        self.reward_running = torch.zeros(self.env.num_envs, dtype=torch.float64)
+
+    def _behaviour(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        return self.policy.act(obs, generator=self.generator)
+
+    def collect(self) -> dict[str, float]:
+        steps = self.runner.collect(self._behaviour, self.buffer)
+        return {"env/steps": float(steps), **self.runner.episodes.stats()}
+
+    def update(self, env_steps: int) -> dict[str, float]:
+        rates = self.learner.before_gradient_based_update(env_steps)
+        batch = self._batch()
+        cfg = self.config
+
+        def kl_stop(stats: dict[str, Tensor]) -> bool:
+            return cfg.target_kl is not None and float(stats["ppo/approx_kl"]) > cfg.target_kl
+
+        stats = self.learner.update_from_batch(
+            {DEFAULT_MODULE_ID: batch}, num_epochs=cfg.num_epochs,
+            minibatch_size=cfg.minibatch_size, generator=self.generator, stop=kl_stop)
+        stats.update({f"learner/{k.split('/', 1)[1]}": v for k, v in rates.items()})
+        return stats
+
+    @torch.no_grad()
+    def _batch(self) -> PPOBatch:
+        buf, policy, cfg = self.buffer, self.policy, self.config
+        t, n = buf.steps, buf.num_envs
+        values_all = policy.value(torch.cat([buf.obs.flatten(0, 1), self.runner.obs]))
+        values = values_all[: t * n].view(t, n)
+        next_values = values_all[n:].view(t, n).clone()
+        if bool(buf.truncated.any()):
+            next_values[buf.truncated] = policy.value(buf.next_obs[buf.truncated])
+        rewards = buf.rewards
+        if self.reward_stats is not None:
+            rewards = discounted_reward_scale(rewards, buf.terminated | buf.truncated,
+                                              self.reward_running, self.reward_stats, cfg.gamma)
+        adv, ret = gae(rewards, values, next_values, buf.terminated, buf.truncated,
+                       cfg.gamma, cfg.gae_lambda)
+        return PPOBatch(buf.obs.flatten(0, 1), buf.actions.flatten(0, 1),
+                        buf.log_probs.flatten(), adv.flatten(), ret.flatten(), values.flatten())
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        return self.policy.act(obs, deterministic=deterministic, generator=self.generator)[0]
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        state["learner"] = self.learner.get_state()
+        if self.reward_stats is not None:
+            state["reward_norm"] = {**self.reward_stats.get_state(),
+                                    "running": self.reward_running.clone()}
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.learner.set_state(state["learner"])
+        if self.reward_stats is not None and "reward_norm" in state:
+            self.reward_stats.set_state(state["reward_norm"])
+            self.reward_running.copy_(state["reward_norm"]["running"])
+
+    def export_weights(self) -> dict[str, Tensor]:
+        return dict(self.policy.state_dict())
+

@@ -1,0 +1,261 @@
+"""Run configuration: a dataclass validated on construction, loadable from YAML.
+
+Layers, each overriding the one before: defaults, the (algo, env) preset, a YAML
+file, command-line flags, and ``--set key=value`` pairs. The algorithm's own
+hyperparameters live in a section named after it (``ppo:``, set with
+``--set ppo.lr=1e-3``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from rlloop.algorithms import ALGORITHMS
+from rlloop.algorithms.presets import preset
+from rlloop.errors import ConfigError
+
+BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async")
+
+
+@dataclass
+class RunConfig:
+    """Everything a training run needs. Field docs double as the CLI's reference."""
+
+    algo: str = "ppo"
+    """Algorithm name (see ``rlloop algos``)."""
+    env: str = "CartPole-v1"
+    """Environment id: a native rlloop env or any Gymnasium id."""
+    backend: str = "auto"
+    """auto (native when one exists), native, gymnasium or gymnasium-async."""
+    num_envs: int = 16
+    """Parallel training envs."""
+    seed: int = 0
+    """Seed for networks, action sampling and envs."""
+    total_env_steps: int = 200_000
+    """Step budget: training stops once this many env steps were taken."""
+    stop_on_solve: bool = True
+    """Also stop when the eval return reaches solve_threshold."""
+    solve_threshold: float | None = None
+    """Eval return that counts as solved (default: the env's reward_threshold)."""
+    eval_every: int = 5
+    """Iterations between evaluations (0: only at the end)."""
+    eval_episodes: int = 10
+    """Episodes per evaluation."""
+    checkpoint_every: int = 50
+    """Iterations between periodic checkpoints (0: only at the end)."""
+    keep_checkpoints: int = 3
+    """Periodic checkpoints kept (the newest ones)."""
+    horizons_per_env_reset: int = -1
+    """Reset the training envs every k iterations; < 0 resets them only once."""
+    torch_threads: int = 1
+    """torch intra-op threads (1 is fastest for small MLPs on CPU)."""
+    mlflow: bool = True
+    """Log params and metrics to MLflow."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow store (default: a local store inside the run directory)."""
+    experiment: str = "rlloop"
+    """MLflow experiment name."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files under <run>/tensorboard."""
+    progress: bool = True
+    """Show the live progress line."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the env constructor (gymnasium.make kwargs)."""
+    hparams: Any = None
+    """The algorithm's config dataclass (YAML section named after the algorithm)."""
+
+    def __post_init__(self) -> None:
+        if self.algo not in ALGORITHMS:
+            raise ConfigError(f"unknown algorithm {self.algo!r}; choose one of "
+                              f"{sorted(ALGORITHMS)}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {self.backend!r}; choose one of {list(BACKENDS)}")
+        for name in ("num_envs", "total_env_steps", "eval_episodes", "keep_checkpoints",
+                     "torch_threads"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.horizons_per_env_reset == 0:
+            raise ConfigError("horizons_per_env_reset must be > 0 (reset every k iterations) "
+                              "or < 0 (reset once), not 0")
+        if self.hparams is None:
+            self.hparams = ALGORITHMS[self.algo].config_cls()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for YAML; the algorithm section is keyed by the algorithm's name."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "hparams"}
+        data[self.algo] = dataclasses.asdict(self.hparams)
+        return data
+
+
+def build_config(
+    algo: str,
+    env: str | None = None,
+    *,
+    file: str | Path | None = None,
+    flags: dict[str, Any] | None = None,
+    sets: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+) -> RunConfig:
+    """Resolve a :class:`RunConfig` from its layers (see module docstring).
+
+    ``base`` replaces defaults + preset (used when resuming from a saved config).
+    """
+    if algo not in ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGORITHMS)}")
+    file_data = load_yaml(file) if file else {}
+    env_id = env or (flags or {}).get("env") or file_data.get("env") or (base or {}).get(
+        "env") or "CartPole-v1"
+    data: dict[str, Any] = {"algo": algo, "env": env_id}
+    layers = [base] if base is not None else [preset(algo, env_id)]
+    layers += [file_data, {k: v for k, v in (flags or {}).items() if v is not None}]
+    for layer in layers:
+        _merge(data, layer)
+    data["algo"], data["env"] = algo, env_id
+    for item in sets or []:
+        key, value = parse_set(item)
+        _assign(data, key, value)
+    return from_dict(data)
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing YAML file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys to values")
+    return data
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """``"ppo.lr=1e-3"`` -> ``("ppo.lr", 0.001)``; values are parsed as YAML scalars."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects key=value (e.g. ppo.lr=0.001), got {item!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def from_dict(data: dict[str, Any]) -> RunConfig:
+    """Build and validate a RunConfig from plain data, with typed errors for bad input."""
+    data = dict(data)
+    algo = data.get("algo", "ppo")
+    if algo not in ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGORITHMS)}")
+    section = data.pop(algo, None) or {}
+    other_algos = [k for k in data if k in ALGORITHMS]
+    for key in other_algos:
+        data.pop(key)
+    hparams = _build(ALGORITHMS[algo].config_cls, section, prefix=f"{algo}.")
+    run = _build(RunConfig, {**data, "hparams": hparams}, prefix="")
+    return run  # type: ignore[no-any-return]
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.')} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            valid = [n for n in names if n != "hparams"]
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f"did you mean {prefix}{close[0]}? " if close else ""
+            raise ConfigError(f"unknown config key {prefix}{key!r}; {hint}valid keys: "
+                              f"{', '.join(prefix + n for n in valid)}")
+        kwargs[key] = value if key == "hparams" else _coerce(value, hints[key], prefix + key)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"invalid {prefix.rstrip('.') or 'config'}: {e}") from None
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0])
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key} must be one of {list(args)}, got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def _merge(into: dict[str, Any], layer: dict[str, Any] | None) -> None:
+    for key, value in (layer or {}).items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict) and key != "env_kwargs":
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)  # never alias a preset: --set mutates in place
+
+
+def _assign(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value

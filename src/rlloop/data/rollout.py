@@ -1,0 +1,58 @@
+"""Preallocated on-policy rollout storage ``[T, N, ...]``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlloop.learners.learner import TensorBatch
+
+
+class RolloutBuffer:
+    """``T`` steps of ``N`` envs, written in place by the runner every iteration.
+
+    Attributes (shapes):
+        obs: ``[T, N, *obs]`` observation the action was taken in.
+        actions: ``[T, N, *act]`` (int64 ``[T, N]`` for discrete spaces).
+        log_probs: ``[T, N]`` log-probability of the action under the behaviour policy.
+        rewards: ``[T, N]``.
+        terminated, truncated: ``[T, N]`` bool, the episode ended after step ``t``.
+        next_obs: ``[T, N, *obs]`` observation after the action; for ended episodes the
+            *final* observation (needed to bootstrap truncations), not the reset one.
+    """
+
+    def __init__(self, steps: int, num_envs: int, obs_shape: Sequence[int],
+                 action_shape: Sequence[int], action_dtype: torch.dtype) -> None:
+        t, n = steps, num_envs
+        self.steps, self.num_envs = steps, num_envs
+        self.obs = torch.zeros((t, n, *obs_shape))
+        self.next_obs = torch.zeros((t, n, *obs_shape))
+        self.actions = torch.zeros((t, n, *action_shape), dtype=action_dtype)
+        self.log_probs = torch.zeros((t, n))
+        self.rewards = torch.zeros((t, n))
+        self.terminated = torch.zeros((t, n), dtype=torch.bool)
+        self.truncated = torch.zeros((t, n), dtype=torch.bool)
+
+
+@dataclass(frozen=True)
+class PPOBatch(TensorBatch):
+    """A flat PPO training batch of ``B = T * N`` samples.
+
+    Attributes:
+        obs: ``[B, *obs]``.
+        actions: ``[B, *act]``.
+        log_probs: ``[B]`` behaviour log-probabilities.
+        advantages: ``[B]`` GAE advantages.
+        returns: ``[B]`` value targets (advantages + values).
+        values: ``[B]`` values at collection time (for value clipping).
+    """
+
+    obs: Tensor
+    actions: Tensor
+    log_probs: Tensor
+    advantages: Tensor
+    returns: Tensor
+    values: Tensor

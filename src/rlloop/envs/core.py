@@ -1,0 +1,127 @@
+"""The one batched environment interface every rlloop env speaks.
+
+A ``VecEnv`` holds ``num_envs`` copies of an environment and steps them all at
+once on tensors. Episodes reset automatically *in the same step* they end: the
+observation returned for a finished env is the first observation of its next
+episode, and the last observation of the finished episode is kept in
+``StepResult.final_obs`` so that truncated episodes can be bootstrapped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+class EnvError(ValueError):
+    """Bad environment input: unknown id, unsupported space, bad backend."""
+
+
+@dataclass(frozen=True)
+class Discrete:
+    """``n`` actions, encoded as int64 indices in ``[0, n)``."""
+
+    n: int
+
+
+@dataclass(frozen=True)
+class Box:
+    """Continuous values in ``[low, high]`` per dimension, encoded as float32."""
+
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+    shape: tuple[int, ...]
+
+    @property
+    def dim(self) -> int:
+        size = 1
+        for s in self.shape:
+            size *= s
+        return size
+
+
+ActionSpace = Discrete | Box
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What a learner needs to know about an environment.
+
+    Attributes:
+        env_id: The id the env was made from (e.g. ``"CartPole-v1"``).
+        obs_shape: Shape of one observation (without the batch dimension).
+        action_space: ``Discrete`` or ``Box``.
+        max_episode_steps: Time limit after which episodes are truncated, if any.
+        reward_threshold: Return at which the task counts as solved, if known.
+    """
+
+    env_id: str
+    obs_shape: tuple[int, ...]
+    action_space: ActionSpace
+    max_episode_steps: int | None = None
+    reward_threshold: float | None = None
+
+
+class StepResult(NamedTuple):
+    """One batched env step. Shapes use ``N = num_envs``.
+
+    Attributes:
+        obs: ``[N, *obs_shape]`` float32, next observation; for envs whose episode
+            just ended this is already the first observation of the next episode.
+        reward: ``[N]`` float32.
+        terminated: ``[N]`` bool, episode ended in a terminal state (no bootstrap).
+        truncated: ``[N]`` bool, episode cut by a time limit (bootstrap from
+            ``final_obs``). Never both true for one env.
+        final_obs: ``[N, *obs_shape]`` float32, last observation of the episode that
+            ended for envs with ``terminated | truncated``; equals ``obs`` elsewhere.
+    """
+
+    obs: Tensor
+    reward: Tensor
+    terminated: Tensor
+    truncated: Tensor
+    final_obs: Tensor
+
+
+@runtime_checkable
+class VecEnv(Protocol):
+    """A batch of environments stepped together on tensors."""
+
+    num_envs: int
+    spec: EnvSpec
+
+    def reset(self, seed: int | None = None) -> Tensor:
+        """Reset every env; ``seed`` seeds env ``i`` with ``seed + i``. Returns ``[N, *obs]``."""
+        ...
+
+    def step(self, actions: Tensor) -> StepResult:
+        """Step every env with ``actions`` (``[N]`` int64 or ``[N, *act]`` float32)."""
+        ...
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: RNG states and, where possible, env state.
+
+        Values are tensors, numbers, strings, lists or dicts of these (checkpointable data).
+        """
+        ...
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``get_state`` returned."""
+        ...
+
+    def close(self) -> None:
+        """Release processes, files and windows."""
+        ...
+
+
+def sample_random_actions(space: ActionSpace, n: int, generator: torch.Generator) -> Tensor:
+    """``n`` uniformly random actions from ``space`` (for random baselines and warm-up)."""
+    if isinstance(space, Discrete):
+        return torch.randint(space.n, (n,), generator=generator)
+    low = torch.tensor(space.low, dtype=torch.float32).reshape(space.shape)
+    high = torch.tensor(space.high, dtype=torch.float32).reshape(space.shape)
+    u = torch.rand((n, *space.shape), generator=generator)
+    return low + u * (high - low)

@@ -1,0 +1,245 @@
+"""Any Gymnasium environment behind rlloop's ``VecEnv`` interface.
+
+Gymnasium's own vector envs do the batching (``SyncVectorEnv`` in-process or
+``AsyncVectorEnv`` with one subprocess per env). Both run in ``SAME_STEP`` autoreset
+mode, which matches rlloop's contract: the observation returned for a finished env is
+already the first one of its next episode, and the last observation of the finished
+episode arrives in ``infos["final_obs"]`` (an object array, valid where
+``infos["_final_obs"]`` is set). Gymnasium's default (``NEXT_STEP``) would instead
+return the final observation and spend the following step on the reset.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+from gymnasium import spaces
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+from torch import Tensor
+
+from rlloop.envs.core import ActionSpace, Box, Discrete, EnvError, EnvSpec, StepResult
+
+
+def _one_line(space: gymnasium.Space[Any]) -> str:
+    return " ".join(str(space).split())
+
+
+def convert_action_space(env_id: str, space: gymnasium.Space[Any]) -> ActionSpace:
+    """rlloop's description of a Gymnasium action space, or ``EnvError`` if unsupported."""
+    if isinstance(space, spaces.Discrete):
+        return Discrete(int(space.n))
+    if isinstance(space, spaces.Box):
+        return Box(
+            low=tuple(float(v) for v in space.low.reshape(-1)),
+            high=tuple(float(v) for v in space.high.reshape(-1)),
+            shape=tuple(space.shape),
+        )
+    raise EnvError(
+        f"{env_id}: action space {_one_line(space)} is not supported (only Discrete and Box); "
+        "register a wrapped variant of the env that exposes a Discrete or Box action space"
+    )
+
+
+def obs_shape_of(env_id: str, space: gymnasium.Space[Any]) -> tuple[int, ...]:
+    """Shape of one observation as rlloop returns it, or ``EnvError`` if unsupported."""
+    if isinstance(space, spaces.Box):
+        return tuple(space.shape)
+    if isinstance(space, spaces.Discrete):
+        return (int(space.n),)  # one-hot
+    raise EnvError(
+        f"{env_id}: observation space {_one_line(space)} is not supported (only Box and "
+        "Discrete); register a variant wrapped in gymnasium.wrappers.FlattenObservation"
+    )
+
+
+def spec_from_gym(
+    env_id: str,
+    gym_spec: gymnasium.envs.registration.EnvSpec | None,
+    obs_space: gymnasium.Space[Any],
+    action_space: gymnasium.Space[Any],
+) -> EnvSpec:
+    """``EnvSpec`` from a made env's Gymnasium spec (which reflects ``max_episode_steps``
+    overrides passed to ``gymnasium.make``) and its spaces."""
+    return EnvSpec(
+        env_id=env_id,
+        obs_shape=obs_shape_of(env_id, obs_space),
+        action_space=convert_action_space(env_id, action_space),
+        max_episode_steps=None if gym_spec is None else gym_spec.max_episode_steps,
+        reward_threshold=None if gym_spec is None else gym_spec.reward_threshold,
+    )
+
+
+def gym_env_spec(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
+    """Spec of a Gymnasium env without stepping it: make one instance, read it, close it."""
+    env = gymnasium.make(env_id, **(env_kwargs or {}))
+    try:
+        return spec_from_gym(env_id, env.spec, env.observation_space, env.action_space)
+    finally:
+        env.close()
+
+
+class GymVecEnv:
+    """``num_envs`` copies of a Gymnasium env as a ``VecEnv``.
+
+    Observations become float32 tensors (Box as-is, Discrete one-hot); Discrete actions
+    are ``[N]`` int64 in ``[0, n)``, Box actions ``[N, *shape]`` float32, clipped to the
+    bounds before stepping. When Gymnasium reports both ``terminated`` and ``truncated``
+    only ``terminated`` is kept (a terminal state needs no bootstrap).
+
+    ``get_state`` saves only random-number state (each sub-env's ``np_random`` and the
+    action spaces' generators), not the physics: Gymnasium envs expose no general way to
+    read or write their state. Resume with ``set_state(s)`` then ``reset()``: the new
+    episodes then unfold exactly as they would have in the saved run after a reset.
+
+    Args:
+        env_id: A registered Gymnasium id.
+        num_envs: Batch size ``N``.
+        seed: Used by the first ``reset()`` that gets no seed of its own; sub-env ``i``
+            is seeded with ``seed + i``, as in Gymnasium.
+        asynchronous: One subprocess per env (``AsyncVectorEnv``); worth it only when a
+            single env step is slow compared with inter-process communication.
+        env_kwargs: Keyword arguments for ``gymnasium.make`` (``render_mode``,
+            ``max_episode_steps``, env-specific options).
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        seed: int | None = None,
+        asynchronous: bool = False,
+        env_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if num_envs < 1:
+            raise EnvError(f"num_envs must be >= 1, got {num_envs}")
+        kwargs = dict(env_kwargs or {})
+        env_fns = [functools.partial(gymnasium.make, env_id, **kwargs)] * num_envs
+        vec_cls = AsyncVectorEnv if asynchronous else SyncVectorEnv
+        self._vec: SyncVectorEnv | AsyncVectorEnv = vec_cls(
+            env_fns, autoreset_mode=AutoresetMode.SAME_STEP
+        )
+        try:
+            obs_space = self._vec.single_observation_space
+            act_space = self._vec.single_action_space
+            gym_spec = self._vec.get_attr("spec")[0]
+            self.spec = spec_from_gym(env_id, gym_spec, obs_space, act_space)
+        except BaseException:
+            self._vec.close()
+            raise
+        self.num_envs = num_envs
+        self.render_mode: str | None = kwargs.get("render_mode")
+        self._pending_seed = seed
+        self._obs_space = obs_space
+        self._act_space = act_space
+
+    # -- conversions ---------------------------------------------------------------
+
+    def _obs_to_tensor(self, obs: Any) -> Tensor:
+        """``[B, *obs_shape]`` float32 from a batch of Gymnasium observations."""
+        if isinstance(self._obs_space, spaces.Discrete):
+            index = torch.as_tensor(np.asarray(obs, dtype=np.int64) - int(self._obs_space.start))
+            return torch.nn.functional.one_hot(index, int(self._obs_space.n)).float()
+        return torch.from_numpy(np.asarray(obs, dtype=np.float32))
+
+    def _to_gym_actions(self, actions: Tensor) -> np.ndarray:
+        space = self._act_space
+        array = actions.detach().cpu().numpy()
+        if isinstance(space, spaces.Discrete):
+            if array.shape != (self.num_envs,):
+                raise EnvError(
+                    f"expected Discrete actions of shape ({self.num_envs},), got {array.shape}"
+                )
+            return array.astype(np.int64) + int(space.start)
+        assert isinstance(space, spaces.Box)
+        if array.shape != (self.num_envs, *space.shape):
+            raise EnvError(
+                f"expected Box actions of shape {(self.num_envs, *space.shape)}, got {array.shape}"
+            )
+        # Policies with unbounded Gaussians produce out-of-range actions; clipping here
+        # rather than in every env keeps the loss computed on the unclipped sample.
+        clipped: np.ndarray = np.clip(array, space.low, space.high)
+        return clipped.astype(space.dtype)
+
+    # -- VecEnv --------------------------------------------------------------------
+
+    def reset(self, seed: int | None = None) -> Tensor:
+        """Reset all sub-envs; ``seed`` (or the constructor's, once) seeds env ``i`` with
+        ``seed + i`` and the action spaces with ``seed``."""
+        if seed is None:
+            seed, self._pending_seed = self._pending_seed, None
+        if seed is not None:
+            self._vec.action_space.seed(seed)
+            self._vec.single_action_space.seed(seed)
+        obs, _ = self._vec.reset(seed=seed)
+        return self._obs_to_tensor(obs)
+
+    def step(self, actions: Tensor) -> StepResult:
+        """Step all sub-envs; finished ones are reset in the same call (see module doc)."""
+        obs, reward, terminated, truncated, infos = self._vec.step(self._to_gym_actions(actions))
+        obs_t = self._obs_to_tensor(obs)
+        final_obs = obs_t.clone()
+        ended = np.flatnonzero(infos.get("_final_obs", ()))
+        if ended.size:
+            last = np.stack([np.asarray(infos["final_obs"][i]) for i in ended])
+            final_obs[torch.from_numpy(ended)] = self._obs_to_tensor(last)
+        terminated = np.asarray(terminated, dtype=bool)
+        return StepResult(
+            obs=obs_t,
+            reward=torch.as_tensor(reward, dtype=torch.float32),
+            terminated=torch.from_numpy(terminated),
+            truncated=torch.from_numpy(np.asarray(truncated, dtype=bool) & ~terminated),
+            final_obs=final_obs,
+        )
+
+    def get_state(self) -> dict[str, Any]:
+        """RNG states only (see the class docstring for what is not saved)."""
+        return {
+            "env_rngs": [g.bit_generator.state for g in self._vec.get_attr("np_random")],
+            "action_space_rng": self._vec.action_space.np_random.bit_generator.state,
+            "single_action_space_rng": (
+                self._vec.single_action_space.np_random.bit_generator.state
+            ),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore the RNG states from ``get_state``; call ``reset()`` next."""
+        env_rngs = state["env_rngs"]
+        if len(env_rngs) != self.num_envs:
+            raise EnvError(
+                f"saved state holds {len(env_rngs)} sub-envs but this env has "
+                f"num_envs={self.num_envs}; create the env with the saved num_envs"
+            )
+        # New Generator objects, set through set_attr, so that this also reaches
+        # AsyncVectorEnv's subprocesses (get_attr only returns pickled copies there).
+        self._vec.set_attr("np_random", [_generator_from_state(s) for s in env_rngs])
+        self._vec.action_space.np_random.bit_generator.state = state["action_space_rng"]
+        single = self._vec.single_action_space.np_random.bit_generator
+        single.state = state["single_action_space_rng"]
+        self._pending_seed = None
+
+    def close(self) -> None:
+        """Close the sub-envs (and join the worker processes of the async backend)."""
+        self._vec.close()
+
+    def render_rgb(self) -> np.ndarray:
+        """``[H, W, 3]`` uint8 frame of sub-env 0; needs ``render_mode="rgb_array"``."""
+        if self.render_mode != "rgb_array":
+            raise EnvError(
+                f"render_rgb() needs frames but the env was made with render_mode="
+                f"{self.render_mode!r}; pass env_kwargs={{'render_mode': 'rgb_array'}}"
+            )
+        if isinstance(self._vec, SyncVectorEnv):
+            frame = self._vec.envs[0].render()
+        else:
+            frame = self._vec.call("render")[0]
+        return np.asarray(frame, dtype=np.uint8)
+
+
+def _generator_from_state(state: dict[str, Any]) -> np.random.Generator:
+    bit_generator = getattr(np.random, state["bit_generator"])()
+    bit_generator.state = state
+    return np.random.Generator(bit_generator)

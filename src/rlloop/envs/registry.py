@@ -1,0 +1,113 @@
+"""``make_env``: one entry point that picks the fastest backend for an env id.
+
+Backends:
+
+* ``"native"``: a batched torch implementation from ``NATIVE_ENVS`` (fast, exact resume).
+* ``"gymnasium"``: any Gymnasium id through ``GymVecEnv`` with ``SyncVectorEnv``.
+* ``"gymnasium-async"``: the same with ``AsyncVectorEnv`` (one subprocess per env).
+* ``"auto"``: native when an implementation is registered for the id, else gymnasium.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+
+from rlloop.envs.core import EnvError, EnvSpec, VecEnv
+from rlloop.envs.gym import GymVecEnv, gym_env_spec
+from rlloop.envs.native.cartpole import CartPoleVecEnv
+
+NativeFactory = Callable[..., VecEnv]
+"""Called as ``factory(num_envs=..., seed=..., **env_kwargs)``. A factory that has a
+class-level ``spec: EnvSpec`` (as a ``VecEnv`` class does) lets ``env_spec`` skip
+making an instance."""
+
+NATIVE_ENVS: dict[str, NativeFactory] = {"CartPole-v1": CartPoleVecEnv}
+
+BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async")
+
+
+def register_native(env_id: str, factory: NativeFactory) -> None:
+    """Make ``factory`` the native implementation of ``env_id`` (replacing any other)."""
+    NATIVE_ENVS[env_id] = factory
+
+
+def _resolve_backend(env_id: str, backend: str) -> str:
+    """The concrete backend for ``env_id``, or ``EnvError`` with a one-line fix."""
+    if backend not in BACKENDS:
+        raise EnvError(
+            f"unknown env backend {backend!r}; choose one of {', '.join(map(repr, BACKENDS))}"
+        )
+    # "module:Env-v0" ids import their module inside gymnasium.make, so they cannot be
+    # checked against the registry beforehand.
+    if env_id not in NATIVE_ENVS and env_id not in gymnasium.registry and ":" not in env_id:
+        known = sorted({*gymnasium.registry.keys(), *NATIVE_ENVS})
+        close = difflib.get_close_matches(env_id, known, n=3)
+        hint = (
+            f"did you mean {' or '.join(map(repr, close))}?"
+            if close
+            else "see gymnasium.pprint_registry() for the registered ids"
+        )
+        raise EnvError(f"unknown env id {env_id!r}; {hint}")
+    if backend == "auto":
+        return "native" if env_id in NATIVE_ENVS else "gymnasium"
+    if backend == "native" and env_id not in NATIVE_ENVS:
+        raise EnvError(
+            f"no native implementation of {env_id!r} (native ids: "
+            f"{', '.join(sorted(NATIVE_ENVS))}); use backend='gymnasium' or 'auto'"
+        )
+    return backend
+
+
+def make_env(
+    env_id: str,
+    num_envs: int = 1,
+    backend: str = "auto",
+    seed: int | None = None,
+    env_kwargs: dict[str, Any] | None = None,
+) -> VecEnv:
+    """``num_envs`` copies of ``env_id`` as one ``VecEnv`` (see the module docstring)."""
+    kwargs = dict(env_kwargs or {})
+    resolved = _resolve_backend(env_id, backend)
+    if resolved == "native":
+        factory = NATIVE_ENVS[env_id]
+        try:
+            inspect.signature(factory).bind(num_envs=num_envs, seed=seed, **kwargs)
+        except TypeError as e:
+            raise EnvError(
+                f"native {env_id!r} does not accept env_kwargs {sorted(kwargs)} ({e}); "
+                "drop them or use backend='gymnasium'"
+            ) from None
+        return factory(num_envs=num_envs, seed=seed, **kwargs)
+    return GymVecEnv(
+        env_id,
+        num_envs,
+        seed=seed,
+        asynchronous=resolved == "gymnasium-async",
+        env_kwargs=kwargs,
+    )
+
+
+def env_spec(
+    env_id: str, backend: str = "auto", env_kwargs: dict[str, Any] | None = None
+) -> EnvSpec:
+    """What ``make_env(env_id, backend=backend)`` would have as ``spec``, without stepping.
+
+    Meant for validating a config before any env exists. Native envs with a class-level
+    ``spec`` cost nothing; Gymnasium envs are made once and closed.
+    """
+    if _resolve_backend(env_id, backend) != "native":
+        return gym_env_spec(env_id, env_kwargs)
+    factory = NATIVE_ENVS[env_id]
+    spec = getattr(factory, "spec", None)
+    if isinstance(spec, EnvSpec):
+        return spec
+    env = factory(num_envs=1, seed=0, **(env_kwargs or {}))
+    try:
+        return env.spec
+    finally:
+        env.close()

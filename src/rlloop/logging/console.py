@@ -1,0 +1,156 @@
+"""Console progress: a live rich bar on a terminal, a plain line every few seconds elsewhere."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
+from rich.table import Table
+
+STEPS_KEY: Final = "env/steps"
+RETURN_KEY: Final = "episode/return_mean"
+EVAL_RETURN_KEY: Final = "eval/return_mean"
+_RATE_WINDOW_S: Final = 10.0  # steps/s is measured over about the last 10 seconds
+
+
+def _fmt_duration(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=round(seconds)))
+
+
+def print_summary(
+    lines: Mapping[str, str], console: Console | None = None, title: str = "Summary"
+) -> None:
+    """Print a short two-column table, e.g. ``{"env steps": "100,000", "time": "0:01:23"}``."""
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for name, value in lines.items():
+        table.add_row(name, value)
+    (console or Console()).print(table)
+
+
+class ConsoleSink:
+    """Show env steps (of the total), steps/s, latest train and eval return, and the ETA.
+
+    Env steps come from the ``env/steps`` metric when present, else from `step`. On a
+    terminal this is a live rich progress bar; otherwise (CI, pipes, tests) a plain line is
+    printed at most every `print_interval_s` seconds, plus a final one on `close`.
+
+    Args:
+        total_env_steps: The run's budget, for the bar and the ETA; None if unknown.
+        console: Where to write; a new `rich.console.Console` (stdout) by default.
+        enabled: False makes every method a no-op (quiet runs).
+        print_interval_s: Minimum seconds between plain lines when not on a terminal.
+        clock: Seconds as a float; inject a fake one in tests.
+    """
+
+    def __init__(
+        self,
+        total_env_steps: int | None,
+        console: Console | None = None,
+        enabled: bool = True,
+        *,
+        print_interval_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.total_env_steps = total_env_steps
+        self.console = console or Console()
+        self.enabled = enabled
+        self._live = self.console.is_terminal and not self.console.is_dumb_terminal
+        self._print_interval_s = print_interval_s
+        self._clock = clock
+        self._samples: deque[tuple[float, int]] = deque(maxlen=256)
+        self._steps: int | None = None
+        self._return: float | None = None
+        self._eval_return: float | None = None
+        self._last_print = -math.inf
+        self._unprinted = False
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Params are not shown on the console."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        if not self.enabled:
+            return
+        now = self._clock()
+        self._steps = int(metrics.get(STEPS_KEY, step))
+        self._samples.append((now, self._steps))
+        while now - self._samples[0][0] > _RATE_WINDOW_S and len(self._samples) > 2:
+            self._samples.popleft()
+        if RETURN_KEY in metrics:
+            self._return = float(metrics[RETURN_KEY])
+        if EVAL_RETURN_KEY in metrics:
+            self._eval_return = float(metrics[EVAL_RETURN_KEY])
+        if self._live:
+            self._update_bar()
+        elif now - self._last_print >= self._print_interval_s:
+            self._print_line()
+            self._last_print = now
+        else:
+            self._unprinted = True
+
+    def steps_per_second(self) -> float | None:
+        """Env steps per second over about the last 10 s; None before two reports."""
+        if len(self._samples) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else None
+
+    def status_line(self) -> str:
+        """The progress line as plain text."""
+        steps = self._steps or 0
+        total = self.total_env_steps
+        parts = [f"steps {steps:,}" + (f"/{total:,} ({steps / total:.0%})" if total else "")]
+        rate = self.steps_per_second()
+        parts.append(f"{rate:,.0f} steps/s" if rate is not None else "- steps/s")
+        if self._return is not None:
+            parts.append(f"return {self._return:.4g}")
+        if self._eval_return is not None:
+            parts.append(f"eval {self._eval_return:.4g}")
+        if total and rate:
+            parts.append(f"ETA {_fmt_duration(max(total - steps, 0) / rate)}")
+        return " | ".join(parts)
+
+    def _update_bar(self) -> None:
+        if self._progress is None:
+            # Started on the first report, not in __init__, so setup output prints normally.
+            self._progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                TextColumn("{task.fields[line]}"),
+                console=self.console,
+                refresh_per_second=4,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("train", total=self.total_env_steps, line="")
+        assert self._task is not None
+        self._progress.update(self._task, completed=self._steps, line=self.status_line())
+
+    def _print_line(self) -> None:
+        self.console.print(self.status_line(), markup=False, highlight=False)
+        self._unprinted = False
+
+    def print_summary(self, lines: Mapping[str, str], title: str = "Summary") -> None:
+        """Print a short final table on this sink's console (nothing when disabled)."""
+        if self.enabled:
+            print_summary(lines, self.console, title)
+
+    def close(self, status: str = "FINISHED") -> None:
+        if not self.enabled:
+            return
+        if self._progress is not None:
+            self._update_bar()
+            self._progress.stop()
+            self._progress = None
+        elif self._unprinted:
+            self._print_line()
+        if status != "FINISHED":
+            self.console.print(f"run {status}", markup=False, highlight=False)

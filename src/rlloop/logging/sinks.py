@@ -1,0 +1,138 @@
+"""Where reduced metrics go: the `Sink` protocol, a JSON-lines file, and a fan-out.
+
+The MLflow, TensorBoard and console sinks live in their own modules and import their
+backends lazily, so ``import rlloop.logging`` stays cheap.
+"""
+
+from __future__ import annotations
+
+# Absolute import: inside the package `rlloop.logging` this is still the standard library.
+import json
+import logging as pylogging
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from rlloop.logging.metrics import flatten_mapping
+
+_log = pylogging.getLogger(__name__)
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """A metrics destination. `log_metrics` is called once per report, not per env step."""
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Record the run's configuration (nested mappings are flattened to ``"a/b"``)."""
+        ...
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Record flat ``{"a/b": value}`` metrics at `step` (the env-step count)."""
+        ...
+
+    def close(self, status: str = "FINISHED") -> None:
+        """Flush and release; `status` is ``"FINISHED"``, ``"FAILED"`` or ``"KILLED"``."""
+        ...
+
+
+class JsonlSink:
+    """Append one JSON object per `log_metrics` call, ``{"step": ..., "a/b": ...}``, to `path`.
+
+    The file is line-buffered and opened for appending, so a resumed run continues the same
+    file. Params go to a sidecar ``<stem>.params.json`` (merged, newest wins), keeping every
+    line of the JSONL file a metrics row. Non-finite values are written as ``NaN`` /
+    ``Infinity``, which Python's `json` reads back.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.params_path = self.path.with_suffix(".params.json")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        needs_newline = self._ends_mid_line(self.path)
+        self._file = self.path.open("a", encoding="utf-8", buffering=1)
+        if needs_newline:
+            # A crash mid-write left a partial last line; start the resumed rows on a new one.
+            self._file.write("\n")
+
+    @staticmethod
+    def _ends_mid_line(path: Path) -> bool:
+        if not path.exists() or path.stat().st_size == 0:
+            return False
+        with path.open("rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        merged: dict[str, Any] = {}
+        if self.params_path.exists():
+            merged = json.loads(self.params_path.read_text(encoding="utf-8"))
+        merged.update(flatten_mapping(params))
+        tmp = self.params_path.with_name(self.params_path.name + ".tmp")
+        tmp.write_text(json.dumps(merged, indent=2, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, self.params_path)  # atomic: never a half-written params file
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        row: dict[str, Any] = {"step": int(step)}
+        row.update((name, float(value)) for name, value in metrics.items())
+        row["step"] = int(step)  # a metric called "step" must not hide the real one
+        self._file.write(json.dumps(row) + "\n")
+
+    def close(self, status: str = "FINISHED") -> None:
+        if not self._file.closed:
+            self._file.close()
+
+
+class MultiSink:
+    """Send every call to several sinks.
+
+    A sink that raises is disabled for the rest of the run after one warning, so a full
+    disk or an unreachable tracking store never stops training. `close` still tries every
+    sink, the failed ones included, so they can release files and mark their runs.
+    """
+
+    def __init__(self, sinks: Iterable[Sink]) -> None:
+        self.sinks: tuple[Sink, ...] = tuple(sinks)
+        self._failed: set[int] = set()
+
+    @property
+    def active(self) -> tuple[Sink, ...]:
+        """The sinks that have not failed."""
+        return tuple(s for i, s in enumerate(self.sinks) if i not in self._failed)
+
+    def _disable(self, index: int, method: str) -> None:
+        self._failed.add(index)
+        _log.warning(
+            "%s.%s failed; this sink is disabled for the rest of the run",
+            type(self.sinks[index]).__name__,
+            method,
+            exc_info=True,
+        )
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        for i, sink in enumerate(self.sinks):
+            if i in self._failed:
+                continue
+            try:
+                sink.log_params(params)
+            except Exception:
+                self._disable(i, "log_params")
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        for i, sink in enumerate(self.sinks):
+            if i in self._failed:
+                continue
+            try:
+                sink.log_metrics(metrics, step)
+            except Exception:
+                self._disable(i, "log_metrics")
+
+    def close(self, status: str = "FINISHED") -> None:
+        for i, sink in enumerate(self.sinks):
+            try:
+                sink.close(status)
+            except Exception:
+                if i in self._failed:  # already warned about this one
+                    _log.debug("closing failed sink %s raised", type(sink).__name__, exc_info=True)
+                else:
+                    self._disable(i, "close")

@@ -1,0 +1,66 @@
+"""Action distributions for discrete and continuous spaces.
+
+Both expose the same three operations the algorithms need, on batched tensors:
+``sample``, ``log_prob`` and ``entropy``, plus ``mode`` for deterministic acting.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class ActionDist(Protocol):
+    def sample(self, generator: torch.Generator | None = None) -> Tensor: ...
+    def mode(self) -> Tensor: ...
+    def log_prob(self, actions: Tensor) -> Tensor: ...
+    def entropy(self) -> Tensor: ...
+
+
+class Categorical:
+    """Categorical over the last dim of ``logits`` ``[B, A]``; actions are int64 ``[B]``."""
+
+    def __init__(self, logits: Tensor) -> None:
+        self.log_probs = logits - logits.logsumexp(-1, keepdim=True)
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        # Gumbel-max: one fused pass, and it honours an explicit generator.
+        u = torch.rand(self.log_probs.shape, generator=generator, dtype=self.log_probs.dtype)
+        gumbel = -torch.log(-torch.log(u.clamp_min(1e-20)))
+        return (self.log_probs + gumbel).argmax(-1)
+
+    def mode(self) -> Tensor:
+        return self.log_probs.argmax(-1)
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        return self.log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self) -> Tensor:
+        return -(self.log_probs.exp() * self.log_probs).sum(-1)
+
+
+class DiagGaussian:
+    """Diagonal Gaussian with ``mean`` ``[B, D]`` and ``log_std`` broadcastable to it."""
+
+    def __init__(self, mean: Tensor, log_std: Tensor) -> None:
+        self.mean = mean
+        self.log_std = log_std.expand_as(mean)
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        noise = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype)
+        return self.mean + noise * self.log_std.exp()
+
+    def mode(self) -> Tensor:
+        return self.mean
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        z = (actions - self.mean) * torch.exp(-self.log_std)
+        return (-0.5 * z.pow(2) - self.log_std - _LOG_SQRT_2PI).sum(-1)
+
+    def entropy(self) -> Tensor:
+        return (self.log_std + 0.5 + _LOG_SQRT_2PI).sum(-1)

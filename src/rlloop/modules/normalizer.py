@@ -1,0 +1,46 @@
+"""Running mean/variance statistics for observation and reward normalisation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class RunningMeanStd:
+    """Streaming mean and variance (Chan et al.'s parallel update), float64 for stability."""
+
+    def __init__(self, shape: Sequence[int] = (), clip: float = 10.0, eps: float = 1e-8) -> None:
+        self.mean = torch.zeros(tuple(shape), dtype=torch.float64)
+        self.var = torch.ones(tuple(shape), dtype=torch.float64)
+        self.count = eps
+        self.clip = clip
+        self.eps = eps
+
+    def update(self, x: Tensor) -> None:
+        """Fold a batch ``[B, *shape]`` into the statistics."""
+        x = x.reshape(-1, *self.mean.shape).to(torch.float64)
+        b = x.shape[0]
+        if b == 0:
+            return
+        mean, var = x.mean(0), x.var(0, unbiased=False)
+        delta = mean - self.mean
+        total = self.count + b
+        self.mean += delta * b / total
+        m2 = self.var * self.count + var * b + delta.pow(2) * self.count * b / total
+        self.var = m2 / total
+        self.count = total
+
+    def normalize(self, x: Tensor) -> Tensor:
+        z = (x - self.mean.to(x.dtype)) / torch.sqrt(self.var.to(x.dtype) + self.eps)
+        return z.clamp(-self.clip, self.clip)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"mean": self.mean.clone(), "var": self.var.clone(), "count": self.count}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.mean = state["mean"].clone().to(torch.float64)
+        self.var = state["var"].clone().to(torch.float64)
+        self.count = float(state["count"])

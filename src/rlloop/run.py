@@ -1,0 +1,326 @@
+"""A training run on disk: run directory, sinks, checkpoints, signals, resume.
+
+This is the composition root the CLI calls. The :class:`~rlloop.trainer.Trainer`
+knows nothing about files; everything that touches the run directory lives here.
+
+Run directory layout::
+
+    <run>/config.yaml        the full resolved config
+    <run>/run.json           run identity (MLflow run id, algo, env)
+    <run>/metrics.jsonl      one JSON object per logged step
+    <run>/checkpoints/<env steps>/   periodic checkpoints (last N kept) + the final one
+    <run>/best/              checkpoint with the best eval return so far
+    <run>/mlflow.db          the embedded MLflow store (``mlflow ui`` reads it)
+    <run>/report.md, summary.json, learning_curve.svg
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+import yaml
+
+from rlloop.algorithms import ALGORITHMS, AlgorithmBase, EnvSettings
+from rlloop.checkpoint import (
+    CheckpointManager,
+    capture_rng_state,
+    is_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    save_replacing,
+)
+from rlloop.conditions import Condition, HitsUpperBound
+from rlloop.config import RunConfig, build_config, load_yaml
+from rlloop.envs.core import Box, Discrete
+from rlloop.envs.registry import env_spec
+from rlloop.errors import ConfigError, RunDirError
+from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, Sink
+from rlloop.report import write_report
+from rlloop.trainer import Stats, Trainer
+
+COMPONENTS = ("algorithm", "trainer", "rng")
+
+
+def build_algorithm(config: RunConfig) -> AlgorithmBase:
+    """Validate the config against the env's spaces, then build the algorithm."""
+    spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
+    entry = ALGORITHMS[config.algo]
+    space = spec.action_space
+    if isinstance(space, Discrete) and not entry.discrete:
+        raise ConfigError(f"{config.algo} needs continuous (Box) actions but {config.env} has "
+                          "discrete ones; use ppo or dqn for this env")
+    if isinstance(space, Box) and not entry.continuous:
+        raise ConfigError(f"{config.algo} needs discrete actions but {config.env} has "
+                          "continuous ones; use ppo, sac or td3 for this env")
+    check = getattr(config.hparams, "check_batch", None)
+    if check is not None:
+        check(config.num_envs)
+    settings = EnvSettings(config.env, spec, config.num_envs, config.backend, config.seed,
+                           config.total_env_steps, config.horizons_per_env_reset,
+                           dict(config.env_kwargs))
+    return entry.build(config.hparams, settings)
+
+
+def default_run_dir(config: RunConfig) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{config.algo}-{config.env}-{stamp}"
+
+
+def solve_threshold(config: RunConfig) -> float | None:
+    if config.solve_threshold is not None:
+        return config.solve_threshold
+    return env_spec(config.env, config.backend, env_kwargs=config.env_kwargs).reward_threshold
+
+
+@dataclass
+class RunResult:
+    """What a finished run reports."""
+
+    run_dir: Path
+    env_steps: int
+    wall_time_s: float
+    best_eval_return: float | None
+    last_stats: Stats = field(default_factory=dict)
+    stopped_by: str = "budget"
+
+
+class _Checkpoints:
+    """Trainer callback: periodic, on-request (SIGUSR1) and best-so-far checkpoints."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def on_step(self, trainer: Trainer, stats: Stats) -> None:
+        every = self.session.config.checkpoint_every
+        steps = trainer.state["algorithm/steps"]
+        if (every and steps % every == 0) or self.session.save_requested:
+            self.session.save_requested = False
+            self.session.save()
+
+    def on_eval(self, trainer: Trainer, stats: Stats) -> None:
+        value = stats.get("eval/return_mean", math.nan)
+        best = self.session.best_eval_return
+        if not math.isnan(value) and (best is None or value > best):
+            self.session.best_eval_return = value
+            save_replacing(self.session.run_dir / "best", self.session.components(),
+                           metadata=self.session.metadata())
+
+
+class Session:
+    """One run directory with its algorithm, trainer, sinks and checkpoint manager."""
+
+    def __init__(self, config: RunConfig, run_dir: Path, *, resume: bool = False,
+                 console: Any = None) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.best_eval_return: float | None = None
+        self.save_requested = False
+        self.stop_requested: str | None = None
+        torch.set_num_threads(config.torch_threads)
+        self.algorithm = build_algorithm(config)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        self.manager = CheckpointManager(run_dir / "checkpoints", keep_last=config.keep_checkpoints)
+        identity = _read_json(run_dir / "run.json") if resume else {}
+        self.console = ConsoleSink(config.total_env_steps, console=console,
+                                   enabled=config.progress)
+        sinks: list[Sink] = [JsonlSink(run_dir / "metrics.jsonl"), self.console]
+        mlflow_run_id = identity.get("mlflow_run_id")
+        if config.mlflow:
+            from rlloop.logging import MlflowSink, sqlite_tracking_uri
+
+            uri = config.mlflow_tracking_uri or sqlite_tracking_uri(run_dir / "mlflow.db")
+            mlflow_sink = MlflowSink(uri, config.experiment, run_name=run_dir.name,
+                                     run_id=mlflow_run_id)
+            mlflow_run_id = mlflow_sink.run_id
+            sinks.append(mlflow_sink)
+        if config.tensorboard:
+            from rlloop.logging import TensorBoardSink
+
+            sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+        self.sink = MultiSink(sinks)
+        if not resume:
+            self.sink.log_params(config.to_dict())
+        _write_json(run_dir / "run.json", {"algo": config.algo, "env": config.env,
+                                           "mlflow_run_id": mlflow_run_id})
+        self.trainer = Trainer(self.algorithm, sink=self.sink,
+                               eval_episodes=config.eval_episodes, callbacks=[_Checkpoints(self)])
+        if resume:
+            self._restore()
+
+    # ---- checkpoint contents -----------------------------------------------------------
+    def components(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm.get_state(),
+                "trainer": {**self.trainer.get_state(), "best_eval_return": self.best_eval_return},
+                "rng": capture_rng_state()}
+
+    def metadata(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "env_steps": self.trainer.state["env/steps"],
+                "algo": self.config.algo, "env": self.config.env}
+
+    def save(self) -> Path:
+        return self.manager.save(self.trainer.state["env/steps"], self.components(),
+                                 metadata=self.metadata())
+
+    def _restore(self) -> None:
+        path = self.manager.latest()
+        if path is None:
+            raise RunDirError(f"{self.run_dir} has no loadable checkpoint to resume from; "
+                              "start a new run instead")
+        ckpt = load_checkpoint(path, expected_components=COMPONENTS)
+        self.algorithm.set_state(ckpt.components["algorithm"])
+        self.trainer.set_state(ckpt.components["trainer"])
+        self.best_eval_return = ckpt.components["trainer"].get("best_eval_return")
+        restore_rng_state(ckpt.components["rng"])
+
+    # ---- the run -------------------------------------------------------------------------
+    def stop_conditions(self) -> list[Condition]:
+        conditions: list[Condition] = [HitsUpperBound("env/steps", self.config.total_env_steps),
+                                       lambda _: self.stop_requested is not None]
+        threshold = solve_threshold(self.config)
+        if self.config.stop_on_solve and threshold is not None:
+            conditions.append(HitsUpperBound("eval/return_mean", threshold))
+        return conditions
+
+    def run(self) -> RunResult:
+        """Train until a stop condition; always writes a final checkpoint and the report."""
+        trainer, cfg = self.trainer, self.config
+        stats: Stats = {}
+        status = "FAILED"
+        start = time.perf_counter()
+        try:
+            with _signals(self):
+                if trainer.state["env/steps"] < cfg.total_env_steps:
+                    stats = trainer.run(steps_per_eval=cfg.eval_every or None,
+                                        stop_conditions=self.stop_conditions())
+                if "eval/return_mean" not in stats:
+                    stats = {**stats, **trainer.eval()}
+            status = "KILLED" if self.stop_requested else "FINISHED"
+        finally:
+            if trainer.state["algorithm/steps"] or not self.manager.latest():
+                self.save()
+            self.sink.close(status)
+            self.algorithm.close()
+        stopped_by = self._stopped_by(stats)
+        result = RunResult(self.run_dir, trainer.state["env/steps"], time.perf_counter() - start,
+                           self.best_eval_return, stats, stopped_by)
+        write_report(self.run_dir, result, cfg)
+        return result
+
+    def _stopped_by(self, stats: Stats) -> str:
+        if self.stop_requested:
+            return f"signal {self.stop_requested}"
+        threshold = solve_threshold(self.config)
+        if (self.config.stop_on_solve and threshold is not None
+                and stats.get("eval/return_mean", -math.inf) >= threshold):
+            return "solved"
+        return "budget"
+
+
+@contextmanager
+def _signals(session: Session) -> Iterator[None]:
+    """SIGTERM/SIGINT stop at the next iteration boundary; SIGUSR1 saves a checkpoint.
+
+    Handlers are installed only for the duration of the run and only in the main thread
+    (no import-time side effects). A second SIGINT interrupts immediately.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _: FrameType | None) -> None:
+        if signum == signal.SIGINT and session.stop_requested:
+            raise KeyboardInterrupt
+        session.stop_requested = signal.Signals(signum).name
+
+    def save(signum: int, _: FrameType | None) -> None:
+        session.save_requested = True
+
+    wanted = {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR1: save}
+    previous = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def train(config: RunConfig, run_dir: str | Path | None = None, *, console: Any = None) -> RunResult:
+    """Start a new run in ``run_dir`` (default ``runs/<algo>-<env>-<time>``)."""
+    path = Path(run_dir) if run_dir else default_run_dir(config)
+    if (path / "config.yaml").exists():
+        raise RunDirError(f"{path} already holds a run; resume it with --resume {path} "
+                          "or choose another --run-dir")
+    return Session(config, path, console=console).run()
+
+
+def load_run_config(run_dir: str | Path, **flags: Any) -> RunConfig:
+    """The saved config of a run, with ``flags`` (e.g. total_env_steps) overriding it."""
+    path = check_run_dir(run_dir)
+    saved = load_yaml(path / "config.yaml")
+    return build_config(saved.get("algo", "ppo"), saved.get("env"), base=saved, flags=flags)
+
+
+def resume(run_dir: str | Path, *, console: Any = None, **flags: Any) -> RunResult:
+    """Continue a run from its last checkpoint with its saved config."""
+    config = load_run_config(run_dir, **flags)
+    return Session(config, Path(run_dir), resume=True, console=console).run()
+
+
+def check_run_dir(run_dir: str | Path) -> Path:
+    path = Path(run_dir)
+    if not (path / "config.yaml").is_file():
+        raise RunDirError(f"{path} is not an rlloop run directory (no config.yaml); pass a "
+                          "directory made by `rlloop train`, e.g. runs/<run-name>")
+    return path
+
+
+def policy_checkpoint(run_dir: Path) -> Path:
+    """The best checkpoint of a run, else its latest one."""
+    if is_checkpoint(run_dir / "best"):
+        return run_dir / "best"
+    latest = CheckpointManager(run_dir / "checkpoints").latest()
+    if latest is None:
+        raise RunDirError(f"{run_dir} has no checkpoint yet; train it first")
+    return latest
+
+
+def evaluate_run(run_dir: str | Path, episodes: int = 20, backend: str | None = None
+                 ) -> dict[str, float]:
+    """Load a run's best policy and evaluate it deterministically on ``episodes`` episodes."""
+    flags: dict[str, Any] = {"mlflow": False}
+    if backend:
+        flags["backend"] = backend
+    config = load_run_config(run_dir, **flags)
+    path = policy_checkpoint(Path(run_dir))
+    algorithm = build_algorithm(config)
+    try:
+        state = load_checkpoint(path, expected_components=COMPONENTS).components["algorithm"]
+        algorithm.set_policy_state(state)
+        return algorithm.evaluate(episodes)
+    finally:
+        algorithm.close()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)

@@ -1,0 +1,55 @@
+"""Deterministic evaluation: run whole episodes on a separate eval env."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from rlloop.envs.core import VecEnv
+
+#: ``act(obs [N, *obs]) -> actions`` for evaluation (deterministic or sampled).
+ActFn = Callable[[Tensor], Tensor]
+
+
+@torch.inference_mode()
+def evaluate(act: ActFn, env: VecEnv, episodes: int, seed: int | None = None,
+             max_steps: int = 1_000_000) -> dict[str, float]:
+    """Mean/std/min/max return and mean length over exactly ``episodes`` episodes.
+
+    Env ``i`` contributes its first ``ceil((episodes - i) / N)`` episodes, so the result
+    does not favour envs whose episodes are short.
+    """
+    n = env.num_envs
+    quota = torch.tensor([len(range(i, episodes, n)) for i in range(n)])
+    obs = env.reset(seed=seed)
+    running = torch.zeros(n, dtype=torch.float64)
+    lengths = torch.zeros(n, dtype=torch.int64)
+    done_count = torch.zeros(n, dtype=torch.int64)
+    returns: list[float] = []
+    ep_lengths: list[int] = []
+    for _ in range(max_steps):
+        if bool((done_count >= quota).all()):
+            break
+        res = env.step(act(obs))
+        running += res.reward
+        lengths += 1
+        done = (res.terminated | res.truncated) & (done_count < quota)
+        if bool(done.any()):
+            returns.extend(running[done].tolist())
+            ep_lengths.extend(lengths[done].tolist())
+            done_count += done.long()
+        ended = res.terminated | res.truncated
+        running.masked_fill_(ended, 0.0)
+        lengths.masked_fill_(ended, 0)
+        obs = res.obs
+    r = torch.tensor(returns, dtype=torch.float64)
+    return {
+        "return_mean": float(r.mean()) if len(r) else float("nan"),
+        "return_std": float(r.std(unbiased=False)) if len(r) else float("nan"),
+        "return_min": float(r.min()) if len(r) else float("nan"),
+        "return_max": float(r.max()) if len(r) else float("nan"),
+        "length_mean": sum(ep_lengths) / max(len(ep_lengths), 1),
+        "episodes": float(len(returns)),
+    }

@@ -1,0 +1,80 @@
+"""The CLI as a user runs it: subprocesses, a real run directory, a real MLflow store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import rlloop_cmd
+from rlloop.checkpoint import CheckpointManager, load_checkpoint
+
+
+def _run(args, env, cwd, timeout=240):
+    return subprocess.run(rlloop_cmd(*args), env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_train_eval_resume(tmp_path, cli_env):
+    run = tmp_path / "run"
+    out = _run(["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(run), "--seed", "3",
+                "--total-env-steps", "2048", "--set", "stop_on_solve=false",
+                "--set", "checkpoint_every=2"], cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "best eval return" in out.stdout and str(run) in out.stdout
+    for name in ("config.yaml", "metrics.jsonl", "run.json", "mlflow.db", "report.md",
+                 "summary.json", "learning_curve.svg"):
+        assert (run / name).is_file(), name
+    assert load_checkpoint(run / "best").metadata["algo"] == "ppo"
+    latest = CheckpointManager(run / "checkpoints").latest()
+    assert latest is not None
+    assert load_checkpoint(latest).components["trainer"]["counters"]["env/steps"] == 2048
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any("time/learn_s" in r and "env/steps_per_s" in r for r in rows)
+
+    # The MLflow store is real and readable with MLflow's own client.
+    from mlflow.tracking import MlflowClient
+
+    run_id = json.loads((run / "run.json").read_text())["mlflow_run_id"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{run / 'mlflow.db'}")
+    mlrun = client.get_run(run_id)
+    assert mlrun.info.status == "FINISHED"
+    assert mlrun.data.params["algo"] == "ppo"
+    history = client.get_metric_history(run_id, "env/steps")
+    assert max(m.value for m in history) == 2048
+
+    ev = _run(["eval", str(run), "--episodes", "4", "--json"], cli_env, tmp_path)
+    assert ev.returncode == 0, ev.stderr
+    result = json.loads(ev.stdout.strip().splitlines()[-1])
+    assert result["episodes"] == 4 and result["mean_return"] > 0 and "std_return" in result
+
+    res = _run(["train", "ppo", "--resume", str(run), "--total-env-steps", "4096"],
+               cli_env, tmp_path)
+    assert res.returncode == 0, res.stderr
+    latest = CheckpointManager(run / "checkpoints").latest()
+    assert load_checkpoint(latest).components["trainer"]["counters"]["env/steps"] == 4096
+    # the same MLflow run continues
+    assert max(m.value for m in client.get_metric_history(run_id, "env/steps")) == 4096
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["train", "ppo", "--env", "CartPole-v7"], "CartPole-v1"),
+        (["train", "a2c"], "choose one of"),
+        (["train", "ppo", "--set", "ppo.lrr=1"], "did you mean ppo.lr"),
+        (["train", "ppo", "--set", "ppo.lr=fast"], "ppo.lr must be a number"),
+        (["train", "ppo", "--set", "num_envs=-2"], "num_envs must be > 0"),
+        (["eval", "."], "not an rlloop run directory"),
+        (["train", "ppo", "--resume", "nowhere"], "not an rlloop run directory"),
+        (["train", "sac", "--env", "CartPole-v1"], "choose one of"),
+    ],
+)
+def test_bad_input_gives_one_line_error(tmp_path, cli_env, args, expected):
+    out = _run(args, cli_env, tmp_path, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("rlloop: error:") and expected in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists()  # nothing is created for bad input

@@ -1,0 +1,70 @@
+"""Trainer semantics (rl8's): counters, eval rules, stop conditions, env resets."""
+
+import math
+
+import pytest
+
+from rlloop.conditions import HitsLowerBound, HitsUpperBound, Plateaus
+from rlloop.config import build_config
+from rlloop.run import build_algorithm
+from rlloop.trainer import Trainer
+
+
+def _trainer(**sets):
+    items = ["mlflow=false", "progress=false", "ppo.rollout_steps=8", "num_envs=4",
+             "ppo.minibatch_size=16", *[f"{k}={v}" for k, v in sets.items()]]
+    config = build_config("ppo", "CartPole-v1", sets=items)
+    return Trainer(build_algorithm(config), eval_episodes=3)
+
+
+def test_step_counters_and_stats_keys():
+    trainer = _trainer()
+    stats = trainer.step()
+    assert stats["env/steps"] == 32 and stats["algorithm/steps"] == 1
+    assert stats["algorithm/collects"] == 1
+    for key in ("losses/policy", "losses/value", "ppo/approx_kl", "time/env_s",
+                "time/inference_s", "time/learn_s", "env/steps_per_s"):
+        assert key in stats and math.isfinite(stats[key]), key
+    trainer.step()
+    assert trainer.state == {"algorithm/collects": 2, "algorithm/steps": 2, "env/steps": 64}
+
+
+def test_eval_returns_eval_stats():
+    stats = _trainer().eval()
+    assert stats["eval/episodes"] == 3
+    assert stats["eval/return_mean"] > 0
+
+
+def test_eval_config_rejected_when_envs_reset_once():
+    trainer = _trainer()
+    trainer.step()
+    with pytest.raises(ValueError, match="horizons_per_env_reset < 0"):
+        trainer.eval(env_config={"sutton_barto_reward": True})
+    with pytest.raises(ValueError, match="horizons_per_env_reset < 0"):
+        trainer.run(steps_per_eval=1, eval_env_config={"x": 1},
+                    stop_conditions=[HitsUpperBound("env/steps", 1)])
+
+
+def test_eval_only_at_reset_boundaries_and_steps_per_eval_multiple():
+    trainer = _trainer(horizons_per_env_reset=2)
+    trainer.step()
+    with pytest.raises(RuntimeError, match="every horizons_per_env_reset=2"):
+        trainer.eval()
+    trainer.step()
+    trainer.eval()
+    with pytest.raises(ValueError, match="multiple of horizons_per_env_reset=2"):
+        trainer.run(steps_per_eval=3)
+
+
+def test_run_stops_on_condition_and_evaluates():
+    trainer = _trainer()
+    stats = trainer.run(steps_per_eval=2, stop_conditions=[HitsUpperBound("env/steps", 128)])
+    assert stats["env/steps"] == 128
+    assert "eval/return_mean" in stats  # 4 steps: evaluated at the last one
+
+
+def test_conditions():
+    assert HitsUpperBound("a", 1)({"a": 1.0}) and not HitsUpperBound("a", 1)({"a": 0.5})
+    assert HitsLowerBound("a", 1)({"a": 0.5}) and not HitsLowerBound("a", 1)({})
+    plateau = Plateaus("a", patience=2, rtol=0.01)
+    assert [plateau({"a": v}) for v in (1.0, 5.0, 5.01, 5.0)] == [False, False, False, True]
