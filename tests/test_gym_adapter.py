@@ -189,6 +189,14 @@ def test_make_env_errors_are_one_line_env_errors(kwargs: dict, expected: str) ->
     assert "\n" not in str(info.value)
 
 
+def test_rejected_gym_env_kwargs_are_env_errors() -> None:
+    with pytest.raises(EnvError, match=r"rejected env_kwargs \['gravity'\]"):
+        make_env("Pendulum-v1", env_kwargs={"gravity": 3.0})  # Pendulum calls it g
+    with pytest.raises(EnvError, match=r"rejected env_kwargs \['gravity'\]"):
+        env_spec("Pendulum-v1", env_kwargs={"gravity": 3.0})
+    assert make_env("Pendulum-v1", env_kwargs={"g": 3.0}).spec.obs_shape == (3,)
+
+
 def test_env_spec_validates_like_make_env() -> None:
     with pytest.raises(EnvError, match="did you mean 'Pendulum-v1'"):
         env_spec("Pendulum-v2")

@@ -160,7 +160,7 @@ def _reference(
 def test_matches_per_env_reference_on_random_episodes(n: int) -> None:
     g = torch.Generator().manual_seed(n)
     num_envs, gamma = 3, 0.95
-    steps = []
+    steps: list[tuple[torch.Tensor, ...]] = []
     for t in range(60):
         ended = torch.rand(num_envs, generator=g) < 0.15
         terminated = ended & (torch.rand(num_envs, generator=g) < 0.5)

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+import safetensors
 import safetensors.torch
 import torch
 
@@ -279,6 +280,13 @@ def _write_file(file: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def _sync_and_hash(file: Path) -> dict[str, Any]:
+    with open(file, "rb") as f:
+        os.fsync(f.fileno())
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+        return {"bytes": f.tell(), "sha256": digest}
+
+
 def _fsync_dir(directory: Path) -> None:
     if os.name == "posix":  # a rename is durable only once its directory is synced
         fd = os.open(directory, os.O_RDONLY)
@@ -311,10 +319,10 @@ def _stage(path: Path, components: Mapping[str, Any], metadata: Mapping[str, Any
         for name, (skeleton, tensors) in encoded.items():
             file: dict[str, Any] | None = None
             if tensors:
-                data = safetensors.torch.save(tensors, metadata={"format": "pt"})
-                file = {"name": f"{name}.safetensors", "bytes": len(data),
-                        "sha256": hashlib.sha256(data).hexdigest()}
-                _write_file(tmp / file["name"], data)
+                # Straight to disk: save() to bytes would hold two extra copies in memory.
+                data = tmp / f"{name}.safetensors"
+                safetensors.torch.save_file(tensors, data, metadata={"format": "pt"})
+                file = {"name": data.name, **_sync_and_hash(data)}
             entries[name] = {"skeleton": skeleton, "file": file}
         body: dict[str, Any] = {
             "format": "rlloop-checkpoint", "format_version": FORMAT_VERSION,
@@ -323,6 +331,9 @@ def _stage(path: Path, components: Mapping[str, Any], metadata: Mapping[str, Any
         }
         body["manifest_sha256"] = _manifest_checksum(body)
         _write_file(tmp / MANIFEST, (json.dumps(body, indent=1, allow_nan=False) + "\n").encode())
+        for entry in entries.values():  # safetensors creates 0600 files; honour the umask
+            if entry["file"] is not None:
+                shutil.copymode(tmp / MANIFEST, tmp / entry["file"]["name"])
         _fsync_dir(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -523,15 +534,13 @@ def _read_tensors(file: Path, info: Mapping[str, Any], decode: bool) -> dict[str
     if size != info["bytes"]:
         raise _corrupt(file, f"has {size} bytes, manifest.json says {info['bytes']} (truncated?)")
     with open(file, "rb") as f:
-        data = f.read() if decode else b""
-        digest = hashlib.sha256(data).hexdigest() if decode else hashlib.file_digest(
-            f, "sha256").hexdigest()
-    if digest != info["sha256"]:
-        raise _corrupt(file, "fails its sha256 check (contents changed)")
+        if hashlib.file_digest(f, "sha256").hexdigest() != info["sha256"]:
+            raise _corrupt(file, "fails its sha256 check (contents changed)")
     if not decode:
         return {}
-    try:
-        return safetensors.torch.load(data)
+    try:  # clone: own memory, not a lazily read mapping of a file that may change or go away
+        with safetensors.safe_open(file, framework="pt") as st:
+            return {key: st.get_tensor(key).clone() for key in st.keys()}  # noqa: SIM118 (not a dict)
     except Exception as e:  # safetensors raises its own error type for any malformed input
         raise _corrupt(file, f"is not a valid safetensors file ({e})") from e
 

@@ -62,6 +62,9 @@ class RunConfig:
     """Log params and metrics to MLflow."""
     mlflow_tracking_uri: str | None = None
     """MLflow store (default: a local store inside the run directory)."""
+    mlflow_interval_s: float = 1.0
+    """Seconds between MLflow writes of train metrics (eval metrics are always written;
+    metrics.jsonl keeps every iteration)."""
     experiment: str = "rlloop"
     """MLflow experiment name."""
     tensorboard: bool = False
@@ -183,7 +186,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
             valid = [n for n in names if n != "hparams"]
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f"did you mean {prefix}{close[0]}? " if close else ""
-            raise ConfigError(f"unknown config key {prefix}{key!r}; {hint}valid keys: "
+            raise ConfigError(f"unknown config key '{prefix}{key}'; {hint}valid keys: "
                               f"{', '.join(prefix + n for n in valid)}")
         kwargs[key] = value if key == "hparams" else _coerce(value, hints[key], prefix + key)
     try:

@@ -45,7 +45,7 @@ from rlloop.config import RunConfig, build_config, load_yaml
 from rlloop.envs.core import Box, Discrete
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError, RunDirError
-from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, Sink
+from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, Sink, ThrottledSink
 from rlloop.report import write_report
 from rlloop.trainer import Stats, Trainer
 
@@ -144,7 +144,7 @@ class Session:
             mlflow_sink = MlflowSink(uri, config.experiment, run_name=run_dir.name,
                                      run_id=mlflow_run_id)
             mlflow_run_id = mlflow_sink.run_id
-            sinks.append(mlflow_sink)
+            sinks.append(ThrottledSink(mlflow_sink, config.mlflow_interval_s))
         if config.tensorboard:
             from rlloop.logging import TensorBoardSink
 

@@ -68,9 +68,9 @@ def fail_on_call(monkeypatch: pytest.MonkeyPatch, obj: Any, name: str, call: int
 @pytest.mark.parametrize(
     "failures",
     [
-        [(safetensors.torch, "save", 2)],  # the writer fails after the first file
-        [(ck, "_write_file", 2)],  # the second file write fails
-        [(ck, "_write_file", 3)],  # writing the manifest fails (two data files before it)
+        [(safetensors.torch, "save_file", 2)],  # the writer fails after the first file
+        [(ck, "_sync_and_hash", 2)],  # syncing the second file fails
+        [(ck, "_write_file", 1)],  # writing the manifest fails
         [(ck, "_fsync_dir", 1)],  # syncing the temp dir fails
         [(ck, "_exchange", 1), (os, "rename", 1)],  # moving it into place fails
     ],
@@ -100,7 +100,7 @@ def test_failed_save_keeps_previous(
 
 
 def test_failed_plain_save_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fail_on_call(monkeypatch, safetensors.torch, "save", 2)
+    fail_on_call(monkeypatch, safetensors.torch, "save_file", 2)
     with pytest.raises(OSError, match="injected"):
         save_checkpoint(tmp_path / "ckpt", state(1))
     assert list(tmp_path.iterdir()) == []

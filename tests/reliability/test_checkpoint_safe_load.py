@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import pickle
 import re
 from pathlib import Path
@@ -30,7 +31,7 @@ class Evil:
         self.sentinel = sentinel
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (open, (str(self.sentinel), "w"))
+        return (os.mkdir, (str(self.sentinel),))
 
 
 def payloads(sentinel: Path) -> dict[str, bytes]:
@@ -73,7 +74,7 @@ def test_payload_is_live(tmp_path: Path) -> None:
     sentinel = tmp_path / "ran"
     pickle.loads(payloads(sentinel)["pickle"])
     assert sentinel.exists()
-    sentinel.unlink()
+    sentinel.rmdir()
     torch.load(io.BytesIO(payloads(sentinel)["torch_save"]), weights_only=False)
     assert sentinel.exists()
 

@@ -33,7 +33,10 @@ class PPOConfig:
     lr: float = 3e-3
     """Adam learning rate (start value when lr_schedule is linear)."""
     lr_schedule: Literal["constant", "linear"] = "linear"
-    """"linear" decays lr to 0 at total_env_steps; "constant" keeps it."""
+    """"linear" decays lr to 0 over lr_decay_steps env steps; "constant" keeps it."""
+    lr_decay_steps: int = 200_000
+    """Env steps of the linear decay. Deliberately not tied to total_env_steps, so a run
+    cut short and resumed with a larger budget follows the same schedule."""
     adam_eps: float = 1e-5
     """Adam epsilon."""
     gamma: float = 0.99
@@ -68,7 +71,7 @@ class PPOConfig:
     """Scale rewards by the running std of the discounted return."""
 
     def __post_init__(self) -> None:
-        for name in ("rollout_steps", "num_epochs", "minibatch_size"):
+        for name in ("rollout_steps", "num_epochs", "minibatch_size", "lr_decay_steps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ppo.{name} must be > 0, got {getattr(self, name)}")
         if self.lr <= 0:
@@ -92,9 +95,7 @@ class PPOConfig:
 class PPOLearner(Learner[PPOBatch]):
     """Adam per module; the clipped-surrogate loss of :func:`rlloop.losses.ppo.ppo_loss`."""
 
-    def __init__(self, modules: dict[str, ActorCritic], config: PPOConfig,
-                 total_env_steps: int) -> None:
-        self.total_env_steps = total_env_steps
+    def __init__(self, modules: dict[str, ActorCritic], config: PPOConfig) -> None:
         self.loss_cfg = PPOLossConfig(config.clip_coef, config.vf_coef, config.ent_coef,
                                       config.clip_vf, config.normalize_advantages)
         super().__init__(modules, config)
@@ -104,7 +105,7 @@ class PPOLearner(Learner[PPOBatch]):
         lr: Any = config.lr
         if config.lr_schedule == "linear":
             lr = {"type": "linear", "start": config.lr, "end": 0.0,
-                  "steps": self.total_env_steps}
+                  "steps": config.lr_decay_steps}
         self.register_optimizer(module_id, "default",
                                 torch.optim.Adam(params, lr=config.lr, eps=config.adam_eps),
                                 params, lr, GradientClip(config.max_grad_norm,
@@ -133,8 +134,7 @@ class PPO(AlgorithmBase):
         spec = self.env.spec
         self.policy = ActorCritic(spec.obs_shape, spec.action_space, config.hidden,
                                   config.activation, config.init_log_std)
-        self.learner = PPOLearner({DEFAULT_MODULE_ID: self.policy}, config,
-                                  env.total_env_steps)
+        self.learner = PPOLearner({DEFAULT_MODULE_ID: self.policy}, config)
         box = isinstance(spec.action_space, Box)
         act_shape = spec.action_space.shape if isinstance(spec.action_space, Box) else ()
         self.buffer = RolloutBuffer(config.rollout_steps, self.env.num_envs, spec.obs_shape,

@@ -75,11 +75,24 @@ def spec_from_gym(
 
 def gym_env_spec(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
     """Spec of a Gymnasium env without stepping it: make one instance, read it, close it."""
-    env = gymnasium.make(env_id, **(env_kwargs or {}))
+    kwargs = env_kwargs or {}
+    try:
+        env = gymnasium.make(env_id, **kwargs)
+    except TypeError as e:
+        if not kwargs:  # then it is a bug in the env, not a user mistake
+            raise
+        raise _kwargs_error(env_id, kwargs, e) from e
     try:
         return spec_from_gym(env_id, env.spec, env.observation_space, env.action_space)
     finally:
         env.close()
+
+
+def _kwargs_error(env_id: str, kwargs: dict[str, Any], error: TypeError) -> EnvError:
+    return EnvError(
+        f"gymnasium.make({env_id!r}) rejected env_kwargs {sorted(kwargs)} ({error}); "
+        "check the env's constructor arguments"
+    )
 
 
 class GymVecEnv:
@@ -119,9 +132,14 @@ class GymVecEnv:
         kwargs = dict(env_kwargs or {})
         env_fns = [functools.partial(gymnasium.make, env_id, **kwargs)] * num_envs
         vec_cls = AsyncVectorEnv if asynchronous else SyncVectorEnv
-        self._vec: SyncVectorEnv | AsyncVectorEnv = vec_cls(
-            env_fns, autoreset_mode=AutoresetMode.SAME_STEP
-        )
+        try:
+            self._vec: SyncVectorEnv | AsyncVectorEnv = vec_cls(
+                env_fns, autoreset_mode=AutoresetMode.SAME_STEP
+            )
+        except TypeError as e:
+            if not kwargs:  # then it is a bug in the env, not a user mistake
+                raise
+            raise _kwargs_error(env_id, kwargs, e) from e
         try:
             obs_space = self._vec.single_observation_space
             act_space = self._vec.single_action_space
@@ -168,12 +186,14 @@ class GymVecEnv:
 
     def reset(self, seed: int | None = None) -> Tensor:
         """Reset all sub-envs; ``seed`` (or the constructor's, once) seeds env ``i`` with
-        ``seed + i`` and the action spaces with ``seed``."""
+        ``seed + i`` and the action spaces with ``seed + num_envs``."""
         if seed is None:
             seed, self._pending_seed = self._pending_seed, None
         if seed is not None:
-            self._vec.action_space.seed(seed)
-            self._vec.single_action_space.seed(seed)
+            # Not ``seed`` itself: equal seeds give equal PCG64 streams, which would make
+            # sampled actions replay env 0's reset noise.
+            self._vec.action_space.seed(seed + self.num_envs)
+            self._vec.single_action_space.seed(seed + self.num_envs)
         obs, _ = self._vec.reset(seed=seed)
         return self._obs_to_tensor(obs)
 

@@ -27,12 +27,19 @@ def print_summary(
     lines: Mapping[str, str], console: Console | None = None, title: str = "Summary"
 ) -> None:
     """Print a short two-column table, e.g. ``{"env steps": "100,000", "time": "0:01:23"}``."""
+    console = console or Console()
+    if not console.is_terminal:
+        # Plain lines for logs and pipes: a table would cut long paths to fit 80 columns.
+        console.print(title, highlight=False)
+        for name, value in lines.items():
+            console.print(f"  {name}: {value}", highlight=False, soft_wrap=True)
+        return
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     for name, value in lines.items():
         table.add_row(name, value)
-    (console or Console()).print(table)
+    console.print(table)
 
 
 class ConsoleSink:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import logging as pylogging
 import os
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -136,3 +137,44 @@ class MultiSink:
                     _log.debug("closing failed sink %s raised", type(sink).__name__, exc_info=True)
                 else:
                     self._disable(i, "close")
+
+
+class ThrottledSink:
+    """Forward to `sink` at most once every `min_interval_s` seconds (the newest values).
+
+    Metrics whose key starts with one of `always` (evaluations, by default) are forwarded
+    every time. Useful for stores with a per-value cost, such as MLflow over SQLite (about
+    0.3 ms per value): a fast trainer reports dozens of iterations per second, and the
+    full-resolution record stays in the JSONL file.
+    """
+
+    def __init__(self, sink: Sink, min_interval_s: float = 1.0,
+                 always: tuple[str, ...] = ("eval/",),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.sink = sink
+        self.min_interval_s = min_interval_s
+        self.always = always
+        self._clock = clock
+        self._last = -float("inf")
+        self._pending: tuple[dict[str, float], int] | None = None
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self.sink.log_params(params)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        if any(k.startswith(self.always) for k in metrics):
+            self.sink.log_metrics(metrics, step)
+            return
+        now = self._clock()
+        if now - self._last >= self.min_interval_s:
+            self._last = now
+            self._pending = None
+            self.sink.log_metrics(metrics, step)
+        else:
+            self._pending = (dict(metrics), step)
+
+    def close(self, status: str = "FINISHED") -> None:
+        if self._pending is not None:
+            self.sink.log_metrics(*self._pending)
+            self._pending = None
+        self.sink.close(status)
