@@ -168,3 +168,31 @@ def test_get_state_components_and_roundtrip():
     other.weights_seq_no = 99
     other.set_state({"weights_seq_no": 1})
     assert other.weights_seq_no == 99
+
+
+def test_nonfinite_loss_gradient_or_batch_is_skipped_and_counted():
+    learner = _learner()
+    before = [p.clone() for p in learner.modules.parameters()]
+    bad = _data()
+    bad.x[3, 1] = float("nan")
+    out = learner.update_from_batch({"a": bad})
+    assert out["guard/skipped_updates"] == 1
+    huge = XY(torch.full((8, 3), 1e30), torch.full((8,), -1e30))  # loss overflows to inf
+    learner.update_from_batch({"a": huge})
+    assert learner.skipped_updates == 2
+    for p, q in zip(before, learner.modules.parameters(), strict=True):
+        assert torch.equal(p, q)  # weights never moved, never NaN
+    learner.update_from_batch({"a": _data()})
+    assert all(torch.isfinite(p).all() for p in learner.modules.parameters())
+
+
+def test_nonfinite_raise_names_the_step():
+    from rlloop.learners.learner import NonFiniteError
+
+    torch.manual_seed(0)
+    learner = MSELearner({"a": nn.Linear(3, 1)}, {}, on_nonfinite="raise")
+    learner.env_steps = 1234
+    bad = _data()
+    bad.y[0] = float("inf")
+    with pytest.raises(NonFiniteError, match="env step 1234"):
+        learner.update_from_batch({"a": bad})

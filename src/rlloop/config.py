@@ -73,6 +73,9 @@ class RunConfig:
     """Show the live progress line."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the env constructor (gymnasium.make kwargs)."""
+    on_nonfinite: Literal["skip", "raise"] = "skip"
+    """A NaN/inf in a batch, loss or gradient skips that update (counted in
+    guard/skipped_updates) or stops the run with an error naming the step."""
     hparams: Any = None
     """The algorithm's config dataclass (YAML section named after the algorithm)."""
 

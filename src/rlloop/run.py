@@ -68,7 +68,7 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
         check(config.num_envs)
     settings = EnvSettings(config.env, spec, config.num_envs, config.backend, config.seed,
                            config.total_env_steps, config.horizons_per_env_reset,
-                           dict(config.env_kwargs))
+                           dict(config.env_kwargs), config.on_nonfinite)
     return entry.build(config.hparams, settings)
 
 
@@ -174,11 +174,10 @@ class Session:
                                  metadata=self.metadata())
 
     def _restore(self) -> None:
-        path = self.manager.latest()
-        if path is None:
+        ckpt = self.manager.load_latest(expected_components=COMPONENTS)
+        if ckpt is None:
             raise RunDirError(f"{self.run_dir} has no loadable checkpoint to resume from; "
                               "start a new run instead")
-        ckpt = load_checkpoint(path, expected_components=COMPONENTS)
         self.algorithm.set_state(ckpt.components["algorithm"])
         self.trainer.set_state(ckpt.components["trainer"])
         self.best_eval_return = ckpt.components["trainer"].get("best_eval_return")

@@ -25,7 +25,8 @@ EVAL_SEED_OFFSET = 1_000_003
 
 @dataclass
 class EnvSettings:
-    """Where an algorithm gets its experience from (resolved from the run config)."""
+    """Where an algorithm gets its experience from, and run-level settings it needs
+    (resolved from the run config)."""
 
     env_id: str
     spec: EnvSpec
@@ -35,6 +36,7 @@ class EnvSettings:
     total_env_steps: int = 100_000
     horizons_per_env_reset: int = -1
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    on_nonfinite: str = "skip"
 
 
 class AlgorithmBase:

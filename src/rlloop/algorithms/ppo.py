@@ -95,10 +95,11 @@ class PPOConfig:
 class PPOLearner(Learner[PPOBatch]):
     """Adam per module; the clipped-surrogate loss of :func:`rlloop.losses.ppo.ppo_loss`."""
 
-    def __init__(self, modules: dict[str, ActorCritic], config: PPOConfig) -> None:
+    def __init__(self, modules: dict[str, ActorCritic], config: PPOConfig,
+                 on_nonfinite: Literal["skip", "raise"] = "skip") -> None:
         self.loss_cfg = PPOLossConfig(config.clip_coef, config.vf_coef, config.ent_coef,
                                       config.clip_vf, config.normalize_advantages)
-        super().__init__(modules, config)
+        super().__init__(modules, config, on_nonfinite=on_nonfinite)
 
     def configure_optimizers_for_module(self, module_id: str, config: PPOConfig) -> None:
         params = list(self.modules[module_id].parameters())
@@ -107,7 +108,8 @@ class PPOLearner(Learner[PPOBatch]):
             lr = {"type": "linear", "start": config.lr, "end": 0.0,
                   "steps": config.lr_decay_steps}
         self.register_optimizer(module_id, "default",
-                                torch.optim.Adam(params, lr=config.lr, eps=config.adam_eps),
+                                torch.optim.Adam(params, lr=config.lr, eps=config.adam_eps,
+                                                 fused=True),
                                 params, lr, GradientClip(config.max_grad_norm,
                                                          config.grad_clip_by))
 
@@ -134,7 +136,8 @@ class PPO(AlgorithmBase):
         spec = self.env.spec
         self.policy = ActorCritic(spec.obs_shape, spec.action_space, config.hidden,
                                   config.activation, config.init_log_std)
-        self.learner = PPOLearner({DEFAULT_MODULE_ID: self.policy}, config)
+        self.learner = PPOLearner({DEFAULT_MODULE_ID: self.policy}, config,
+                                  on_nonfinite=env.on_nonfinite)  # type: ignore[arg-type]
         box = isinstance(spec.action_space, Box)
         act_shape = spec.action_space.shape if isinstance(spec.action_space, Box) else ()
         self.buffer = RolloutBuffer(config.rollout_steps, self.env.num_envs, spec.obs_shape,

@@ -18,6 +18,7 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 from torch import Tensor, nn
 
+from rlloop.errors import RlloopError
 from rlloop.learners.schedules import Schedule, make_schedule
 
 DEFAULT_MODULE_ID = "default_policy"
@@ -27,6 +28,10 @@ STATE_COMPONENTS = ("module", "optimizer", "weights_seq_no", "should_module_be_u
 
 class LearnerError(ValueError):
     """Misuse of the learner API: unknown module or optimiser, bad params."""
+
+
+class NonFiniteError(RlloopError, FloatingPointError):
+    """A NaN or infinity reached a loss or gradient with ``on_nonfinite="raise"``."""
 
 
 class TensorBatch:
@@ -75,12 +80,22 @@ class _Optim:
     clip: GradientClip = field(default_factory=GradientClip)
 
 
-def clip_gradients(params: Sequence[Tensor], clip: GradientClip) -> Tensor:
-    """Post-process ``.grad`` of ``params`` in place; returns the global norm before clipping."""
+def _grad_norm(params: Sequence[Tensor]) -> Tensor:
+    grads = [p.grad for p in params if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+
+
+def clip_gradients(params: Sequence[Tensor], clip: GradientClip,
+                   norm: Tensor | None = None) -> Tensor:
+    """Post-process ``.grad`` of ``params`` in place; returns the global norm before clipping.
+
+    ``norm`` may pass in the already computed global norm to save a pass over the grads.
+    """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
-    norm = torch.nn.utils.get_total_norm(grads)
+    if norm is None:
+        norm = torch.nn.utils.get_total_norm(grads)
     if clip.max is None:
         return norm
     if clip.by == "global_norm":
@@ -102,6 +117,8 @@ class Learner(Generic[BatchT]):
         config: The algorithm config, handed to the hooks (``config_for_module``).
         policies_to_train: Module ids to update, a predicate on the id, or ``None``
             for all.
+        on_nonfinite: What a NaN/inf in a batch, loss or gradient does: ``"skip"`` the
+            update (counted in ``guard/skipped_updates``) or ``"raise"``.
     """
 
     def __init__(
@@ -110,8 +127,11 @@ class Learner(Generic[BatchT]):
         config: Any,
         *,
         policies_to_train: Iterable[str] | Callable[[str], bool] | None = None,
+        on_nonfinite: Literal["skip", "raise"] = "skip",
     ) -> None:
         self.config = config
+        self.on_nonfinite = on_nonfinite
+        self.skipped_updates = 0
         self.modules = nn.ModuleDict()
         self._optims: dict[tuple[str, str], _Optim] = {}
         self.env_steps = 0
@@ -220,7 +240,12 @@ class Learner(Generic[BatchT]):
         self.weights_seq_no += 1
 
     def update_minibatch(self, batch: Mapping[str, BatchT]) -> dict[str, Tensor]:
-        """One gradient step on every module to be updated that has data in ``batch``."""
+        """One gradient step on every module to be updated that has data in ``batch``.
+
+        A non-finite loss or gradient skips the whole step (no optimiser moves), counts
+        ``guard/skipped_updates`` and, with ``on_nonfinite="raise"``, raises
+        :class:`NonFiniteError` instead, so weights never become NaN.
+        """
         stats: dict[str, Tensor] = {}
         total: Tensor | None = None
         ids = [m for m in batch if self._updatable(m)]
@@ -231,16 +256,41 @@ class Learner(Generic[BatchT]):
             stats.update(_prefixed(module_id, module_stats, len(self.modules)))
         if total is None:
             return stats
-        optims = [o for (m, _), o in self._optims.items() if m in ids]
-        for o in optims:
+        if not bool(torch.isfinite(total)):
+            return self._skip("loss", stats)
+        optims = [(key, o) for key, o in self._optims.items() if key[0] in ids]
+        for _, o in optims:
             o.optimizer.zero_grad(set_to_none=True)
         total.backward()  # type: ignore[no-untyped-call]
-        for (module_id, name), o in self._optims.items():
-            if module_id in ids:
-                norm = clip_gradients(o.params, o.clip)
-                stats[f"{module_id}/gradients_{name}_global_norm"] = norm
-                o.optimizer.step()
+        norms = {key: _grad_norm(o.params) for key, o in optims}
+        if not all(bool(torch.isfinite(n)) for n in norms.values()):
+            for _, o in optims:
+                o.optimizer.zero_grad(set_to_none=True)
+            return self._skip("gradient", stats)
+        for (module_id, name), o in optims:
+            clip_gradients(o.params, o.clip, norms[(module_id, name)])
+            stats[f"{module_id}/gradients_{name}_global_norm"] = norms[(module_id, name)]
+            o.optimizer.step()
         return stats
+
+    def _skip(self, what: str, stats: dict[str, Tensor]) -> dict[str, Tensor]:
+        self.skipped_updates += 1
+        if self.on_nonfinite == "raise":
+            raise NonFiniteError(
+                f"non-finite {what} at env step {self.env_steps} (update "
+                f"{self.weights_seq_no}); the update was not applied. Lower the learning rate "
+                "or check the env's observations and rewards, or set on_nonfinite=skip")
+        return {k: v for k, v in stats.items() if bool(torch.isfinite(v))}
+
+    def batch_is_finite(self, batch: Mapping[str, BatchT]) -> bool:
+        """True if every float tensor of every module's batch is finite."""
+        for b in batch.values():
+            for f in dataclasses.fields(b):  # type: ignore[arg-type]
+                v = getattr(b, f.name)
+                if isinstance(v, Tensor) and v.is_floating_point() and not bool(
+                        torch.isfinite(v).all()):
+                    return False
+        return True
 
     def update_from_batch(
         self,
@@ -259,6 +309,9 @@ class Learner(Generic[BatchT]):
         """
         for module_id in batch:
             self._check_module(module_id)
+        if not self.batch_is_finite(batch):
+            self._skip("observation, reward or target in the batch", {})
+            return {"guard/skipped_updates": float(self.skipped_updates)}
         sizes = {m: len(b) for m, b in batch.items()}
         n_max = max(sizes.values())
         num_mb = 1 if not minibatch_size else max(1, -(-n_max // minibatch_size))
@@ -281,6 +334,7 @@ class Learner(Generic[BatchT]):
         out = _mean_stats(history)
         out["learner/minibatch_updates"] = float(len(history))
         out["learner/weights_seq_no"] = float(self.weights_seq_no)
+        out["guard/skipped_updates"] = float(self.skipped_updates)
         return out
 
     def _updatable(self, module_id: str) -> bool:

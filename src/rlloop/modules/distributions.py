@@ -26,13 +26,13 @@ class Categorical:
     """Categorical over the last dim of ``logits`` ``[B, A]``; actions are int64 ``[B]``."""
 
     def __init__(self, logits: Tensor) -> None:
-        self.log_probs = logits - logits.logsumexp(-1, keepdim=True)
+        self.log_probs = torch.log_softmax(logits, -1)
 
     def sample(self, generator: torch.Generator | None = None) -> Tensor:
-        # Gumbel-max: one fused pass, and it honours an explicit generator.
-        u = torch.rand(self.log_probs.shape, generator=generator, dtype=self.log_probs.dtype)
-        gumbel = -torch.log(-torch.log(u.clamp_min(1e-20)))
-        return (self.log_probs + gumbel).argmax(-1)
+        # Gumbel-max in its exponential form: argmax(log p - log E), E ~ Exp(1). Four
+        # small ops instead of torch.multinomial's setup, and it honours the generator.
+        e = torch.empty_like(self.log_probs).exponential_(generator=generator)
+        return (self.log_probs - e.log_()).argmax(-1)
 
     def mode(self) -> Tensor:
         return self.log_probs.argmax(-1)
