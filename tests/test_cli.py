@@ -6,8 +6,8 @@ import json
 import subprocess
 
 import pytest
-
 from conftest import rlloop_cmd
+
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 
 

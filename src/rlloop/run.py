@@ -255,7 +255,8 @@ def _signals(session: Session) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def train(config: RunConfig, run_dir: str | Path | None = None, *, console: Any = None) -> RunResult:
+def train(config: RunConfig, run_dir: str | Path | None = None, *,
+          console: Any = None) -> RunResult:
     """Start a new run in ``run_dir`` (default ``runs/<algo>-<env>-<time>``)."""
     path = Path(run_dir) if run_dir else default_run_dir(config)
     if (path / "config.yaml").exists():

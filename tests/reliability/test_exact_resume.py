@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 import torch
-
 from conftest import rlloop_cmd
+
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 
 CASES = {

@@ -9,11 +9,11 @@ import torch
 from torch import Tensor
 
 from rlloop.algorithms.base import AlgorithmBase, EnvSettings
-from rlloop.errors import ConfigError
 from rlloop.data.returns import gae
 from rlloop.data.rollout import PPOBatch, RolloutBuffer
 from rlloop.envs.core import Box
 from rlloop.envs.wrappers import discounted_reward_scale
+from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss
 from rlloop.modules.actor_critic import ActorCritic
@@ -81,7 +81,8 @@ class PPOConfig:
         if self.clip_coef <= 0:
             raise ConfigError(f"ppo.clip_coef must be > 0, got {self.clip_coef}")
         if not self.hidden or any(h <= 0 for h in self.hidden):
-            raise ConfigError(f"ppo.hidden must be a non-empty list of sizes > 0, got {self.hidden}")
+            raise ConfigError(
+                f"ppo.hidden must be a non-empty list of sizes > 0, got {self.hidden}")
         GradientClip(self.max_grad_norm, self.grad_clip_by)
 
     def check_batch(self, num_envs: int) -> None:

@@ -67,7 +67,8 @@ class GradientClip:
 
     def __post_init__(self) -> None:
         if self.by not in ("global_norm", "norm", "value"):
-            raise LearnerError(f"grad clip 'by' must be global_norm, norm or value, not {self.by!r}")
+            raise LearnerError(
+                f"grad clip 'by' must be global_norm, norm or value, not {self.by!r}")
         if self.max is not None and self.max <= 0:
             raise LearnerError(f"grad clip max must be > 0 (or None to disable), got {self.max}")
 

@@ -7,6 +7,7 @@ manifest and a config spells it in YAML: ``{"type": "linear", "start": 1e-3, "en
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -57,7 +58,7 @@ class PiecewiseLinear:
         pts = self.points
         if env_steps <= pts[0][0]:
             return pts[0][1]
-        for (x0, y0), (x1, y1) in zip(pts[:-1], pts[1:], strict=True):
+        for (x0, y0), (x1, y1) in itertools.pairwise(pts):
             if env_steps <= x1:
                 return y0 + (env_steps - x0) / max(x1 - x0, 1) * (y1 - y0)
         return pts[-1][1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -26,7 +27,7 @@ def mlp(
     """
     layers: list[nn.Module] = []
     dims = [in_dim, *hidden]
-    for a, b in zip(dims[:-1], dims[1:], strict=True):
+    for a, b in itertools.pairwise(dims):
         layers += [_init(nn.Linear(a, b), math.sqrt(2)), ACTIVATIONS[activation]()]
     layers.append(_init(nn.Linear(dims[-1], out_dim), out_gain))
     return nn.Sequential(*layers)
