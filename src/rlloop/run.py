@@ -53,7 +53,13 @@ COMPONENTS = ("algorithm", "trainer", "rng")
 
 
 def build_algorithm(config: RunConfig) -> AlgorithmBase:
-    """Validate the config against the env's spaces, then build the algorithm."""
+    """Validate the config against the env's spaces, then build the algorithm.
+
+    Checks that need no env run first, so bad sizes fail before any env is created.
+    """
+    check = getattr(config.hparams, "check_batch", None)
+    if check is not None:
+        check(config.num_envs)
     spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
     entry = ALGORITHMS[config.algo]
     space = spec.action_space
@@ -63,9 +69,6 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     if isinstance(space, Box) and not entry.continuous:
         raise ConfigError(f"{config.algo} needs discrete actions but {config.env} has "
                           "continuous ones; use ppo, sac or td3 for this env")
-    check = getattr(config.hparams, "check_batch", None)
-    if check is not None:
-        check(config.num_envs)
     settings = EnvSettings(config.env, spec, config.num_envs, config.backend, config.seed,
                            config.total_env_steps, config.horizons_per_env_reset,
                            dict(config.env_kwargs), config.on_nonfinite)

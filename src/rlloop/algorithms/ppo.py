@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -128,6 +128,8 @@ class PPO(AlgorithmBase):
     """Collect ``rollout_steps`` x ``num_envs`` steps, then ``num_epochs`` of minibatch PPO."""
 
     name = "ppo"
+    #: Scratch storage, fully rewritten by every collect before it is read: not state.
+    transient_attrs: ClassVar[frozenset[str]] = frozenset({"buffer"})
 
     def __init__(self, config: PPOConfig, env: EnvSettings) -> None:
         config.check_batch(env.num_envs)

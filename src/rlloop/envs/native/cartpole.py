@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import numpy as np
 import torch
@@ -122,6 +122,8 @@ class CartPoleVecEnv:
     """
 
     spec: EnvSpec = CARTPOLE_SPEC
+    #: Scratch storage, redrawn every step before it is read: not state.
+    transient_attrs: ClassVar[frozenset[str]] = frozenset({"_fresh"})
 
     def __init__(
         self,

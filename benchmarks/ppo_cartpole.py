@@ -1,0 +1,165 @@
+"""PPO on CartPole-v1: rlloop (native and Gymnasium backends) vs Stable-Baselines3.
+
+Run: ``python benchmarks/ppo_cartpole.py [--seeds 0 1 2] [--budget 200000]``
+
+For each contender and seed, training runs until a deterministic evaluation of
+``--eval-episodes`` episodes, every ``--eval-every`` env steps, reaches 475 (the
+env's reward threshold). Reported per contender (median over seeds):
+
+- ``solve_s``: training wall time to the solving evaluation, evaluations excluded;
+- ``solve_total_s``: the same with evaluation time included;
+- ``solve_steps``: env steps at the solving evaluation;
+- ``train_sps``: env steps per second of training (evaluations excluded).
+
+SB3 uses its rl-zoo CartPole-v1 hyperparameters; rlloop uses its shipped preset. Both
+run with one torch thread (for these small MLPs, more threads do not help; see
+DESIGN.md), in the same process, one after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+THRESHOLD = 475.0
+
+
+@dataclass
+class Outcome:
+    solved: bool
+    solve_steps: int
+    solve_s: float
+    solve_total_s: float
+    train_sps: float
+    final_eval: float
+
+
+def run_rlloop(seed: int, backend: str, budget: int, eval_every: int, episodes: int) -> Outcome:
+    from rlloop.config import build_config
+    from rlloop.run import build_algorithm
+    from rlloop.trainer import Trainer
+
+    config = build_config("ppo", "CartPole-v1", flags={"seed": seed, "backend": backend},
+                          sets=["mlflow=false", "progress=false"])
+    algo = build_algorithm(config)
+    trainer = Trainer(algo, eval_episodes=episodes)
+    train_s = eval_s = 0.0
+    next_eval = eval_every
+    score = float("-inf")
+    try:
+        while trainer.state["env/steps"] < budget:
+            t0 = time.perf_counter()
+            trainer.step()
+            train_s += time.perf_counter() - t0
+            if trainer.state["env/steps"] >= next_eval:
+                next_eval += eval_every
+                t0 = time.perf_counter()
+                score = trainer.eval()["eval/return_mean"]
+                eval_s += time.perf_counter() - t0
+                if score >= THRESHOLD:
+                    break
+    finally:
+        algo.close()
+    steps = trainer.state["env/steps"]
+    return Outcome(score >= THRESHOLD, steps, train_s, train_s + eval_s, steps / train_s, score)
+
+
+def run_sb3(seed: int, budget: int, eval_every: int, episodes: int) -> Outcome:
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    def linear(start: float) -> Callable[[float], float]:
+        return lambda progress_remaining: progress_remaining * start
+
+    env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
+    eval_env = make_vec_env("CartPole-v1", n_envs=1, seed=seed + 1000)
+    # rl-zoo's hyperparams/ppo.yml for CartPole-v1
+    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98,
+                n_epochs=20, ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2),
+                seed=seed, device="cpu", verbose=0)
+
+    class Evaluate(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_eval = eval_every
+            self.eval_s = 0.0
+            self.score = float("-inf")
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps < self.next_eval:
+                return True
+            self.next_eval += eval_every
+            t0 = time.perf_counter()
+            self.score = float(evaluate_policy(model, eval_env, n_eval_episodes=episodes,
+                                               deterministic=True)[0])
+            self.eval_s += time.perf_counter() - t0
+            return self.score < THRESHOLD
+
+    cb = Evaluate()
+    t0 = time.perf_counter()
+    model.learn(total_timesteps=budget, callback=cb)
+    total = time.perf_counter() - t0
+    train_s = total - cb.eval_s
+    steps = model.num_timesteps
+    env.close()
+    eval_env.close()
+    return Outcome(cb.score >= THRESHOLD, steps, train_s, total, steps / train_s, cb.score)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--budget", type=int, default=200_000)
+    parser.add_argument("--eval-every", type=int, default=2560)
+    parser.add_argument("--eval-episodes", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    contenders: dict[str, Callable[[int], Outcome]] = {
+        "rlloop native": lambda s: run_rlloop(s, "native", args.budget, args.eval_every,
+                                              args.eval_episodes),
+        "rlloop gymnasium": lambda s: run_rlloop(s, "gymnasium", args.budget, args.eval_every,
+                                                 args.eval_episodes),
+        "sb3 (rl-zoo)": lambda s: run_sb3(s, args.budget, args.eval_every, args.eval_episodes),
+    }
+    results: dict[str, list[Outcome]] = {}
+    for name, fn in contenders.items():
+        results[name] = []
+        for seed in args.seeds:
+            out = fn(seed)
+            results[name].append(out)
+            print(f"  {name:18s} seed {seed}: solved={out.solved} steps={out.solve_steps:,} "
+                  f"train {out.solve_s:.2f}s (+eval {out.solve_total_s:.2f}s) "
+                  f"{out.train_sps:,.0f} steps/s eval={out.final_eval:.1f}", flush=True)
+
+    def med(name: str, field: str) -> float:
+        return statistics.median(getattr(o, field) for o in results[name])
+
+    print(f"\nPPO CartPole-v1, median over seeds {args.seeds} (threshold {THRESHOLD:.0f}, "
+          f"{args.eval_episodes} deterministic episodes every {args.eval_every} steps)")
+    print(f"{'contender':18s} {'solved':>7s} {'solve_steps':>11s} {'solve_s':>8s} "
+          f"{'total_s':>8s} {'train_sps':>10s}")
+    for name, outs in results.items():
+        solved = sum(o.solved for o in outs)
+        print(f"{name:18s} {solved:>4d}/{len(outs):<2d} {med(name, 'solve_steps'):>11,.0f} "
+              f"{med(name, 'solve_s'):>8.2f} {med(name, 'solve_total_s'):>8.2f} "
+              f"{med(name, 'train_sps'):>10,.0f}")
+    base = "sb3 (rl-zoo)"
+    print("\nratios vs SB3 (higher is better for rlloop)")
+    for name in results:
+        if name == base:
+            continue
+        print(f"{name:18s} solve time {med(base, 'solve_s') / med(name, 'solve_s'):6.1f}x   "
+              f"with eval {med(base, 'solve_total_s') / med(name, 'solve_total_s'):6.1f}x   "
+              f"train steps/s {med(name, 'train_sps') / med(base, 'train_sps'):6.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""The algorithms the reliability suite covers: every registered one, on a small setup."""
+
+from __future__ import annotations
+
+from rlloop.algorithms import ALGORITHMS
+from rlloop.config import RunConfig, build_config
+
+ENVS = {"ppo": "CartPole-v1", "dqn": "CartPole-v1", "sac": "Pendulum-v1", "td3": "Pendulum-v1"}
+QUIET = ["mlflow=false", "progress=false", "num_envs=4"]
+SMALL = {
+    "ppo": ["ppo.rollout_steps=16", "ppo.minibatch_size=32"],
+    "dqn": ["dqn.learning_starts=64", "dqn.batch_size=32"],
+    "sac": ["sac.learning_starts=64", "sac.batch_size=32"],
+    "td3": ["td3.learning_starts=64", "td3.batch_size=32"],
+}
+
+ALGOS = sorted(a for a in ALGORITHMS if a in ENVS)
+
+
+def small_config(algo: str, seed: int = 0, extra: tuple[str, ...] = ()) -> RunConfig:
+    """A fast config for ``algo`` (only keys the algorithm's config actually has)."""
+    cls = ALGORITHMS[algo].config_cls
+    names = set(cls.__dataclass_fields__)
+    sets = [s for s in SMALL.get(algo, []) if s.split("=")[0].split(".")[1] in names]
+    return build_config(algo, ENVS[algo], flags={"seed": seed}, sets=[*QUIET, *sets, *extra])
