@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 
 import pytest
@@ -28,7 +29,7 @@ def _wrong_type_values(tp) -> list:
         return ["bogus-choice"]
     if origin is list:
         return ["not-a-list", 5]
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType")):
+    if origin in (typing.Union, types.UnionType):
         return [v for a in args if a is not type(None) for v in _wrong_type_values(a)
                 if not any(_accepts(b, v) for b in args)]
     return []
@@ -58,10 +59,11 @@ def _cases():
         for key in ("num_envs", "total_env_steps", "eval_episodes", "keep_checkpoints"):
             yield algo, f"{key}=0"
             yield algo, f"{key}=-3"
+        hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if any(w in f.name for w in ("size", "num_", "steps", "capacity", "interval")):
-                if typing.get_type_hints(cls)[f.name] is int:
-                    yield algo, f"{algo}.{f.name}=-1"
+            sizes = ("size", "num_", "steps", "capacity", "interval")
+            if any(w in f.name for w in sizes) and hints[f.name] is int:
+                yield algo, f"{algo}.{f.name}=-1"
 
 
 CASES = list(_cases())
