@@ -316,3 +316,39 @@ def test_import_does_not_load_mlflow_or_tensorboard() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True)
     assert result.returncode == 0, result.stderr.decode()
+
+
+def test_process_sink_writes_real_mlflow_from_a_child_and_leaves_no_process(tmp_path):
+    import psutil
+    from mlflow.tracking import MlflowClient
+
+    from rlloop.logging import MlflowSink, ProcessSink, ThrottledSink, sqlite_tracking_uri
+
+    uri = sqlite_tracking_uri(tmp_path / "mlflow.db")
+    sink = ProcessSink(MlflowSink, tracking_uri=uri, experiment_name="e", run_name="r")
+    throttled = ThrottledSink(sink, min_interval_s=3600)
+    throttled.log_params({"algo": "ppo"})
+    for step in range(1, 6):
+        throttled.log_metrics({"loss": float(step)}, step)  # only the first and last pass
+    throttled.log_metrics({"eval/return_mean": 9.0}, 6)  # evals always pass
+    child = psutil.Process(sink._proc.pid)
+    throttled.close("FINISHED")
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    run_id = sink.info["run_id"]
+    client = MlflowClient(tracking_uri=uri)
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [1, 5]
+    assert client.get_metric_history(run_id, "eval/return_mean")[0].value == 9.0
+    assert client.get_run(run_id).data.params["algo"] == "ppo"
+
+
+def _broken_sink(**kwargs):
+    raise ValueError("cannot open store")
+
+
+def test_process_sink_reports_a_failed_child_at_close():
+    from rlloop.logging import ProcessSink
+
+    sink = ProcessSink(_broken_sink)
+    sink.log_metrics({"a": 1.0}, 1)
+    with pytest.raises(RuntimeError, match="cannot open store"):
+        sink.close()

@@ -8,7 +8,8 @@ Run directory layout::
     <run>/config.yaml        the full resolved config
     <run>/run.json           run identity (MLflow run id, algo, env)
     <run>/metrics.jsonl      one JSON object per logged step
-    <run>/checkpoints/<env steps>/   periodic checkpoints (last N kept) + the final one
+    <run>/checkpoints/<env steps>/   periodic checkpoints (last N kept) + the final one;
+                             named by optimisation steps for off-policy algorithms
     <run>/best/              checkpoint with the best eval return so far
     <run>/mlflow.db          the embedded MLflow store (``mlflow ui`` reads it)
     <run>/report.md, summary.json, learning_curve.svg
@@ -45,7 +46,8 @@ from rlloop.config import RunConfig, build_config, load_yaml
 from rlloop.envs.core import Box, Discrete
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError, RunDirError
-from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, Sink, ThrottledSink
+from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink, ThrottledSink
+from rlloop.offpolicy_trainer import OffPolicyTrainer
 from rlloop.report import write_report
 from rlloop.trainer import Stats, Trainer
 
@@ -105,7 +107,7 @@ class _Checkpoints:
         self.session = session
 
     def on_step(self, trainer: Trainer, stats: Stats) -> None:
-        every = self.session.config.checkpoint_every
+        every = self.session.checkpoint_every
         steps = trainer.state["algorithm/steps"]
         if (every and steps % every == 0) or self.session.save_requested:
             self.session.save_requested = False
@@ -139,15 +141,20 @@ class Session:
         self.console = ConsoleSink(config.total_env_steps, console=console,
                                    enabled=config.progress)
         sinks: list[Sink] = [JsonlSink(run_dir / "metrics.jsonl"), self.console]
-        mlflow_run_id = identity.get("mlflow_run_id")
+        self.identity = {"algo": config.algo, "env": config.env,
+                         "mlflow_run_id": identity.get("mlflow_run_id")}
+        self.mlflow: ProcessSink | None = None
         if config.mlflow:
             from rlloop.logging import MlflowSink, sqlite_tracking_uri
 
+            # In a child process: importing MLflow and writing to its store is seconds of
+            # pure-Python work that would otherwise stall the training loop.
             uri = config.mlflow_tracking_uri or sqlite_tracking_uri(run_dir / "mlflow.db")
-            mlflow_sink = MlflowSink(uri, config.experiment, run_name=run_dir.name,
-                                     run_id=mlflow_run_id)
-            mlflow_run_id = mlflow_sink.run_id
-            sinks.append(ThrottledSink(mlflow_sink, config.mlflow_interval_s))
+            self.mlflow = ProcessSink(MlflowSink, tracking_uri=uri,
+                                      experiment_name=config.experiment,
+                                      run_name=run_dir.name,
+                                      run_id=self.identity["mlflow_run_id"])
+            sinks.append(ThrottledSink(self.mlflow, config.mlflow_interval_s))
         if config.tensorboard:
             from rlloop.logging import TensorBoardSink
 
@@ -155,12 +162,28 @@ class Session:
         self.sink = MultiSink(sinks)
         if not resume:
             self.sink.log_params(config.to_dict())
-        _write_json(run_dir / "run.json", {"algo": config.algo, "env": config.env,
-                                           "mlflow_run_id": mlflow_run_id})
-        self.trainer = Trainer(self.algorithm, sink=self.sink,
-                               eval_episodes=config.eval_episodes, callbacks=[_Checkpoints(self)])
+        _write_json(run_dir / "run.json", self.identity)
+        # Off-policy algorithms run on border's cadence: evals and saves counted in
+        # optimisation steps (their config section), checkpoints named by them.
+        self.off_policy = hasattr(self.algorithm, "optimize")
+        self.checkpoint_every = 0 if self.off_policy else config.checkpoint_every
+        if self.off_policy:
+            self.trainer: Trainer = OffPolicyTrainer(
+                self.algorithm,  # type: ignore[arg-type]
+                sink=self.sink, eval_episodes=config.eval_episodes,
+                callbacks=[_Checkpoints(self)], save=lambda _: self.save())
+        else:
+            self.trainer = Trainer(self.algorithm, sink=self.sink,
+                                   eval_episodes=config.eval_episodes,
+                                   callbacks=[_Checkpoints(self)])
         if resume:
             self._restore()
+
+    def _close_sinks(self, status: str) -> None:
+        self.sink.close(status)
+        if self.mlflow is not None and self.mlflow.info.get("run_id"):
+            self.identity["mlflow_run_id"] = self.mlflow.info["run_id"]
+            _write_json(self.run_dir / "run.json", self.identity)
 
     # ---- checkpoint contents -----------------------------------------------------------
     def components(self) -> dict[str, Any]:
@@ -173,7 +196,8 @@ class Session:
                 "algo": self.config.algo, "env": self.config.env}
 
     def save(self) -> Path:
-        return self.manager.save(self.trainer.state["env/steps"], self.components(),
+        counter = "algorithm/steps" if self.off_policy else "env/steps"
+        return self.manager.save(self.trainer.state[counter], self.components(),
                                  metadata=self.metadata())
 
     def _restore(self) -> None:
@@ -204,7 +228,8 @@ class Session:
         try:
             with _signals(self):
                 if trainer.state["env/steps"] < cfg.total_env_steps:
-                    stats = trainer.run(steps_per_eval=cfg.eval_every or None,
+                    every = None if self.off_policy else cfg.eval_every or None
+                    stats = trainer.run(steps_per_eval=every,
                                         stop_conditions=self.stop_conditions())
                 if "eval/return_mean" not in stats:
                     stats = {**stats, **trainer.eval()}
@@ -212,7 +237,7 @@ class Session:
         finally:
             if trainer.state["algorithm/steps"] or not self.manager.latest():
                 self.save()
-            self.sink.close(status)
+            self._close_sinks(status)
             self.algorithm.close()
         stopped_by = self._stopped_by(stats)
         result = RunResult(self.run_dir, trainer.state["env/steps"], time.perf_counter() - start,

@@ -7,7 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlloop.algorithms.base import AlgorithmBase, EnvSettings
+from rlloop.algorithms.dqn import DQN, DQNConfig
+from rlloop.algorithms.ma_ppo import MultiAgentPPO, MultiAgentPPOConfig
 from rlloop.algorithms.ppo import PPO, PPOConfig
+from rlloop.algorithms.sac import SAC, SACConfig
+from rlloop.algorithms.td3 import TD3, TD3Config
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,14 @@ class AlgorithmEntry:
 
 ALGORITHMS: dict[str, AlgorithmEntry] = {
     "ppo": AlgorithmEntry("ppo", PPOConfig, PPO),
+    "dqn": AlgorithmEntry("dqn", DQNConfig, DQN, continuous=False),
+    "sac": AlgorithmEntry("sac", SACConfig, SAC, discrete=False),
+    "td3": AlgorithmEntry("td3", TD3Config, TD3, discrete=False),
+    # PettingZoo envs (--env pettingzoo:<family>.<env>); it has its own multi-agent runner,
+    # so it implements the trainer's protocol rather than subclassing AlgorithmBase.
+    "ma_ppo": AlgorithmEntry("ma_ppo", MultiAgentPPOConfig, MultiAgentPPO),  # type: ignore[arg-type]
 }
 
-__all__ = ["ALGORITHMS", "PPO", "AlgorithmBase", "AlgorithmEntry", "EnvSettings", "PPOConfig"]
+__all__ = ["ALGORITHMS", "DQN", "PPO", "SAC", "TD3", "AlgorithmBase", "AlgorithmEntry",
+           "DQNConfig", "EnvSettings", "MultiAgentPPO",
+           "MultiAgentPPOConfig", "PPOConfig", "SACConfig", "TD3Config"]

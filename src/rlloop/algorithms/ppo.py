@@ -14,9 +14,11 @@ from rlloop.data.rollout import PPOBatch, RolloutBuffer
 from rlloop.envs.core import Box
 from rlloop.envs.wrappers import discounted_reward_scale
 from rlloop.errors import ConfigError
-from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner
+from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner, PoliciesToTrain
+from rlloop.learners.schedules import ScheduleError, make_schedule
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss
 from rlloop.modules.actor_critic import ActorCritic
+from rlloop.modules.distributions import ActionDist
 from rlloop.modules.normalizer import RunningMeanStd
 
 
@@ -43,12 +45,13 @@ class PPOConfig:
     """Discount factor."""
     gae_lambda: float = 0.95
     """GAE lambda."""
-    clip_coef: float = 0.2
-    """Surrogate clipping epsilon."""
+    clip_coef: float | dict[str, Any] = 0.2
+    """Surrogate clipping epsilon: a number, or a schedule on the env-step timeline such as
+    {type: linear, start: 0.2, end: 0.05, steps: 200000}."""
     vf_coef: float = 0.5
     """Value loss weight."""
-    ent_coef: float = 0.0
-    """Entropy bonus weight."""
+    ent_coef: float | dict[str, Any] = 0.0
+    """Entropy bonus weight: a number or a schedule (as for clip_coef)."""
     clip_vf: float | None = None
     """Clip the value update to +-clip_vf around the old value (None: off)."""
     normalize_advantages: bool = True
@@ -78,8 +81,9 @@ class PPOConfig:
             raise ConfigError(f"ppo.lr must be > 0, got {self.lr}")
         if not 0 < self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             raise ConfigError("ppo.gamma must be in (0, 1] and ppo.gae_lambda in [0, 1]")
-        if self.clip_coef <= 0:
+        if _start_value("clip_coef", self.clip_coef) <= 0:
             raise ConfigError(f"ppo.clip_coef must be > 0, got {self.clip_coef}")
+        _start_value("ent_coef", self.ent_coef)
         if not self.hidden or any(h <= 0 for h in self.hidden):
             raise ConfigError(
                 f"ppo.hidden must be a non-empty list of sizes > 0, got {self.hidden}")
@@ -93,14 +97,27 @@ class PPOConfig:
                 f"(rollout_steps * num_envs = {batch}); lower it or collect more")
 
 
+def _start_value(name: str, value: float | dict[str, Any]) -> float:
+    """The value of a scalar-or-schedule setting at env step 0 (ConfigError if unbuildable)."""
+    try:
+        return make_schedule(value)(0)
+    except ScheduleError as e:
+        raise ConfigError(f"ppo.{name}: {e}") from None
+
+
 class PPOLearner(Learner[PPOBatch]):
-    """Adam per module; the clipped-surrogate loss of :func:`rlloop.losses.ppo.ppo_loss`."""
+    """Adam per module; the clipped-surrogate loss of :func:`rlloop.losses.ppo.ppo_loss`.
+
+    ``clip_coef`` and ``ent_coef`` are scheduled hyperparameters: their current values are
+    read on every minibatch and logged with every update.
+    """
 
     def __init__(self, modules: dict[str, ActorCritic], config: PPOConfig,
-                 on_nonfinite: Literal["skip", "raise"] = "skip") -> None:
-        self.loss_cfg = PPOLossConfig(config.clip_coef, config.vf_coef, config.ent_coef,
-                                      config.clip_vf, config.normalize_advantages)
-        super().__init__(modules, config, on_nonfinite=on_nonfinite)
+                 on_nonfinite: Literal["skip", "raise"] = "skip", *,
+                 policies_to_train: PoliciesToTrain = None,
+                 stats_prefix: Literal["auto", "always"] = "auto") -> None:
+        super().__init__(modules, config, on_nonfinite=on_nonfinite,  # type: ignore[arg-type]
+                         policies_to_train=policies_to_train, stats_prefix=stats_prefix)
 
     def configure_optimizers_for_module(self, module_id: str, config: PPOConfig) -> None:
         params = list(self.modules[module_id].parameters())
@@ -113,15 +130,23 @@ class PPOLearner(Learner[PPOBatch]):
                                                  fused=True),
                                 params, lr, GradientClip(config.max_grad_norm,
                                                          config.grad_clip_by))
+        self.register_hyperparameter(module_id, "clip_coef", config.clip_coef)
+        self.register_hyperparameter(module_id, "ent_coef", config.ent_coef)
 
-    def compute_loss_for_module(self, module_id: str, config: PPOConfig,
-                                batch: PPOBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward_train(self, module_id: str, batch: PPOBatch) -> tuple[ActionDist, Tensor]:
         module = self.modules[module_id]
-        dist = module.dist(batch.obs)
+        return module.dist(batch.obs), module.value(batch.obs)
+
+    def compute_loss_for_module(self, module_id: str, config: PPOConfig, batch: PPOBatch,
+                                fwd_out: tuple[ActionDist, Tensor] | None = None,
+                                ) -> tuple[Tensor, dict[str, Tensor]]:
+        dist, values = fwd_out or self.forward_train(module_id, batch)
         actions = batch.actions.flatten(1) if batch.actions.dim() > 1 else batch.actions
-        return ppo_loss(dist.log_prob(actions), batch.log_probs, batch.advantages,
-                        module.value(batch.obs), batch.values, batch.returns,
-                        dist.entropy(), self.loss_cfg)
+        cfg = PPOLossConfig(self.hyperparameter(module_id, "clip_coef"), config.vf_coef,
+                            self.hyperparameter(module_id, "ent_coef"), config.clip_vf,
+                            config.normalize_advantages)
+        return ppo_loss(dist.log_prob(actions), batch.log_probs, batch.advantages, values,
+                        batch.values, batch.returns, dist.entropy(), cfg)
 
 
 class PPO(AlgorithmBase):
@@ -156,7 +181,7 @@ class PPO(AlgorithmBase):
         return {"env/steps": float(steps), **self.runner.episodes.stats()}
 
     def update(self, env_steps: int) -> dict[str, float]:
-        rates = self.learner.before_gradient_based_update(env_steps)
+        self.learner.before_gradient_based_update(env_steps)  # logs learner/lr_default etc.
         batch = self._batch()
         cfg = self.config
 
@@ -166,7 +191,6 @@ class PPO(AlgorithmBase):
         stats = self.learner.update_from_batch(
             {DEFAULT_MODULE_ID: batch}, num_epochs=cfg.num_epochs,
             minibatch_size=cfg.minibatch_size, generator=self.generator, stop=kl_stop)
-        stats.update({f"learner/{k.split('/', 1)[1]}": v for k, v in rates.items()})
         return stats
 
     @torch.no_grad()

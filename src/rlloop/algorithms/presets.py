@@ -24,6 +24,32 @@ PRESETS: dict[tuple[str, str], dict[str, Any]] = {
                 "ent_coef": 0.0, "normalize_obs": True, "normalize_rewards": True,
                 "init_log_std": -0.5, "max_grad_norm": 0.5},
     },
+    # rl-zoo's hyperparameters (hyperparams/{dqn,sac,td3}.yml), with border's cadence. SB3
+    # updates DQN's target every 10 env steps, so during a 256-step rollout it copies the
+    # online net unchanged: the target is synced once per 128 updates, as here.
+    ("dqn", "CartPole-v1"): {
+        "num_envs": 1,
+        "total_env_steps": 50_000,
+        "eval_episodes": 20,
+        "dqn": {"lr": 2.3e-3, "batch_size": 64, "buffer_size": 100_000, "learning_starts": 1000,
+                "gamma": 0.99, "opt_interval": 256, "gradient_steps": 128,
+                "target_update_interval": 128, "exploration_steps": 8000,
+                "exploration_final_eps": 0.04, "hidden": [256, 256],
+                "eval_interval": 4, "record_interval": 1, "save_interval": 40},
+    },
+    ("sac", "Pendulum-v1"): {
+        "num_envs": 1,
+        "total_env_steps": 20_000,
+        "sac": {"lr": 1e-3, "eval_interval": 1000, "record_interval": 250,
+                "save_interval": 5000},
+    },
+    ("td3", "Pendulum-v1"): {
+        "num_envs": 1,
+        "total_env_steps": 20_000,
+        "td3": {"lr": 1e-3, "gamma": 0.98, "buffer_size": 200_000, "learning_starts": 10_000,
+                "exploration_noise": 0.1, "hidden": [400, 300], "eval_interval": 1000,
+                "record_interval": 250, "save_interval": 5000},
+    },
 }
 
 

@@ -19,6 +19,7 @@ import gymnasium
 
 from rlloop.envs.core import EnvError, EnvSpec, VecEnv
 from rlloop.envs.gym import GymVecEnv, gym_env_spec
+from rlloop.envs.multi_agent import is_pettingzoo_id
 from rlloop.envs.native.cartpole import CartPoleVecEnv
 
 NativeFactory = Callable[..., VecEnv]
@@ -72,6 +73,9 @@ def make_env(
 ) -> VecEnv:
     """``num_envs`` copies of ``env_id`` as one ``VecEnv`` (see the module docstring)."""
     kwargs = dict(env_kwargs or {})
+    if is_pettingzoo_id(env_id):
+        raise EnvError(f"{env_id} is a multi-agent PettingZoo env; train it with a multi-agent "
+                       f"algorithm: rlloop train ma_ppo --env {env_id}")
     resolved = _resolve_backend(env_id, backend)
     if resolved == "native":
         factory = NATIVE_ENVS[env_id]
@@ -98,8 +102,13 @@ def env_spec(
     """What ``make_env(env_id, backend=backend)`` would have as ``spec``, without stepping.
 
     Meant for validating a config before any env exists. Native envs with a class-level
-    ``spec`` cost nothing; Gymnasium envs are made once and closed.
+    ``spec`` cost nothing; Gymnasium envs are made once and closed. For a PettingZoo id it
+    is the first agent's view (``multi_agent_spec`` has every agent's).
     """
+    if is_pettingzoo_id(env_id):
+        from rlloop.envs.multi_agent import multi_agent_spec
+
+        return multi_agent_spec(env_id, env_kwargs).summary()
     if _resolve_backend(env_id, backend) != "native":
         return gym_env_spec(env_id, env_kwargs)
     factory = NATIVE_ENVS[env_id]

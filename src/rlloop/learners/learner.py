@@ -3,31 +3,61 @@
 One learner holds a dict of modules keyed by ``module_id`` (a single-agent run has
 one, ``"default_policy"``). Optimisers are registered by ``(module_id, name)`` so an
 algorithm with several (SAC: actor, critic, alpha) and a run with several modules
-(multi-agent) use the same machinery. An algorithm subclasses :class:`Learner` once
-and overrides two hooks: :meth:`configure_optimizers_for_module` and
-:meth:`compute_loss_for_module`.
+(multi-agent, leagues) use the same machinery. An algorithm subclasses :class:`Learner`
+once and overrides two hooks: :meth:`configure_optimizers_for_module` (optimisers and
+scheduled hyperparameters) and :meth:`compute_loss_for_module`; :meth:`forward_train`
+and :meth:`build_batch` are optional.
+
+Every number the learner reports goes through its :class:`MetricsLogger` (``metrics``):
+per-update means of the loss stats, learning rates and scheduled hyperparameters, global
+gradient norms, and lifetime sample counts with throughput. A module's keys are flat
+(``"losses/policy"``) while it is the only module, else prefixed (``"a/losses/policy"``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+import inspect
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from rlloop.errors import RlloopError
+from rlloop.learners.gradients import (
+    ClipBy,
+    GradientClip,
+    LearnerError,
+    clip_gradients,
+    grad_norm,
+)
 from rlloop.learners.schedules import Schedule, make_schedule
+from rlloop.logging.metrics import MetricsLogger
+
+__all__ = [
+    "DEFAULT_MODULE_ID", "STATE_COMPONENTS", "ClipBy", "GradientClip", "Learner", "LearnerError",
+    "NonFiniteError", "TensorBatch", "UnknownModuleError", "clip_gradients",
+]
 
 DEFAULT_MODULE_ID = "default_policy"
-ClipBy = Literal["global_norm", "norm", "value"]
-STATE_COMPONENTS = ("module", "optimizer", "weights_seq_no", "should_module_be_updated")
+#: ``env_steps`` is the schedules' timeline: learning rates and scheduled hyperparameters
+#: are functions of it, so it is all the state they have.
+STATE_COMPONENTS = ("module", "optimizer", "metrics_logger", "weights_seq_no",
+                    "should_module_be_updated", "env_steps")
+#: An ``nn.Module`` or a spec: anything that builds one when called without arguments
+#: (a module class, ``functools.partial(ActorCritic, obs_shape, space)``, a lambda).
+ModuleOrSpec = nn.Module | Callable[[], nn.Module]
+PoliciesToTrain = Iterable[str] | Callable[[str], bool] | None
 
 
-class LearnerError(ValueError):
-    """Misuse of the learner API: unknown module or optimiser, bad params."""
+class UnknownModuleError(LearnerError, KeyError):
+    """A module id (in a batch, a state or a call) that this learner does not hold."""
+
+    def __str__(self) -> str:  # KeyError would print the message with quotes around it
+        return str(self.args[0])
 
 
 class NonFiniteError(RlloopError, FloatingPointError):
@@ -50,27 +80,7 @@ class TensorBatch:
 
 
 BatchT = TypeVar("BatchT", bound=TensorBatch)
-
-
-@dataclass
-class GradientClip:
-    """How gradients of one optimiser are post-processed before its step.
-
-    Attributes:
-        max: Threshold; ``None`` disables clipping.
-        by: ``"global_norm"`` (all params together), ``"norm"`` (each tensor on its
-            own) or ``"value"`` (elementwise to ``[-max, max]``).
-    """
-
-    max: float | None = None
-    by: ClipBy = "global_norm"
-
-    def __post_init__(self) -> None:
-        if self.by not in ("global_norm", "norm", "value"):
-            raise LearnerError(
-                f"grad clip 'by' must be global_norm, norm or value, not {self.by!r}")
-        if self.max is not None and self.max <= 0:
-            raise LearnerError(f"grad clip max must be > 0 (or None to disable), got {self.max}")
+MultiBatch = Mapping[str, BatchT]
 
 
 @dataclass
@@ -78,107 +88,155 @@ class _Optim:
     optimizer: torch.optim.Optimizer
     params: list[Tensor]
     lr: Schedule
-    clip: GradientClip = field(default_factory=GradientClip)
-
-
-def _grad_norm(params: Sequence[Tensor]) -> Tensor:
-    grads = [p.grad for p in params if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-
-
-def clip_gradients(params: Sequence[Tensor], clip: GradientClip,
-                   norm: Tensor | None = None) -> Tensor:
-    """Post-process ``.grad`` of ``params`` in place; returns the global norm before clipping.
-
-    ``norm`` may pass in the already computed global norm to save a pass over the grads.
-    """
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    if norm is None:
-        norm = torch.nn.utils.get_total_norm(grads)
-    if clip.max is None:
-        return norm
-    if clip.by == "global_norm":
-        torch.nn.utils.clip_grads_with_norm_(params, clip.max, norm)
-    elif clip.by == "norm":
-        for g in grads:
-            g.mul_((clip.max / (g.norm() + 1e-6)).clamp(max=1.0))
-    else:
-        for g in grads:
-            g.clamp_(-clip.max, clip.max)
-    return norm
+    clip: GradientClip = dataclasses.field(default_factory=GradientClip)
 
 
 class Learner(Generic[BatchT]):
-    """Base learner. Subclasses implement the two hooks; everything else is shared.
+    """Base learner. Subclasses implement the hooks; everything else is shared.
 
     Args:
-        modules: ``{module_id: module}``.
-        config: The algorithm config, handed to the hooks (``config_for_module``).
+        modules: ``{module_id: module or spec}``.
+        config: The algorithm config, handed to the hooks (see :meth:`config_for_module`).
         policies_to_train: Module ids to update, a predicate on the id, or ``None``
             for all.
         on_nonfinite: What a NaN/inf in a batch, loss or gradient does: ``"skip"`` the
             update (counted in ``guard/skipped_updates``) or ``"raise"``.
+        module_configs: Per-module config overrides for ``modules`` (as in
+            :meth:`add_module`).
+        stats_prefix: ``"auto"``: stats keys are flat while there is one module, else
+            prefixed with the module id; ``"always"``: always prefixed (leagues, where the
+            module count changes while training and keys should not).
     """
 
     def __init__(
         self,
-        modules: Mapping[str, nn.Module],
+        modules: Mapping[str, ModuleOrSpec],
         config: Any,
         *,
-        policies_to_train: Iterable[str] | Callable[[str], bool] | None = None,
+        policies_to_train: PoliciesToTrain = None,
         on_nonfinite: Literal["skip", "raise"] = "skip",
+        module_configs: Mapping[str, Mapping[str, Any]] | None = None,
+        stats_prefix: Literal["auto", "always"] = "auto",
     ) -> None:
         self.config = config
         self.on_nonfinite = on_nonfinite
+        self.stats_prefix = stats_prefix
         self.skipped_updates = 0
         self.modules = nn.ModuleDict()
+        self.metrics = MetricsLogger()
         self._optims: dict[tuple[str, str], _Optim] = {}
+        self._hparams: dict[tuple[str, str], Schedule] = {}
+        self._module_configs: dict[str, Any] = {}
         self.env_steps = 0
         self.weights_seq_no = 0
+        # Learners written before ``fwd_out`` existed take (module_id, config, batch).
+        sig = inspect.signature(self.compute_loss_for_module).parameters
+        self._loss_takes_fwd_out = len(sig) >= 4
         self.set_policies_to_train(policies_to_train)
         for module_id, module in modules.items():
-            self.add_module(module_id, module)
+            self.add_module(module_id, module, (module_configs or {}).get(module_id))
 
     # ---- hooks ---------------------------------------------------------------------
     def configure_optimizers_for_module(self, module_id: str, config: Any) -> None:
-        """Register this module's optimisers with :meth:`register_optimizer`."""
+        """Register this module's optimisers (:meth:`register_optimizer`) and scheduled
+        hyperparameters (:meth:`register_hyperparameter`). Called for every added module."""
         raise NotImplementedError
 
+    def forward_train(self, module_id: str, batch: BatchT) -> Any:
+        """Run the module once on its minibatch; the result is ``fwd_out`` of the loss.
+
+        The default computes nothing (``None``): the loss may run the module itself.
+        """
+        return None
+
     def compute_loss_for_module(
-        self, module_id: str, config: Any, batch: BatchT
+        self, module_id: str, config: Any, batch: BatchT, fwd_out: Any = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The scalar loss of one module on its minibatch, and detached stats."""
         raise NotImplementedError
 
+    def build_batch(self, episodes: Sequence[Any]) -> MultiBatch[BatchT]:
+        """Turn episodes into ``{module_id: batch}`` for :meth:`update_from_episodes`
+        (RLlib's learner connector)."""
+        raise LearnerError(f"{type(self).__name__} cannot learn from episodes: override "
+                           "build_batch(episodes) -> {module_id: batch}")
+
+    def compute_losses(
+        self, batch: MultiBatch[BatchT], fwd_out: Mapping[str, Any]
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """Per-module losses (the update minimises their sum) and prefixed stats."""
+        losses: dict[str, Tensor] = {}
+        stats: dict[str, Tensor] = {}
+        for module_id, module_batch in batch.items():
+            config = self.config_for_module(module_id)
+            if self._loss_takes_fwd_out:
+                loss, module_stats = self.compute_loss_for_module(
+                    module_id, config, module_batch, fwd_out.get(module_id))
+            else:
+                loss, module_stats = self.compute_loss_for_module(  # type: ignore[call-arg]
+                    module_id, config, module_batch)
+            losses[module_id] = loss
+            stats.update({self._stat_key(module_id, k): v for k, v in module_stats.items()})
+        return losses, stats
+
     def config_for_module(self, module_id: str) -> Any:
-        return self.config
+        """The config with this module's overrides applied."""
+        return self._module_configs.get(module_id, self.config)
 
     # ---- modules -------------------------------------------------------------------
-    def add_module(self, module_id: str, module: nn.Module) -> None:
-        """Add a module (also while training) and give it its optimisers."""
+    def add_module(self, module_id: str, spec_or_module: ModuleOrSpec,
+                   config_overrides: Mapping[str, Any] | None = None) -> nn.Module:
+        """Add a module (also while training), give it its optimisers; returns it.
+
+        ``config_overrides`` replace fields of the config for this module only (e.g.
+        ``{"lr": 1e-4}``); :meth:`config_for_module` returns the result.
+        """
         if module_id in self.modules:
             raise LearnerError(f"module {module_id!r} exists already; remove it first")
+        module = spec_or_module if isinstance(spec_or_module, nn.Module) else spec_or_module()
+        if not isinstance(module, nn.Module):
+            raise LearnerError(f"module {module_id!r}: the spec built a "
+                               f"{type(module).__name__}, not a torch nn.Module")
+        if config_overrides:
+            self._module_configs[module_id] = _override(self.config, config_overrides)
         self.modules[module_id] = module
-        self.configure_optimizers_for_module(module_id, self.config_for_module(module_id))
-
-    def remove_module(self, module_id: str) -> nn.Module:
-        """Remove a module with its optimisers; returns the module."""
-        self._check_module(module_id)
-        for key in [k for k in self._optims if k[0] == module_id]:
-            del self._optims[key]
-        module = self.modules[module_id]
-        del self.modules[module_id]
+        try:
+            self.configure_optimizers_for_module(module_id, self.config_for_module(module_id))
+        except BaseException:
+            self._forget(module_id)
+            raise
+        self._log_parameter_counts()
         return module
 
-    def set_policies_to_train(
-        self, policies: Iterable[str] | Callable[[str], bool] | None
-    ) -> None:
+    def remove_module(self, module_id: str) -> nn.Module:
+        """Remove a module with its optimisers, schedules, config and metrics; returns it."""
+        self._check_module(module_id)
+        module = self.modules[module_id]
+        self._forget(module_id)
+        self._log_parameter_counts()
+        return module
+
+    def _forget(self, module_id: str) -> None:
+        for key in [k for k in self._optims if k[0] == module_id]:
+            del self._optims[key]
+        for key in [k for k in self._hparams if k[0] == module_id]:
+            del self._hparams[key]
+        self._module_configs.pop(module_id, None)
+        self.metrics.delete(module_id)
+        if self._train_ids is not None:
+            self._train_ids = self._train_ids - {module_id}
+        if module_id in self.modules:
+            del self.modules[module_id]
+
+    def set_policies_to_train(self, policies: PoliciesToTrain) -> None:
+        """Which modules updates touch: ids, a predicate on the id, or ``None`` for all."""
         self._train_ids: frozenset[str] | None = None
         self._train_fn: Callable[[str], bool] | None = None
         if callable(policies):
             self._train_fn = policies
+        elif isinstance(policies, str):
+            raise LearnerError(f"policies_to_train must be a list of module ids, got the "
+                               f"string {policies!r}; write [{policies!r}]")
         elif policies is not None:
             self._train_ids = frozenset(policies)
 
@@ -189,10 +247,10 @@ class Learner(Generic[BatchT]):
 
     def _check_module(self, module_id: str) -> None:
         if module_id not in self.modules:
-            raise LearnerError(
+            raise UnknownModuleError(
                 f"unknown module {module_id!r}; this learner has {sorted(self.modules)}")
 
-    # ---- optimisers ----------------------------------------------------------------
+    # ---- optimisers and scheduled hyperparameters --------------------------------------
     def register_optimizer(
         self,
         module_id: str,
@@ -202,11 +260,22 @@ class Learner(Generic[BatchT]):
         lr_or_schedule: float | dict[str, Any] | Schedule,
         clip: GradientClip | None = None,
     ) -> None:
-        """Register ``optimizer`` over ``params`` under ``(module_id, name)``."""
+        """Register ``optimizer`` over ``params`` under ``(module_id, name)``.
+
+        ``lr_or_schedule`` (a number, a schedule dict or a schedule) sets the learning
+        rate from the env-step timeline before every update.
+        """
         self._check_module(module_id)
+        if (module_id, name) in self._optims:
+            raise LearnerError(f"optimizer {module_id}/{name} is registered already")
         if not isinstance(params, Sequence) or not all(isinstance(p, Tensor) for p in params):
             raise LearnerError(
-                f"params for optimizer {module_id}/{name} must be a list of tensors")
+                f"params for optimizer {module_id}/{name} must be a list of tensors "
+                "(e.g. list(module.parameters())), not a generator or other objects")
+        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if {id(p) for p in params} != owned:
+            raise LearnerError(f"params for optimizer {module_id}/{name} must be exactly the "
+                               "tensors the optimizer updates (clipping acts on them)")
         sched = make_schedule(lr_or_schedule)
         for group in optimizer.param_groups:
             group["lr"] = sched(self.env_steps)
@@ -225,9 +294,26 @@ class Learner(Generic[BatchT]):
         self._check_module(module_id)
         return {n: o.optimizer for (m, n), o in self._optims.items() if m == module_id}
 
+    def register_hyperparameter(self, module_id: str, name: str,
+                                value_or_schedule: float | dict[str, Any] | Schedule) -> None:
+        """Put a scalar (entropy coefficient, clip range, epsilon) on the env-step timeline;
+        read it with :meth:`hyperparameter`. Its value is logged with every update."""
+        self._check_module(module_id)
+        self._hparams[(module_id, name)] = make_schedule(value_or_schedule)
+
+    def hyperparameter(self, module_id: str, name: str) -> float:
+        """The current value of a registered hyperparameter (at ``env_steps``)."""
+        try:
+            return self._hparams[(module_id, name)](self.env_steps)
+        except KeyError:
+            known = [f"{m}/{n}" for m, n in self._hparams]
+            raise LearnerError(f"no hyperparameter {module_id}/{name}; registered: "
+                               f"{known}") from None
+
     # ---- updates -------------------------------------------------------------------
     def before_gradient_based_update(self, env_steps: int) -> dict[str, float]:
-        """Advance schedules to ``env_steps``; returns the current learning rates."""
+        """Advance schedules to ``env_steps`` and log their values; returns the learning
+        rates as ``{"<module>/lr_<optim>": lr}``."""
         self.env_steps = env_steps
         rates = {}
         for (module_id, name), opt in self._optims.items():
@@ -235,43 +321,51 @@ class Learner(Generic[BatchT]):
             for group in opt.optimizer.param_groups:
                 group["lr"] = lr
             rates[f"{module_id}/lr_{name}"] = lr
+            self._log_scalar(module_id, f"lr_{name}", lr)
+        for (module_id, name), sched in self._hparams.items():
+            self._log_scalar(module_id, name, sched(env_steps))
         return rates
 
     def after_gradient_based_update(self) -> None:
         self.weights_seq_no += 1
 
-    def update_minibatch(self, batch: Mapping[str, BatchT]) -> dict[str, Tensor]:
+    def update_minibatch(self, batch: MultiBatch[BatchT]) -> dict[str, Tensor]:
         """One gradient step on every module to be updated that has data in ``batch``.
 
         A non-finite loss or gradient skips the whole step (no optimiser moves), counts
         ``guard/skipped_updates`` and, with ``on_nonfinite="raise"``, raises
         :class:`NonFiniteError` instead, so weights never become NaN.
         """
-        stats: dict[str, Tensor] = {}
-        total: Tensor | None = None
         ids = [m for m in batch if self._updatable(m)]
-        for module_id in ids:
-            loss, module_stats = self.compute_loss_for_module(
-                module_id, self.config_for_module(module_id), batch[module_id])
-            total = loss if total is None else total + loss
-            stats.update(_prefixed(module_id, module_stats, len(self.modules)))
-        if total is None:
-            return stats
+        if not ids:
+            return {}
+        mb = {m: batch[m] for m in ids}
+        losses, stats = self.compute_losses(mb, {m: self.forward_train(m, mb[m]) for m in ids})
+        total = torch.stack(list(losses.values())).sum()
         if not bool(torch.isfinite(total)):
             return self._skip("loss", stats)
         optims = [(key, o) for key, o in self._optims.items() if key[0] in ids]
         for _, o in optims:
             o.optimizer.zero_grad(set_to_none=True)
         total.backward()  # type: ignore[no-untyped-call]
-        norms = {key: _grad_norm(o.params) for key, o in optims}
+        norms = {key: grad_norm(o.params) for key, o in optims}
         if not all(bool(torch.isfinite(n)) for n in norms.values()):
             for _, o in optims:
                 o.optimizer.zero_grad(set_to_none=True)
             return self._skip("gradient", stats)
         for (module_id, name), o in optims:
             clip_gradients(o.params, o.clip, norms[(module_id, name)])
-            stats[f"{module_id}/gradients_{name}_global_norm"] = norms[(module_id, name)]
+            if o.clip.log_global_norm:
+                stats[f"{module_id}/gradients_{name}_global_norm"] = norms[(module_id, name)]
             o.optimizer.step()
+        for module_id in ids:
+            stats[self._stat_key(module_id, "losses/total")] = losses[module_id].detach()
+            n = len(mb[module_id])
+            self.metrics.log_value((module_id, "num_samples_trained_lifetime"), n, reduce="sum")
+            self.metrics.log_value("learner/num_samples_trained", n, reduce="sum",
+                                   clear_on_reduce=True)
+            self.metrics.log_value("learner/num_samples_trained_lifetime", n, reduce="sum",
+                                   with_throughput=True)
         return stats
 
     def _skip(self, what: str, stats: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -283,7 +377,7 @@ class Learner(Generic[BatchT]):
                 "or check the env's observations and rewards, or set on_nonfinite=skip")
         return {k: v for k, v in stats.items() if bool(torch.isfinite(v))}
 
-    def batch_is_finite(self, batch: Mapping[str, BatchT]) -> bool:
+    def batch_is_finite(self, batch: MultiBatch[BatchT]) -> bool:
         """True if every float tensor of every module's batch is finite."""
         for b in batch.values():
             for f in dataclasses.fields(b):  # type: ignore[arg-type]
@@ -295,51 +389,121 @@ class Learner(Generic[BatchT]):
 
     def update_from_batch(
         self,
-        batch: Mapping[str, BatchT],
+        batch: MultiBatch[BatchT],
         *,
         num_epochs: int = 1,
         minibatch_size: int | None = None,
         shuffle_batch_per_epoch: bool = True,
         generator: torch.Generator | None = None,
         stop: Callable[[dict[str, Tensor]], bool] | None = None,
+        env_steps: int | None = None,
     ) -> dict[str, float]:
-        """``num_epochs`` passes over ``batch`` in minibatches; mean stats over all steps.
+        """``num_epochs`` passes over ``batch`` in minibatches; returns the reduced metrics.
 
         ``stop`` is asked after every minibatch with its stats (e.g. PPO's target-KL
-        early stop); when it says so the remaining minibatches are skipped.
+        early stop); when it says so the remaining minibatches are skipped. With
+        ``env_steps``, :meth:`before_gradient_based_update` runs first.
         """
-        for module_id in batch:
-            self._check_module(module_id)
+        if env_steps is not None:
+            self.before_gradient_based_update(env_steps)
+        self._check_batch(batch)
+        batch = {m: b for m, b in batch.items() if len(b) > 0}
         if not self.batch_is_finite(batch):
             self._skip("observation, reward or target in the batch", {})
-            return {"guard/skipped_updates": float(self.skipped_updates)}
+            return self._finish(0)
+        return self._run(self._minibatches(batch, num_epochs, minibatch_size,
+                                           shuffle_batch_per_epoch, generator), stop)
+
+    def update_from_episodes(self, episodes: Sequence[Any], **kwargs: Any) -> dict[str, float]:
+        """:meth:`build_batch` on ``episodes``, then :meth:`update_from_batch` (same kwargs)."""
+        return self.update_from_batch(self.build_batch(episodes), **kwargs)
+
+    def update_from_iterator(
+        self,
+        iterator: Iterable[MultiBatch[BatchT]],
+        num_iters: int | None = None,
+        *,
+        stop: Callable[[dict[str, Tensor]], bool] | None = None,
+        env_steps: int | None = None,
+    ) -> dict[str, float]:
+        """One gradient step per ``{module_id: minibatch}`` the iterator yields (at most
+        ``num_iters``; all when ``None``), e.g. from a replay buffer or an offline dataset.
+        Minibatches with non-finite values are skipped and counted."""
+        if env_steps is not None:
+            self.before_gradient_based_update(env_steps)
+
+        def checked() -> Iterator[MultiBatch[BatchT]]:
+            for mb in itertools.islice(iterator, num_iters):
+                self._check_batch(mb)
+                if self.batch_is_finite(mb):
+                    yield mb
+                else:
+                    self._skip("observation, reward or target in the batch", {})
+
+        return self._run(checked(), stop)
+
+    def _check_batch(self, batch: MultiBatch[BatchT]) -> None:
+        for module_id in batch:
+            self._check_module(module_id)
+
+    def _minibatches(self, batch: MultiBatch[BatchT], num_epochs: int,
+                     minibatch_size: int | None, shuffle: bool,
+                     generator: torch.Generator | None) -> Iterator[MultiBatch[BatchT]]:
         sizes = {m: len(b) for m, b in batch.items()}
+        if not sizes:
+            return
         n_max = max(sizes.values())
         num_mb = 1 if not minibatch_size else max(1, -(-n_max // minibatch_size))
-        history: list[dict[str, Tensor]] = []
-        stopped = False
         for _ in range(num_epochs):
-            orders = {m: (torch.randperm(n, generator=generator) if shuffle_batch_per_epoch
+            orders = {m: (torch.randperm(n, generator=generator) if shuffle
                           else torch.arange(n)) for m, n in sizes.items()}
             chunks = {m: order.chunk(num_mb) for m, order in orders.items()}
             for i in range(num_mb):
-                mb = {m: batch[m].select(c[i]) for m, c in chunks.items() if i < len(c)}
-                step_stats = self.update_minibatch(mb)
-                history.append(step_stats)
-                if stop is not None and stop(step_stats):
-                    stopped = True
-                    break
-            if stopped:
+                yield {m: batch[m].select(c[i]) for m, c in chunks.items() if i < len(c)}
+
+    def _run(self, minibatches: Iterable[MultiBatch[BatchT]],
+             stop: Callable[[dict[str, Tensor]], bool] | None) -> dict[str, float]:
+        steps = 0
+        for mb in minibatches:
+            step_stats = self.update_minibatch(mb)
+            steps += 1
+            self.metrics.log_dict(step_stats, clear_on_reduce=True)
+            if stop is not None and stop(step_stats):
                 break
         self.after_gradient_based_update()
-        out = _mean_stats(history)
-        out["learner/minibatch_updates"] = float(len(history))
-        out["learner/weights_seq_no"] = float(self.weights_seq_no)
-        out["guard/skipped_updates"] = float(self.skipped_updates)
-        return out
+        return self._finish(steps)
+
+    def _finish(self, steps: int) -> dict[str, float]:
+        self.metrics.log_value("learner/minibatch_updates", steps, reduce="sum",
+                               clear_on_reduce=True)
+        self.metrics.log_value("learner/weights_seq_no", self.weights_seq_no, window=1)
+        self.metrics.log_value("guard/skipped_updates", self.skipped_updates, window=1)
+        return self.metrics.reduce()
 
     def _updatable(self, module_id: str) -> bool:
         return module_id in self.modules and self.should_module_be_updated(module_id)
+
+    # ---- metrics -------------------------------------------------------------------
+    def _flat(self) -> bool:
+        return self.stats_prefix == "auto" and len(self.modules) == 1
+
+    def _stat_key(self, module_id: str, key: str) -> str:
+        return key if self._flat() else f"{module_id}/{key}"
+
+    def _log_scalar(self, module_id: str, name: str, value: float) -> None:
+        key = f"learner/{name}" if self._flat() else f"{module_id}/{name}"
+        self.metrics.log_value(key, value, clear_on_reduce=True)
+
+    def _log_parameter_counts(self) -> None:
+        for key, value in self.parameter_counts().items():
+            self.metrics.log_value(key, value, window=1)
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Trainable and non-trainable (frozen) parameter counts over all modules."""
+        params = list(self.modules.parameters())
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        return {"learner/params_trainable": trainable,
+                "learner/params_frozen": sum(p.numel() for p in params) - trainable}
 
     # ---- state ---------------------------------------------------------------------
     def get_state(
@@ -355,8 +519,11 @@ class Learner(Generic[BatchT]):
         if "optimizer" in wanted:
             state["optimizer"] = {f"{m}/{n}": o.optimizer.state_dict()
                                   for (m, n), o in self._optims.items()}
+        if "metrics_logger" in wanted:
+            state["metrics_logger"] = self.metrics.get_state()
         if "weights_seq_no" in wanted:
             state["weights_seq_no"] = self.weights_seq_no
+        if "env_steps" in wanted:
             state["env_steps"] = self.env_steps
         if "should_module_be_updated" in wanted:
             state["should_module_be_updated"] = [
@@ -364,26 +531,38 @@ class Learner(Generic[BatchT]):
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`get_state` returned (any subset of components)."""
+        """Restore what :meth:`get_state` returned (any subset of components).
+
+        ``should_module_be_updated`` comes back as the list of ids it named when saved.
+        """
         for module_id, sd in state.get("module", {}).items():
             self._check_module(module_id)
             self.modules[module_id].load_state_dict(sd)
         for key, sd in state.get("optimizer", {}).items():
             module_id, _, name = key.rpartition("/")
             self.get_optimizer(module_id, name).load_state_dict(sd)
+        if "metrics_logger" in state:
+            self.metrics.set_state(state["metrics_logger"])
         # A newer weights_seq_no wins: stale state never rolls the counter back.
         if "weights_seq_no" in state:
             self.weights_seq_no = max(self.weights_seq_no, int(state["weights_seq_no"]))
-            self.env_steps = int(state.get("env_steps", self.env_steps))
+        if "env_steps" in state:
+            self.env_steps = int(state["env_steps"])
         if "should_module_be_updated" in state:
             self.set_policies_to_train(list(state["should_module_be_updated"]))
 
-    def parameter_counts(self) -> dict[str, int]:
-        """Trainable and non-trainable parameter counts over all modules."""
-        params = list(self.modules.parameters())
-        trainable = sum(p.numel() for p in params if p.requires_grad)
-        return {"learner/params_trainable": trainable,
-                "learner/params_frozen": sum(p.numel() for p in params) - trainable}
+
+def _override(config: Any, overrides: Mapping[str, Any]) -> Any:
+    """``config`` with ``overrides`` (a dataclass is re-validated by its ``__post_init__``)."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        try:
+            return dataclasses.replace(config, **overrides)
+        except TypeError as e:
+            raise LearnerError(f"bad config_overrides {sorted(overrides)}: {e}") from None
+    if isinstance(config, Mapping):
+        return {**config, **overrides}
+    raise LearnerError(f"config_overrides need a dataclass or mapping config, not "
+                       f"{type(config).__name__}")
 
 
 def _select(components: str | Iterable[str] | None,
@@ -397,18 +576,3 @@ def _select(components: str | Iterable[str] | None,
         raise LearnerError(f"unknown state components {sorted(unknown)}; "
                            f"choose from {list(STATE_COMPONENTS)}")
     return wanted - as_set(not_components)
-
-
-def _prefixed(module_id: str, stats: Mapping[str, Tensor], n_modules: int) -> dict[str, Tensor]:
-    # A single-module run keeps flat keys ("losses/policy"), as rl8 and the README show.
-    if n_modules == 1:
-        return dict(stats)
-    return {f"{module_id}/{k}": v for k, v in stats.items()}
-
-
-def _mean_stats(history: Sequence[Mapping[str, Tensor]]) -> dict[str, float]:
-    keys: dict[str, list[Tensor]] = {}
-    for stats in history:
-        for k, v in stats.items():
-            keys.setdefault(k, []).append(v.detach().float())
-    return {k: float(torch.stack(vs).mean()) for k, vs in keys.items()}

@@ -16,7 +16,9 @@ several sinks (and tests) in one process do not interfere.
 from __future__ import annotations
 
 import logging as pylogging
+import os
 import re
+import shutil
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -55,6 +57,37 @@ def _sqlite_path(tracking_uri: str) -> Path | None:
         return None
     path = tracking_uri[len(_SQLITE_PREFIX) :].split("?", 1)[0]
     return None if path in ("", ":memory:") else Path(path)
+
+
+def _template_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rlloop"
+
+
+def _seed_from_template(db_path: Path) -> None:
+    """Start a new store as a copy of an empty, fully migrated one.
+
+    Creating MLflow's schema runs dozens of migrations (seconds); it is done once per MLflow
+    version into a cache folder, and every new run copies the file (milliseconds). Any
+    failure leaves ``db_path`` absent, and MLflow then creates the schema itself.
+    """
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    template = _template_dir() / f"mlflow-{mlflow.__version__}-empty.db"
+    try:
+        if not template.exists():
+            template.parent.mkdir(parents=True, exist_ok=True)
+            tmp = template.with_name(f".{template.name}.{os.getpid()}.tmp")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                MlflowClient(tracking_uri=sqlite_tracking_uri(tmp)).search_experiments()
+            tmp.replace(template)
+        part = db_path.with_name(f".{db_path.name}.{os.getpid()}.tmp")
+        shutil.copyfile(template, part)
+        part.replace(db_path)
+    except OSError as exc:
+        _log.debug("no MLflow store template (%s); creating the schema directly", exc)
 
 
 def mlflow_name(name: str) -> str:
@@ -114,6 +147,8 @@ class MlflowSink:
         db_path = _sqlite_path(tracking_uri)
         if db_path is not None:
             db_path.parent.mkdir(parents=True, exist_ok=True)
+            if not db_path.exists():
+                _seed_from_template(db_path)
             if artifact_location is None:
                 artifact_location = (db_path.parent / "artifacts").resolve().as_uri()
         with warnings.catch_warnings():

@@ -1,0 +1,220 @@
+"""DQN (Mnih et al. 2015, Nature 518) with the double-DQN target (van Hasselt et al. 2016),
+a dueling head (Wang et al. 2016), n-step transitions and prioritized replay as options.
+
+The loss is :func:`rlloop.losses.dqn.dqn_loss` (Huber). Epsilon decays linearly on the
+env-step timeline. The target network is updated every ``target_update_interval``
+gradient updates: copied (``tau = 1``) or Polyak-averaged (``tau < 1``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, cast
+
+import torch
+from torch import Tensor, nn
+
+from rlloop.algorithms.base import EVAL_SEED_OFFSET, AlgorithmBase, EnvSettings
+from rlloop.algorithms.offpolicy import (
+    OffPolicyConfig,
+    OffPolicyLoop,
+    ReplayBatch,
+    Stats,
+    check_env_settings,
+    check_hidden,
+)
+from rlloop.data.replay import PrioritizedReplayBuffer
+from rlloop.envs.core import Discrete, sample_random_actions
+from rlloop.errors import ConfigError
+from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner
+from rlloop.learners.schedules import Linear
+from rlloop.losses.dqn import dqn_loss, dqn_target
+from rlloop.losses.polyak import hard_update, polyak_update
+from rlloop.modules.networks import flat_dim
+from rlloop.modules.q_networks import QNetwork
+
+
+@dataclass
+class DQNConfig(OffPolicyConfig):
+    """DQN hyperparameters (defaults: Stable-Baselines3's DQN defaults)."""
+
+    section: ClassVar[str] = "dqn"
+    supports_prioritized: ClassVar[bool] = True
+
+    batch_size: int = 32
+    """Transitions per gradient update."""
+    learning_starts: int = 100
+    """Warm-up env steps of uniformly random actions."""
+    opt_interval: int = 4
+    """Env steps between optimisation steps."""
+    lr: float = 1e-4
+    """Adam learning rate."""
+    adam_eps: float = 1e-8
+    """Adam epsilon."""
+    max_grad_norm: float | None = 10.0
+    """Clip the global gradient norm to this (None: off)."""
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    """Hidden layer sizes of the Q-network (ReLU)."""
+    dueling: bool = False
+    """Dueling head: Q = V + A - mean(A)."""
+    double_q: bool = False
+    """Double-DQN target: the online network picks the next action, the target rates it."""
+    target_update_interval: int = 10_000
+    """Gradient updates between target-network updates."""
+    tau: float = 1.0
+    """Target update: 1 copies the online network (hard), < 1 averages (Polyak)."""
+    exploration_initial_eps: float = 1.0
+    """Epsilon at env step 0."""
+    exploration_final_eps: float = 0.05
+    """Epsilon after exploration_steps env steps (also used by stochastic evaluation)."""
+    exploration_steps: int = 10_000
+    """Env steps over which epsilon decays linearly."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lr <= 0 or self.adam_eps <= 0:
+            raise ConfigError(f"dqn.lr and dqn.adam_eps must be > 0, got {self.lr}, {self.adam_eps}")
+        if self.target_update_interval <= 0 or self.exploration_steps <= 0:
+            raise ConfigError("dqn.target_update_interval and dqn.exploration_steps must be > 0")
+        if not 0 < self.tau <= 1:
+            raise ConfigError(f"dqn.tau must be in (0, 1], got {self.tau}")
+        for name in ("exploration_initial_eps", "exploration_final_eps"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"dqn.{name} must be in [0, 1], got {getattr(self, name)}")
+        check_hidden("dqn", self.hidden)
+        GradientClip(self.max_grad_norm)
+
+
+class DQNModule(nn.Module):
+    """The online Q-network and its target network (a copy that gets no gradient)."""
+
+    def __init__(self, online: QNetwork) -> None:
+        super().__init__()
+        self.online = online
+        self.target = copy.deepcopy(online).requires_grad_(False)
+
+
+class DQNLearner(Learner[ReplayBatch]):
+    """Adam on the online network; Huber TD loss; target updates on a fixed cadence."""
+
+    def __init__(self, modules: Mapping[str, DQNModule], config: DQNConfig) -> None:
+        self.updates = 0
+        self.td_errors: Tensor | None = None  # of the last batch, for prioritized replay
+        super().__init__(modules, config)
+
+    def module(self, module_id: str = DEFAULT_MODULE_ID) -> DQNModule:
+        return cast(DQNModule, self.modules[module_id])
+
+    def configure_optimizers_for_module(self, module_id: str, config: DQNConfig) -> None:
+        params = list(self.module(module_id).online.parameters())
+        optimizer = torch.optim.Adam(params, lr=config.lr, eps=config.adam_eps, fused=True)
+        self.register_optimizer(module_id, "default", optimizer, params, config.lr,
+                                GradientClip(config.max_grad_norm))
+
+    def compute_loss_for_module(self, module_id: str, config: DQNConfig,
+                                batch: ReplayBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        m = self.module(module_id)
+        with torch.no_grad():
+            next_q_target = m.target(batch.next_obs)
+            next_q_online = m.online(batch.next_obs) if config.double_q else None
+        target = dqn_target(batch.reward, batch.discount, batch.terminated, next_q_target,
+                            next_q_online)
+        loss, stats, self.td_errors = dqn_loss(m.online(batch.obs), batch.action, target,
+                                               batch.weights)
+        return loss, stats
+
+    def after_update(self) -> None:
+        """Count the gradient update; update the target networks when one is due."""
+        self.updates += 1
+        if self.updates % self.config.target_update_interval == 0:
+            for module_id in self.modules:
+                m = self.module(module_id)
+                if self.config.tau >= 1.0:
+                    hard_update(m.target, m.online)
+                else:
+                    polyak_update(m.target, m.online, self.config.tau)
+
+
+class DQN(AlgorithmBase):
+    """Epsilon-greedy acting on border's cadence; one optimisation step makes
+    ``gradient_steps`` DQN updates."""
+
+    name = "dqn"
+
+    def __init__(self, config: DQNConfig, env: EnvSettings) -> None:
+        check_env_settings("dqn", env.horizons_per_env_reset)
+        if not isinstance(env.spec.action_space, Discrete):
+            raise ConfigError(f"dqn needs discrete actions but {env.env_id} has continuous "
+                              "ones; use sac or td3")
+        super().__init__(env)
+        self.config = config
+        self.space = env.spec.action_space
+        self.q = QNetwork(flat_dim(env.spec.obs_shape), self.space.n, config.hidden,
+                          config.dueling)
+        self.learner = DQNLearner({DEFAULT_MODULE_ID: DQNModule(self.q)}, config)
+        self.loop = OffPolicyLoop(self.runner, config, self.space, self.generator)
+        self.epsilon = Linear(config.exploration_initial_eps, config.exploration_final_eps,
+                              config.exploration_steps)
+        self._eval_generator = torch.Generator().manual_seed(env.seed + EVAL_SEED_OFFSET)
+
+    # ---- acting ----------------------------------------------------------------------
+    def _epsilon_greedy(self, obs: Tensor, eps: float, generator: torch.Generator) -> Tensor:
+        greedy = self.q(obs).argmax(1)
+        n = obs.shape[0]
+        explore = torch.rand(n, generator=generator) < eps
+        return torch.where(explore, sample_random_actions(self.space, n, generator), greedy)
+
+    def _explore(self, obs: Tensor) -> Tensor:
+        return self._epsilon_greedy(obs, self.epsilon(self.loop.env_steps), self.generator)
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        """Greedy actions, or epsilon-greedy with the final epsilon (an eval-only RNG)."""
+        if deterministic:
+            return self.q(obs).argmax(1)
+        return self._epsilon_greedy(obs, self.config.exploration_final_eps,
+                                    self._eval_generator)
+
+    # ---- border's cadence ------------------------------------------------------------
+    def env_step(self) -> int:
+        return self.loop.env_step(self._explore)
+
+    def optimize(self, env_steps: int) -> dict[str, Tensor | float] | None:
+        if not self.loop.learning(env_steps):
+            return None
+        self.learner.before_gradient_based_update(env_steps)
+        stats = self.loop.optimize(env_steps, self._update)
+        self.learner.after_gradient_based_update()
+        return {**(stats or {}), "dqn/epsilon": self.epsilon(env_steps)}
+
+    def _update(self, batch: ReplayBatch, rows: Tensor | None) -> dict[str, Tensor]:
+        stats = self.learner.update_minibatch({DEFAULT_MODULE_ID: batch})
+        replay = self.loop.replay
+        if isinstance(replay, PrioritizedReplayBuffer) and rows is not None:
+            assert self.learner.td_errors is not None
+            replay.update_priorities(rows, self.learner.td_errors)
+        self.learner.after_update()
+        return stats
+
+    def episode_stats(self) -> Stats:
+        return self.runner.episodes.stats()
+
+    # ---- rl8's collect / update (plain Trainer) --------------------------------------
+    def collect(self) -> Stats:
+        return self.loop.collect(self._explore)
+
+    def update(self, env_steps: int) -> Stats:
+        return self.loop.update(env_steps, self.optimize)
+
+    # ---- state -----------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "learner": self.learner.get_state(),
+                "offpolicy": self.loop.get_state(), "updates": self.learner.updates}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.learner.set_state(state["learner"])
+        self.loop.set_state(state["offpolicy"])
+        self.learner.updates = int(state["updates"])

@@ -1,0 +1,398 @@
+"""What the off-policy family (DQN, SAC, TD3) shares: replaceable parts and the loop.
+
+One env step, batched over ``N`` envs, flows through parts named in the config::
+
+    policy (uniform random during warm-up) -> env.step -> StepProcessor -> Replay
+
+and every ``opt_interval`` env steps the algorithm makes one optimisation step of
+``gradient_steps`` updates on sampled batches. :class:`OffPolicyTrainer` (in
+``offpolicy_trainer.py``) counts evaluations, records and saves in optimisation steps,
+as border's trainer does.
+
+The parts are small Protocols with registries, so a config selects them by name and a
+user may register more: ``STEP_PROCESSORS``, ``REPLAY_BUFFERS``, ``EVALUATORS``,
+``RECORDERS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from time import perf_counter as _clock
+from typing import Any, ClassVar, Protocol
+
+import torch
+from torch import Tensor
+
+from rlloop.data.nstep import NStepProcessor
+from rlloop.data.replay import (
+    PrioritizedReplayBuffer,
+    ReplayBuffer,
+    ReplayMemoryError,
+    Transitions,
+    TransitionsLike,
+)
+from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
+from rlloop.errors import ConfigError
+from rlloop.learners.learner import TensorBatch
+from rlloop.learners.schedules import Linear
+from rlloop.runners.env_runner import EnvRunner
+
+Stats = dict[str, float]
+#: ``explore(obs [N, *obs]) -> actions [N, ...]``, the behaviour policy after warm-up.
+ExploreFn = Callable[[Tensor], Tensor]
+
+
+# ---------------------------------------------------------------- the replaceable parts
+
+
+class StepProcessor(Protocol):
+    """Border's StepProcessor: one batched env step in, replay-ready transitions out."""
+
+    def process(self, obs: Tensor, action: Tensor, reward: Tensor, next_obs: Tensor,
+                terminated: Tensor, truncated: Tensor) -> TransitionsLike: ...
+    def reset(self) -> None: ...
+    def get_state(self) -> dict[str, Any]: ...
+    def set_state(self, state: dict[str, Any]) -> None: ...
+
+
+class Replay(Protocol):
+    """Border's ReplayBuffer: transitions in, sampled batches out; its state is checkpointed."""
+
+    def __len__(self) -> int: ...
+    def add(self, batch: TransitionsLike) -> Tensor: ...
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Transitions: ...
+    def get_state(self) -> dict[str, Any]: ...
+    def set_state(self, state: dict[str, Any]) -> None: ...
+
+
+class Evaluator(Protocol):
+    """Border's Evaluator: scores the current policy; returns at least ``return_mean``."""
+
+    def evaluate(self, algorithm: Any, episodes: int) -> Stats: ...
+
+
+class Recorder(Protocol):
+    """Border's Recorder: collects optimisation stats, hands them over at a record."""
+
+    def add(self, stats: Mapping[str, Tensor | float]) -> None: ...
+    def pop(self) -> Stats: ...
+
+
+@dataclass(frozen=True)
+class ExperienceSpec:
+    """Shapes the step processor and replay buffer are built for."""
+
+    num_envs: int
+    obs_shape: tuple[int, ...]
+    action_shape: tuple[int, ...]
+    action_dtype: torch.dtype
+
+
+def _nstep(spec: ExperienceSpec, cfg: OffPolicyConfig) -> StepProcessor:
+    return NStepProcessor(spec.num_envs, cfg.n_step, cfg.gamma, spec.obs_shape,
+                          spec.action_shape, spec.action_dtype)
+
+
+def _replay(prioritized: bool) -> Callable[[ExperienceSpec, OffPolicyConfig], Replay]:
+    def build(spec: ExperienceSpec, cfg: OffPolicyConfig) -> Replay:
+        args = (cfg.buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype)
+        try:
+            if prioritized:
+                return PrioritizedReplayBuffer(*args, alpha=cfg.per_alpha, beta=cfg.per_beta)
+            return ReplayBuffer(*args)
+        except ReplayMemoryError as e:
+            raise ConfigError(f"{cfg.section}.buffer_size: {e}") from None
+    return build
+
+
+@dataclass(frozen=True)
+class EpisodeEvaluator:
+    """Whole episodes on the algorithm's eval env, acting greedily or by sampling."""
+
+    deterministic: bool = True
+
+    def evaluate(self, algorithm: Any, episodes: int) -> Stats:
+        return dict(algorithm.evaluate(episodes, None, self.deterministic))
+
+
+class LastRecorder:
+    """A record carries the stats of the optimisation step it is written at (border)."""
+
+    def __init__(self) -> None:
+        self._last: Mapping[str, Tensor | float] = {}
+
+    def add(self, stats: Mapping[str, Tensor | float]) -> None:
+        self._last = stats
+
+    def pop(self) -> Stats:
+        out = {k: float(v) for k, v in self._last.items()}
+        self._last = {}
+        return out
+
+
+class MeanRecorder:
+    """A record carries the mean of each stat over the optimisation steps since the last.
+
+    Sums stay tensors until the record, so no optimisation step waits on a conversion.
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[str, Tensor | float] = {}
+        self._counts: dict[str, int] = {}
+
+    def add(self, stats: Mapping[str, Tensor | float]) -> None:
+        for key, value in stats.items():
+            self._sums[key] = self._sums[key] + value if key in self._sums else value
+            self._counts[key] = self._counts.get(key, 0) + 1
+
+    def pop(self) -> Stats:
+        out = {k: float(v) / self._counts[k] for k, v in self._sums.items()}
+        self._sums, self._counts = {}, {}
+        return out
+
+
+STEP_PROCESSORS: dict[str, Callable[[ExperienceSpec, OffPolicyConfig], StepProcessor]] = {
+    "nstep": _nstep,
+}
+REPLAY_BUFFERS: dict[str, Callable[[ExperienceSpec, OffPolicyConfig], Replay]] = {
+    "uniform": _replay(prioritized=False),
+    "prioritized": _replay(prioritized=True),
+}
+EVALUATORS: dict[str, Callable[[], Evaluator]] = {
+    "deterministic": lambda: EpisodeEvaluator(deterministic=True),
+    "stochastic": lambda: EpisodeEvaluator(deterministic=False),
+}
+RECORDERS: dict[str, Callable[[], Recorder]] = {"last": LastRecorder, "mean": MeanRecorder}
+
+
+# ---------------------------------------------------------------- config
+
+
+@dataclass
+class OffPolicyConfig:
+    """Settings every off-policy algorithm shares (its section: ``dqn.``, ``sac.``, ...)."""
+
+    section: ClassVar[str] = "offpolicy"
+    supports_prioritized: ClassVar[bool] = False
+
+    buffer_size: int = 1_000_000
+    """Replay capacity in transitions; the oldest are overwritten first."""
+    replay: str = "uniform"
+    """Replay buffer (REPLAY_BUFFERS): "uniform", or "prioritized" (DQN only)."""
+    per_alpha: float = 0.6
+    """Prioritized replay: prioritisation exponent (0 is uniform)."""
+    per_beta: float = 0.4
+    """Prioritized replay: importance-sampling exponent at the start, annealed to 1."""
+    per_beta_steps: int = 100_000
+    """Prioritized replay: env steps over which beta is annealed to 1."""
+    step_processor: str = "nstep"
+    """Step processor (STEP_PROCESSORS): "nstep" sums n_step rewards per transition and
+    keeps the final observation of truncated episodes for bootstrapping."""
+    n_step: int = 1
+    """Rewards summed per transition (1: one-step transitions)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    batch_size: int = 256
+    """Transitions per gradient update."""
+    learning_starts: int = 100
+    """Warm-up: env steps of uniformly random actions; optimisation steps are skipped
+    until more env steps than this were taken."""
+    opt_interval: int = 1
+    """Env steps (summed over envs) between optimisation steps (SB3's train_freq)."""
+    gradient_steps: int = 1
+    """Gradient updates per optimisation step, each on a freshly sampled batch."""
+    eval_interval: int = 1000
+    """Optimisation steps between evaluations; a new best is saved under <run>/best."""
+    record_interval: int = 100
+    """Optimisation steps between records (env/fps, opt/steps_per_sec, losses)."""
+    save_interval: int = 0
+    """Optimisation steps between checkpoints <run>/checkpoints/<opt steps> (0: never;
+    a final checkpoint is always written)."""
+    max_opts: int = 0
+    """Stop after this many optimisation steps (0: no limit besides total_env_steps)."""
+    evaluator: str = "deterministic"
+    """Evaluator (EVALUATORS): "deterministic" (greedy or mean action) or "stochastic"."""
+    recorder: str = "mean"
+    """Recorder (RECORDERS): "mean" of the stats since the last record, or "last"."""
+
+    def __post_init__(self) -> None:
+        s = self.section
+        for name in ("buffer_size", "n_step", "batch_size", "opt_interval", "gradient_steps",
+                     "eval_interval", "record_interval", "per_beta_steps"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{s}.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("learning_starts", "save_interval", "max_opts"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{s}.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.gamma <= 1:
+            raise ConfigError(f"{s}.gamma must be in (0, 1], got {self.gamma}")
+        if self.per_alpha < 0 or not 0 <= self.per_beta <= 1:
+            raise ConfigError(f"{s}.per_alpha must be >= 0 and {s}.per_beta in [0, 1]")
+        for name, registry in (("replay", REPLAY_BUFFERS), ("step_processor", STEP_PROCESSORS),
+                               ("evaluator", EVALUATORS), ("recorder", RECORDERS)):
+            if getattr(self, name) not in registry:
+                raise ConfigError(f"{s}.{name} must be one of {sorted(registry)}, "
+                                  f"got {getattr(self, name)!r}")
+        if self.replay == "prioritized" and not self.supports_prioritized:
+            raise ConfigError(f"{s}.replay=prioritized is supported by dqn only; use uniform")
+
+
+def check_hidden(section: str, hidden: list[int]) -> None:
+    if not hidden or any(h <= 0 for h in hidden):
+        raise ConfigError(f"{section}.hidden must be a non-empty list of sizes > 0, got {hidden}")
+
+
+def check_env_settings(section: str, horizons_per_env_reset: int) -> None:
+    if horizons_per_env_reset > 0:
+        raise ConfigError(f"{section} keeps its envs running across optimisation steps; "
+                          "horizons_per_env_reset must be < 0 (reset once)")
+
+
+# ---------------------------------------------------------------- experience
+
+
+@dataclass(frozen=True)
+class ReplayBatch(TensorBatch):
+    """A sampled batch for a learner (``Transitions`` as a ``TensorBatch``), ``[B, ...]``."""
+
+    obs: Tensor
+    action: Tensor
+    reward: Tensor
+    next_obs: Tensor
+    terminated: Tensor
+    discount: Tensor
+    weights: Tensor | None = None
+
+    @classmethod
+    def of(cls, t: Transitions) -> ReplayBatch:
+        return cls(t.obs, t.action, t.reward, t.next_obs, t.terminated, t.discount, t.weights)
+
+
+class OffPolicyLoop:
+    """Border's sampler and optimisation step, composed into each off-policy algorithm.
+
+    Owns the step processor, the replay buffer and the env-step counter that drives
+    warm-up and exploration schedules; the env, its current observation and episode
+    statistics stay in the algorithm's ``EnvRunner``.
+
+    Args:
+        runner: The algorithm's runner.
+        config: The algorithm's config.
+        action_space: Space warm-up actions are drawn from (the *stored* action space:
+            the unit box for continuous actors).
+        action_shape, action_dtype: Of stored actions.
+        generator: The algorithm's generator (warm-up actions, replay sampling).
+        to_env: Maps stored actions to env actions (continuous actions are rescaled).
+    """
+
+    def __init__(self, runner: EnvRunner, config: OffPolicyConfig, action_space: ActionSpace,
+                 generator: torch.Generator,
+                 to_env: Callable[[Tensor], Tensor] | None = None) -> None:
+        self.runner, self.config, self.generator = runner, config, generator
+        self.action_space = action_space
+        self.to_env = to_env
+        env = runner.env
+        shape = action_space.shape if isinstance(action_space, Box) else ()
+        dtype = torch.int64 if isinstance(action_space, Discrete) else torch.float32
+        spec = ExperienceSpec(env.num_envs, tuple(env.spec.obs_shape), tuple(shape), dtype)
+        self.processor = STEP_PROCESSORS[config.step_processor](spec, config)
+        self.replay = REPLAY_BUFFERS[config.replay](spec, config)
+        self.env_steps = 0
+        self._due = 0  # optimisation steps made due by collect(), run by update()
+        self._beta = Linear(config.per_beta, 1.0, config.per_beta_steps)
+
+    def env_step(self, explore: ExploreFn) -> int:
+        """One batched env step into the replay buffer; returns the env steps taken (N)."""
+        runner, clock = self.runner, _clock
+        obs, n = runner.obs, runner.env.num_envs
+        t0 = clock()
+        if self.env_steps < self.config.learning_starts:
+            action = sample_random_actions(self.action_space, n, self.generator)
+        else:
+            with torch.inference_mode():
+                action = explore(obs)
+        t1 = clock()
+        res = runner.env.step(action if self.to_env is None else self.to_env(action))
+        t2 = clock()
+        self.replay.add(self.processor.process(obs, action, res.reward, res.final_obs,
+                                               res.terminated, res.truncated))
+        runner.episodes.update(res.reward, res.terminated | res.truncated)
+        runner.obs = res.obs
+        runner.time_inference += t1 - t0
+        runner.time_env += t2 - t1
+        self.env_steps += n
+        return n
+
+    def learning(self, env_steps: int) -> bool:
+        """Whether an optimisation step at ``env_steps`` runs (False during warm-up)."""
+        return env_steps > self.config.learning_starts and len(self.replay) > 0
+
+    def optimize(self, env_steps: int,
+                 update: Callable[[ReplayBatch, Tensor | None], Mapping[str, Tensor]]
+                 ) -> dict[str, Tensor] | None:
+        """One optimisation step: ``gradient_steps`` x (sample, ``update(batch, rows)``).
+
+        ``update`` gets the sampled rows so prioritized replay can be updated. Returns
+        the stats of the last update, or ``None`` while warming up (border's skip).
+        """
+        if not self.learning(env_steps):
+            return None
+        cfg, replay = self.config, self.replay
+        stats: Mapping[str, Tensor] = {}
+        for _ in range(cfg.gradient_steps):
+            if isinstance(replay, PrioritizedReplayBuffer):
+                t = replay.sample(cfg.batch_size, self.generator, beta=self._beta(env_steps))
+            else:
+                t = replay.sample(cfg.batch_size, self.generator)
+            stats = update(ReplayBatch.of(t), t.indices)
+        return dict(stats)
+
+    def collect(self, explore: ExploreFn) -> Stats:
+        """rl8's collect: env steps until an optimisation step is due."""
+        steps = 0
+        while not self._due:
+            n = self.env_step(explore)
+            steps += n
+            self._due = opts_due(self.env_steps, n, self.config.opt_interval)
+        return {"env/steps": float(steps), **self.runner.episodes.stats()}
+
+    def update(self, env_steps: int,
+               optimize: Callable[[int], Mapping[str, Tensor | float] | None]) -> Stats:
+        """rl8's update: the optimisation steps the last ``collect`` made due, each made
+        by the algorithm's ``optimize``; returns the stats of the last one."""
+        stats: Mapping[str, Tensor | float] = {}
+        for _ in range(self._due):
+            stats = optimize(env_steps) or stats
+        self._due = 0
+        return {k: float(v) for k, v in stats.items()}
+
+    def get_state(self) -> dict[str, Any]:
+        return {"env_steps": self.env_steps, "processor": self.processor.get_state(),
+                "replay": self.replay.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.env_steps = int(state["env_steps"])
+        self.processor.set_state(state["processor"])
+        self.replay.set_state(state["replay"])
+
+
+def unit_box(space: Box) -> Box:
+    """``[-1, 1]`` in every dimension of ``space``: where continuous actors act."""
+    return Box((-1.0,) * space.dim, (1.0,) * space.dim, space.shape)
+
+
+def box_rescaler(section: str, space: Box) -> Callable[[Tensor], Tensor]:
+    """Maps actions in ``[-1, 1]`` to ``space``'s bounds (affine; one op per call)."""
+    low = torch.tensor(space.low, dtype=torch.float32)
+    high = torch.tensor(space.high, dtype=torch.float32)
+    if not bool(torch.isfinite(low).all() and torch.isfinite(high).all()):
+        raise ConfigError(f"{section} needs a bounded action space, but its bounds are "
+                          f"{space.low}..{space.high}; wrap the env to rescale its actions")
+    half, mid = ((high - low) / 2).reshape(space.shape), ((high + low) / 2).reshape(space.shape)
+    return lambda action: torch.addcmul(mid, action, half)
+
+
+def opts_due(env_steps: int, new_steps: int, opt_interval: int) -> int:
+    """Optimisation steps that fall due when ``new_steps`` env steps end at ``env_steps``."""
+    return env_steps // opt_interval - (env_steps - new_steps) // opt_interval

@@ -1,0 +1,217 @@
+"""Soft actor-critic with automatic entropy tuning (Haarnoja et al. 2018, arXiv:1812.05905).
+
+Twin Q critics with Polyak-averaged targets, a tanh-squashed Gaussian actor, and a
+learned temperature ``alpha``: three optimisers, ``"actor"``, ``"critic"`` and
+``"alpha"``, registered on one module. The losses are the pure functions of
+:mod:`rlloop.losses.sac`.
+
+One update takes a single backward pass over ``critic + actor + alpha`` losses. That
+is exact, not an approximation: the actor loss reads the critics with detached weights
+(``TwinQ(..., detach_params=True)``), the TD target is computed without gradient and
+the alpha and actor losses detach each other's inputs, so every optimiser receives the
+gradient of its own loss only (``tests/test_sac_td3.py`` checks it). All three losses
+see the parameters from before the update, as in the paper's simultaneous updates.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, cast
+
+import torch
+from torch import Tensor, nn
+
+from rlloop.algorithms.base import EVAL_SEED_OFFSET, AlgorithmBase, EnvSettings
+from rlloop.algorithms.offpolicy import (
+    OffPolicyConfig,
+    OffPolicyLoop,
+    ReplayBatch,
+    Stats,
+    box_rescaler,
+    check_env_settings,
+    check_hidden,
+    unit_box,
+)
+from rlloop.envs.core import Box
+from rlloop.errors import ConfigError
+from rlloop.learners.learner import DEFAULT_MODULE_ID, Learner
+from rlloop.losses.polyak import polyak_update
+from rlloop.losses.sac import sac_actor_loss, sac_alpha_loss, sac_critic_loss, sac_target
+from rlloop.modules.networks import flat_dim
+from rlloop.modules.q_networks import TanhGaussianActor, TwinQ
+
+
+@dataclass
+class SACConfig(OffPolicyConfig):
+    """SAC hyperparameters (defaults: Stable-Baselines3's SAC defaults)."""
+
+    section: ClassVar[str] = "sac"
+
+    lr: float = 3e-4
+    """Adam learning rate of the actor, the critics and alpha."""
+    tau: float = 0.005
+    """Polyak coefficient of the target critics."""
+    target_update_interval: int = 1
+    """Gradient updates between target-critic updates."""
+    init_alpha: float = 1.0
+    """Initial entropy temperature."""
+    autotune_alpha: bool = True
+    """Learn alpha so that the policy entropy tracks target_entropy."""
+    target_entropy: float | None = None
+    """Entropy target of the alpha loss (None: -action_dim)."""
+    hidden: list[int] = field(default_factory=lambda: [256, 256])
+    """Hidden layer sizes of the actor and of each critic (ReLU)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lr <= 0 or self.init_alpha <= 0:
+            raise ConfigError(f"sac.lr and sac.init_alpha must be > 0, got {self.lr}, "
+                              f"{self.init_alpha}")
+        if not 0 < self.tau <= 1:
+            raise ConfigError(f"sac.tau must be in (0, 1], got {self.tau}")
+        if self.target_update_interval <= 0:
+            raise ConfigError("sac.target_update_interval must be > 0")
+        check_hidden("sac", self.hidden)
+
+
+class SACModule(nn.Module):
+    """Actor, twin critics, their Polyak target and ``log alpha``."""
+
+    def __init__(self, obs_dim: int, act_dim: int, config: SACConfig) -> None:
+        super().__init__()
+        self.actor = TanhGaussianActor(obs_dim, act_dim, config.hidden)
+        self.critic = TwinQ(obs_dim, act_dim, config.hidden)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(config.init_alpha)),
+                                      requires_grad=config.autotune_alpha)
+
+
+class SACLearner(Learner[ReplayBatch]):
+    """Registers ``actor``, ``critic`` and ``alpha`` optimisers; one backward per update."""
+
+    def __init__(self, modules: Mapping[str, SACModule], config: SACConfig,
+                 target_entropy: float, generator: torch.Generator) -> None:
+        self.target_entropy = target_entropy
+        self.generator = generator
+        self.updates = 0
+        super().__init__(modules, config)
+
+    def module(self, module_id: str = DEFAULT_MODULE_ID) -> SACModule:
+        return cast(SACModule, self.modules[module_id])
+
+    def configure_optimizers_for_module(self, module_id: str, config: SACConfig) -> None:
+        m = self.module(module_id)
+        groups: list[tuple[str, list[Tensor]]] = [("actor", list(m.actor.parameters())),
+                                                  ("critic", list(m.critic.parameters()))]
+        if config.autotune_alpha:
+            groups.append(("alpha", [m.log_alpha]))
+        for name, params in groups:
+            self.register_optimizer(module_id, name,
+                                    torch.optim.Adam(params, lr=config.lr, fused=True),
+                                    params, config.lr)
+
+    def compute_loss_for_module(self, module_id: str, config: SACConfig,
+                                batch: ReplayBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        m = self.module(module_id)
+        alpha = m.log_alpha.detach().exp()
+        with torch.no_grad():
+            next_action, next_log_prob = m.actor(batch.next_obs, self.generator)
+            next_q = m.critic_target(batch.next_obs, next_action)
+            target = sac_target(batch.reward, batch.discount, batch.terminated, next_q[0],
+                                next_q[1], next_log_prob, alpha)
+        q = m.critic(batch.obs, batch.action)
+        loss, stats = sac_critic_loss(q[0], q[1], target)
+        action, log_prob = m.actor(batch.obs, self.generator)
+        q_pi = m.critic(batch.obs, action, detach_params=True)
+        actor_loss, actor_stats = sac_actor_loss(q_pi[0], q_pi[1], log_prob, alpha)
+        loss = loss + actor_loss
+        stats.update(actor_stats)
+        if config.autotune_alpha:
+            alpha_loss, alpha_stats = sac_alpha_loss(m.log_alpha, log_prob, self.target_entropy)
+            loss = loss + alpha_loss
+            stats.update(alpha_stats)
+        return loss, stats
+
+    def after_update(self) -> None:
+        """Count the gradient update; Polyak-update the target critics when due."""
+        self.updates += 1
+        if self.updates % self.config.target_update_interval == 0:
+            for module_id in self.modules:
+                m = self.module(module_id)
+                polyak_update(m.critic_target, m.critic, self.config.tau)
+
+
+class SAC(AlgorithmBase):
+    """SAC on border's cadence; actions live in ``[-1, 1]`` and are rescaled for the env."""
+
+    name = "sac"
+
+    def __init__(self, config: SACConfig, env: EnvSettings) -> None:
+        check_env_settings("sac", env.horizons_per_env_reset)
+        space = env.spec.action_space
+        if not isinstance(space, Box):
+            raise ConfigError(f"sac needs continuous (Box) actions but {env.env_id} has "
+                              "discrete ones; use dqn or ppo")
+        to_env = box_rescaler("sac", space)
+        super().__init__(env)
+        self.config = config
+        self.space = space
+        entropy = -float(space.dim) if config.target_entropy is None else config.target_entropy
+        self.module = SACModule(flat_dim(env.spec.obs_shape), space.dim, config)
+        self.learner = SACLearner({DEFAULT_MODULE_ID: self.module}, config, entropy,
+                                  self.generator)
+        self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env)
+        self.to_env = to_env
+        self._eval_generator = torch.Generator().manual_seed(env.seed + EVAL_SEED_OFFSET)
+
+    # ---- acting ----------------------------------------------------------------------
+    def _explore(self, obs: Tensor) -> Tensor:
+        return self.module.actor(obs, self.generator)[0].view(-1, *self.space.shape)
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        """Env-scaled actions: ``tanh(mean)``, or a sample (from an eval-only RNG)."""
+        actor = self.module.actor
+        action = actor.mode(obs) if deterministic else actor(obs, self._eval_generator)[0]
+        return self.to_env(action.view(-1, *self.space.shape))
+
+    # ---- border's cadence ------------------------------------------------------------
+    def env_step(self) -> int:
+        return self.loop.env_step(self._explore)
+
+    def optimize(self, env_steps: int) -> dict[str, Tensor] | None:
+        if not self.loop.learning(env_steps):
+            return None
+        self.learner.before_gradient_based_update(env_steps)
+        stats = self.loop.optimize(env_steps, self._update)
+        self.learner.after_gradient_based_update()
+        return stats
+
+    def _update(self, batch: ReplayBatch, rows: Tensor | None) -> dict[str, Tensor]:
+        stats = self.learner.update_minibatch({DEFAULT_MODULE_ID: batch})
+        self.learner.after_update()
+        return stats
+
+    def episode_stats(self) -> Stats:
+        return self.runner.episodes.stats()
+
+    # ---- rl8's collect / update (plain Trainer) --------------------------------------
+    def collect(self) -> Stats:
+        return self.loop.collect(self._explore)
+
+    def update(self, env_steps: int) -> Stats:
+        return self.loop.update(env_steps, self.optimize)
+
+    # ---- state -----------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "learner": self.learner.get_state(),
+                "offpolicy": self.loop.get_state(), "updates": self.learner.updates}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.learner.set_state(state["learner"])
+        self.loop.set_state(state["offpolicy"])
+        self.learner.updates = int(state["updates"])

@@ -1,0 +1,212 @@
+"""TD3 (Fujimoto et al. 2018, arXiv:1802.09477): twin Q critics, delayed actor updates and
+target policy smoothing; the losses are the pure functions of :mod:`rlloop.losses.td3`.
+
+Every ``policy_delay``-th update also updates the actor (on ``Q1`` read with detached
+critic weights, so one backward pass serves both optimisers) and Polyak-averages the
+actor and critic targets. Exploration adds Gaussian noise to ``mu(s)`` in the
+normalised action box ``[-1, 1]``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, cast
+
+import torch
+from torch import Tensor, nn
+
+from rlloop.algorithms.base import EVAL_SEED_OFFSET, AlgorithmBase, EnvSettings
+from rlloop.algorithms.offpolicy import (
+    OffPolicyConfig,
+    OffPolicyLoop,
+    ReplayBatch,
+    Stats,
+    box_rescaler,
+    check_env_settings,
+    check_hidden,
+    unit_box,
+)
+from rlloop.envs.core import Box
+from rlloop.errors import ConfigError
+from rlloop.learners.learner import DEFAULT_MODULE_ID, Learner
+from rlloop.losses.polyak import polyak_update
+from rlloop.losses.td3 import smoothed_target_action, td3_actor_loss, td3_critic_loss, td3_target
+from rlloop.modules.networks import flat_dim
+from rlloop.modules.q_networks import DeterministicActor, TwinQ
+
+
+@dataclass
+class TD3Config(OffPolicyConfig):
+    """TD3 hyperparameters (defaults: Stable-Baselines3's TD3 defaults, noise 0.1)."""
+
+    section: ClassVar[str] = "td3"
+
+    lr: float = 1e-3
+    """Adam learning rate of the actor and the critics."""
+    tau: float = 0.005
+    """Polyak coefficient of the target networks."""
+    policy_delay: int = 2
+    """Critic updates per actor (and target) update."""
+    target_policy_noise: float = 0.2
+    """Std of the target smoothing noise (normalised action units)."""
+    target_noise_clip: float = 0.5
+    """Clip of the target smoothing noise."""
+    exploration_noise: float = 0.1
+    """Std of the Gaussian exploration noise (normalised action units)."""
+    hidden: list[int] = field(default_factory=lambda: [400, 300])
+    """Hidden layer sizes of the actor and of each critic (ReLU)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lr <= 0 or self.policy_delay <= 0:
+            raise ConfigError(f"td3.lr and td3.policy_delay must be > 0, got {self.lr}, "
+                              f"{self.policy_delay}")
+        if not 0 < self.tau <= 1:
+            raise ConfigError(f"td3.tau must be in (0, 1], got {self.tau}")
+        for name in ("target_policy_noise", "target_noise_clip", "exploration_noise"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"td3.{name} must be >= 0, got {getattr(self, name)}")
+        check_hidden("td3", self.hidden)
+
+
+class TD3Module(nn.Module):
+    """Actor, twin critics and their Polyak targets."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: list[int]) -> None:
+        super().__init__()
+        self.actor = DeterministicActor(obs_dim, act_dim, hidden)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.critic = TwinQ(obs_dim, act_dim, hidden)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+
+
+class TD3Learner(Learner[ReplayBatch]):
+    """Registers ``actor`` and ``critic`` optimisers; the actor term joins every
+    ``policy_delay``-th loss."""
+
+    def __init__(self, modules: Mapping[str, TD3Module], config: TD3Config,
+                 generator: torch.Generator) -> None:
+        self.generator = generator
+        self.updates = 0
+        super().__init__(modules, config)
+
+    def module(self, module_id: str = DEFAULT_MODULE_ID) -> TD3Module:
+        return cast(TD3Module, self.modules[module_id])
+
+    def policy_update_due(self) -> bool:
+        """Whether the coming update is a delayed actor update (updates d, 2d, ...)."""
+        return (self.updates + 1) % self.config.policy_delay == 0
+
+    def configure_optimizers_for_module(self, module_id: str, config: TD3Config) -> None:
+        m = self.module(module_id)
+        for name, part in (("actor", m.actor), ("critic", m.critic)):
+            params = list(part.parameters())
+            self.register_optimizer(module_id, name,
+                                    torch.optim.Adam(params, lr=config.lr, fused=True),
+                                    params, config.lr)
+
+    def compute_loss_for_module(self, module_id: str, config: TD3Config,
+                                batch: ReplayBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        m = self.module(module_id)
+        with torch.no_grad():
+            next_action = smoothed_target_action(
+                m.actor_target(batch.next_obs), config.target_policy_noise,
+                config.target_noise_clip, -1.0, 1.0, self.generator)
+            next_q = m.critic_target(batch.next_obs, next_action)
+            target = td3_target(batch.reward, batch.discount, batch.terminated, next_q[0],
+                                next_q[1])
+        q = m.critic(batch.obs, batch.action)
+        loss, stats = td3_critic_loss(q[0], q[1], target)
+        if self.policy_update_due():
+            q1_pi = m.critic(batch.obs, m.actor(batch.obs), detach_params=True, member=0)[0]
+            actor_loss, actor_stats = td3_actor_loss(q1_pi)
+            loss = loss + actor_loss
+            stats.update(actor_stats)
+        return loss, stats
+
+    def after_update(self) -> None:
+        """Count the update; after a delayed actor update, Polyak-update both targets."""
+        self.updates += 1
+        if self.updates % self.config.policy_delay == 0:
+            for module_id in self.modules:
+                m = self.module(module_id)
+                polyak_update(m.critic_target, m.critic, self.config.tau)
+                polyak_update(m.actor_target, m.actor, self.config.tau)
+
+
+class TD3(AlgorithmBase):
+    """TD3 on border's cadence; actions live in ``[-1, 1]`` and are rescaled for the env."""
+
+    name = "td3"
+
+    def __init__(self, config: TD3Config, env: EnvSettings) -> None:
+        check_env_settings("td3", env.horizons_per_env_reset)
+        space = env.spec.action_space
+        if not isinstance(space, Box):
+            raise ConfigError(f"td3 needs continuous (Box) actions but {env.env_id} has "
+                              "discrete ones; use dqn or ppo")
+        to_env = box_rescaler("td3", space)
+        super().__init__(env)
+        self.config = config
+        self.space = space
+        self.module = TD3Module(flat_dim(env.spec.obs_shape), space.dim, config.hidden)
+        self.learner = TD3Learner({DEFAULT_MODULE_ID: self.module}, config, self.generator)
+        self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env)
+        self.to_env = to_env
+        self._eval_generator = torch.Generator().manual_seed(env.seed + EVAL_SEED_OFFSET)
+
+    # ---- acting ----------------------------------------------------------------------
+    def _noisy(self, obs: Tensor, generator: torch.Generator) -> Tensor:
+        action = self.module.actor(obs)
+        noise = torch.randn(action.shape, generator=generator)
+        return (action + noise * self.config.exploration_noise).clamp_(-1.0, 1.0)
+
+    def _explore(self, obs: Tensor) -> Tensor:
+        return self._noisy(obs, self.generator).view(-1, *self.space.shape)
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        """Env-scaled actions: ``mu(s)``, or with exploration noise (an eval-only RNG)."""
+        action = (self.module.actor(obs) if deterministic
+                  else self._noisy(obs, self._eval_generator))
+        return self.to_env(action.view(-1, *self.space.shape))
+
+    # ---- border's cadence ------------------------------------------------------------
+    def env_step(self) -> int:
+        return self.loop.env_step(self._explore)
+
+    def optimize(self, env_steps: int) -> dict[str, Tensor] | None:
+        if not self.loop.learning(env_steps):
+            return None
+        self.learner.before_gradient_based_update(env_steps)
+        stats = self.loop.optimize(env_steps, self._update)
+        self.learner.after_gradient_based_update()
+        return stats
+
+    def _update(self, batch: ReplayBatch, rows: Tensor | None) -> dict[str, Tensor]:
+        stats = self.learner.update_minibatch({DEFAULT_MODULE_ID: batch})
+        self.learner.after_update()
+        return stats
+
+    def episode_stats(self) -> Stats:
+        return self.runner.episodes.stats()
+
+    # ---- rl8's collect / update (plain Trainer) --------------------------------------
+    def collect(self) -> Stats:
+        return self.loop.collect(self._explore)
+
+    def update(self, env_steps: int) -> Stats:
+        return self.loop.update(env_steps, self.optimize)
+
+    # ---- state -----------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "learner": self.learner.get_state(),
+                "offpolicy": self.loop.get_state(), "updates": self.learner.updates}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.learner.set_state(state["learner"])
+        self.loop.set_state(state["offpolicy"])
+        self.learner.updates = int(state["updates"])

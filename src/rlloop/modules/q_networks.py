@@ -1,0 +1,157 @@
+"""Networks of the off-policy family: Q-network (optionally dueling), twin-Q critic,
+tanh-squashed Gaussian actor (SAC) and deterministic actor (TD3).
+
+Continuous actors work in the normalised action box ``[-1, 1]^d``; the algorithm maps
+actions to the env's bounds when it steps the env, and stores normalised actions in the
+replay buffer (as Stable-Baselines3 does), so critics and target smoothing see ``[-1, 1]``.
+
+Layers use PyTorch's default ``nn.Linear`` initialisation (as Stable-Baselines3 and
+CleanRL do for these algorithms), and the forward passes call ``F.linear`` directly on
+cached parameters: for batch-256 MLPs on one CPU thread, per-module call overhead is a
+visible share of an update.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+LOG_STD_MIN = -20.0
+LOG_STD_MAX = 2.0
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+_LOG_2 = math.log(2.0)
+
+
+class MLP(nn.Module):
+    """``in_dim -> hidden... -> out_dim`` with ReLU between layers (none at the output)."""
+
+    def __init__(self, in_dim: int, hidden: Sequence[int], out_dim: int) -> None:
+        super().__init__()
+        dims = [in_dim, *hidden, out_dim]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:],
+                                                                    strict=True))
+
+    def forward(self, x: Tensor) -> Tensor:
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = F.linear(x, layer.weight, layer.bias)
+            if i < last:
+                x = x.relu_()
+        return x
+
+
+class QNetwork(nn.Module):
+    """``Q(s, .)`` for ``n_actions`` discrete actions: ``[B, *obs] -> [B, n_actions]``.
+
+    With ``dueling`` the last hidden layer feeds a value head and an advantage head,
+    ``Q = V + A - mean_a A`` (Wang et al. 2016, arXiv:1511.06581, eq. 9).
+    """
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: Sequence[int],
+                 dueling: bool = False) -> None:
+        super().__init__()
+        self.dueling = dueling
+        if not dueling:
+            self.net = MLP(obs_dim, hidden, n_actions)
+            return
+        self.net = MLP(obs_dim, hidden[:-1], hidden[-1])
+        self.value = nn.Linear(hidden[-1], 1)
+        self.advantage = nn.Linear(hidden[-1], n_actions)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        x = self.net(obs.flatten(1))
+        if not self.dueling:
+            return x
+        x = x.relu_()
+        adv = F.linear(x, self.advantage.weight, self.advantage.bias)
+        return F.linear(x, self.value.weight, self.value.bias) + adv - adv.mean(1, keepdim=True)
+
+
+class TwinQ(nn.Module):
+    """Two critics ``Q1, Q2(s, a)`` evaluated together as one stacked network.
+
+    Each layer holds both critics' weights as ``[2, in, out]`` and runs one batched
+    matmul (``baddbmm``) instead of two: the same FLOPs in half the ops. The critics
+    are still independent (separately initialised, never sharing a weight).
+    """
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int], members: int = 2) -> None:
+        super().__init__()
+        dims = [obs_dim + act_dim, *hidden, 1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for a, b in zip(dims[:-1], dims[1:], strict=True):
+            bound = 1.0 / math.sqrt(a)  # nn.Linear's default initialisation, per member
+            self.weights.append(nn.Parameter(torch.empty(members, a, b).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(members, 1, b).uniform_(-bound, bound)))
+        self.members = members
+
+    def forward(self, obs: Tensor, action: Tensor, *, detach_params: bool = False,
+                member: int | None = None) -> Tensor:
+        """``[members, B]`` Q-values of ``(obs [B, *obs], action [B, *act])``.
+
+        ``detach_params`` evaluates the critics as constants: gradients reach ``action``
+        (and through it the actor) but not the critic weights. This is how an actor loss
+        is added to the critic loss for a single backward pass. ``member`` evaluates only
+        that critic (``[1, B]``).
+        """
+        x = torch.cat([obs.flatten(1), action.flatten(1)], 1)
+        x = x.expand(self.members if member is None else 1, *x.shape)
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            if member is not None:
+                w, b = w[member : member + 1], b[member : member + 1]
+            if detach_params:
+                w, b = w.detach(), b.detach()
+            x = torch.baddbmm(b, x, w)
+            if i < last:
+                x = x.relu_()
+        return x.squeeze(-1)
+
+
+def tanh_log_det(u: Tensor) -> Tensor:
+    """``sum_i log(1 - tanh(u_i)^2)`` over the last dim, computed stably as
+    ``2 (log 2 - u - softplus(-2u))`` (SAC paper, appendix C)."""
+    return (2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))).sum(-1)
+
+
+class TanhGaussianActor(nn.Module):
+    """SAC's policy: ``a = tanh(u)``, ``u ~ N(mu(s), sigma(s)^2)``, actions in ``[-1, 1]^d``.
+
+    ``log pi(a|s) = log N(u; mu, sigma) - sum log(1 - tanh(u)^2)`` (Haarnoja et al. 2018,
+    arXiv:1812.05905, appendix C). ``log sigma`` is clamped to ``[-20, 2]``.
+    """
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int]) -> None:
+        super().__init__()
+        self.act_dim = act_dim
+        self.net = MLP(obs_dim, hidden, 2 * act_dim)
+
+    def forward(self, obs: Tensor, generator: torch.Generator | None = None
+                ) -> tuple[Tensor, Tensor]:
+        """A reparameterised sample ``[B, d]`` and its log-probability ``[B]``."""
+        mean, log_std = self.net(obs.flatten(1)).chunk(2, dim=-1)
+        log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+        eps = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+        u = mean + eps * log_std.exp()
+        gauss = (-0.5 * eps.square() - log_std).sum(-1) - self.act_dim * _LOG_SQRT_2PI
+        return torch.tanh(u), gauss - tanh_log_det(u)
+
+    def mode(self, obs: Tensor) -> Tensor:
+        """The deterministic action ``tanh(mu(s))``."""
+        return torch.tanh(self.net(obs.flatten(1))[:, : self.act_dim])
+
+
+class DeterministicActor(nn.Module):
+    """TD3's policy ``mu(s) = tanh(MLP(s))`` in ``[-1, 1]^d``."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int]) -> None:
+        super().__init__()
+        self.net = MLP(obs_dim, hidden, act_dim)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return torch.tanh(self.net(obs.flatten(1)))

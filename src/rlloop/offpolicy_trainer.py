@@ -1,0 +1,236 @@
+"""Border's training loop as an rlloop trainer: a cadence counted in optimisation steps.
+
+Each :meth:`OffPolicyTrainer.step` takes one batched env step (``N`` envs; the algorithm
+turns it into transitions with its step processor and pushes them to its replay buffer),
+then makes every optimisation step that fell due (one per ``opt_interval`` env steps).
+After each optimisation step, with ``k`` optimisation steps made so far:
+
+1. ``k % eval_interval == 0``: evaluate; callbacks' ``on_eval`` (the run's) save a new
+   best under ``<run>/best``;
+2. ``k % record_interval == 0``: record ``env/fps`` (env steps/s) and
+   ``opt/steps_per_sec`` since the last record, times and episode statistics;
+3. after an eval or a record: write one record, with the optimisation stats from the
+   recorder, to the sink (every sink of a ``MultiSink``);
+4. ``save_interval > 0`` and ``k % save_interval == 0``: ``save(k)`` (the run writes
+   ``<run>/checkpoints/<k>``);
+5. ``k == max_opts``: stop.
+
+Optimisation steps the algorithm skips (warm-up) are not counted, as in border. Border's
+record names map to rlloop's flat keys: ``env_steps`` -> ``env/steps``, ``fps`` ->
+``env/fps``, ``opt_steps`` -> ``opt/steps``, ``opt_steps_per_sec`` ->
+``opt/steps_per_sec``, ``eval_reward`` -> ``eval/return_mean``. Throughput excludes time
+spent evaluating and saving.
+
+Counters (rl8's names): ``env/steps`` counts transitions, ``algorithm/steps``
+optimisation steps and ``algorithm/collects`` batched env steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from torch import Tensor
+
+from rlloop.algorithms.offpolicy import (
+    EVALUATORS,
+    RECORDERS,
+    Evaluator,
+    OffPolicyConfig,
+    Recorder,
+    opts_due,
+)
+from rlloop.conditions import Condition
+from rlloop.trainer import Algorithm, Callback, MetricsSink, Stats, Trainer
+
+_clock = time.perf_counter
+_NO_EVAL_ENV_CONFIG = (
+    "an eval env config was given, but off-policy training envs are reset only once "
+    "(horizons_per_env_reset < 0), so the config would never take effect; drop it")
+
+
+class OffPolicyAlgorithm(Algorithm, Protocol):
+    """What :class:`OffPolicyTrainer` needs besides the trainer's ``Algorithm``."""
+
+    config: OffPolicyConfig
+
+    def env_step(self) -> int:
+        """One batched env step into the replay buffer; returns the env steps taken."""
+        ...
+
+    def optimize(self, env_steps: int) -> Mapping[str, Tensor | float] | None:
+        """One optimisation step; ``None`` when skipped (warm-up)."""
+        ...
+
+    def episode_stats(self) -> Stats: ...
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """Border's intervals: ``opt_interval`` in env steps, the others in optimisation steps."""
+
+    opt_interval: int = 1
+    eval_interval: int = 1000
+    record_interval: int = 100
+    save_interval: int = 0
+    max_opts: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.opt_interval, self.eval_interval, self.record_interval) <= 0:
+            raise ValueError(f"cadence intervals must be > 0, got {self}")
+        if self.save_interval < 0 or self.max_opts < 0:
+            raise ValueError(f"save_interval and max_opts must be >= 0, got {self}")
+
+    @classmethod
+    def of(cls, config: OffPolicyConfig) -> Cadence:
+        return cls(config.opt_interval, config.eval_interval, config.record_interval,
+                   config.save_interval, config.max_opts)
+
+
+class OffPolicyTrainer(Trainer):
+    """Drives an off-policy algorithm on border's cadence (see the module docstring).
+
+    Args:
+        algorithm: DQN, SAC, TD3 or any :class:`OffPolicyAlgorithm`.
+        cadence: Intervals; default from ``algorithm.config``.
+        sink, eval_episodes, callbacks: As :class:`~rlloop.trainer.Trainer`.
+        evaluator, recorder: Replaceable parts; default named by ``algorithm.config``.
+        save: Called with the optimisation-step count every ``save_interval`` steps.
+    """
+
+    def __init__(self, algorithm: OffPolicyAlgorithm, *, cadence: Cadence | None = None,
+                 sink: MetricsSink | None = None, eval_episodes: int = 10,
+                 callbacks: Sequence[Callback] = (), evaluator: Evaluator | None = None,
+                 recorder: Recorder | None = None,
+                 save: Callable[[int], Any] | None = None) -> None:
+        super().__init__(algorithm, sink=sink, eval_episodes=eval_episodes, callbacks=callbacks)
+        self.offpolicy = algorithm
+        self.cadence = cadence or Cadence.of(algorithm.config)
+        self.evaluator = evaluator or EVALUATORS[algorithm.config.evaluator]()
+        self.recorder = recorder or RECORDERS[algorithm.config.recorder]()
+        self.save = save
+        self.pending_opts = 0  # due optimisation steps not made yet (a save may fall between)
+        self._excluded = 0.0  # eval and save time since the last record
+        self._mark()
+
+    def step(self, *, env_config: dict[str, Any] | None = None) -> Stats:
+        """Border's train step: one batched env step (unless optimisation steps are still
+        pending), then each due optimisation step followed by the cadence. Returns the
+        counters, merged with the record when one was written."""
+        algo, state = self.offpolicy, self.state
+        t0 = _clock()
+        excluded = self._excluded
+        stats: Stats = {}
+        if not self.pending_opts:
+            algo.begin_horizon(state["algorithm/collects"], env_config)
+            steps = algo.env_step()
+            state["algorithm/collects"] += 1
+            state["env/steps"] += steps
+            self.pending_opts = opts_due(state["env/steps"], steps, self.cadence.opt_interval)
+        while self.pending_opts:
+            self.pending_opts -= 1
+            opt = algo.optimize(state["env/steps"])
+            if opt is None:
+                continue
+            state["algorithm/steps"] += 1
+            self.recorder.add(opt)
+            stats.update(self._after_optimization(state["algorithm/steps"]))
+            if self.max_opts_reached():
+                self.pending_opts = 0
+        self.wall_time += _clock() - t0 - (self._excluded - excluded)
+        stats.update({k: float(v) for k, v in state.items()})
+        for cb in self.callbacks:
+            cb.on_step(self, stats)
+        return stats
+
+    def max_opts_reached(self) -> bool:
+        return 0 < self.cadence.max_opts <= self.state["algorithm/steps"]
+
+    def _after_optimization(self, opt_steps: int) -> Stats:
+        cad = self.cadence
+        do_eval = opt_steps % cad.eval_interval == 0
+        do_record = opt_steps % cad.record_interval == 0
+        record: Stats = {}
+        if do_eval or do_record:
+            record = self.recorder.pop()
+            if do_eval:
+                record.update(self._evaluate())
+            if do_record:
+                record.update(self._throughput())
+            record.update({k: float(v) for k, v in self.state.items()})
+            record["opt/steps"] = float(opt_steps)
+            self._log(record)
+        if cad.save_interval and opt_steps % cad.save_interval == 0 and self.save is not None:
+            t0 = _clock()
+            self.save(opt_steps)
+            self._excluded += _clock() - t0
+        return record
+
+    def _evaluate(self) -> Stats:
+        t0 = _clock()
+        result = self.evaluator.evaluate(self.offpolicy, self.eval_episodes)
+        stats = {f"eval/{key}": value for key, value in result.items()}
+        stats["time/eval_s"] = _clock() - t0
+        self.latest_eval = stats
+        for cb in self.callbacks:
+            cb.on_eval(self, stats)
+        self._excluded += _clock() - t0
+        return stats
+
+    def _throughput(self) -> Stats:
+        now = _clock()
+        elapsed = max(now - self._mark_time - self._excluded, 1e-9)
+        out: Stats = {
+            "env/fps": (self.state["env/steps"] - self._mark_env_steps) / elapsed,
+            "opt/steps_per_sec": (self.state["algorithm/steps"] - self._mark_opt_steps) / elapsed,
+            **self.offpolicy.episode_stats(), **self.offpolicy.pop_times(),
+            "time/total_s": self.wall_time,
+        }
+        self._mark(now)
+        return out
+
+    def _mark(self, now: float | None = None) -> None:
+        self._mark_time = _clock() if now is None else now
+        self._mark_env_steps = self.state["env/steps"]
+        self._mark_opt_steps = self.state["algorithm/steps"]
+        self._excluded = 0.0
+
+    def run(
+        self,
+        *,
+        env_config: dict[str, Any] | None = None,
+        eval_env_config: dict[str, Any] | None = None,
+        steps_per_eval: int | None = None,
+        stop_conditions: Sequence[Condition] | None = None,
+    ) -> Stats:
+        """Step until ``max_opts`` optimisation steps were made or a stop condition holds.
+
+        Conditions see each step's stats (the counters, plus the record and the eval
+        stats when one was written at that step). ``steps_per_eval``, if given, replaces
+        the cadence's ``eval_interval`` (both count optimisation steps).
+
+        Raises:
+            ValueError: an eval env config (off-policy training envs are reset only once).
+        """
+        if eval_env_config:
+            raise ValueError(_NO_EVAL_ENV_CONFIG)
+        if steps_per_eval:
+            self.cadence = Cadence(self.cadence.opt_interval, steps_per_eval,
+                                   self.cadence.record_interval, self.cadence.save_interval,
+                                   self.cadence.max_opts)
+        conditions = list(stop_conditions or [])
+        self._mark()
+        while True:
+            stats = self.step(env_config=env_config)
+            if self.max_opts_reached() or any(condition(stats) for condition in conditions):
+                return stats
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "pending_opts": self.pending_opts}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        super().set_state(state)
+        self.pending_opts = int(state.get("pending_opts", 0))
+        self._mark()

@@ -1,0 +1,45 @@
+"""Run-control signals shared by every training loop: stop cleanly, or save without stopping.
+
+``SIGTERM``/``SIGINT`` set ``target.stop_requested`` (the signal's name) so the loop stops
+at its next boundary and saves a final checkpoint; a second ``SIGINT`` interrupts at
+once. ``SIGUSR1`` sets ``target.save_requested`` so the loop saves a checkpoint and goes on.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Protocol
+
+
+class SignalTarget(Protocol):
+    stop_requested: str | None
+    save_requested: bool
+
+
+@contextmanager
+def handle_signals(target: SignalTarget) -> Iterator[None]:
+    """Install the handlers for the duration of the block, in the main thread only (no
+    import-time side effects; other threads cannot install handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _: FrameType | None) -> None:
+        if signum == signal.SIGINT and target.stop_requested:
+            raise KeyboardInterrupt
+        target.stop_requested = signal.Signals(signum).name
+
+    def save(signum: int, _: FrameType | None) -> None:
+        target.save_requested = True
+
+    wanted = {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR1: save}
+    previous = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,65 @@
+"""Trajectories -> a dataset of clips -> minibatches (``ml``'s replay dataset, on-policy)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import default_collate as torch_collate
+
+
+def collate(items: Sequence[Any]) -> Any:
+    """Stack items along a new first dim.
+
+    Dataclass items (such as :class:`~rlloop.tasks.sampling.Sample` or a task's own
+    sample type) become one instance of the same class whose fields are the stacked
+    fields, so batches stay typed (``batch.obs``, not ``batch["obs"]``). Everything else
+    (arrays, numbers, tuples, dicts) goes through torch's ``default_collate``.
+    """
+    first = items[0]
+    if dataclasses.is_dataclass(first) and not isinstance(first, type):
+        return type(first)(**{
+            f.name: collate([getattr(item, f.name) for item in items])
+            for f in dataclasses.fields(first) if f.init
+        })
+    return torch_collate(list(items))
+
+
+class TrajectoryDataset(Dataset[Any]):
+    """Clips of ``num_samples`` consecutive items, starting every ``stride`` steps of each
+    trajectory (clips never span two trajectories; shorter trajectories add none).
+
+    With ``num_samples=1`` an item is one trajectory item, so a minibatch has fields of
+    shape ``[B, ...]``; otherwise an item is its clip collated over time and a minibatch
+    has fields of shape ``[B, num_samples, ...]``.
+    """
+
+    def __init__(self, trajectories: Sequence[Sequence[Any]], num_samples: int = 1,
+                 stride: int = 1) -> None:
+        if num_samples < 1 or stride < 1:
+            raise ValueError(f"num_samples and stride must be >= 1, got {num_samples} and "
+                             f"{stride}")
+        self.trajectories = trajectories
+        self.num_samples = num_samples
+        self.index = [(i, start) for i, t in enumerate(trajectories)
+                      for start in range(0, len(t) - num_samples + 1, stride)]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> Any:
+        t, start = self.index[i]
+        trajectory = self.trajectories[t]
+        if self.num_samples == 1:
+            return trajectory[start]
+        return collate(trajectory[start:start + self.num_samples])
+
+
+def make_dataloader(dataset: Dataset[Any], batch_size: int, *, shuffle: bool = True,
+                    generator: torch.Generator | None = None) -> DataLoader[Any]:
+    """Minibatches of ``dataset`` in the main process (clips are already in memory)."""
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=collate,
+                      generator=generator)

@@ -1,0 +1,261 @@
+"""Drives a :class:`~rlloop.tasks.base.Task` (``ml``'s RL trainer loop).
+
+Each epoch: collect ``num_epoch_samples`` from the worker pool -> dataset of clips ->
+minibatch train steps -> checkpoints. ``SIGUSR1`` saves a checkpoint and training goes
+on; ``SIGTERM``/``SIGINT`` stop at the next train step (or end collection early) and a
+final checkpoint is saved, as it is when the step budget is spent. Train steps go
+through the same numerical guard as rlloop's learners: a non-finite batch, loss or
+gradient skips the step (``guard/skipped_updates``) or raises
+:class:`~rlloop.learners.learner.NonFiniteError` naming the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Generic
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rlloop.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from rlloop.conditions import Condition
+from rlloop.envs.pool import WorkerPool
+from rlloop.errors import RunDirError
+from rlloop.learners.learner import GradientClip, NonFiniteError, clip_gradients
+from rlloop.logging import JsonlSink
+from rlloop.signals import handle_signals
+from rlloop.tasks.base import ModelT, Task
+from rlloop.tasks.dataset import TrajectoryDataset
+from rlloop.tasks.sampling import SamplingStats
+from rlloop.trainer import MetricsSink, Stats
+
+COMPONENTS = ("model", "optimizer", "trainer", "rng")
+_log = logging.getLogger(__name__)
+
+
+class TaskTrainer(Generic[ModelT]):
+    """Trains ``model`` on ``task``; with ``run_dir``, checkpoints and ``metrics.jsonl`` go
+    there and ``resume=True`` continues from its newest checkpoint.
+
+    ``state`` holds the counters ``train/steps``, ``train/epochs`` and ``env/steps``.
+    ``on_epoch`` callbacks get each epoch's flat stats (for progress output).
+    """
+
+    def __init__(self, task: Task[ModelT], model: ModelT, *, run_dir: str | Path | None = None,
+                 resume: bool = False, sink: MetricsSink | None = None,
+                 on_epoch: Sequence[Callable[[Stats], None]] = ()) -> None:
+        cfg = task.config
+        torch.set_num_threads(cfg.torch_threads)
+        self.task, self.model = task, model
+        self.optimizer = task.get_optimizer(model)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.state = {"train/steps": 0, "train/epochs": 0, "env/steps": 0}
+        self.skipped_updates = 0
+        self.restarts = 0
+        self.stop_requested: str | None = None
+        self.save_requested = False
+        self.on_epoch = list(on_epoch)
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.manager: CheckpointManager | None = None
+        self._sinks: list[Any] = [sink] if sink is not None else []
+        if self.run_dir is not None:
+            self.manager = CheckpointManager(self.run_dir / "checkpoints", cfg.keep_checkpoints)
+            self._sinks.append(JsonlSink(self.run_dir / "metrics.jsonl"))
+        if resume:
+            self._restore()
+
+    # ---- the loop ------------------------------------------------------------------------
+    def run(self, stop_conditions: Sequence[Condition] = ()) -> Stats:
+        """Epochs until the step budget, a stop condition on an epoch's stats, or a signal.
+
+        Always closes the worker pool and, once anything was trained, saves a final
+        checkpoint (also on errors: what was learned is kept).
+        """
+        cfg = self.task.config
+        stats: Stats = {}
+        pool: WorkerPool | None = None
+        status = "FAILED"
+        try:
+            with handle_signals(self):
+                pool = self.task.get_worker_pool()
+                while self.state["train/steps"] < cfg.total_steps and not self.stop_requested:
+                    stats = self.epoch(pool)
+                    if any(condition(stats) for condition in stop_conditions):
+                        break
+            status = "KILLED" if self.stop_requested else "FINISHED"
+        finally:
+            if pool is not None:
+                pool.close()
+            if self.state["train/steps"] and self.manager is not None:
+                self.save()
+            for sink in self._sinks:
+                close = getattr(sink, "close", None)
+                if close is not None:
+                    close(status)
+        return stats
+
+    def epoch(self, pool: WorkerPool) -> Stats:
+        """Collect one epoch, then train on it; returns the epoch's flat stats."""
+        cfg = self.task.config
+        t0 = time.perf_counter()
+        sampling = SamplingStats()
+        restarts_before = pool.restarts
+        try:
+            trajectories = self.task.collect_samples(
+                self.model, pool, cfg.num_epoch_samples,
+                min_trajectory_length=cfg.min_trajectory_length,
+                max_trajectory_length=cfg.max_trajectory_length,
+                min_batch_size=cfg.min_batch_size, max_batch_size=cfg.max_batch_size,
+                max_wait_time=cfg.max_wait_time, optimal=cfg.optimal, stats=sampling,
+                should_stop=lambda: self.stop_requested is not None)
+        finally:
+            self.restarts += pool.restarts - restarts_before
+        t1 = time.perf_counter()
+        if self.stop_requested:
+            return {}  # a partial epoch is not trained on
+        self.state["env/steps"] += sampling.samples
+        losses = self._train_on(self.task.build_dataset(trajectories))
+        self.state["train/epochs"] += 1
+        t2 = time.perf_counter()
+        stats: Stats = {**sampling.as_stats(), **_mean(losses),
+                        "workers/restarts": float(self.restarts),
+                        "guard/skipped_updates": float(self.skipped_updates),
+                        "time/collect_s": t1 - t0, "time/learn_s": t2 - t1,
+                        "env/steps_per_s": sampling.samples / max(t1 - t0, 1e-9),
+                        **{k: float(v) for k, v in self.state.items()}}
+        for sink in self._sinks:
+            sink.log_metrics(stats, step=self.state["env/steps"])
+        for callback in self.on_epoch:
+            callback(stats)
+        return stats
+
+    def _train_on(self, dataset: TrajectoryDataset) -> list[dict[str, float]]:
+        cfg = self.task.config
+        if len(dataset) == 0:
+            _log.warning("epoch %d collected no usable samples; nothing to train on",
+                         self.state["train/epochs"])
+            return []
+        losses = []
+        for batch in self._batches(dataset):
+            losses.append(self.train_step(batch))
+            self.state["train/steps"] += 1
+            steps = self.state["train/steps"]
+            if self.save_requested or (cfg.checkpoint_every and steps % cfg.checkpoint_every == 0):
+                self.save_requested = False
+                self.save()
+            if self.stop_requested or steps >= cfg.total_steps:
+                break
+        return losses
+
+    def _batches(self, dataset: TrajectoryDataset) -> Iterator[Any]:
+        """One pass over the dataset, or ``num_update_steps`` minibatches (cycling)."""
+        loader = self.task.get_dataloader(dataset, generator=self.generator)
+        steps = self.task.config.num_update_steps
+        if steps is None:
+            return iter(loader)
+        passes = itertools.chain.from_iterable(iter(loader) for _ in itertools.count())
+        return itertools.islice(passes, steps)
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        """One guarded gradient step: run_model -> compute_loss -> backward -> clip -> step."""
+        if not all_finite(batch):
+            return self._skip("observation, reward or target in the batch")
+        output = self.task.run_model(self.model, batch)
+        total, parts = _total_loss(self.task.compute_loss(self.model, batch, output))
+        if not bool(torch.isfinite(total)):
+            return self._skip("loss")
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()  # type: ignore[no-untyped-call]
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        if not bool(torch.isfinite(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            return self._skip("gradient")
+        clip_gradients(params, GradientClip(self.task.config.max_grad_norm), norm)
+        self.optimizer.step()
+        return {"losses/total": float(total.detach()), "learner/grad_norm": float(norm),
+                **{f"losses/{k}": float(v) for k, v in parts.items()}}
+
+    def _skip(self, what: str) -> dict[str, float]:
+        self.skipped_updates += 1
+        if self.task.config.on_nonfinite == "raise":
+            raise NonFiniteError(
+                f"non-finite {what} at train step {self.state['train/steps']} (epoch "
+                f"{self.state['train/epochs']}, env step {self.state['env/steps']}); the update "
+                "was not applied. Check the env's observations and rewards or lower the "
+                "learning rate, or set on_nonfinite=skip")
+        return {}
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def save(self) -> Path:
+        """Write a checkpoint named by the train step (replacing one of the same step)."""
+        if self.manager is None:
+            raise RunDirError("this TaskTrainer has no run_dir; pass run_dir= to save checkpoints")
+        components = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "trainer": {"counters": dict(self.state), "skipped_updates": self.skipped_updates,
+                        "restarts": self.restarts, "generator": self.generator.get_state()},
+            "rng": capture_rng_state(),
+        }
+        metadata = {"task": type(self.task).__qualname__,
+                    "config": dataclasses.asdict(self.task.config),
+                    "train_steps": self.state["train/steps"]}
+        return self.manager.save(self.state["train/steps"], components, metadata=metadata)
+
+    def _restore(self) -> None:
+        ckpt = self.manager.load_latest(expected_components=COMPONENTS) if self.manager else None
+        if ckpt is None:
+            raise RunDirError(f"{self.run_dir} has no loadable task checkpoint to resume from; "
+                              "start without resume")
+        parts = ckpt.components
+        self.model.load_state_dict(parts["model"])
+        self.optimizer.load_state_dict(parts["optimizer"])
+        trainer = parts["trainer"]
+        self.state = {k: int(v) for k, v in trainer["counters"].items()}
+        self.skipped_updates = int(trainer["skipped_updates"])
+        self.restarts = int(trainer["restarts"])
+        self.generator.set_state(torch.as_tensor(trainer["generator"], dtype=torch.uint8))
+        restore_rng_state(parts["rng"])
+
+
+def all_finite(value: Any) -> bool:
+    """True if every float tensor or array inside ``value`` (dataclasses, mappings and
+    sequences are searched) is free of NaN and infinity."""
+    if isinstance(value, Tensor):
+        return not value.is_floating_point() or bool(torch.isfinite(value).all())
+    if isinstance(value, np.ndarray | np.floating | float):
+        return bool(np.isfinite(value).all()) if np.issubdtype(np.asarray(value).dtype,
+                                                               np.floating) else True
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return all(all_finite(getattr(value, f.name)) for f in dataclasses.fields(value))
+    if isinstance(value, Mapping):
+        return all(all_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(all_finite(v) for v in value)
+    return True
+
+
+def _total_loss(loss: Tensor | Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    if isinstance(loss, Tensor):
+        return loss, {}
+    parts = dict(loss)
+    if not parts:
+        raise ValueError("compute_loss returned an empty mapping; return at least one loss")
+    total = torch.stack([v.reshape(()) for v in parts.values()]).sum()
+    return total, {k: v.detach() for k, v in parts.items()}
+
+
+def _mean(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    keys: dict[str, list[float]] = {}
+    for row in rows:
+        for k, v in row.items():
+            keys.setdefault(k, []).append(v)
+    return {k: float(np.mean(v)) for k, v in keys.items()}

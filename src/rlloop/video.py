@@ -1,0 +1,157 @@
+"""Videos of a policy: one rendered episode written to an mp4 with imageio/ffmpeg.
+
+Frames are ``[H, W, 3]`` uint8 (``rgb_array`` rendering); frame ``t`` shows the state
+that action ``t`` was chosen on, so an episode of ``T`` steps gives ``T`` frames.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlloop.errors import RlloopError
+
+_log = logging.getLogger(__name__)
+DEFAULT_FPS = 30
+
+
+class RenderUnavailableError(RlloopError, RuntimeError):
+    """The env cannot produce ``rgb_array`` frames (or the video cannot be written)."""
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What :func:`record_run_video` wrote."""
+
+    path: Path
+    frames: int
+    episode_return: float
+
+
+def write_video(frames: Iterable[np.ndarray], path: str | Path, fps: float = DEFAULT_FPS) -> int:
+    """Encode ``frames`` (each ``[H, W, 3]`` uint8, consumed lazily) as H.264; returns the count.
+
+    Raises:
+        RenderUnavailableError: imageio-ffmpeg is missing, or there are no frames.
+    """
+    try:
+        import imageio.v2 as imageio
+    except ImportError as e:
+        raise RenderUnavailableError("writing videos needs imageio and imageio-ffmpeg; "
+                                     "pip install 'rlloop[video]'") from e
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    # macro_block_size=2: H.264 with yuv420p needs even sides; the default (16) would
+    # rescale Gymnasium's 600x400 frames.
+    with imageio.get_writer(path, format="FFMPEG", mode="I", fps=fps, codec="libx264",
+                            macro_block_size=2, ffmpeg_log_level="error") as writer:
+        for frame in frames:
+            writer.append_data(as_frame(frame))
+            count += 1
+    if count == 0:
+        path.unlink(missing_ok=True)
+        raise RenderUnavailableError(f"no frames to write to {path}")
+    return count
+
+
+def as_frame(frame: Any) -> np.ndarray:
+    """A rendered frame as contiguous ``[H, W, 3]`` uint8, or a clear error."""
+    if frame is None:
+        raise RenderUnavailableError("the env rendered None; make it with "
+                                     "render_mode='rgb_array'")
+    array = np.asarray(frame)
+    if array.ndim != 3 or array.shape[-1] not in (3, 4):
+        raise RenderUnavailableError(f"expected [H, W, 3] rgb frames, got shape {array.shape}")
+    return np.ascontiguousarray(array[..., :3], dtype=np.uint8)
+
+
+def record_vec_episode(act: Callable[[torch.Tensor], torch.Tensor], env: Any,
+                       render: Callable[[], Any], *, seed: int | None = None,
+                       max_steps: int = 10_000) -> tuple[list[np.ndarray], float]:
+    """Frames and return of the first episode of env 0 of a ``VecEnv`` with one env."""
+    frames: list[np.ndarray] = []
+    total = 0.0
+    obs = env.reset(seed=seed)
+    with torch.inference_mode():
+        for _ in range(max_steps):
+            frames.append(as_frame(render()))
+            result = env.step(act(obs))
+            total += float(result.reward[0])
+            if bool(result.terminated[0] or result.truncated[0]):
+                break
+            obs = result.obs
+    return frames, total
+
+
+def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | None = None,
+                     max_steps: int = 10_000) -> VideoInfo:
+    """One deterministic episode of a run's best policy, written to ``path``.
+
+    Raises:
+        RenderUnavailableError: the env has no ``render_rgb()`` (native) or cannot be made
+            with ``render_mode="rgb_array"`` (Gymnasium).
+    """
+    from rlloop.algorithms.base import EVAL_SEED_OFFSET
+    from rlloop.checkpoint import load_checkpoint
+    from rlloop.envs.core import EnvError
+    from rlloop.envs.registry import make_env
+    from rlloop.envs.wrappers import NormalizeObservation
+    from rlloop.run import COMPONENTS, build_algorithm, load_run_config, policy_checkpoint
+
+    flags: dict[str, Any] = {"mlflow": False}
+    if backend:
+        flags["backend"] = backend
+    config = load_run_config(run_dir, **flags)
+    if config.backend == "gymnasium-async":  # one env: no subprocesses needed
+        config.backend = "gymnasium"
+    state = load_checkpoint(policy_checkpoint(Path(run_dir)),
+                            expected_components=COMPONENTS).components["algorithm"]
+    algorithm = build_algorithm(config)
+    env: Any = None
+    try:
+        algorithm.set_policy_state(state)
+        try:
+            env = make_env(config.env, 1, config.backend, seed=config.seed,
+                           env_kwargs={**config.env_kwargs, "render_mode": "rgb_array"})
+        except (EnvError, TypeError) as e:
+            raise RenderUnavailableError(f"cannot make {config.env} with render_mode="
+                                         f"'rgb_array': {e}") from e
+        render = getattr(env, "render_rgb", None)
+        if render is None:
+            raise RenderUnavailableError(f"{config.env} ({config.backend} backend) has no "
+                                         "render_rgb(); it cannot be filmed")
+        policy_env = (NormalizeObservation(env, algorithm.obs_stats, update=False)
+                      if algorithm.obs_stats is not None else env)
+        frames, total = record_vec_episode(
+            lambda obs: algorithm.act(obs, deterministic=True), policy_env, render,
+            seed=config.seed + EVAL_SEED_OFFSET, max_steps=max_steps)
+        fps = getattr(env, "metadata", {}).get("render_fps") or _native_fps(config.env)
+        count = write_video(frames, path, fps=fps)
+        return VideoInfo(Path(path), count, total)
+    finally:
+        if env is not None:
+            env.close()
+        algorithm.close()
+
+
+def _native_fps(env_id: str) -> float:
+    """Real-time playback for the known native envs (CartPole: 0.02 s per step)."""
+    return 50.0 if env_id.startswith("CartPole") else DEFAULT_FPS
+
+
+def save_run_video(run_dir: Path, name: str = "video.mp4") -> Path | None:
+    """End-of-run clip of the best policy; a one-line warning instead of an error if the
+    env cannot be rendered (a finished run never fails because of its video)."""
+    try:
+        return record_run_video(run_dir, run_dir / name).path
+    except Exception as e:
+        _log.warning("rlloop: video skipped (%s: %s)", type(e).__name__,
+                     str(e).splitlines()[0] if str(e) else "")
+        return None

@@ -1,0 +1,44 @@
+"""Process checks for the env-worker tests: which children are alive, and waiting for pids."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import psutil
+
+
+def is_mp_helper(proc: psutil.Process) -> bool:
+    """multiprocessing's forkserver and resource tracker: one per interpreter, they hold no
+    env and exit together with it (checked by the subprocess tests, which watch a whole
+    process tree disappear)."""
+    cmdline = " ".join(proc.cmdline())
+    return "multiprocessing.forkserver" in cmdline or "multiprocessing.resource_tracker" in cmdline
+
+
+def live_children(root: int | None = None) -> set[int]:
+    """Live (non-zombie) descendants of ``root`` (default: this process), without helpers."""
+    out = set()
+    for child in psutil.Process(root).children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and not is_mp_helper(child):
+                out.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def still_alive(pids: Iterable[int], timeout: float = 5.0) -> list[int]:
+    """The pids among ``pids`` still running (not zombies) after up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)

@@ -1,0 +1,233 @@
+"""Multi-agent: the PettingZoo adapter, turn-based GAE, masked policies, ma_ppo."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+from conftest import rlloop_cmd
+
+pytest.importorskip("pettingzoo")
+
+from rlloop.algorithms.ma_ppo import MultiAgentPPO  # noqa: E402
+from rlloop.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from rlloop.config import build_config  # noqa: E402
+from rlloop.data.multi_agent import masked_gae  # noqa: E402
+from rlloop.data.returns import gae  # noqa: E402
+from rlloop.envs.core import Discrete, EnvError  # noqa: E402
+from rlloop.envs.multi_agent import (  # noqa: E402
+    make_multi_agent_env,
+    multi_agent_spec,
+    random_actions,
+)
+from rlloop.envs.registry import env_spec, make_env  # noqa: E402
+from rlloop.modules.masked import MaskedActorCritic  # noqa: E402
+from rlloop.run import build_algorithm  # noqa: E402
+from rlloop.runners.multi_agent import RANDOM, evaluate_multi_agent  # noqa: E402
+from rlloop.trainer import Trainer  # noqa: E402
+
+TTT = "pettingzoo:classic.tictactoe_v3"
+RPS = "pettingzoo:classic.rps_v2"
+
+
+# ---- the adapter ---------------------------------------------------------------------------
+def test_parallel_env_batches_per_agent_and_resets_in_the_same_step():
+    env = make_multi_agent_env(RPS, 3, seed=0, env_kwargs={"max_cycles": 4})
+    assert env.agents == ("player_0", "player_1")
+    spec = env.spec.agent_specs["player_0"]
+    assert spec.obs_shape == (4,) and spec.action_space == Discrete(3)  # one-hot Discrete(4)
+    obs = env.reset(seed=1)
+    assert obs["player_0"].shape == (3, 4) and bool(obs["player_0"].sum(1).eq(1).all())
+    assert all(bool(a.all()) for a in env.active.values())  # everyone acts every step
+    rock = torch.zeros(3, dtype=torch.int64)
+    paper = torch.ones(3, dtype=torch.int64)
+    for t in range(4):
+        res = env.step({"player_0": paper, "player_1": rock})
+        assert torch.equal(res.reward["player_0"], torch.ones(3))  # paper beats rock
+        assert torch.equal(res.reward["player_1"], -torch.ones(3))
+        last = t == 3
+        assert bool(res.episode_over.all()) == last
+        assert bool(res.truncated["player_0"].all()) == last  # cut by max_cycles ...
+        assert not bool(res.terminated["player_0"].any())  # ... never terminal
+    # the reset happened in the same step: obs is a fresh episode's, final_obs the last one
+    assert torch.equal(res.final_obs["player_0"][:, 0], torch.ones(3))  # saw opponent's rock
+    assert not torch.equal(res.obs["player_0"], res.final_obs["player_0"])
+    env.close()
+
+
+def test_turn_based_game_masks_actions_and_activity():
+    env = make_multi_agent_env(TTT, 4, seed=0)
+    spec = env.spec.agent_specs["player_1"]
+    assert spec.action_mask == 9 and spec.obs_shape == (3 * 3 * 2 + 9,)
+    obs = env.reset()
+    assert bool(env.active["player_1"].all()) and not bool(env.active["player_2"].any())
+    g = torch.Generator().manual_seed(0)
+    finished = 0
+    for _ in range(60):
+        actions = {a: random_actions(env.spec.agent_specs[a], obs[a], g) for a in env.agents}
+        for a in env.agents:  # random players only choose legal moves
+            legal = obs[a][:, -9:].gather(1, actions[a][:, None]).squeeze(1)
+            assert bool(legal[env.active[a]].eq(1).all())
+        before = dict(env.active)
+        res = env.step(actions)
+        assert bool((before["player_1"] ^ before["player_2"]).all())  # exactly one moves
+        over = res.episode_over
+        finished += int(over.sum())
+        # a game ends for both players at once, zero-sum, and the new game starts with p1
+        assert torch.equal(res.terminated["player_1"], over)
+        assert torch.equal(res.reward["player_1"] + res.reward["player_2"], torch.zeros(4))
+        assert bool(env.active["player_1"][over].all())
+        obs = res.obs
+    assert finished >= 15
+    env.close()
+
+
+def test_env_ids_and_errors():
+    assert env_spec(TTT).action_space == Discrete(9)
+    assert multi_agent_spec(RPS).agents == ("player_0", "player_1")
+    with pytest.raises(EnvError, match="rlloop train ma_ppo"):
+        make_env(TTT, 2)
+    with pytest.raises(EnvError, match="unknown PettingZoo env"):
+        make_multi_agent_env("pettingzoo:classic.no_such_game_v0", 1)
+    with pytest.raises(EnvError, match="mpe2"):  # MPE moved to its own package
+        make_multi_agent_env("pettingzoo:mpe.simple_spread_v3", 1)
+
+
+# ---- turn-based advantages and masked policies ---------------------------------------------
+def test_masked_gae_is_gae_when_every_step_is_active():
+    g = torch.Generator().manual_seed(0)
+    t, n = 12, 5
+    rewards, values = torch.randn(t, n, generator=g), torch.randn(t, n, generator=g)
+    final_values, last = torch.randn(t, n, generator=g), torch.randn(n, generator=g)
+    terminated = torch.rand(t, n, generator=g) < 0.15
+    truncated = (torch.rand(t, n, generator=g) < 0.15) & ~terminated
+    next_values = torch.cat([values[1:], last[None]])
+    next_values = torch.where(truncated, final_values, next_values)
+    expected = gae(rewards, values, next_values, terminated, truncated, 0.97, 0.9)
+    got = masked_gae(rewards, values, final_values, last, terminated, truncated,
+                     torch.ones(t, n, dtype=torch.bool), 0.97, 0.9)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+
+
+def test_masked_gae_credits_the_opponents_turn_to_the_agents_last_move():
+    # the agent moves at t=0 and t=2; the opponent wins at t=3 (reward -1, terminal)
+    gamma, lam = 0.9, 0.8
+    values = torch.tensor([[0.5], [9.0], [0.2], [9.0]])  # 9: never read (not the agent's turn)
+    rewards = torch.tensor([[0.0], [0.0], [0.0], [-1.0]])
+    terminated = torch.tensor([[False], [False], [False], [True]])
+    active = torch.tensor([[True], [False], [True], [False]])
+    adv, ret = masked_gae(rewards, values, torch.zeros(4, 1), torch.zeros(1), terminated,
+                          torch.zeros(4, 1, dtype=torch.bool), active, gamma, lam)
+    a2 = -1.0 - 0.2
+    a0 = (0.0 + gamma * 0.2 - 0.5) + gamma * lam * a2
+    torch.testing.assert_close(adv[:, 0], torch.tensor([a0, 0.0, a2, 0.0]))
+    torch.testing.assert_close(ret[[0, 2], 0], torch.tensor([a0 + 0.5, -1.0]))
+
+
+def test_masked_policy_never_picks_illegal_moves():
+    torch.manual_seed(0)
+    module = MaskedActorCritic((5 + 3,), Discrete(3), mask_dims=3, hidden=(8,))
+    obs = torch.randn(200, 8)
+    obs[:, 5:] = (torch.rand(200, 3) < 0.5).float()
+    obs[:10, 5:] = 0.0  # not this agent's turn: any action is fine, and nothing is NaN
+    actions, log_probs = module.act(obs, generator=torch.Generator().manual_seed(1))
+    legal = obs[10:, 5:].gather(1, actions[10:, None]).squeeze(1)
+    assert bool((legal == 1)[obs[10:, 5:].sum(1) > 0].all())
+    assert bool(torch.isfinite(log_probs).all())
+    assert bool(torch.isfinite(module.dist(obs).entropy()).all())
+
+
+# ---- ma_ppo --------------------------------------------------------------------------------
+def _config(*sets, env=TTT, steps=None):
+    flags = {"total_env_steps": steps} if steps else None
+    return build_config("ma_ppo", env, flags=flags, sets=[
+        "mlflow=false", "progress=false", "num_envs=4", "ma_ppo.rollout_steps=16",
+        "ma_ppo.minibatch_size=32", *sets])
+
+
+def test_independent_modules_and_policies_to_train():
+    algo = build_algorithm(_config("ma_ppo.policy_mapping=independent",
+                                   "ma_ppo.policies_to_train=[player_1]"))
+    assert isinstance(algo, MultiAgentPPO)
+    assert set(algo.learner.modules) == {"player_1", "player_2"}
+    frozen = {k: v.clone() for k, v in algo.learner.modules["player_2"].state_dict().items()}
+    trainer = Trainer(algo, eval_episodes=8)
+    for _ in range(3):
+        stats = trainer.step()
+    for k, v in algo.learner.modules["player_2"].state_dict().items():
+        assert torch.equal(v, frozen[k])
+    assert "player_1/losses/policy" in stats and "player_2/losses/policy" not in stats
+    assert {"episode/player_1/return_mean", "episode/player_2/return_mean"} <= set(stats)
+    out = trainer.eval()
+    assert out["eval/episodes"] == 8
+    assert {"eval/player_1/return_mean", "eval/player_2/return_mean"} <= set(out)
+    algo.close()
+
+
+def test_shared_policy_acts_for_every_agent():
+    algo = build_algorithm(_config(env=RPS))
+    assert set(algo.learner.modules) == {"default_policy"}
+    stats = Trainer(algo).step()
+    # both players' samples train the one module: 16 steps x 4 envs x 2 agents
+    assert stats["default_policy/num_samples_trained_lifetime"] == 16 * 4 * 2 * 4
+    assert "losses/policy" in stats  # one module: flat keys, as single-agent PPO
+    algo.close()
+
+
+def test_bad_multi_agent_configs_are_typed_errors():
+    from rlloop.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown modules"):
+        build_algorithm(_config("ma_ppo.policies_to_train=[nobody]"))
+    with pytest.raises(ConfigError, match="league_every must be >= 0"):
+        _config("ma_ppo.league_every=-1")
+    with pytest.raises(ConfigError, match="normalise"):
+        _config("ma_ppo.normalize_obs=true")
+    with pytest.raises(EnvError, match="rlloop train ma_ppo"):
+        build_algorithm(build_config("ppo", TTT, sets=["mlflow=false"]))
+
+
+def test_state_round_trips_through_a_checkpoint(tmp_path):
+    first = build_algorithm(_config("ma_ppo.policy_mapping=independent", "seed=1"))
+    Trainer(first).step()
+    Trainer(first).step()
+    save_checkpoint(tmp_path / "ckpt", {"algorithm": first.get_state()})
+    second = build_algorithm(_config("ma_ppo.policy_mapping=independent", "seed=2"))
+    second.set_state(load_checkpoint(tmp_path / "ckpt").components["algorithm"])
+    for m in ("player_1", "player_2"):
+        for p, q in zip(first.learner.modules[m].parameters(),
+                        second.learner.modules[m].parameters(), strict=True):
+            assert torch.equal(p, q)
+        s1 = first.learner.get_optimizer(m).state_dict()["state"]
+        s2 = second.learner.get_optimizer(m).state_dict()["state"]
+        assert all(torch.equal(s1[i]["exp_avg_sq"], s2[i]["exp_avg_sq"]) for i in s1)
+    assert torch.equal(first.generator.get_state(), second.generator.get_state())
+    assert first.runner.episodes == second.runner.episodes
+    first.close()
+    second.close()
+
+
+def test_random_players_are_even_in_a_symmetric_evaluation():
+    env = make_multi_agent_env(TTT, 8, seed=0)
+    out = evaluate_multi_agent(env, lambda m, o: (_ for _ in ()).throw(AssertionError(m)),
+                               lambda a: RANDOM, RANDOM, 400, torch.Generator().manual_seed(0))
+    assert out["episodes"] == 400
+    assert abs(out["return_mean"]) < 0.12  # seats alternate, so first-move luck cancels
+    env.close()
+
+
+def test_cli_trains_a_multi_agent_run(tmp_path, cli_env):
+    out = subprocess.run(rlloop_cmd(
+        "train", "ma_ppo", "--env", TTT, "--total-env-steps", "512", "--num-envs", "4",
+        "--run-dir", "run", "--quiet", "--set", "mlflow=false",
+        "--set", "ma_ppo.policy_mapping=independent", "--set", "ma_ppo.minibatch_size=64"),
+        cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    ev = subprocess.run(rlloop_cmd("eval", "run", "--episodes", "10", "--json"), cwd=tmp_path,
+                        env=cli_env, capture_output=True, text=True, timeout=300)
+    assert ev.returncode == 0, ev.stderr
+    assert '"episodes": 10' in ev.stdout
+    bad = subprocess.run(rlloop_cmd("train", "ppo", "--env", TTT, "--quiet"), cwd=tmp_path,
+                         env=cli_env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "ma_ppo" in bad.stderr
