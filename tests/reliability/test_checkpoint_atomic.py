@@ -17,7 +17,7 @@ import pytest
 import safetensors.torch
 import torch
 
-import rlloop.checkpoint as ck
+import rlloop.checkpoint.store as ck
 from rlloop.checkpoint import (
     CheckpointManager,
     is_checkpoint,
@@ -197,7 +197,7 @@ WRITER = textwrap.dedent(
 
 
 def test_sigkill_during_saves(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(ck.__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(ck.__file__).parents[2])}
     rng = random.Random(1234)
     manager = CheckpointManager(tmp_path, keep_last=2)
     next_step = 0

@@ -18,11 +18,11 @@ from rlloop.checkpoint import (
     CheckpointManager,
     CheckpointNotFoundError,
     CheckpointVersionError,
-    _manifest_checksum,
     is_checkpoint,
     load_checkpoint,
     verify_checkpoint,
 )
+from rlloop.checkpoint.format import _manifest_checksum
 
 Edit = Callable[[dict[str, Any]], None]
 
