@@ -100,10 +100,10 @@ def make_policy(seed: int) -> nn.Module:
 
 
 def default_config(**overrides: Any) -> TaskConfig:
-    """Settings that solve CartPole-v1 in about 150k env steps."""
+    """Settings that solved CartPole-v1 in about 200k env steps on seeds 0, 1 and 2."""
     settings: dict[str, Any] = {
         "num_env_workers": 8, "env_worker_mode": "sync", "num_epoch_samples": 4096,
-        "batch_size": 1024, "lr": 3e-3, "total_steps": 400, "max_grad_norm": 1.0,
+        "batch_size": 1024, "lr": 1e-3, "total_steps": 300, "max_grad_norm": 1.0,
     }
     settings.update(overrides)
     return TaskConfig(**settings)
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run-dir", help="checkpoints and metrics.jsonl go here")
     p.add_argument("--resume", action="store_true", help="continue from --run-dir")
-    p.add_argument("--total-steps", type=int, default=400, help="train-step budget")
+    p.add_argument("--total-steps", type=int, default=300, help="train-step budget")
+    p.add_argument("--epoch-samples", type=int, default=4096, help="env steps per epoch")
     p.add_argument("--workers", type=int, default=8, help="env workers (0: in-process)")
     p.add_argument("--mode", choices=("sync", "thread", "process"), default="sync")
     p.add_argument("--seed", type=int, default=0)
@@ -125,7 +126,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
 
     config = default_config(num_env_workers=args.workers, env_worker_mode=args.mode,
-                            total_steps=args.total_steps, seed=args.seed, env_seed=args.seed)
+                            total_steps=args.total_steps, num_epoch_samples=args.epoch_samples,
+                            seed=args.seed, env_seed=args.seed)
     task = ReinforceCartPole(config)
     model = make_policy(args.seed)
 

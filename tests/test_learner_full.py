@@ -130,7 +130,7 @@ def test_batch_naming_an_unknown_module_is_a_typed_error():
     learner = _learner()
     for call in (lambda: learner.update_from_batch({"zz": _data()}),
                  lambda: learner.update_from_iterator([{"zz": _data()}])):
-        with pytest.raises(UnknownModuleError, match="unknown module 'zz'.*\\['a'\\]"):
+        with pytest.raises(UnknownModuleError, match=r"unknown module 'zz'.*\['a'\]"):
             call()
     assert learner.weights_seq_no == 0
 
@@ -298,7 +298,8 @@ def test_add_then_remove_module_leaves_nothing_behind():
     assert not any(m == "b" for m, _ in learner._optims)
     assert not any(m == "b" for m, _ in learner._hparams)
     assert "b" not in learner._module_configs
-    assert not any(k.startswith("b/") for k in learner.metrics.keys())
+    logged = learner.metrics.keys()
+    assert not any(k.startswith("b/") for k in logged)
     assert set(_names(learner.get_state(not_components="metrics_logger"))) == state_keys
     assert learner.parameter_counts() == counts
     assert learner.metrics.peek("learner/params_trainable") == counts["learner/params_trainable"]
@@ -312,7 +313,7 @@ def test_add_module_rejects_duplicates_and_non_modules():
     learner = _learner()
     with pytest.raises(LearnerError, match="exists already"):
         learner.add_module("a", nn.Linear(3, 1))
-    with pytest.raises(LearnerError, match="not a torch nn.Module"):
+    with pytest.raises(LearnerError, match=r"not a torch nn\.Module"):
         learner.add_module("x", lambda: "not a module")
     with pytest.raises(LearnerError, match="bad config_overrides"):
         learner.add_module("y", nn.Linear(3, 1), config_overrides={"no_such_field": 1})

@@ -10,22 +10,22 @@ from conftest import rlloop_cmd
 
 pytest.importorskip("pettingzoo")
 
-from rlloop.algorithms.ma_ppo import MultiAgentPPO  # noqa: E402
-from rlloop.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from rlloop.config import build_config  # noqa: E402
-from rlloop.data.multi_agent import masked_gae  # noqa: E402
-from rlloop.data.returns import gae  # noqa: E402
-from rlloop.envs.core import Discrete, EnvError  # noqa: E402
-from rlloop.envs.multi_agent import (  # noqa: E402
+from rlloop.algorithms.ma_ppo import MultiAgentPPO
+from rlloop.checkpoint import load_checkpoint, save_checkpoint
+from rlloop.config import build_config
+from rlloop.data.multi_agent import masked_gae
+from rlloop.data.returns import gae
+from rlloop.envs.core import Discrete, EnvError
+from rlloop.envs.multi_agent import (
     make_multi_agent_env,
     multi_agent_spec,
     random_actions,
 )
-from rlloop.envs.registry import env_spec, make_env  # noqa: E402
-from rlloop.modules.masked import MaskedActorCritic  # noqa: E402
-from rlloop.run import build_algorithm  # noqa: E402
-from rlloop.runners.multi_agent import RANDOM, evaluate_multi_agent  # noqa: E402
-from rlloop.trainer import Trainer  # noqa: E402
+from rlloop.envs.registry import env_spec, make_env
+from rlloop.modules.masked import MaskedActorCritic
+from rlloop.run import build_algorithm
+from rlloop.runners.multi_agent import RANDOM, evaluate_multi_agent
+from rlloop.trainer import Trainer
 
 TTT = "pettingzoo:classic.tictactoe_v3"
 RPS = "pettingzoo:classic.rps_v2"

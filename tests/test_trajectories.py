@@ -65,7 +65,7 @@ def test_short_trajectories_are_discarded_with_a_warning(pool, caplog):
 
 
 def test_long_episodes_are_cut_and_the_env_reset(pool):
-    trajectories, stats = collect(pool, total_samples=150, max_trajectory_length=6)
+    trajectories, _ = collect(pool, total_samples=150, max_trajectory_length=6)
     assert all(len(t) <= 6 for t in trajectories)
     cut = [t for t in trajectories if len(t) == 6 and t[-1].truncated]
     assert cut, "no episode was long enough to be cut"

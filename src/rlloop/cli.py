@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--episodes", type=int, default=20)
     e.add_argument("--backend", choices=BACKENDS)
     e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--video", metavar="OUT.mp4", help="also film one deterministic episode "
+                   "of the policy to this mp4")
 
     sub.add_parser("algos", help="list algorithms")
     return p
@@ -90,15 +92,23 @@ def _eval(args: argparse.Namespace) -> int:
 
         raise ConfigError(f"--episodes must be > 0, got {args.episodes}")
     stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend)
-    out = {"mean_return": stats["return_mean"], "std_return": stats["return_std"],
-           "min_return": stats["return_min"], "max_return": stats["return_max"],
-           "mean_length": stats["length_mean"], "episodes": int(stats["episodes"])}
+    out: dict[str, Any] = {
+        "mean_return": stats["return_mean"], "std_return": stats["return_std"],
+        "min_return": stats["return_min"], "max_return": stats["return_max"],
+        "mean_length": stats["length_mean"], "episodes": int(stats["episodes"])}
+    if args.video:
+        from rlloop.video import record_run_video
+
+        video = record_run_video(args.run_dir, args.video, backend=args.backend)
+        out.update({"video": str(video.path), "video_frames": video.frames})
     if args.json:
         print(json.dumps(out))
     else:
         print(f"{out['episodes']} episodes: mean return {out['mean_return']:.2f} "
               f"+- {out['std_return']:.2f} (min {out['min_return']:.1f}, "
               f"max {out['max_return']:.1f})")
+        if args.video:
+            print(f"video: {out['video']} ({out['video_frames']} frames)")
     return 0
 
 

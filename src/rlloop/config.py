@@ -76,6 +76,9 @@ class RunConfig:
     on_nonfinite: Literal["skip", "raise"] = "skip"
     """A NaN/inf in a batch, loss or gradient skips that update (counted in
     guard/skipped_updates) or stops the run with an error naming the step."""
+    save_video: bool = True
+    """At the end of a run, film one episode of the best policy to <run>/video.mp4
+    (skipped with a one-line warning if the env cannot render, and after a stop signal)."""
     hparams: Any = None
     """The algorithm's config dataclass (YAML section named after the algorithm)."""
 

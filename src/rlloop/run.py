@@ -12,6 +12,7 @@ Run directory layout::
                              named by optimisation steps for off-policy algorithms
     <run>/best/              checkpoint with the best eval return so far
     <run>/mlflow.db          the embedded MLflow store (``mlflow ui`` reads it)
+    <run>/video.mp4          one episode of the best policy (``save_video``)
     <run>/report.md, summary.json, learning_curve.svg
 """
 
@@ -19,14 +20,9 @@ from __future__ import annotations
 
 import json
 import math
-import signal
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -49,6 +45,7 @@ from rlloop.errors import ConfigError, RunDirError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink, ThrottledSink
 from rlloop.offpolicy_trainer import OffPolicyTrainer
 from rlloop.report import write_report
+from rlloop.signals import handle_signals
 from rlloop.trainer import Stats, Trainer
 
 COMPONENTS = ("algorithm", "trainer", "rng")
@@ -226,7 +223,7 @@ class Session:
         status = "FAILED"
         start = time.perf_counter()
         try:
-            with _signals(self):
+            with handle_signals(self):
                 if trainer.state["env/steps"] < cfg.total_env_steps:
                     every = None if self.off_policy else cfg.eval_every or None
                     stats = trainer.run(steps_per_eval=every,
@@ -239,6 +236,10 @@ class Session:
                 self.save()
             self._close_sinks(status)
             self.algorithm.close()
+        if cfg.save_video and not self.stop_requested:  # a stop signal wants a quick exit
+            from rlloop.video import save_run_video
+
+            save_run_video(self.run_dir)
         stopped_by = self._stopped_by(stats)
         result = RunResult(self.run_dir, trainer.state["env/steps"], time.perf_counter() - start,
                            self.best_eval_return, stats, stopped_by)
@@ -253,34 +254,6 @@ class Session:
                 and stats.get("eval/return_mean", -math.inf) >= threshold):
             return "solved"
         return "budget"
-
-
-@contextmanager
-def _signals(session: Session) -> Iterator[None]:
-    """SIGTERM/SIGINT stop at the next iteration boundary; SIGUSR1 saves a checkpoint.
-
-    Handlers are installed only for the duration of the run and only in the main thread
-    (no import-time side effects). A second SIGINT interrupts immediately.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, _: FrameType | None) -> None:
-        if signum == signal.SIGINT and session.stop_requested:
-            raise KeyboardInterrupt
-        session.stop_requested = signal.Signals(signum).name
-
-    def save(signum: int, _: FrameType | None) -> None:
-        session.save_requested = True
-
-    wanted = {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR1: save}
-    previous = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def train(config: RunConfig, run_dir: str | Path | None = None, *,

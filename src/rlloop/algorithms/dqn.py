@@ -25,9 +25,10 @@ from rlloop.algorithms.offpolicy import (
     check_env_settings,
     check_hidden,
 )
-from rlloop.data.replay import PrioritizedReplayBuffer
+from rlloop.data.replay import PrioritizedReplayBuffer, Transitions
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
+from rlloop.learners.lean_step import LeanOptim, gradient_step
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner
 from rlloop.learners.schedules import Linear
 from rlloop.losses.dqn import dqn_loss, dqn_target
@@ -75,7 +76,8 @@ class DQNConfig(OffPolicyConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.lr <= 0 or self.adam_eps <= 0:
-            raise ConfigError(f"dqn.lr and dqn.adam_eps must be > 0, got {self.lr}, {self.adam_eps}")
+            raise ConfigError(f"dqn.lr and dqn.adam_eps must be > 0, got {self.lr}, "
+                              f"{self.adam_eps}")
         if self.target_update_interval <= 0 or self.exploration_steps <= 0:
             raise ConfigError("dqn.target_update_interval and dqn.exploration_steps must be > 0")
         if not 0 < self.tau <= 1:
@@ -99,8 +101,11 @@ class DQNModule(nn.Module):
 class DQNLearner(Learner[ReplayBatch]):
     """Adam on the online network; Huber TD loss; target updates on a fixed cadence."""
 
+    transient_attrs = frozenset({"td_errors"})
+
     def __init__(self, modules: Mapping[str, DQNModule], config: DQNConfig) -> None:
         self.updates = 0
+        self.lean: list[LeanOptim] = []
         self.td_errors: Tensor | None = None  # of the last batch, for prioritized replay
         super().__init__(modules, config)
 
@@ -112,9 +117,11 @@ class DQNLearner(Learner[ReplayBatch]):
         optimizer = torch.optim.Adam(params, lr=config.lr, eps=config.adam_eps, fused=True)
         self.register_optimizer(module_id, "default", optimizer, params, config.lr,
                                 GradientClip(config.max_grad_norm))
+        self.lean.append(LeanOptim(optimizer, params, config.max_grad_norm))
 
     def compute_loss_for_module(self, module_id: str, config: DQNConfig,
-                                batch: ReplayBatch) -> tuple[Tensor, dict[str, Tensor]]:
+                                batch: ReplayBatch, fwd_out: Any = None
+                                ) -> tuple[Tensor, dict[str, Tensor]]:
         m = self.module(module_id)
         with torch.no_grad():
             next_q_target = m.target(batch.next_obs)
@@ -124,6 +131,37 @@ class DQNLearner(Learner[ReplayBatch]):
         loss, stats, self.td_errors = dqn_loss(m.online(batch.obs), batch.action, target,
                                                batch.weights)
         return loss, stats
+
+    def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
+        """One gradient update of the (single) module, then the target cadence."""
+        loss, stats = self.compute_loss_for_module(DEFAULT_MODULE_ID, self.config, batch)
+        gradient_step(loss, self.lean)
+        self.after_update()
+        return stats
+
+    def updates_with_fixed_target(self, limit: int) -> int:
+        """How many of the next ``limit`` updates see the current target network.
+
+        Zero when each update needs its own target pass: double DQN (the online network
+        picks the next action and changes with every update).
+        """
+        if self.config.double_q:
+            return 0
+        return min(limit, self.config.target_update_interval
+                   - self.updates % self.config.target_update_interval)
+
+    @torch.no_grad()
+    def targets(self, batch: Transitions) -> Tensor:
+        """TD targets ``[B]`` from the current target network."""
+        m = self.module()
+        return dqn_target(batch.reward, batch.discount, batch.terminated, m.target(batch.next_obs))
+
+    def update_towards(self, obs: Tensor, action: Tensor, target: Tensor) -> dict[str, Tensor]:
+        """One gradient update on a batch whose TD targets were computed already."""
+        loss, stats, self.td_errors = dqn_loss(self.module().online(obs), action, target)
+        gradient_step(loss, self.lean)
+        self.after_update()
+        return stats
 
     def after_update(self) -> None:
         """Count the gradient update; update the target networks when one is due."""
@@ -185,17 +223,42 @@ class DQN(AlgorithmBase):
         if not self.loop.learning(env_steps):
             return None
         self.learner.before_gradient_based_update(env_steps)
-        stats = self.loop.optimize(env_steps, self._update)
+        if isinstance(self.loop.replay, PrioritizedReplayBuffer):
+            stats = self.loop.optimize(env_steps, self._update)
+        else:
+            stats = self._optimize_uniform()
         self.learner.after_gradient_based_update()
         return {**(stats or {}), "dqn/epsilon": self.epsilon(env_steps)}
 
+    def _optimize_uniform(self) -> dict[str, Tensor]:
+        """``gradient_steps`` updates; while the target network stays fixed (hard updates
+        every k >= gradient_steps updates, rl-zoo's setting) the batches are drawn at once
+        and their TD targets come from one large target-network pass. Identical maths and
+        sampling distribution, a fraction of the small-op overhead."""
+        cfg, learner, replay = self.config, self.learner, self.loop.replay
+        stats: dict[str, Tensor] = {}
+        left = cfg.gradient_steps
+        while left:
+            k = learner.updates_with_fixed_target(left)
+            if k <= 1:
+                batch = replay.sample(cfg.batch_size, self.generator)
+                stats = learner.update(ReplayBatch.of(batch))
+                left -= 1
+                continue
+            batch = replay.sample(k * cfg.batch_size, self.generator)
+            targets = learner.targets(batch).split(cfg.batch_size)
+            obs, actions = batch.obs.split(cfg.batch_size), batch.action.split(cfg.batch_size)
+            for i in range(k):
+                stats = learner.update_towards(obs[i], actions[i], targets[i])
+            left -= k
+        return stats
+
     def _update(self, batch: ReplayBatch, rows: Tensor | None) -> dict[str, Tensor]:
-        stats = self.learner.update_minibatch({DEFAULT_MODULE_ID: batch})
+        stats = self.learner.update(batch)
         replay = self.loop.replay
         if isinstance(replay, PrioritizedReplayBuffer) and rows is not None:
             assert self.learner.td_errors is not None
             replay.update_priorities(rows, self.learner.td_errors)
-        self.learner.after_update()
         return stats
 
     def episode_stats(self) -> Stats:

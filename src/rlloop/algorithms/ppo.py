@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from rlloop.algorithms.base import AlgorithmBase, EnvSettings
 from rlloop.data.returns import gae
@@ -112,7 +113,7 @@ class PPOLearner(Learner[PPOBatch]):
     read on every minibatch and logged with every update.
     """
 
-    def __init__(self, modules: dict[str, ActorCritic], config: PPOConfig,
+    def __init__(self, modules: Mapping[str, nn.Module], config: PPOConfig,
                  on_nonfinite: Literal["skip", "raise"] = "skip", *,
                  policies_to_train: PoliciesToTrain = None,
                  stats_prefix: Literal["auto", "always"] = "auto") -> None:
@@ -135,6 +136,7 @@ class PPOLearner(Learner[PPOBatch]):
 
     def forward_train(self, module_id: str, batch: PPOBatch) -> tuple[ActionDist, Tensor]:
         module = self.modules[module_id]
+        assert isinstance(module, ActorCritic)
         return module.dist(batch.obs), module.value(batch.obs)
 
     def compute_loss_for_module(self, module_id: str, config: PPOConfig, batch: PPOBatch,

@@ -50,6 +50,12 @@ PRESETS: dict[tuple[str, str], dict[str, Any]] = {
                 "exploration_noise": 0.1, "hidden": [400, 300], "eval_interval": 1000,
                 "record_interval": 250, "save_interval": 5000},
     },
+    ("ma_ppo", "pettingzoo:classic.tictactoe_v3"): {
+        "num_envs": 16,
+        "eval_episodes": 100,
+        "total_env_steps": 100_000,
+        "ma_ppo": {"rollout_steps": 32, "minibatch_size": 256},
+    },
 }
 
 

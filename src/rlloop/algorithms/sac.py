@@ -37,6 +37,7 @@ from rlloop.algorithms.offpolicy import (
 )
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
+from rlloop.learners.lean_step import LeanOptim, gradient_step
 from rlloop.learners.learner import DEFAULT_MODULE_ID, Learner
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.sac import sac_actor_loss, sac_alpha_loss, sac_critic_loss, sac_target
@@ -97,6 +98,7 @@ class SACLearner(Learner[ReplayBatch]):
         self.target_entropy = target_entropy
         self.generator = generator
         self.updates = 0
+        self.lean: list[LeanOptim] = []
         super().__init__(modules, config)
 
     def module(self, module_id: str = DEFAULT_MODULE_ID) -> SACModule:
@@ -109,12 +111,13 @@ class SACLearner(Learner[ReplayBatch]):
         if config.autotune_alpha:
             groups.append(("alpha", [m.log_alpha]))
         for name, params in groups:
-            self.register_optimizer(module_id, name,
-                                    torch.optim.Adam(params, lr=config.lr, fused=True),
-                                    params, config.lr)
+            optimizer = torch.optim.Adam(params, lr=config.lr, fused=True)
+            self.register_optimizer(module_id, name, optimizer, params, config.lr)
+            self.lean.append(LeanOptim(optimizer, params))
 
     def compute_loss_for_module(self, module_id: str, config: SACConfig,
-                                batch: ReplayBatch) -> tuple[Tensor, dict[str, Tensor]]:
+                                batch: ReplayBatch, fwd_out: Any = None
+                                ) -> tuple[Tensor, dict[str, Tensor]]:
         m = self.module(module_id)
         alpha = m.log_alpha.detach().exp()
         with torch.no_grad():
@@ -134,6 +137,13 @@ class SACLearner(Learner[ReplayBatch]):
             loss = loss + alpha_loss
             stats.update(alpha_stats)
         return loss, stats
+
+    def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
+        """One gradient update of every optimiser (one backward pass), then the targets."""
+        loss, stats = self.compute_loss_for_module(DEFAULT_MODULE_ID, self.config, batch)
+        gradient_step(loss, self.lean)
+        self.after_update()
+        return stats
 
     def after_update(self) -> None:
         """Count the gradient update; Polyak-update the target critics when due."""
@@ -191,9 +201,7 @@ class SAC(AlgorithmBase):
         return stats
 
     def _update(self, batch: ReplayBatch, rows: Tensor | None) -> dict[str, Tensor]:
-        stats = self.learner.update_minibatch({DEFAULT_MODULE_ID: batch})
-        self.learner.after_update()
-        return stats
+        return self.learner.update(batch)
 
     def episode_stats(self) -> Stats:
         return self.runner.episodes.stats()

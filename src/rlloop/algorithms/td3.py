@@ -30,6 +30,7 @@ from rlloop.algorithms.offpolicy import (
 )
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
+from rlloop.learners.lean_step import LeanOptim, gradient_step
 from rlloop.learners.learner import DEFAULT_MODULE_ID, Learner
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.td3 import smoothed_target_action, td3_actor_loss, td3_critic_loss, td3_target
@@ -90,6 +91,7 @@ class TD3Learner(Learner[ReplayBatch]):
                  generator: torch.Generator) -> None:
         self.generator = generator
         self.updates = 0
+        self.lean: list[LeanOptim] = []
         super().__init__(modules, config)
 
     def module(self, module_id: str = DEFAULT_MODULE_ID) -> TD3Module:
@@ -103,12 +105,13 @@ class TD3Learner(Learner[ReplayBatch]):
         m = self.module(module_id)
         for name, part in (("actor", m.actor), ("critic", m.critic)):
             params = list(part.parameters())
-            self.register_optimizer(module_id, name,
-                                    torch.optim.Adam(params, lr=config.lr, fused=True),
-                                    params, config.lr)
+            optimizer = torch.optim.Adam(params, lr=config.lr, fused=True)
+            self.register_optimizer(module_id, name, optimizer, params, config.lr)
+            self.lean.append(LeanOptim(optimizer, params))
 
     def compute_loss_for_module(self, module_id: str, config: TD3Config,
-                                batch: ReplayBatch) -> tuple[Tensor, dict[str, Tensor]]:
+                                batch: ReplayBatch, fwd_out: Any = None
+                                ) -> tuple[Tensor, dict[str, Tensor]]:
         m = self.module(module_id)
         with torch.no_grad():
             next_action = smoothed_target_action(
@@ -125,6 +128,13 @@ class TD3Learner(Learner[ReplayBatch]):
             loss = loss + actor_loss
             stats.update(actor_stats)
         return loss, stats
+
+    def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
+        """One gradient update of every optimiser (one backward pass), then the targets."""
+        loss, stats = self.compute_loss_for_module(DEFAULT_MODULE_ID, self.config, batch)
+        gradient_step(loss, self.lean)
+        self.after_update()
+        return stats
 
     def after_update(self) -> None:
         """Count the update; after a delayed actor update, Polyak-update both targets."""
@@ -186,9 +196,7 @@ class TD3(AlgorithmBase):
         return stats
 
     def _update(self, batch: ReplayBatch, rows: Tensor | None) -> dict[str, Tensor]:
-        stats = self.learner.update_minibatch({DEFAULT_MODULE_ID: batch})
-        self.learner.after_update()
-        return stats
+        return self.learner.update(batch)
 
     def episode_stats(self) -> Stats:
         return self.runner.episodes.stats()

@@ -16,6 +16,8 @@ trailing features are the mask), keeping one observation tensor per agent.
 
 Env ids are ``"pettingzoo:<family>.<env>"`` (``pettingzoo:classic.tictactoe_v3``), or
 ``"pettingzoo:<module>"`` for any importable module with a ``parallel_env()`` or ``env()``.
+Where PettingZoo has its env registry (1.27+), built-in envs are made through
+``pettingzoo.make`` (its own ids, ``classic/tictactoe-v3``, work too).
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ def pettingzoo_factory(env_id: str, env_kwargs: Mapping[str, Any] | None = None)
                        ", e.g. pettingzoo:classic.tictactoe_v3")
     name = env_id[len(PREFIX):]
     kwargs = dict(env_kwargs or {})
+    registered = _from_registry(name, kwargs)
+    if registered is not None:
+        return registered
     module = None
     for path in (f"pettingzoo.{name}", name):
         try:
@@ -118,6 +123,38 @@ def pettingzoo_factory(env_id: str, env_kwargs: Mapping[str, Any] | None = None)
     if hasattr(module, "env"):
         return functools.partial(_turn_based, module.env, kwargs)
     raise EnvError(f"{env_id}: module {module.__name__} has neither parallel_env() nor env()")
+
+
+def _from_registry(name: str, kwargs: dict[str, Any]) -> ParallelEnvFn | None:
+    """A maker through ``pettingzoo.make`` if this PettingZoo has a registry holding ``name``
+    (``classic.tictactoe_v3`` is looked up as ``classic/tictactoe-v3``)."""
+    try:
+        import pettingzoo
+    except ModuleNotFoundError:
+        raise EnvError("PettingZoo is not installed; pip install 'rlloop[multiagent]'") from None
+    make = getattr(pettingzoo, "make", None)
+    if make is None:
+        return None
+    reg_id = name if "/" in name else name.replace(".", "/", 1).replace("_v", "-v")
+    if reg_id in getattr(pettingzoo, "parallel_registry", {}):
+        return functools.partial(_checked_make, make, "parallel", reg_id, kwargs)
+    if reg_id in getattr(pettingzoo, "aec_registry", {}):
+        aec = functools.partial(_checked_make, make, "aec", reg_id, {})
+        return functools.partial(_turn_based, aec, kwargs)
+    if "/" in name:
+        raise EnvError(f"unknown PettingZoo env {name!r}; see pettingzoo.pprint_registry()")
+    return None
+
+
+def _checked_make(make: Callable[..., Any], kind: str, reg_id: str, kwargs: dict[str, Any],
+                  **more: Any) -> Any:
+    from pettingzoo.env_registry.exceptions import PettingZooRegistryError
+
+    try:
+        return make(kind, reg_id, **kwargs, **more)
+    except (ImportError, PettingZooRegistryError) as e:  # the family's optional dependencies
+        cause = f" ({e.__cause__})" if e.__cause__ else ""
+        raise EnvError(f"pettingzoo:{reg_id}: {e}{cause}") from None
 
 
 def _turn_based(make_aec: Callable[..., Any], kwargs: dict[str, Any]) -> Any:

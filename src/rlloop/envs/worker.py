@@ -169,7 +169,7 @@ class ProcessBackend:
     def __init__(self, env_fn: EnvFactory, start_method: str = "forkserver") -> None:
         if start_method not in START_METHODS:
             raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
-        self._ctx = multiprocessing.get_context(start_method)
+        self._ctx: Any = multiprocessing.get_context(start_method)
         self._env_fn = env_fn
         self._procs: dict[int, BaseProcess] = {}
         self._conns: dict[int, multiprocessing.connection.Connection] = {}
@@ -210,10 +210,10 @@ class ProcessBackend:
         if not ranks:
             return []
         replies: list[Reply] = []
-        for conn in multiprocessing.connection.wait(list(ranks), timeout):
-            rank = ranks[conn]  # type: ignore[index]
+        for ready in multiprocessing.connection.wait(list(ranks), timeout):
+            rank = ranks[ready]  # type: ignore[index]
             try:
-                replies.append((rank, conn.recv()))  # type: ignore[union-attr]
+                replies.append((rank, self._conns[rank].recv()))
             except (EOFError, OSError):
                 replies.append((rank, (None, self._death(rank))))
         return replies

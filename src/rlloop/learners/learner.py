@@ -12,6 +12,9 @@ Every number the learner reports goes through its :class:`MetricsLogger` (``metr
 per-update means of the loss stats, learning rates and scheduled hyperparameters, global
 gradient norms, and lifetime sample counts with throughput. A module's keys are flat
 (``"losses/policy"``) while it is the only module, else prefixed (``"a/losses/policy"``).
+
+The file is longer than rlloop's usual ~400 lines because it is RLlib's whole learner
+surface in one class; the hooks an algorithm overrides come first.
 """
 
 from __future__ import annotations
@@ -129,6 +132,8 @@ class Learner(Generic[BatchT]):
         self._module_configs: dict[str, Any] = {}
         self.env_steps = 0
         self.weights_seq_no = 0
+        self._train_ids: frozenset[str] | None = None
+        self._train_fn: Callable[[str], bool] | None = None
         # Learners written before ``fwd_out`` existed take (module_id, config, batch).
         sig = inspect.signature(self.compute_loss_for_module).parameters
         self._loss_takes_fwd_out = len(sig) >= 4
@@ -230,8 +235,8 @@ class Learner(Generic[BatchT]):
 
     def set_policies_to_train(self, policies: PoliciesToTrain) -> None:
         """Which modules updates touch: ids, a predicate on the id, or ``None`` for all."""
-        self._train_ids: frozenset[str] | None = None
-        self._train_fn: Callable[[str], bool] | None = None
+        self._train_ids = None
+        self._train_fn = None
         if callable(policies):
             self._train_fn = policies
         elif isinstance(policies, str):

@@ -13,8 +13,10 @@ visible share of an update.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -32,12 +34,11 @@ class MLP(nn.Module):
     def __init__(self, in_dim: int, hidden: Sequence[int], out_dim: int) -> None:
         super().__init__()
         dims = [in_dim, *hidden, out_dim]
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:],
-                                                                    strict=True))
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(dims))
 
     def forward(self, x: Tensor) -> Tensor:
         last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(cast(Sequence[nn.Linear], self.layers)):
             x = F.linear(x, layer.weight, layer.bias)
             if i < last:
                 x = x.relu_()
@@ -84,7 +85,7 @@ class TwinQ(nn.Module):
         dims = [obs_dim + act_dim, *hidden, 1]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
-        for a, b in zip(dims[:-1], dims[1:], strict=True):
+        for a, b in itertools.pairwise(dims):
             bound = 1.0 / math.sqrt(a)  # nn.Linear's default initialisation, per member
             self.weights.append(nn.Parameter(torch.empty(members, a, b).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(members, 1, b).uniform_(-bound, bound)))

@@ -18,7 +18,7 @@ collect an epoch -> dataset of clips -> minibatch train steps -> checkpoint.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
@@ -194,7 +194,7 @@ class Task(ABC, Generic[ModelT]):
                           restart_failed_workers=cfg.restart_failed_workers,
                           start_method=cfg.worker_start_method)
 
-    def act_fn(self, model: ModelT, optimal: bool) -> Any:
+    def act_fn(self, model: ModelT, optimal: bool) -> Callable[[list[Any]], list[Any]]:
         """``get_actions`` as the sampler calls it: no autograd, one action per state."""
         def act(states: list[Any]) -> list[Any]:
             with torch.no_grad():
@@ -217,7 +217,7 @@ class Task(ABC, Generic[ModelT]):
         max_wait_time: float | None = None,
         optimal: bool = True,
         stats: SamplingStats | None = None,
-        should_stop: Any = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> Iterator[list[Any]]:
         """Post-processed trajectories (rules in :mod:`rlloop.tasks.sampling`). Trajectories
         are at least ``num_samples`` long, so that each yields a clip.

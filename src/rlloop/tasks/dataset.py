@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -12,12 +12,13 @@ from torch.utils.data import default_collate as torch_collate
 
 
 def collate(items: Sequence[Any]) -> Any:
-    """Stack items along a new first dim.
+    """Stack items along a new first dim, recursing into containers.
 
     Dataclass items (such as :class:`~rlloop.tasks.sampling.Sample` or a task's own
     sample type) become one instance of the same class whose fields are the stacked
-    fields, so batches stay typed (``batch.obs``, not ``batch["obs"]``). Everything else
-    (arrays, numbers, tuples, dicts) goes through torch's ``default_collate``.
+    fields, so batches stay typed (``batch.obs``, not ``batch["obs"]``); tuples, named
+    tuples, lists and dicts keep their shape. Leaves (arrays, tensors, numbers) go
+    through torch's ``default_collate``.
     """
     first = items[0]
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
@@ -25,6 +26,12 @@ def collate(items: Sequence[Any]) -> Any:
             f.name: collate([getattr(item, f.name) for item in items])
             for f in dataclasses.fields(first) if f.init
         })
+    if isinstance(first, tuple) and hasattr(first, "_fields"):  # a NamedTuple
+        return type(first)(*(collate(column) for column in zip(*items, strict=True)))
+    if isinstance(first, tuple | list):
+        return type(first)(collate(column) for column in zip(*items, strict=True))
+    if isinstance(first, Mapping):
+        return {key: collate([item[key] for item in items]) for key in first}
     return torch_collate(list(items))
 
 

@@ -1,0 +1,254 @@
+"""Off-policy training throughput: rlloop vs Stable-Baselines3, in one process, one run.
+
+Run: ``python benchmarks/offpolicy.py [--quick] [--dqn-steps N] [--sac-steps N] [--seed S]``
+
+Two tasks, each trained by both libraries for the same number of env steps with rl-zoo's
+hyperparameters (``hyperparams/dqn.yml`` CartPole-v1, ``hyperparams/sac.yml`` Pendulum-v1;
+rlloop's shipped presets are the same values):
+
+- DQN on CartPole-v1: lr 2.3e-3, batch 64, buffer 100k, 1000 warm-up steps, train_freq
+  256 with 128 gradient steps, target synced every 128 updates (SB3: every 10 env steps,
+  which is the same thing at this train_freq), epsilon 1 -> 0.04 over 16% of the budget,
+  [256, 256] ReLU Q-network. rlloop steps its native batched CartPole, SB3 Gymnasium's.
+- SAC on Pendulum-v1: lr 1e-3 for actor, critics and alpha, batch 256, 100 warm-up
+  steps, one gradient step per env step, [256, 256] networks, tau 0.005. Both step
+  Gymnasium's Pendulum.
+
+Neither evaluates while training. Reported per library and task:
+
+- ``env_sps``: env steps per second of training (wall time of the whole training);
+- ``updates_ps``: gradient updates per second over the same time, and rlloop's border
+  optimisation steps per second (one optimisation step = ``gradient_steps`` updates);
+- ``return``: mean return of the trained policy on 20 deterministic Gymnasium episodes
+  (the same eval code and seeds for both libraries);
+- ``flop_share``: FLOPs of one gradient update (counted with
+  ``torch.utils.flop_counter.FlopCounterMode``) times updates per second, divided by the
+  matmul FLOP/s this CPU reaches on one thread (the best of square fp32 matmuls): the
+  share of the machine's compute bound that training reaches.
+
+Everything runs with one torch thread. The machine may be shared: the load average is
+printed before and after each training, and ratios compare runs made minutes apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+EVAL_EPISODES = 20
+EVAL_SEED = 10_000
+
+
+@dataclass
+class Result:
+    library: str
+    task: str
+    env_steps: int
+    seconds: float
+    updates: int
+    opt_steps: int
+    eval_return: float
+    flops_per_update: float
+    load: tuple[float, float]
+
+    @property
+    def env_sps(self) -> float:
+        return self.env_steps / self.seconds
+
+    @property
+    def updates_ps(self) -> float:
+        return self.updates / self.seconds
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def matmul_peak_flops(seconds: float = 1.0) -> float:
+    """Best fp32 matmul FLOP/s over a few square sizes, one thread."""
+    best = 0.0
+    for n in (256, 512, 1024):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        for _ in range(3):
+            a @ b
+        reps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / 3:
+            a @ b
+            reps += 1
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
+    return best
+
+
+def count_flops(fn: Callable[[], Any]) -> float:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return float(counter.get_total_flops())
+
+
+def evaluate_gym(env_id: str, act: Callable[[np.ndarray], Any]) -> float:
+    """Mean return of ``act`` on ``EVAL_EPISODES`` seeded Gymnasium episodes."""
+    env = gym.make(env_id)
+    returns = []
+    for episode in range(EVAL_EPISODES):
+        obs, _ = env.reset(seed=EVAL_SEED + episode)
+        done, total = False, 0.0
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(act(obs))
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return float(np.mean(returns))
+
+
+# ---------------------------------------------------------------- both, interleaved
+
+
+class RlloopRun:
+    """rlloop's trainer, advanced in chunks; ``seconds`` counts only its own training."""
+
+    def __init__(self, algo: str, env_id: str, steps: int, seed: int) -> None:
+        from rlloop.config import build_config
+        from rlloop.offpolicy_trainer import OffPolicyTrainer
+        from rlloop.run import build_algorithm
+
+        never = 10**12
+        sets = ["mlflow=false", "progress=false", f"{algo}.eval_interval={never}",
+                f"{algo}.record_interval={never}", f"{algo}.save_interval=0"]
+        if algo == "dqn":  # SB3's exploration_fraction is relative to the budget
+            sets.append(f"dqn.exploration_steps={int(0.16 * steps)}")
+        self.config = build_config(algo, env_id, flags={"seed": seed, "total_env_steps": steps},
+                                   sets=sets)
+        self.algo, self.env_id = algo, env_id
+        self.algorithm: Any = build_algorithm(self.config)
+        self.trainer = OffPolicyTrainer(self.algorithm)
+        self.seconds = 0.0
+
+    def advance(self, env_steps: int) -> None:
+        start = time.perf_counter()
+        while self.trainer.state["env/steps"] < env_steps:
+            self.trainer.step()
+        self.seconds += time.perf_counter() - start
+
+    def result(self, load: tuple[float, float]) -> Result:
+        from rlloop.algorithms.offpolicy import ReplayBatch
+
+        algorithm = self.algorithm
+        batch = ReplayBatch.of(algorithm.loop.replay.sample(
+            self.config.hparams.batch_size, torch.Generator().manual_seed(0)))
+        flops = count_flops(lambda: algorithm.learner.update(batch))
+
+        def act(obs: np.ndarray) -> Any:
+            action = algorithm.act(torch.as_tensor(obs, dtype=torch.float32)[None])[0]
+            return int(action) if self.algo == "dqn" else action.numpy()
+
+        result = Result("rlloop", f"{self.algo} {self.env_id}", self.trainer.state["env/steps"],
+                        self.seconds, algorithm.learner.updates,
+                        self.trainer.state["algorithm/steps"], evaluate_gym(self.env_id, act),
+                        flops, load)
+        algorithm.close()
+        return result
+
+
+def sb3_model(algo: str, env_id: str, seed: int) -> Any:
+    from stable_baselines3 import DQN, SAC
+
+    env = gym.make(env_id)
+    if algo == "dqn":
+        return DQN("MlpPolicy", env, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
+                   learning_starts=1000, gamma=0.99, target_update_interval=10,
+                   train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+                   exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]},
+                   seed=seed, device="cpu")
+    return SAC("MlpPolicy", env, learning_rate=1e-3, seed=seed, device="cpu")
+
+
+def train_both(algo: str, env_id: str, steps: int, seed: int, chunk: int) -> list[Result]:
+    """Train both libraries on the same budget, alternating every ``chunk`` env steps, so
+    that both see the same machine load; each one's time counts only its own work."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    ours = RlloopRun(algo, env_id, steps, seed)
+    model = sb3_model(algo, env_id, seed)
+
+    class Alternate(BaseCallback):
+        def _on_step(self) -> bool:
+            if self.num_timesteps % chunk == 0:
+                ours.advance(self.num_timesteps)
+            return True
+
+    load0 = load_average()
+    start = time.perf_counter()
+    model.learn(total_timesteps=steps, callback=Alternate())
+    sb3_seconds = time.perf_counter() - start - ours.seconds
+    ours.advance(steps)
+    load = (load0, load_average())
+    updates = int(model._n_updates)
+    flops = count_flops(lambda: model.train(gradient_steps=1, batch_size=model.batch_size))
+
+    def act(obs: np.ndarray) -> Any:
+        action, _ = model.predict(obs, deterministic=True)
+        return int(action) if algo == "dqn" else action
+
+    theirs = Result("sb3", f"{algo} {env_id}", int(model.num_timesteps), sb3_seconds, updates,
+                    updates, evaluate_gym(env_id, act), flops, load)
+    return [ours.result(load), theirs]
+
+
+# ---------------------------------------------------------------- report
+
+
+def report(results: list[Result], peak: float) -> None:
+    print(f"\nmatmul peak (1 thread, fp32): {peak / 1e9:.1f} GFLOP/s")
+    head = (f"{'task':24s} {'library':7s} {'env steps':>9s} {'train s':>8s} {'env/s':>8s} "
+            f"{'upd/s':>8s} {'opt/s':>8s} {'return':>8s} {'MFLOP/upd':>9s} {'share':>6s} "
+            f"{'load':>9s}")
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        share = r.flops_per_update * r.updates_ps / peak
+        print(f"{r.task:24s} {r.library:7s} {r.env_steps:9d} {r.seconds:8.1f} "
+              f"{r.env_sps:8.1f} {r.updates_ps:8.1f} {r.opt_steps / r.seconds:8.2f} "
+              f"{r.eval_return:8.1f} {r.flops_per_update / 1e6:9.1f} {share:6.1%} "
+              f"{r.load[0]:4.1f}/{r.load[1]:4.1f}")
+    print()
+    for task in dict.fromkeys(r.task for r in results):
+        mine = next(r for r in results if r.task == task and r.library == "rlloop")
+        theirs = next(r for r in results if r.task == task and r.library == "sb3")
+        print(f"{task}: rlloop / SB3 env steps/s {mine.env_sps / theirs.env_sps:.2f}x, "
+              f"updates/s {mine.updates_ps / theirs.updates_ps:.2f}x, return "
+              f"{mine.eval_return:.1f} vs {theirs.eval_return:.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short runs (a smoke test)")
+    parser.add_argument("--dqn-steps", type=int, default=None)
+    parser.add_argument("--sac-steps", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dqn_steps = args.dqn_steps or (6_000 if args.quick else 50_000)
+    sac_steps = args.sac_steps or (600 if args.quick else 8_000)
+    peak = matmul_peak_flops()
+    results = []
+    for algo, env_id, steps, chunk in (("dqn", "CartPole-v1", dqn_steps, 1024),
+                                       ("sac", "Pendulum-v1", sac_steps, 100)):
+        for result in train_both(algo, env_id, steps, args.seed, chunk):
+            print(f"{result.library} {result.task}: {result.env_steps} env steps in "
+                  f"{result.seconds:.1f} s, return {result.eval_return:.1f}", flush=True)
+            results.append(result)
+    report(results, peak)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Real signals to real training processes, as an operator or a scheduler sends them.
+
+``SIGUSR1`` writes a checkpoint and training goes on; ``SIGTERM``/``SIGINT`` stop cleanly
+with a final checkpoint, and a resume continues from that step. Checked for
+``rlloop train`` and for the task trainer (the REINFORCE example, with process workers),
+whose worker processes must all be gone afterwards, even when the trainer is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import rlloop_cmd
+from proc_utils import still_alive
+
+from rlloop.checkpoint import CheckpointManager, load_checkpoint
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "reinforce_cartpole.py"
+
+
+def wait_for(condition: Callable[[], bool], proc: subprocess.Popen, what: str,
+             timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"process exited ({proc.returncode}) before {what}:\n{out}\n{err}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def rows(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def checkpoints(run: Path) -> list[Path]:
+    return CheckpointManager(run / "checkpoints").all()
+
+
+def descendants(pid: int) -> set[int]:
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def usr1_then_term(proc: subprocess.Popen, run: Path) -> tuple[str, str]:
+    """SIGUSR1 -> a checkpoint appears while training goes on; SIGTERM -> clean exit 0."""
+    wait_for(lambda: len(rows(run)) >= 2, proc, "training to log")
+    assert checkpoints(run) == []  # no periodic ones in these runs
+    proc.send_signal(signal.SIGUSR1)
+    wait_for(lambda: len(checkpoints(run)) == 1, proc, "the SIGUSR1 checkpoint")
+    logged = len(rows(run))
+    wait_for(lambda: len(rows(run)) > logged + 1, proc, "training to go on after SIGUSR1")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    return out, err
+
+
+def test_rlloop_train_signals_and_resume(tmp_path, cli_env):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        rlloop_cmd("train", "ppo", "--env", "CartPole-v1", "--run-dir", str(run), "--quiet",
+                   "--total-env-steps", "1000000000", "--set", "stop_on_solve=false",
+                   "--set", "checkpoint_every=0", "--set", "eval_every=0",
+                   "--set", "mlflow=false", "--set", "save_video=false"),
+        env=cli_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, _ = usr1_then_term(proc, run)
+    assert "signal SIGTERM" in out
+    final = load_checkpoint(CheckpointManager(run / "checkpoints").latest())
+    steps = final.components["trainer"]["counters"]["env/steps"]
+    assert steps == max(r["step"] for r in rows(run))  # saved where it stopped
+
+    done = subprocess.run(rlloop_cmd("train", "ppo", "--resume", str(run), "--total-env-steps",
+                                     str(steps + 2048)),
+                          env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    resumed = load_checkpoint(CheckpointManager(run / "checkpoints").latest())
+    assert resumed.components["trainer"]["counters"]["env/steps"] == steps + 2048
+    later = [r["env/steps"] for r in rows(run) if "losses/policy" in r and r["env/steps"] > steps]
+    assert later[0] == steps + 512  # the first iteration after the resume, not a restart
+
+
+def example_cmd(run: Path, *args: str) -> list[str]:
+    return [sys.executable, str(EXAMPLE), "--run-dir", str(run), "--mode", "process",
+            "--workers", "2", "--epoch-samples", "256", "--solve-at", "1e9", "--quiet", *args]
+
+
+def test_task_trainer_signals_resume_and_no_orphans(tmp_path, cli_env):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(example_cmd(run, "--total-steps", "100000"), env=cli_env,
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    wait_for(lambda: len(rows(run)) >= 1, proc, "the first epoch")
+    workers = descendants(proc.pid)
+    assert len(workers) >= 2
+    out, _ = usr1_then_term(proc, run)
+    assert json.loads(out.strip().splitlines()[-1])["stopped_by"] == "SIGTERM"
+    assert still_alive(workers) == []  # workers, forkserver, everything
+    final = load_checkpoint(CheckpointManager(run / "checkpoints").latest())
+    steps = final.components["trainer"]["counters"]["train/steps"]
+    assert steps >= max(r["train/steps"] for r in rows(run))
+
+    done = subprocess.run(example_cmd(run, "--resume", "--total-steps", str(steps + 2),
+                                      "--eval-episodes", "1"),
+                          env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["train_steps"] == steps + 2
+    assert checkpoints(run)[-1].name == f"{steps + 2:09d}"
+    assert [r["train/steps"] for r in rows(run)][-2:] == [steps + 1, steps + 2]
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGKILL"])
+def test_no_worker_outlives_an_interrupted_or_killed_trainer(tmp_path, cli_env, how):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(example_cmd(run, "--total-steps", "100000"), env=cli_env,
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    wait_for(lambda: len(rows(run)) >= 1, proc, "the first epoch")
+    workers = descendants(proc.pid)
+    assert len(workers) >= 2
+    if how == "SIGINT":  # Ctrl-C reaches the whole foreground process group
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=120)
+        assert proc.returncode == 0 and checkpoints(run)
+    else:
+        proc.kill()
+        proc.communicate(timeout=60)
+    assert still_alive(workers, timeout=10.0) == []
