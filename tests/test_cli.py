@@ -68,7 +68,8 @@ def test_train_eval_resume(tmp_path, cli_env):
         (["train", "ppo", "--set", "num_envs=-2"], "num_envs must be > 0"),
         (["eval", "."], "not an rlloop run directory"),
         (["train", "ppo", "--resume", "nowhere"], "not an rlloop run directory"),
-        (["train", "sac", "--env", "CartPole-v1"], "choose one of"),
+        (["train", "sac", "--env", "CartPole-v1"], "sac needs continuous (Box) actions"),
+        (["train", "dqn", "--env", "Pendulum-v1"], "dqn needs discrete actions"),
     ],
 )
 def test_bad_input_gives_one_line_error(tmp_path, cli_env, args, expected):

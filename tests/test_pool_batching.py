@@ -114,3 +114,9 @@ def test_seeds_are_env_seed_plus_rank():
     with WorkerPool(CountingEnv, 3, "thread", env_seed=SEED) as pool:
         _run(pool, recorder, 30)
     assert set(recorder.steps) == {0, 1, 2}
+
+
+def test_impossible_batch_bounds_for_grouped_envs_are_rejected():
+    with WorkerPool(CountingEnv, 2, "sync", envs_per_worker=2) as pool, \
+            pytest.raises(ValueError, match="no multiple of envs_per_worker=2 lies in"):
+        pool.next_batch(3, 3)

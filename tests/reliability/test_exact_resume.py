@@ -17,6 +17,11 @@ from rlloop.checkpoint import CheckpointManager, load_checkpoint
 
 CASES = {
     "ppo": ["CartPole-v1", "4096"],
+    # Off-policy: the replay buffer, target networks, optimisers (SAC's alpha too), the
+    # epsilon position and the cadence counters are all in the checkpoint. Gymnasium's
+    # Pendulum saves its physics (unwrapped.state), so the cut may fall mid-episode.
+    "dqn": ["CartPole-v1", "4096"],
+    "sac": ["Pendulum-v1", "800"],
 }
 
 

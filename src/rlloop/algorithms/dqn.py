@@ -103,11 +103,12 @@ class DQNLearner(Learner[ReplayBatch]):
 
     transient_attrs = frozenset({"td_errors"})
 
-    def __init__(self, modules: Mapping[str, DQNModule], config: DQNConfig) -> None:
+    def __init__(self, modules: Mapping[str, DQNModule], config: DQNConfig,
+                 on_nonfinite: str = "skip") -> None:
         self.updates = 0
         self.lean: list[LeanOptim] = []
         self.td_errors: Tensor | None = None  # of the last batch, for prioritized replay
-        super().__init__(modules, config)
+        super().__init__(modules, config, on_nonfinite=on_nonfinite)  # type: ignore[arg-type]
 
     def module(self, module_id: str = DEFAULT_MODULE_ID) -> DQNModule:
         return cast(DQNModule, self.modules[module_id])
@@ -135,6 +136,8 @@ class DQNLearner(Learner[ReplayBatch]):
     def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
         """One gradient update of the (single) module, then the target cadence."""
         loss, stats = self.compute_loss_for_module(DEFAULT_MODULE_ID, self.config, batch)
+        if not bool(torch.isfinite(loss)):
+            return self._skip("loss", stats)  # counted, or raised with on_nonfinite=raise
         gradient_step(loss, self.lean)
         self.after_update()
         return stats
@@ -159,6 +162,8 @@ class DQNLearner(Learner[ReplayBatch]):
     def update_towards(self, obs: Tensor, action: Tensor, target: Tensor) -> dict[str, Tensor]:
         """One gradient update on a batch whose TD targets were computed already."""
         loss, stats, self.td_errors = dqn_loss(self.module().online(obs), action, target)
+        if not bool(torch.isfinite(loss)):
+            return self._skip("loss", stats)
         gradient_step(loss, self.lean)
         self.after_update()
         return stats
@@ -191,7 +196,8 @@ class DQN(AlgorithmBase):
         self.space = env.spec.action_space
         self.q = QNetwork(flat_dim(env.spec.obs_shape), self.space.n, config.hidden,
                           config.dueling)
-        self.learner = DQNLearner({DEFAULT_MODULE_ID: DQNModule(self.q)}, config)
+        self.learner = DQNLearner({DEFAULT_MODULE_ID: DQNModule(self.q)}, config,
+                                  env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, self.space, self.generator)
         self.epsilon = Linear(config.exploration_initial_eps, config.exploration_final_eps,
                               config.exploration_steps)
@@ -228,7 +234,8 @@ class DQN(AlgorithmBase):
         else:
             stats = self._optimize_uniform()
         self.learner.after_gradient_based_update()
-        return {**(stats or {}), "dqn/epsilon": self.epsilon(env_steps)}
+        return {**(stats or {}), "dqn/epsilon": self.epsilon(env_steps),
+                "guard/skipped_updates": float(self.learner.skipped_updates)}
 
     def _optimize_uniform(self) -> dict[str, Tensor]:
         """``gradient_steps`` updates; while the target network stays fixed (hard updates
@@ -274,10 +281,12 @@ class DQN(AlgorithmBase):
     # ---- state -----------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         return {**super().get_state(), "learner": self.learner.get_state(),
-                "offpolicy": self.loop.get_state(), "updates": self.learner.updates}
+                "offpolicy": self.loop.get_state(), "updates": self.learner.updates,
+                "eval_generator": self._eval_generator.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
         self.learner.set_state(state["learner"])
         self.loop.set_state(state["offpolicy"])
         self.learner.updates = int(state["updates"])
+        self._eval_generator.set_state(state["eval_generator"])

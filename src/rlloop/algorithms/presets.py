@@ -24,9 +24,12 @@ PRESETS: dict[tuple[str, str], dict[str, Any]] = {
                 "ent_coef": 0.0, "normalize_obs": True, "normalize_rewards": True,
                 "init_log_std": -0.5, "max_grad_norm": 0.5},
     },
-    # rl-zoo's hyperparameters (hyperparams/{dqn,sac,td3}.yml), with border's cadence. SB3
-    # updates DQN's target every 10 env steps, so during a 256-step rollout it copies the
-    # online net unchanged: the target is synced once per 128 updates, as here.
+    # rl-zoo's hyperparameters (hyperparams/{dqn,sac,td3}.yml), with border's cadence
+    # (eval/record/save intervals count optimisation steps). SB3 updates DQN's target
+    # every 10 env steps, so during a 256-step rollout it copies the online net unchanged:
+    # the target is synced once per 128 updates, as here. TD3 starts learning after 1000
+    # steps (rl-zoo's earlier Pendulum entry) instead of 10000, which leaves only 10000
+    # updates of the 20000-step budget.
     ("dqn", "CartPole-v1"): {
         "num_envs": 1,
         "total_env_steps": 50_000,
@@ -46,7 +49,7 @@ PRESETS: dict[tuple[str, str], dict[str, Any]] = {
     ("td3", "Pendulum-v1"): {
         "num_envs": 1,
         "total_env_steps": 20_000,
-        "td3": {"lr": 1e-3, "gamma": 0.98, "buffer_size": 200_000, "learning_starts": 10_000,
+        "td3": {"lr": 1e-3, "gamma": 0.98, "buffer_size": 200_000, "learning_starts": 1000,
                 "exploration_noise": 0.1, "hidden": [400, 300], "eval_interval": 1000,
                 "record_interval": 250, "save_interval": 5000},
     },

@@ -88,11 +88,11 @@ class TD3Learner(Learner[ReplayBatch]):
     ``policy_delay``-th loss."""
 
     def __init__(self, modules: Mapping[str, TD3Module], config: TD3Config,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, on_nonfinite: str = "skip") -> None:
         self.generator = generator
         self.updates = 0
         self.lean: list[LeanOptim] = []
-        super().__init__(modules, config)
+        super().__init__(modules, config, on_nonfinite=on_nonfinite)  # type: ignore[arg-type]
 
     def module(self, module_id: str = DEFAULT_MODULE_ID) -> TD3Module:
         return cast(TD3Module, self.modules[module_id])
@@ -132,6 +132,8 @@ class TD3Learner(Learner[ReplayBatch]):
     def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
         """One gradient update of every optimiser (one backward pass), then the targets."""
         loss, stats = self.compute_loss_for_module(DEFAULT_MODULE_ID, self.config, batch)
+        if not bool(torch.isfinite(loss)):
+            return self._skip("loss", stats)  # counted, or raised with on_nonfinite=raise
         gradient_step(loss, self.lean)
         self.after_update()
         return stats
@@ -162,7 +164,8 @@ class TD3(AlgorithmBase):
         self.config = config
         self.space = space
         self.module = TD3Module(flat_dim(env.spec.obs_shape), space.dim, config.hidden)
-        self.learner = TD3Learner({DEFAULT_MODULE_ID: self.module}, config, self.generator)
+        self.learner = TD3Learner({DEFAULT_MODULE_ID: self.module}, config, self.generator,
+                                  env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env)
         self.to_env = to_env
         self._eval_generator = torch.Generator().manual_seed(env.seed + EVAL_SEED_OFFSET)
@@ -187,13 +190,13 @@ class TD3(AlgorithmBase):
     def env_step(self) -> int:
         return self.loop.env_step(self._explore)
 
-    def optimize(self, env_steps: int) -> dict[str, Tensor] | None:
+    def optimize(self, env_steps: int) -> dict[str, Tensor | float] | None:
         if not self.loop.learning(env_steps):
             return None
         self.learner.before_gradient_based_update(env_steps)
         stats = self.loop.optimize(env_steps, self._update)
         self.learner.after_gradient_based_update()
-        return stats
+        return {**(stats or {}), "guard/skipped_updates": float(self.learner.skipped_updates)}
 
     def _update(self, batch: ReplayBatch, rows: Tensor | None) -> dict[str, Tensor]:
         return self.learner.update(batch)
@@ -211,10 +214,12 @@ class TD3(AlgorithmBase):
     # ---- state -----------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         return {**super().get_state(), "learner": self.learner.get_state(),
-                "offpolicy": self.loop.get_state(), "updates": self.learner.updates}
+                "offpolicy": self.loop.get_state(), "updates": self.learner.updates,
+                "eval_generator": self._eval_generator.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
         self.learner.set_state(state["learner"])
         self.loop.set_state(state["offpolicy"])
         self.learner.updates = int(state["updates"])
+        self._eval_generator.set_state(state["eval_generator"])

@@ -103,10 +103,13 @@ class GymVecEnv:
     bounds before stepping. When Gymnasium reports both ``terminated`` and ``truncated``
     only ``terminated`` is kept (a terminal state needs no bootstrap).
 
-    ``get_state`` saves only random-number state (each sub-env's ``np_random`` and the
-    action spaces' generators), not the physics: Gymnasium envs expose no general way to
-    read or write their state. Resume with ``set_state(s)`` then ``reset()``: the new
-    episodes then unfold exactly as they would have in the saved run after a reset.
+    ``get_state`` saves random-number state (each sub-env's ``np_random`` and the
+    action spaces' generators). Gymnasium envs expose no general way to read or write
+    their physics; where every sub-env has a numpy ``unwrapped.state`` (classic control:
+    CartPole, Pendulum, Acrobot, MountainCar) it is saved too, with the time-limit step
+    counts, and ``set_state`` continues mid-episode. Otherwise resume with
+    ``set_state(s)`` then ``reset()``: the new episodes then unfold exactly as they would
+    have in the saved run after a reset.
 
     Args:
         env_id: A registered Gymnasium id.
@@ -216,14 +219,30 @@ class GymVecEnv:
         )
 
     def get_state(self) -> dict[str, Any]:
-        """RNG states only (see the class docstring for what is not saved)."""
-        return {
+        """RNG states, and physics where exposed (see the class docstring)."""
+        state: dict[str, Any] = {
             "env_rngs": [g.bit_generator.state for g in self._vec.get_attr("np_random")],
             "action_space_rng": self._vec.action_space.np_random.bit_generator.state,
             "single_action_space_rng": (
                 self._vec.single_action_space.np_random.bit_generator.state
             ),
         }
+        physics = self._physics()
+        if physics is not None:
+            state["physics"] = physics
+        return state
+
+    def _physics(self) -> dict[str, Any] | None:
+        """Sub-envs' ``unwrapped.state`` arrays and time-limit counts, if all have them."""
+        try:
+            states = self._vec.get_attr("state")
+            steps = self._vec.get_attr("_elapsed_steps")
+        except AttributeError:
+            return None
+        if not all(isinstance(x, np.ndarray) for x in states) or None in steps:
+            return None
+        return {"state": [np.array(x, copy=True) for x in states],
+                "elapsed_steps": [int(n) for n in steps]}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore the RNG states from ``get_state``; call ``reset()`` next."""
@@ -240,6 +259,10 @@ class GymVecEnv:
         single = self._vec.single_action_space.np_random.bit_generator
         single.state = state["single_action_space_rng"]
         self._pending_seed = None
+        if "physics" in state:
+            physics = state["physics"]
+            self._vec.set_attr("state", [np.array(x, copy=True) for x in physics["state"]])
+            self._vec.set_attr("_elapsed_steps", [int(n) for n in physics["elapsed_steps"]])
 
     def close(self) -> None:
         """Close the sub-envs (and join the worker processes of the async backend)."""

@@ -178,9 +178,12 @@ class WorkerPool:
         if max_size < k:
             raise ValueError(f"max_batch_size={max_size} < envs_per_worker={k}: a worker's "
                              "envs always come in one batch")
+        most, least = max_size // k, -(-min_size // k)
+        if least > most:
+            raise ValueError(f"no multiple of envs_per_worker={k} lies in [min_batch_size="
+                             f"{min_size}, max_batch_size={max_size}]")
         if self._needs_reset:
             self.reset()
-        most, least = max_size // k, -(-min_size // k)
         start = time.monotonic()
         while len(self._ready) < most:
             in_flight = any(w.in_flight for w in self._workers)

@@ -159,11 +159,14 @@ class ProcessBackend:
     """One process per worker, talking over a pipe.
 
     Started with "forkserver" (default) or "spawn", never plain fork: forking a process
-    that has started torch's thread pools is fragile. With forkserver a (re)start is a
-    fork of a small server process, so restarting a crashed worker takes milliseconds.
-    Workers ignore SIGINT (the parent decides when they stop) and exit on their own
-    if the parent dies. ``close()``, garbage collection and interpreter exit all
-    terminate and reap them.
+    that has started torch's thread pools is fragile. With forkserver a (re)start forks a
+    small server process instead of starting an interpreter. Either way the child imports
+    the main script again (multiprocessing's rule, so that objects defined there unpickle;
+    Python 3.11's forkserver does not preload it), so a script that imports torch at the
+    top costs seconds per worker start. Starts run in the background: the pool does not
+    wait for a restarting worker, the others keep stepping. Workers ignore SIGINT (the
+    parent decides when they stop) and exit on their own if the parent dies. ``close()``,
+    garbage collection and interpreter exit all terminate and reap them.
     """
 
     def __init__(self, env_fn: EnvFactory, start_method: str = "forkserver") -> None:

@@ -57,7 +57,8 @@ class TaskConfig:
     restart_failed_workers: bool = True
     """Restart a worker whose env raised, died or hung (else stop with WorkerError)."""
     worker_start_method: Literal["forkserver", "spawn"] = "forkserver"
-    """How process workers start; forkserver makes restarts cheap."""
+    """How process workers start: forked from a small server process, or as new
+    interpreters."""
     num_epoch_samples: int = 2048
     """Samples (env steps in kept trajectories) collected per epoch."""
     min_batch_size: int = 1
@@ -172,8 +173,9 @@ class Task(ABC, Generic[ModelT]):
     def environment_factory(self) -> EnvFactory:
         """What workers call to make their env. Process workers need it picklable: the
         default, ``self.get_environment``, pickles the whole task, and a worker then
-        imports the task's module (and torch with it, seconds per worker). Return a
-        ``functools.partial`` of a torch-free function to start workers in milliseconds."""
+        imports the task's module (and torch with it, seconds per worker start). Return a
+        ``functools.partial`` of a torch-free function (e.g. of ``gymnasium.make``) so
+        that workers import only what the env needs."""
         return self.get_environment
 
     def stack_states(self, states: list[Any]) -> Any:

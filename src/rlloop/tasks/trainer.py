@@ -85,7 +85,7 @@ class TaskTrainer(Generic[ModelT]):
             with handle_signals(self):
                 pool = self.task.get_worker_pool()
                 while self.state["train/steps"] < cfg.total_steps and not self.stop_requested:
-                    stats = self.epoch(pool)
+                    stats = self.epoch(pool) or stats  # {}: stopped while collecting
                     if any(condition(stats) for condition in stop_conditions):
                         break
             status = "KILLED" if self.stop_requested else "FINISHED"
@@ -148,7 +148,8 @@ class TaskTrainer(Generic[ModelT]):
             steps = self.state["train/steps"]
             if self.save_requested or (cfg.checkpoint_every and steps % cfg.checkpoint_every == 0):
                 self.save_requested = False
-                self.save()
+                if self.manager is not None:  # without a run_dir there is nowhere to save
+                    self.save()
             if self.stop_requested or steps >= cfg.total_steps:
                 break
         return losses
@@ -211,7 +212,9 @@ class TaskTrainer(Generic[ModelT]):
         return self.manager.save(self.state["train/steps"], components, metadata=metadata)
 
     def _restore(self) -> None:
-        ckpt = self.manager.load_latest(expected_components=COMPONENTS) if self.manager else None
+        if self.manager is None:
+            raise RunDirError("resume=True needs run_dir=..., the directory to resume from")
+        ckpt = self.manager.load_latest(expected_components=COMPONENTS)
         if ckpt is None:
             raise RunDirError(f"{self.run_dir} has no loadable task checkpoint to resume from; "
                               "start without resume")

@@ -1,0 +1,42 @@
+"""DQN, SAC and TD3 must learn: thresholds on real tasks within fixed step budgets.
+
+Each run trains through the public API with the shipped presets (rl-zoo's
+hyperparameters), then the best policy is loaded from its checkpoint and evaluated afresh
+on 20 deterministic episodes with seeds the training never saw. A run may stop early
+once an evaluation clears a stricter bar than the test's; the fresh evaluation decides.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rlloop.config import build_config
+from rlloop.run import evaluate_run, train
+
+QUIET = ["mlflow=false", "progress=false", "save_video=false"]
+
+
+def _train_and_eval(tmp_path, algo, env, seed, sets=()):
+    config = build_config(algo, env, flags={"seed": seed}, sets=[*QUIET, *sets])
+    result = train(config, tmp_path / f"{algo}-{env}-{seed}")
+    return result, evaluate_run(result.run_dir, episodes=20)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_dqn_solves_cartpole(tmp_path, seed):
+    result, ev = _train_and_eval(tmp_path, "dqn", "CartPole-v1", seed,
+                                 ["total_env_steps=50000"])
+    assert result.env_steps <= 50_000
+    assert ev["return_mean"] >= 475, (result, ev)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_swings_up_pendulum_within_20k_steps(tmp_path, algo):
+    # A random policy scores about -1200. Training may stop once an evaluation reaches
+    # -150 (Pendulum-v1 has no reward_threshold of its own).
+    result, ev = _train_and_eval(tmp_path, algo, "Pendulum-v1", 0,
+                                 ["total_env_steps=20000", "solve_threshold=-150"])
+    assert result.env_steps <= 20_000
+    assert ev["return_mean"] >= -200, (result, ev)

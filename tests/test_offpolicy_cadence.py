@@ -1,0 +1,174 @@
+"""Border's cadence: the exact env steps at which optimisations, evals, records and saves
+happen, which directories a run leaves, and the CLI around it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+from conftest import rlloop_cmd
+
+from rlloop.checkpoint import CheckpointManager, is_checkpoint, load_checkpoint
+from rlloop.conditions import HitsUpperBound
+from rlloop.config import build_config
+from rlloop.envs.core import sample_random_actions
+from rlloop.offpolicy_trainer import OffPolicyTrainer
+from rlloop.run import build_algorithm, train
+from rlloop.trainer import Trainer
+
+QUIET = ["mlflow=false", "progress=false"]
+TINY_DQN = ["dqn.hidden=[16]", "dqn.batch_size=8", "dqn.gradient_steps=1",
+            "dqn.buffer_size=1000", "dqn.exploration_steps=50"]
+
+
+def _dqn(*sets: str, num_envs: int = 1):
+    config = build_config("dqn", "CartPole-v1", sets=[*QUIET, f"num_envs={num_envs}",
+                                                      *TINY_DQN, *sets])
+    return config, build_algorithm(config)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, float]] = []
+
+    def log_metrics(self, metrics, step: int) -> None:
+        self.rows.append({**metrics, "step": float(step)})
+
+
+class _Evaluator:
+    def __init__(self, trainer_state) -> None:
+        self.state, self.at = trainer_state, []
+
+    def evaluate(self, algorithm, episodes: int) -> dict[str, float]:
+        self.at.append(self.state()["env/steps"])
+        return {"return_mean": float(len(self.at))}
+
+
+def _watch_optimizations(algo) -> list[int]:
+    """Env steps at which an optimisation step ran (skipped warm-up ones excluded)."""
+    seen: list[int] = []
+    optimize = algo.optimize
+
+    def watched(env_steps: int):
+        stats = optimize(env_steps)
+        if stats is not None:
+            seen.append(env_steps)
+        return stats
+
+    algo.optimize = watched
+    return seen
+
+
+def test_cadence_in_env_steps_one_env():
+    # opt every 5 env steps, warm-up 10 env steps: optimisation k happens at 10 + 5k.
+    _, algo = _dqn("dqn.learning_starts=10", "dqn.opt_interval=5", "dqn.eval_interval=3",
+                   "dqn.record_interval=2", "dqn.save_interval=4", "dqn.max_opts=10")
+    opts = _watch_optimizations(algo)
+    sink, saves = _Sink(), []
+    trainer = OffPolicyTrainer(algo, sink=sink, save=lambda k: saves.append(
+        (k, trainer.state["env/steps"])))
+    evaluator = _Evaluator(lambda: trainer.state)
+    trainer.evaluator = evaluator
+    stats = trainer.run()
+
+    assert opts == [10 + 5 * k for k in range(1, 11)]
+    assert evaluator.at == [25, 40, 55]  # optimisation steps 3, 6, 9
+    assert saves == [(4, 30), (8, 50)]
+    # A record is written after every eval or record step: opt steps 2, 3, 4, 6, 8, 9, 10.
+    assert [r["opt/steps"] for r in sink.rows] == [2, 3, 4, 6, 8, 9, 10]
+    assert [r["step"] for r in sink.rows] == [20, 25, 30, 40, 50, 55, 60]
+    for row in sink.rows:
+        assert ("eval/return_mean" in row) == (row["opt/steps"] % 3 == 0)
+        assert ("env/fps" in row) == (row["opt/steps"] % 2 == 0)
+        assert ("opt/steps_per_sec" in row) == ("env/fps" in row)
+        assert "losses/q" in row and row["algorithm/steps"] == row["opt/steps"]
+    assert stats["algorithm/steps"] == 10 and stats["env/steps"] == 60
+    assert trainer.state == {"algorithm/collects": 60, "algorithm/steps": 10, "env/steps": 60}
+    algo.close()
+
+
+def test_cadence_with_several_envs_and_pending_optimizations():
+    # 4 envs, an optimisation every 2 env steps: each batched step makes two due; a save
+    # between them leaves one pending, and the trainer's state says so.
+    _, algo = _dqn("dqn.learning_starts=8", "dqn.opt_interval=2", "dqn.eval_interval=100",
+                   "dqn.record_interval=100", "dqn.save_interval=3", num_envs=4)
+    opts = _watch_optimizations(algo)
+    pending = []
+    trainer = OffPolicyTrainer(algo, save=lambda k: pending.append(
+        (k, trainer.get_state()["pending_opts"])))
+    trainer.run(stop_conditions=[HitsUpperBound("env/steps", 20)])
+    assert opts == [12, 12, 16, 16, 20, 20]
+    assert pending == [(3, 1), (6, 0)]
+    assert trainer.state["algorithm/collects"] == 5
+    algo.close()
+
+
+def test_warmup_takes_uniform_random_actions_from_the_algorithm_generator():
+    _, algo = _dqn("dqn.learning_starts=30", "seed=5")
+    for _ in range(30):
+        algo.env_step()
+    stored = algo.loop.replay.get_state()["action"]
+    expected = torch.cat([sample_random_actions(algo.space, 1, g)
+                          for g in [torch.Generator().manual_seed(5)] for _ in range(30)])
+    assert torch.equal(stored, expected)
+    assert algo.optimize(30) is None  # still warming up: the optimisation step is skipped
+    algo.close()
+
+
+def test_plain_trainer_step_is_collect_then_update():
+    _, algo = _dqn("dqn.learning_starts=4", "dqn.opt_interval=8")
+    trainer = Trainer(algo)
+    stats = trainer.step()
+    assert trainer.state == {"algorithm/collects": 1, "algorithm/steps": 1, "env/steps": 8}
+    assert "losses/q" in stats and algo.learner.updates == 1
+    algo.close()
+
+
+def test_run_leaves_best_and_opt_step_checkpoints(tmp_path):
+    config = build_config("dqn", "CartPole-v1", sets=[
+        *QUIET, "num_envs=1", *TINY_DQN, "dqn.learning_starts=10", "dqn.opt_interval=5",
+        "dqn.eval_interval=3", "dqn.record_interval=2", "dqn.save_interval=4",
+        "dqn.max_opts=10", "eval_episodes=2", "stop_on_solve=false", "keep_checkpoints=5"])
+    result = train(config, tmp_path / "run")
+    run = result.run_dir
+    assert result.env_steps == 60
+    assert is_checkpoint(run / "best")
+    names = [p.name for p in CheckpointManager(run / "checkpoints").all()]
+    assert names == ["000000004", "000000008", "000000010"]  # periodic + final
+    final = load_checkpoint(run / "checkpoints" / "000000010")
+    assert final.components["trainer"]["counters"]["algorithm/steps"] == 10
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["opt/steps"] for r in rows if "opt/steps" in r] == [2, 3, 4, 6, 8, 9, 10]
+    assert all("env/fps" in r for r in rows if r.get("opt/steps", 1) % 2 == 0)
+
+
+@pytest.mark.parametrize(("algo", "env_id"), [("td3", "Pendulum-v1")])
+def test_cli_trains_evaluates_and_resumes_off_policy(tmp_path, cli_env, algo, env_id):
+    run = tmp_path / "run"
+    small = [f"{algo}.learning_starts=50", f"{algo}.hidden=[32,32]", f"{algo}.batch_size=32",
+             f"{algo}.eval_interval=100", f"{algo}.save_interval=100",
+             f"{algo}.record_interval=50", "eval_episodes=2", "save_video=false"]
+    args = ["train", algo, "--env", env_id, "--run-dir", str(run), "--quiet",
+            "--total-env-steps", "250", *[x for s in small for x in ("--set", s)]]
+    out = subprocess.run(rlloop_cmd(*args), cwd=tmp_path, env=cli_env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for name in ("config.yaml", "metrics.jsonl", "mlflow.db", "report.md", "summary.json"):
+        assert (run / name).is_file(), name
+    assert is_checkpoint(run / "best")
+    assert [p.name for p in CheckpointManager(run / "checkpoints").all()] == [
+        "000000100", "000000200"]
+    ev = subprocess.run(rlloop_cmd("eval", str(run), "--episodes", "2", "--json"),
+                        cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=120)
+    assert ev.returncode == 0, ev.stderr
+    assert json.loads(ev.stdout.strip().splitlines()[-1])["episodes"] == 2
+    res = subprocess.run(rlloop_cmd("train", algo, "--resume", str(run), "--quiet",
+                                    "--total-env-steps", "300"),
+                         cwd=tmp_path, env=cli_env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    latest = load_checkpoint(CheckpointManager(run / "checkpoints").latest())
+    assert latest.components["trainer"]["counters"]["env/steps"] == 300
+    assert latest.components["trainer"]["counters"]["algorithm/steps"] == 250
