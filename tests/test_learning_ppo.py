@@ -11,7 +11,7 @@ import pytest
 from rlloop.config import build_config
 from rlloop.run import evaluate_run, train
 
-QUIET = ["mlflow=false", "progress=false"]
+QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 
 
 def _train_and_eval(tmp_path, env, seed, sets=(), backend=None, episodes=20):

@@ -37,7 +37,8 @@ def _tensors(node, prefix=""):
 
 
 def _train(args, cwd, env):
-    out = subprocess.run(rlloop_cmd("train", *args, "--quiet", "--set", "mlflow=false"),
+    out = subprocess.run(rlloop_cmd("train", *args, "--quiet", "--set", "mlflow=false",
+                                    "--set", "save_video=false"),
                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
 
