@@ -81,6 +81,10 @@ class TensorBatch:
                for f in dataclasses.fields(self)},  # type: ignore[arg-type]
         )
 
+    def rows(self, start: int, stop: int):  # type: ignore[no-untyped-def]
+        """Rows ``start:stop`` of every field as views (no copy)."""
+        return self.select(slice(start, stop))  # type: ignore[arg-type]
+
 
 BatchT = TypeVar("BatchT", bound=TensorBatch)
 MultiBatch = Mapping[str, BatchT]
@@ -460,11 +464,13 @@ class Learner(Generic[BatchT]):
         n_max = max(sizes.values())
         num_mb = 1 if not minibatch_size else max(1, -(-n_max // minibatch_size))
         for _ in range(num_epochs):
-            orders = {m: (torch.randperm(n, generator=generator) if shuffle
-                          else torch.arange(n)) for m, n in sizes.items()}
-            chunks = {m: order.chunk(num_mb) for m, order in orders.items()}
+            # Gather each module's batch once per epoch in shuffled order; minibatches are
+            # then views (one gather per field per epoch instead of per minibatch).
+            shuffled = {m: batch[m].select(torch.randperm(n, generator=generator))
+                        if shuffle else batch[m] for m, n in sizes.items()}
+            bounds = {m: _chunk_bounds(n, num_mb) for m, n in sizes.items()}
             for i in range(num_mb):
-                yield {m: batch[m].select(c[i]) for m, c in chunks.items() if i < len(c)}
+                yield {m: shuffled[m].rows(*b[i]) for m, b in bounds.items() if i < len(b)}
 
     def _run(self, minibatches: Iterable[MultiBatch[BatchT]],
              stop: Callable[[dict[str, Tensor]], bool] | None) -> dict[str, float]:
@@ -581,3 +587,9 @@ def _select(components: str | Iterable[str] | None,
         raise LearnerError(f"unknown state components {sorted(unknown)}; "
                            f"choose from {list(STATE_COMPONENTS)}")
     return wanted - as_set(not_components)
+
+
+def _chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of ``torch.arange(n).chunk(chunks)``: same split, no tensors."""
+    size = -(-n // chunks)
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
