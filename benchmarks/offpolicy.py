@@ -1,6 +1,7 @@
 """Off-policy training throughput: rlloop vs Stable-Baselines3, in one process, one run.
 
-Run: ``python benchmarks/offpolicy.py [--quick] [--dqn-steps N] [--sac-steps N] [--seed S]``
+Run: ``python benchmarks/offpolicy.py [--quick] [--dqn-steps N] [--sac-steps N]
+[--tasks dqn sac] [--seeds 0 1 2]`` (several seeds add a summary of means).
 
 Two tasks, each trained by both libraries for the same number of env steps with rl-zoo's
 hyperparameters (``hyperparams/dqn.yml`` CartPole-v1, ``hyperparams/sac.yml`` Pendulum-v1;
@@ -10,24 +11,30 @@ rlloop's shipped presets are the same values):
   256 with 128 gradient steps, target synced every 128 updates (SB3: every 10 env steps,
   which is the same thing at this train_freq), epsilon 1 -> 0.04 over 16% of the budget,
   [256, 256] ReLU Q-network. rlloop steps its native batched CartPole, SB3 Gymnasium's.
+  rlloop runs twice: with 1 env, exactly rl-zoo's setup, and with 4 envs, its preset
+  (every setting counts transitions, so the update-to-data ratio is the same).
 - SAC on Pendulum-v1: lr 1e-3 for actor, critics and alpha, batch 256, 100 warm-up
-  steps, one gradient step per env step, [256, 256] networks, tau 0.005. Both step
-  Gymnasium's Pendulum.
+  steps, one gradient step per env step, [256, 256] networks, tau 0.005, 1 env. Both
+  step Gymnasium's Pendulum.
 
-Neither evaluates while training. Reported per library and task:
+Budgets (defaults): 40k env steps for DQN and 5k for SAC, which keeps the whole run near
+ten minutes on two cores; rl-zoo trains 50k and 20k (``--dqn-steps``, ``--sac-steps``).
+Neither evaluates while training. The runs alternate every few thousand (DQN) or hundred
+(SAC) env steps inside one process, so all of them see the same machine load; each one's
+clock runs only during its own training. Reported per run:
 
-- ``env_sps``: env steps per second of training (wall time of the whole training);
-- ``updates_ps``: gradient updates per second over the same time, and rlloop's border
+- ``env/s``: env steps per second of training;
+- ``upd/s``: gradient updates per second over the same time; ``opt/s``: rlloop's border
   optimisation steps per second (one optimisation step = ``gradient_steps`` updates);
 - ``return``: mean return of the trained policy on 20 deterministic Gymnasium episodes
-  (the same eval code and seeds for both libraries);
-- ``flop_share``: FLOPs of one gradient update (counted with
+  (the same eval code and seeds for every run);
+- ``share``: FLOPs of one gradient update (counted with
   ``torch.utils.flop_counter.FlopCounterMode``) times updates per second, divided by the
   matmul FLOP/s this CPU reaches on one thread (the best of square fp32 matmuls): the
   share of the machine's compute bound that training reaches.
 
 Everything runs with one torch thread. The machine may be shared: the load average is
-printed before and after each training, and ratios compare runs made minutes apart.
+printed with the results.
 """
 
 from __future__ import annotations
@@ -116,19 +123,20 @@ def evaluate_gym(env_id: str, act: Callable[[np.ndarray], Any]) -> float:
 class RlloopRun:
     """rlloop's trainer, advanced in chunks; ``seconds`` counts only its own training."""
 
-    def __init__(self, algo: str, env_id: str, steps: int, seed: int) -> None:
+    def __init__(self, algo: str, env_id: str, steps: int, seed: int, num_envs: int) -> None:
         from rlloop.config import build_config
         from rlloop.offpolicy_trainer import OffPolicyTrainer
         from rlloop.run import build_algorithm
 
         never = 10**12
-        sets = ["mlflow=false", "progress=false", f"{algo}.eval_interval={never}",
-                f"{algo}.record_interval={never}", f"{algo}.save_interval=0"]
+        sets = ["mlflow=false", "progress=false", f"num_envs={num_envs}",
+                f"{algo}.eval_interval={never}", f"{algo}.record_interval={never}",
+                f"{algo}.save_interval=0"]
         if algo == "dqn":  # SB3's exploration_fraction is relative to the budget
             sets.append(f"dqn.exploration_steps={int(0.16 * steps)}")
         self.config = build_config(algo, env_id, flags={"seed": seed, "total_env_steps": steps},
                                    sets=sets)
-        self.algo, self.env_id = algo, env_id
+        self.algo, self.env_id, self.num_envs = algo, env_id, num_envs
         self.algorithm: Any = build_algorithm(self.config)
         self.trainer = OffPolicyTrainer(self.algorithm)
         self.seconds = 0.0
@@ -151,7 +159,8 @@ class RlloopRun:
             action = algorithm.act(torch.as_tensor(obs, dtype=torch.float32)[None])[0]
             return int(action) if self.algo == "dqn" else action.numpy()
 
-        result = Result("rlloop", f"{self.algo} {self.env_id}", self.trainer.state["env/steps"],
+        result = Result(f"rlloop {self.num_envs} env{'s' if self.num_envs > 1 else ''}",
+                        f"{self.algo} {self.env_id}", self.trainer.state["env/steps"],
                         self.seconds, algorithm.learner.updates,
                         self.trainer.state["algorithm/steps"], evaluate_gym(self.env_id, act),
                         flops, load)
@@ -172,25 +181,29 @@ def sb3_model(algo: str, env_id: str, seed: int) -> Any:
     return SAC("MlpPolicy", env, learning_rate=1e-3, seed=seed, device="cpu")
 
 
-def train_both(algo: str, env_id: str, steps: int, seed: int, chunk: int) -> list[Result]:
-    """Train both libraries on the same budget, alternating every ``chunk`` env steps, so
-    that both see the same machine load; each one's time counts only its own work."""
+def train_all(algo: str, env_id: str, steps: int, seed: int, chunk: int,
+              rlloop_envs: tuple[int, ...]) -> list[Result]:
+    """Train SB3 and rlloop (once per entry of ``rlloop_envs``) on the same budget,
+    alternating every ``chunk`` env steps so that all see the same machine load; each
+    one's time counts only its own work."""
     from stable_baselines3.common.callbacks import BaseCallback
 
-    ours = RlloopRun(algo, env_id, steps, seed)
+    ours = [RlloopRun(algo, env_id, steps, seed, n) for n in rlloop_envs]
     model = sb3_model(algo, env_id, seed)
 
     class Alternate(BaseCallback):
         def _on_step(self) -> bool:
             if self.num_timesteps % chunk == 0:
-                ours.advance(self.num_timesteps)
+                for run in ours:
+                    run.advance(self.num_timesteps)
             return True
 
     load0 = load_average()
     start = time.perf_counter()
     model.learn(total_timesteps=steps, callback=Alternate())
-    sb3_seconds = time.perf_counter() - start - ours.seconds
-    ours.advance(steps)
+    sb3_seconds = time.perf_counter() - start - sum(run.seconds for run in ours)
+    for run in ours:
+        run.advance(steps)
     load = (load0, load_average())
     updates = int(model._n_updates)
     flops = count_flops(lambda: model.train(gradient_steps=1, batch_size=model.batch_size))
@@ -199,9 +212,9 @@ def train_both(algo: str, env_id: str, steps: int, seed: int, chunk: int) -> lis
         action, _ = model.predict(obs, deterministic=True)
         return int(action) if algo == "dqn" else action
 
-    theirs = Result("sb3", f"{algo} {env_id}", int(model.num_timesteps), sb3_seconds, updates,
-                    updates, evaluate_gym(env_id, act), flops, load)
-    return [ours.result(load), theirs]
+    theirs = Result("sb3 1 env", f"{algo} {env_id}", int(model.num_timesteps), sb3_seconds,
+                    updates, updates, evaluate_gym(env_id, act), flops, load)
+    return [*(run.result(load) for run in ours), theirs]
 
 
 # ---------------------------------------------------------------- report
@@ -209,24 +222,25 @@ def train_both(algo: str, env_id: str, steps: int, seed: int, chunk: int) -> lis
 
 def report(results: list[Result], peak: float) -> None:
     print(f"\nmatmul peak (1 thread, fp32): {peak / 1e9:.1f} GFLOP/s")
-    head = (f"{'task':24s} {'library':7s} {'env steps':>9s} {'train s':>8s} {'env/s':>8s} "
+    head = (f"{'task':20s} {'library':15s} {'env steps':>9s} {'train s':>8s} {'env/s':>8s} "
             f"{'upd/s':>8s} {'opt/s':>8s} {'return':>8s} {'MFLOP/upd':>9s} {'share':>6s} "
             f"{'load':>9s}")
     print(head)
     print("-" * len(head))
     for r in results:
         share = r.flops_per_update * r.updates_ps / peak
-        print(f"{r.task:24s} {r.library:7s} {r.env_steps:9d} {r.seconds:8.1f} "
+        print(f"{r.task:20s} {r.library:15s} {r.env_steps:9d} {r.seconds:8.1f} "
               f"{r.env_sps:8.1f} {r.updates_ps:8.1f} {r.opt_steps / r.seconds:8.2f} "
               f"{r.eval_return:8.1f} {r.flops_per_update / 1e6:9.1f} {share:6.1%} "
               f"{r.load[0]:4.1f}/{r.load[1]:4.1f}")
     print()
     for task in dict.fromkeys(r.task for r in results):
-        mine = next(r for r in results if r.task == task and r.library == "rlloop")
-        theirs = next(r for r in results if r.task == task and r.library == "sb3")
-        print(f"{task}: rlloop / SB3 env steps/s {mine.env_sps / theirs.env_sps:.2f}x, "
-              f"updates/s {mine.updates_ps / theirs.updates_ps:.2f}x, return "
-              f"{mine.eval_return:.1f} vs {theirs.eval_return:.1f}")
+        theirs = next(r for r in results if r.task == task and r.library.startswith("sb3"))
+        for mine in (r for r in results if r.task == task and r.library.startswith("rlloop")):
+            print(f"{task}: {mine.library} / SB3 env steps/s "
+                  f"{mine.env_sps / theirs.env_sps:.2f}x, updates/s "
+                  f"{mine.updates_ps / theirs.updates_ps:.2f}x, return "
+                  f"{mine.eval_return:.1f} vs {theirs.eval_return:.1f}")
 
 
 def main() -> None:
@@ -234,20 +248,44 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short runs (a smoke test)")
     parser.add_argument("--dqn-steps", type=int, default=None)
     parser.add_argument("--sac-steps", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tasks", nargs="+", choices=["dqn", "sac"], default=["dqn", "sac"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="one run of every task per seed; the summary averages them")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dqn_steps = args.dqn_steps or (6_000 if args.quick else 50_000)
-    sac_steps = args.sac_steps or (600 if args.quick else 8_000)
+    dqn_steps = args.dqn_steps or (6_000 if args.quick else 40_000)
+    sac_steps = args.sac_steps or (600 if args.quick else 5_000)
     peak = matmul_peak_flops()
     results = []
-    for algo, env_id, steps, chunk in (("dqn", "CartPole-v1", dqn_steps, 1024),
-                                       ("sac", "Pendulum-v1", sac_steps, 100)):
-        for result in train_both(algo, env_id, steps, args.seed, chunk):
-            print(f"{result.library} {result.task}: {result.env_steps} env steps in "
-                  f"{result.seconds:.1f} s, return {result.eval_return:.1f}", flush=True)
-            results.append(result)
+    tasks = {"dqn": ("CartPole-v1", dqn_steps, 1024, (1, 4)),
+             "sac": ("Pendulum-v1", sac_steps, 100, (1,))}
+    for seed in args.seeds:
+        for algo in args.tasks:
+            env_id, steps, chunk, envs = tasks[algo]
+            for result in train_all(algo, env_id, steps, seed, chunk, envs):
+                print(f"seed {seed}: {result.library} {result.task}: {result.env_steps} env "
+                      f"steps in {result.seconds:.1f} s, return {result.eval_return:.1f}",
+                      flush=True)
+                results.append(result)
     report(results, peak)
+    if len(args.seeds) > 1:
+        summary(results)
+
+
+def summary(results: list[Result]) -> None:
+    """Means over seeds: total env steps / total training time, and mean return."""
+    print(f"\n{'task':20s} {'library':15s} {'env/s':>8s} {'ratio':>6s} {'mean return':>12s}")
+    for task in dict.fromkeys(r.task for r in results):
+        runs: dict[str, list[Result]] = {}
+        for r in results:
+            if r.task == task:
+                runs.setdefault(r.library, []).append(r)
+        sb3 = runs.pop("sb3 1 env")
+        base = sum(r.env_steps for r in sb3) / sum(r.seconds for r in sb3)
+        for library, group in [*runs.items(), ("sb3 1 env", sb3)]:
+            sps = sum(r.env_steps for r in group) / sum(r.seconds for r in group)
+            mean = sum(r.eval_return for r in group) / len(group)
+            print(f"{task:20s} {library:15s} {sps:8.1f} {sps / base:5.2f}x {mean:12.1f}")
 
 
 if __name__ == "__main__":

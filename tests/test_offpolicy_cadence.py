@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 import torch
@@ -102,6 +103,28 @@ def test_cadence_with_several_envs_and_pending_optimizations():
     assert opts == [12, 12, 16, 16, 20, 20]
     assert pending == [(3, 1), (6, 0)]
     assert trainer.state["algorithm/collects"] == 5
+    algo.close()
+
+
+def test_throughput_and_wall_time_exclude_evaluations():
+    _, algo = _dqn("dqn.learning_starts=10", "dqn.opt_interval=5", "dqn.eval_interval=1",
+                   "dqn.record_interval=2", "dqn.max_opts=4")
+
+    class SlowEvaluator:
+        def evaluate(self, algorithm, episodes: int) -> dict[str, float]:
+            time.sleep(0.2)
+            return {"return_mean": 0.0}
+
+    sink = _Sink()
+    trainer = OffPolicyTrainer(algo, sink=sink, evaluator=SlowEvaluator())
+    start = time.perf_counter()
+    trainer.run()
+    elapsed = time.perf_counter() - start
+    assert trainer.wall_time < elapsed - 4 * 0.2 + 0.05
+    rates = [r["env/fps"] for r in sink.rows if "env/fps" in r]
+    # 10 env steps per record window; with the two 0.2 s evals counted it would be < 25/s.
+    assert len(rates) == 2 and min(rates) > 100
+    assert all(r["time/eval_s"] >= 0.2 for r in sink.rows)
     algo.close()
 
 

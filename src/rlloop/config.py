@@ -47,11 +47,13 @@ class RunConfig:
     solve_threshold: float | None = None
     """Eval return that counts as solved (default: the env's reward_threshold)."""
     eval_every: int = 5
-    """Iterations between evaluations (0: only at the end)."""
+    """Iterations between evaluations (0: only at the end). Off-policy algorithms count
+    optimisation steps instead, in their own section (dqn.eval_interval, ...)."""
     eval_episodes: int = 10
     """Episodes per evaluation."""
     checkpoint_every: int = 50
-    """Iterations between periodic checkpoints (0: only at the end)."""
+    """Iterations between periodic checkpoints (0: only at the end). Off-policy
+    algorithms use their own save_interval, in optimisation steps."""
     keep_checkpoints: int = 3
     """Periodic checkpoints kept (the newest ones)."""
     horizons_per_env_reset: int = -1

@@ -112,7 +112,7 @@ class OffPolicyTrainer(Trainer):
         self.recorder = recorder or RECORDERS[algorithm.config.recorder]()
         self.save = save
         self.pending_opts = 0  # due optimisation steps not made yet (a save may fall between)
-        self._excluded = 0.0  # eval and save time since the last record
+        self._paused = 0.0  # seconds spent evaluating and saving, excluded from throughput
         self._mark()
 
     def step(self, *, env_config: dict[str, Any] | None = None) -> Stats:
@@ -121,7 +121,7 @@ class OffPolicyTrainer(Trainer):
         counters, merged with the record when one was written."""
         algo, state = self.offpolicy, self.state
         t0 = _clock()
-        excluded = self._excluded
+        paused = self._paused
         stats: Stats = {}
         if not self.pending_opts:
             algo.begin_horizon(state["algorithm/collects"], env_config)
@@ -139,7 +139,7 @@ class OffPolicyTrainer(Trainer):
             stats.update(self._after_optimization(state["algorithm/steps"]))
             if self.max_opts_reached():
                 self.pending_opts = 0
-        self.wall_time += _clock() - t0 - (self._excluded - excluded)
+        self.wall_time += _clock() - t0 - (self._paused - paused)
         stats.update({k: float(v) for k, v in state.items()})
         for cb in self.callbacks:
             cb.on_step(self, stats)
@@ -165,7 +165,7 @@ class OffPolicyTrainer(Trainer):
         if cad.save_interval and opt_steps % cad.save_interval == 0 and self.save is not None:
             t0 = _clock()
             self.save(opt_steps)
-            self._excluded += _clock() - t0
+            self._paused += _clock() - t0
         return record
 
     def _evaluate(self) -> Stats:
@@ -176,12 +176,12 @@ class OffPolicyTrainer(Trainer):
         self.latest_eval = stats
         for cb in self.callbacks:
             cb.on_eval(self, stats)
-        self._excluded += _clock() - t0
+        self._paused += _clock() - t0
         return stats
 
     def _throughput(self) -> Stats:
         now = _clock()
-        elapsed = max(now - self._mark_time - self._excluded, 1e-9)
+        elapsed = max(now - self._mark_time - (self._paused - self._mark_paused), 1e-9)
         out: Stats = {
             "env/fps": (self.state["env/steps"] - self._mark_env_steps) / elapsed,
             "opt/steps_per_sec": (self.state["algorithm/steps"] - self._mark_opt_steps) / elapsed,
@@ -195,7 +195,7 @@ class OffPolicyTrainer(Trainer):
         self._mark_time = _clock() if now is None else now
         self._mark_env_steps = self.state["env/steps"]
         self._mark_opt_steps = self.state["algorithm/steps"]
-        self._excluded = 0.0
+        self._mark_paused = self._paused
 
     def run(
         self,

@@ -154,10 +154,12 @@ class DQNLearner(Learner[ReplayBatch]):
                    - self.updates % self.config.target_update_interval)
 
     @torch.no_grad()
-    def targets(self, batch: Transitions) -> Tensor:
-        """TD targets ``[B]`` from the current target network."""
+    def targets(self, batch: Transitions, chunk: int = 1024) -> Tensor:
+        """TD targets ``[B]`` from the current target network, ``chunk`` rows per pass
+        (small enough that the activations stay in cache and reuse freed memory)."""
         m = self.module()
-        return dqn_target(batch.reward, batch.discount, batch.terminated, m.target(batch.next_obs))
+        next_q = torch.cat([m.target(x) for x in batch.next_obs.split(chunk)])
+        return dqn_target(batch.reward, batch.discount, batch.terminated, next_q)
 
     def update_towards(self, obs: Tensor, action: Tensor, target: Tensor) -> dict[str, Tensor]:
         """One gradient update on a batch whose TD targets were computed already."""

@@ -306,9 +306,8 @@ class OffPolicyLoop:
     Args:
         runner: The algorithm's runner.
         config: The algorithm's config.
-        action_space: Space warm-up actions are drawn from (the *stored* action space:
-            the unit box for continuous actors).
-        action_shape, action_dtype: Of stored actions.
+        action_space: The *stored* action space (the unit box for continuous actors):
+            warm-up actions are drawn from it, and it sets the replay's action shape.
         generator: The algorithm's generator (warm-up actions, replay sampling).
         to_env: Maps stored actions to env actions (continuous actions are rescaled).
     """

@@ -27,11 +27,14 @@ PRESETS: dict[tuple[str, str], dict[str, Any]] = {
     # rl-zoo's hyperparameters (hyperparams/{dqn,sac,td3}.yml), with border's cadence
     # (eval/record/save intervals count optimisation steps). SB3 updates DQN's target
     # every 10 env steps, so during a 256-step rollout it copies the online net unchanged:
-    # the target is synced once per 128 updates, as here. TD3 starts learning after 1000
-    # steps (rl-zoo's earlier Pendulum entry) instead of 10000, which leaves only 10000
+    # the target is synced once per 128 updates, as here. DQN steps 4 native CartPoles
+    # at once where rl-zoo steps 1: opt_interval, learning_starts and exploration count
+    # transitions, so the update-to-data ratio is rl-zoo's, and one batched step of 4
+    # costs about what one step of 1 does. TD3 starts learning after 1000 steps
+    # (rl-zoo's earlier Pendulum entry) instead of 10000, which would leave only 10000
     # updates of the 20000-step budget.
     ("dqn", "CartPole-v1"): {
-        "num_envs": 1,
+        "num_envs": 4,
         "total_env_steps": 50_000,
         "eval_episodes": 20,
         "dqn": {"lr": 2.3e-3, "batch_size": 64, "buffer_size": 100_000, "learning_starts": 1000,
