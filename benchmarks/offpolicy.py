@@ -66,6 +66,7 @@ class Result:
     eval_return: float
     flops_per_update: float
     load: tuple[float, float]
+    seed: int = 0
 
     @property
     def env_sps(self) -> float:
@@ -136,7 +137,7 @@ class RlloopRun:
             sets.append(f"dqn.exploration_steps={int(0.16 * steps)}")
         self.config = build_config(algo, env_id, flags={"seed": seed, "total_env_steps": steps},
                                    sets=sets)
-        self.algo, self.env_id, self.num_envs = algo, env_id, num_envs
+        self.algo, self.env_id, self.num_envs, self.seed = algo, env_id, num_envs, seed
         self.algorithm: Any = build_algorithm(self.config)
         self.trainer = OffPolicyTrainer(self.algorithm)
         self.seconds = 0.0
@@ -163,7 +164,7 @@ class RlloopRun:
                         f"{self.algo} {self.env_id}", self.trainer.state["env/steps"],
                         self.seconds, algorithm.learner.updates,
                         self.trainer.state["algorithm/steps"], evaluate_gym(self.env_id, act),
-                        flops, load)
+                        flops, load, self.seed)
         algorithm.close()
         return result
 
@@ -213,7 +214,7 @@ def train_all(algo: str, env_id: str, steps: int, seed: int, chunk: int,
         return int(action) if algo == "dqn" else action
 
     theirs = Result("sb3 1 env", f"{algo} {env_id}", int(model.num_timesteps), sb3_seconds,
-                    updates, updates, evaluate_gym(env_id, act), flops, load)
+                    updates, updates, evaluate_gym(env_id, act), flops, load, seed)
     return [*(run.result(load) for run in ours), theirs]
 
 
@@ -222,22 +223,23 @@ def train_all(algo: str, env_id: str, steps: int, seed: int, chunk: int,
 
 def report(results: list[Result], peak: float) -> None:
     print(f"\nmatmul peak (1 thread, fp32): {peak / 1e9:.1f} GFLOP/s")
-    head = (f"{'task':20s} {'library':15s} {'env steps':>9s} {'train s':>8s} {'env/s':>8s} "
-            f"{'upd/s':>8s} {'opt/s':>8s} {'return':>8s} {'MFLOP/upd':>9s} {'share':>6s} "
-            f"{'load':>9s}")
+    head = (f"{'task':20s} {'seed':>4s} {'library':15s} {'env steps':>9s} {'train s':>8s} "
+            f"{'env/s':>8s} {'upd/s':>8s} {'opt/s':>8s} {'return':>8s} {'MFLOP/upd':>9s} "
+            f"{'share':>6s} {'load':>9s}")
     print(head)
     print("-" * len(head))
     for r in results:
         share = r.flops_per_update * r.updates_ps / peak
-        print(f"{r.task:20s} {r.library:15s} {r.env_steps:9d} {r.seconds:8.1f} "
+        print(f"{r.task:20s} {r.seed:4d} {r.library:15s} {r.env_steps:9d} {r.seconds:8.1f} "
               f"{r.env_sps:8.1f} {r.updates_ps:8.1f} {r.opt_steps / r.seconds:8.2f} "
               f"{r.eval_return:8.1f} {r.flops_per_update / 1e6:9.1f} {share:6.1%} "
               f"{r.load[0]:4.1f}/{r.load[1]:4.1f}")
     print()
-    for task in dict.fromkeys(r.task for r in results):
-        theirs = next(r for r in results if r.task == task and r.library.startswith("sb3"))
-        for mine in (r for r in results if r.task == task and r.library.startswith("rlloop")):
-            print(f"{task}: {mine.library} / SB3 env steps/s "
+    for task, seed in dict.fromkeys((r.task, r.seed) for r in results):
+        runs = [r for r in results if r.task == task and r.seed == seed]
+        theirs = next(r for r in runs if r.library.startswith("sb3"))
+        for mine in (r for r in runs if r.library.startswith("rlloop")):
+            print(f"{task} seed {seed}: {mine.library} / SB3 env steps/s "
                   f"{mine.env_sps / theirs.env_sps:.2f}x, updates/s "
                   f"{mine.updates_ps / theirs.updates_ps:.2f}x, return "
                   f"{mine.eval_return:.1f} vs {theirs.eval_return:.1f}")
