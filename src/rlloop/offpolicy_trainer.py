@@ -95,7 +95,7 @@ class OffPolicyTrainer(Trainer):
     Args:
         algorithm: DQN, SAC, TD3 or any :class:`OffPolicyAlgorithm`.
         cadence: Intervals; default from ``algorithm.config``.
-        sink, eval_episodes, callbacks: As :class:`~rlloop.trainer.Trainer`.
+        sink, eval_episodes, callbacks, flush_denormal: As :class:`~rlloop.trainer.Trainer`.
         evaluator, recorder: Replaceable parts; default named by ``algorithm.config``.
         save: Called with the optimisation-step count every ``save_interval`` steps.
     """
@@ -104,8 +104,9 @@ class OffPolicyTrainer(Trainer):
                  sink: MetricsSink | None = None, eval_episodes: int = 10,
                  callbacks: Sequence[Callback] = (), evaluator: Evaluator | None = None,
                  recorder: Recorder | None = None,
-                 save: Callable[[int], Any] | None = None) -> None:
-        super().__init__(algorithm, sink=sink, eval_episodes=eval_episodes, callbacks=callbacks)
+                 save: Callable[[int], Any] | None = None, flush_denormal: bool = True) -> None:
+        super().__init__(algorithm, sink=sink, eval_episodes=eval_episodes, callbacks=callbacks,
+                         flush_denormal=flush_denormal)
         self.offpolicy = algorithm
         self.cadence = cadence or Cadence.of(algorithm.config)
         self.evaluator = evaluator or EVALUATORS[algorithm.config.evaluator]()
@@ -115,7 +116,7 @@ class OffPolicyTrainer(Trainer):
         self._paused = 0.0  # seconds spent evaluating and saving, excluded from throughput
         self._mark()
 
-    def step(self, *, env_config: dict[str, Any] | None = None) -> Stats:
+    def _step(self, env_config: dict[str, Any] | None) -> Stats:
         """Border's train step: one batched env step (unless optimisation steps are still
         pending), then each due optimisation step followed by the cadence. Returns the
         counters, merged with the record when one was written."""

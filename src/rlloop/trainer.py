@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from rlloop.conditions import Condition
+from rlloop.numerics import flushed_denormals
 
 Stats = dict[str, float]
 
@@ -53,11 +54,17 @@ _EVAL_CONFIG_ONCE = (
 
 
 class Trainer:
-    """Drives one algorithm. ``state`` holds the running counters (saved in checkpoints)."""
+    """Drives one algorithm. ``state`` holds the running counters (saved in checkpoints).
+
+    Steps and evals run with subnormal floats flushed to zero (see
+    :mod:`rlloop.numerics`) unless ``flush_denormal`` is False.
+    """
 
     def __init__(self, algorithm: Algorithm, *, sink: MetricsSink | None = None,
-                 eval_episodes: int = 10, callbacks: Sequence[Callback] = ()) -> None:
+                 eval_episodes: int = 10, callbacks: Sequence[Callback] = (),
+                 flush_denormal: bool = True) -> None:
         self.algorithm = algorithm
+        self.flush_denormal = flush_denormal
         self.sink = sink
         self.eval_episodes = eval_episodes
         self.callbacks = list(callbacks)
@@ -68,6 +75,10 @@ class Trainer:
 
     def step(self, *, env_config: dict[str, Any] | None = None) -> Stats:
         """One iteration: collect experience, update the policy, log; returns flat stats."""
+        with flushed_denormals(self.flush_denormal):
+            return self._step(env_config)
+
+    def _step(self, env_config: dict[str, Any] | None) -> Stats:
         algo = self.algorithm
         algo.begin_horizon(self.state["algorithm/collects"], env_config)
         t0 = time.perf_counter()
@@ -107,7 +118,8 @@ class Trainer:
                 f"eval can only be called every horizons_per_env_reset={k} collects (now at "
                 f"{collects}); call it at a multiple of {k}")
         t0 = time.perf_counter()
-        result = self.algorithm.evaluate(self.eval_episodes, env_config, deterministic)
+        with flushed_denormals(self.flush_denormal):
+            result = self.algorithm.evaluate(self.eval_episodes, env_config, deterministic)
         stats = {f"eval/{key}": value for key, value in result.items()}
         stats["time/eval_s"] = time.perf_counter() - t0
         self.latest_eval = stats

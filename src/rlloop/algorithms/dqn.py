@@ -28,13 +28,14 @@ from rlloop.algorithms.offpolicy import (
 from rlloop.data.replay import PrioritizedReplayBuffer, Transitions
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
+from rlloop.learners.mlp_backprop import MLPBackprop
 from rlloop.learners.lean_step import LeanOptim, gradient_step
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner
 from rlloop.learners.schedules import Linear
-from rlloop.losses.dqn import dqn_loss, dqn_target
+from rlloop.losses.dqn import dqn_loss, dqn_loss_grad, dqn_stats, dqn_target, huber_loss
 from rlloop.losses.polyak import hard_update, polyak_update
 from rlloop.modules.networks import flat_dim
-from rlloop.modules.q_networks import QNetwork
+from rlloop.modules.q_networks import MLP, QNetwork
 
 
 @dataclass
@@ -72,6 +73,10 @@ class DQNConfig(OffPolicyConfig):
     """Epsilon after exploration_steps env steps (also used by stochastic evaluation)."""
     exploration_steps: int = 10_000
     """Env steps over which epsilon decays linearly."""
+    fused_update: bool = True
+    """Plain (non-dueling) Q-networks: compute the gradient with a hand-derived backward
+    pass (rlloop.learners.mlp_backprop; same maths, a fraction of autograd's overhead).
+    False: autograd."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -99,7 +104,12 @@ class DQNModule(nn.Module):
 
 
 class DQNLearner(Learner[ReplayBatch]):
-    """Adam on the online network; Huber TD loss; target updates on a fixed cadence."""
+    """Adam on the online network; Huber TD loss; target updates on a fixed cadence.
+
+    With ``fused_update`` and a plain MLP Q-network (one module), updates skip autograd:
+    :class:`~rlloop.learners.mlp_backprop.MLPBackprop` back-propagates
+    :func:`~rlloop.losses.dqn.dqn_loss_grad` by hand into the parameters' gradients.
+    """
 
     transient_attrs = frozenset({"td_errors"})
 
@@ -108,13 +118,17 @@ class DQNLearner(Learner[ReplayBatch]):
         self.updates = 0
         self.lean: list[LeanOptim] = []
         self.td_errors: Tensor | None = None  # of the last batch, for prioritized replay
+        self.backprop: MLPBackprop | None = None  # the fused path (see above)
         super().__init__(modules, config, on_nonfinite=on_nonfinite)  # type: ignore[arg-type]
 
     def module(self, module_id: str = DEFAULT_MODULE_ID) -> DQNModule:
         return cast(DQNModule, self.modules[module_id])
 
     def configure_optimizers_for_module(self, module_id: str, config: DQNConfig) -> None:
-        params = list(self.module(module_id).online.parameters())
+        online = self.module(module_id).online
+        if config.fused_update and not online.dueling and len(self.modules) == 1:
+            self.backprop = MLPBackprop(cast(MLP, online.net))
+        params = list(online.parameters())
         optimizer = torch.optim.Adam(params, lr=config.lr, eps=config.adam_eps, fused=True)
         self.register_optimizer(module_id, "default", optimizer, params, config.lr,
                                 GradientClip(config.max_grad_norm))
@@ -135,6 +149,13 @@ class DQNLearner(Learner[ReplayBatch]):
 
     def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
         """One gradient update of the (single) module, then the target cadence."""
+        if self.backprop is not None:
+            m, cfg = self.module(), self.config
+            with torch.no_grad():
+                next_online = m.online(batch.next_obs) if cfg.double_q else None
+                target = dqn_target(batch.reward, batch.discount, batch.terminated,
+                                    m.target(batch.next_obs), next_online)
+            return self.update_towards(batch.obs, batch.action, target, batch.weights)
         loss, stats = self.compute_loss_for_module(DEFAULT_MODULE_ID, self.config, batch)
         if not bool(torch.isfinite(loss)):
             return self._skip("loss", stats)  # counted, or raised with on_nonfinite=raise
@@ -161,12 +182,36 @@ class DQNLearner(Learner[ReplayBatch]):
         next_q = torch.cat([m.target(x) for x in batch.next_obs.split(chunk)])
         return dqn_target(batch.reward, batch.discount, batch.terminated, next_q)
 
-    def update_towards(self, obs: Tensor, action: Tensor, target: Tensor) -> dict[str, Tensor]:
-        """One gradient update on a batch whose TD targets were computed already."""
-        loss, stats, self.td_errors = dqn_loss(self.module().online(obs), action, target)
+    def update_towards(self, obs: Tensor, action: Tensor, target: Tensor,
+                       weights: Tensor | None = None, *, stats: bool = True
+                       ) -> dict[str, Tensor]:
+        """One gradient update on a batch whose TD targets were computed already.
+
+        ``stats=False`` lets the fused path skip computing the loss statistics (an
+        optimisation step reports its last update's only)."""
+        if self.backprop is not None:
+            return self._fused_update(obs, action, target, weights, stats)
+        loss, stats, self.td_errors = dqn_loss(self.module().online(obs), action, target,
+                                               weights)
         if not bool(torch.isfinite(loss)):
             return self._skip("loss", stats)
         gradient_step(loss, self.lean)
+        self.after_update()
+        return stats
+
+    def _fused_update(self, obs: Tensor, action: Tensor, target: Tensor,
+                      weights: Tensor | None, with_stats: bool) -> dict[str, Tensor]:
+        assert self.backprop is not None
+        q_values, inputs = self.backprop.forward(obs.flatten(1))
+        grad, q, td_errors = dqn_loss_grad(q_values, action, target, weights)
+        self.td_errors = td_errors
+        finite = bool(td_errors.isfinite().all())  # else the loss would be non-finite
+        stats = (dqn_stats(huber_loss(td_errors, weights), q, td_errors)
+                 if with_stats or not finite else {})
+        if not finite:
+            return self._skip("loss", stats)
+        self.backprop.backward(inputs, grad)
+        self.lean[0].step()
         self.after_update()
         return stats
 
@@ -258,7 +303,8 @@ class DQN(AlgorithmBase):
             targets = learner.targets(batch).split(cfg.batch_size)
             obs, actions = batch.obs.split(cfg.batch_size), batch.action.split(cfg.batch_size)
             for i in range(k):
-                stats = learner.update_towards(obs[i], actions[i], targets[i])
+                stats = learner.update_towards(obs[i], actions[i], targets[i],
+                                               stats=i == k - 1 and k == left)
             left -= k
         return stats
 

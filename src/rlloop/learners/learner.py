@@ -551,7 +551,9 @@ class Learner(Generic[BatchT]):
             self.modules[module_id].load_state_dict(sd)
         for key, sd in state.get("optimizer", {}).items():
             module_id, _, name = key.rpartition("/")
-            self.get_optimizer(module_id, name).load_state_dict(sd)
+            # Optimisers adopt same-device state tensors as they are: copy them, or two
+            # learners restored from one state would step each other's moments.
+            self.get_optimizer(module_id, name).load_state_dict(_cloned(sd))
         if "metrics_logger" in state:
             self.metrics.set_state(state["metrics_logger"])
         # A newer weights_seq_no wins: stale state never rolls the counter back.
@@ -593,3 +595,14 @@ def _chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of ``torch.arange(n).chunk(chunks)``: same split, no tensors."""
     size = -(-n // chunks)
     return [(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+def _cloned(value: Any) -> Any:
+    """``value`` with every tensor inside dicts, lists and tuples copied."""
+    if isinstance(value, Tensor):
+        return value.clone()
+    if isinstance(value, Mapping):
+        return {k: _cloned(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_cloned(v) for v in value)
+    return value

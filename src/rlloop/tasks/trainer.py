@@ -29,6 +29,7 @@ from rlloop.envs.pool import WorkerPool
 from rlloop.errors import RunDirError
 from rlloop.learners.learner import GradientClip, NonFiniteError, clip_gradients
 from rlloop.logging import JsonlSink
+from rlloop.numerics import flushed_denormals
 from rlloop.signals import handle_signals
 from rlloop.tasks.base import ModelT, Task
 from rlloop.tasks.dataset import TrajectoryDataset
@@ -85,7 +86,8 @@ class TaskTrainer(Generic[ModelT]):
             with handle_signals(self):
                 pool = self.task.get_worker_pool()
                 while self.state["train/steps"] < cfg.total_steps and not self.stop_requested:
-                    stats = self.epoch(pool) or stats  # {}: stopped while collecting
+                    with flushed_denormals():  # see rlloop.numerics
+                        stats = self.epoch(pool) or stats  # {}: stopped while collecting
                     if any(condition(stats) for condition in stop_conditions):
                         break
             status = "KILLED" if self.stop_requested else "FINISHED"
