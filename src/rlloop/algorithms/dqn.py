@@ -28,9 +28,9 @@ from rlloop.algorithms.offpolicy import (
 from rlloop.data.replay import PrioritizedReplayBuffer, Transitions
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
-from rlloop.learners.mlp_backprop import MLPBackprop
 from rlloop.learners.lean_step import LeanOptim, gradient_step
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner
+from rlloop.learners.mlp_backprop import MLPBackprop
 from rlloop.learners.schedules import Linear
 from rlloop.losses.dqn import dqn_loss, dqn_loss_grad, dqn_stats, dqn_target, huber_loss
 from rlloop.losses.polyak import hard_update, polyak_update
