@@ -191,13 +191,13 @@ class DQNLearner(Learner[ReplayBatch]):
         optimisation step reports its last update's only)."""
         if self.backprop is not None:
             return self._fused_update(obs, action, target, weights, stats)
-        loss, stats, self.td_errors = dqn_loss(self.module().online(obs), action, target,
-                                               weights)
+        loss, loss_stats, self.td_errors = dqn_loss(self.module().online(obs), action, target,
+                                                    weights)
         if not bool(torch.isfinite(loss)):
-            return self._skip("loss", stats)
+            return self._skip("loss", loss_stats)
         gradient_step(loss, self.lean)
         self.after_update()
-        return stats
+        return loss_stats
 
     def _fused_update(self, obs: Tensor, action: Tensor, target: Tensor,
                       weights: Tensor | None, with_stats: bool) -> dict[str, Tensor]:
