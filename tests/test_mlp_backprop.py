@@ -101,3 +101,106 @@ def test_fused_update_skips_a_non_finite_loss():
     algo.learner.update(bad)
     assert algo.learner.skipped_updates == 1 and algo.learner.updates == 0
     assert all(torch.equal(p, q) for p, q in zip(before, algo.q.parameters(), strict=True))
+
+
+# ---- SAC: twin critics, the tanh-Gaussian head, the loss gradients, whole updates
+
+
+def test_twin_backprop_equals_autograd():
+    from rlloop.learners.mlp_backprop import TwinMLPBackprop
+    from rlloop.modules.q_networks import TwinQ
+
+    torch.manual_seed(4)
+    twin = TwinQ(3, 2, [16, 12])
+    ref = copy.deepcopy(twin)
+    obs, action = torch.randn(10, 3), torch.randn(10, 2).requires_grad_()
+    grad_q = torch.randn(2, 10)
+    ref(obs, action).backward(grad_q)
+    bp = TwinMLPBackprop(twin)
+    q, inputs = bp.forward(obs, action.detach())
+    assert_close(q, ref(obs, action).detach())
+    grad_in = bp.backward(inputs, grad_q, input_grad=True)
+    assert grad_in is not None and action.grad is not None
+    assert_close(grad_in[:, 3:], action.grad, rtol=1e-5, atol=1e-6)
+    for p, r in zip(twin.parameters(), ref.parameters(), strict=True):
+        assert_close(p.grad, r.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_tanh_gaussian_grad_equals_autograd():
+    from rlloop.modules.q_networks import TanhGaussianActor, tanh_gaussian_grad
+
+    torch.manual_seed(5)
+    actor = TanhGaussianActor(3, 2, [8])
+    out = torch.randn(64, 4) * 3  # some raw log sigmas outside [-20, 2] after scaling
+    out[:5, 2:] = 4.0
+    out = out.requires_grad_()
+    action, log_prob, sample = actor.head(out, torch.Generator().manual_seed(0))
+    g_action, g_log_prob = torch.randn(64, 2), torch.randn(64)
+    (action * g_action).sum().add((log_prob * g_log_prob).sum()).backward()
+    mine = tanh_gaussian_grad(sample, g_action, g_log_prob)
+    assert_close(mine, out.grad, rtol=1e-4, atol=1e-5)
+    assert torch.all(mine[:5, 2:] == 0)  # clamped log sigma: no gradient
+
+
+def test_sac_loss_grads_equal_autograd():
+    from rlloop.losses.sac import (
+        sac_actor_loss,
+        sac_actor_loss_grad,
+        sac_alpha_loss,
+        sac_alpha_loss_grad,
+        sac_critic_loss,
+        sac_critic_loss_grad,
+    )
+
+    torch.manual_seed(6)
+    q, target = torch.randn(2, 32).requires_grad_(), torch.randn(32)
+    q_pi, log_prob = torch.randn(2, 32), torch.randn(32).requires_grad_()
+    q_pi[1, :3] = q_pi[0, :3]  # ties split the gradient
+    q_pi.requires_grad_()
+    alpha, log_alpha = torch.tensor(0.3), torch.tensor(-1.2, requires_grad=True)
+    sac_critic_loss(q[0], q[1], target)[0].backward()
+    assert_close(sac_critic_loss_grad(q.detach(), target), q.grad)
+    sac_actor_loss(q_pi[0], q_pi[1], log_prob, alpha)[0].backward()
+    grad_q, grad_log_prob = sac_actor_loss_grad(q_pi.detach(), alpha)
+    assert_close(grad_q, q_pi.grad)
+    assert_close(grad_log_prob, log_prob.grad)
+    sac_alpha_loss(log_alpha, log_prob, -2.0)[0].backward()
+    assert_close(sac_alpha_loss_grad(log_prob.detach(), -2.0), log_alpha.grad)
+
+
+def _sac(fused: bool, *sets: str):
+    config = build_config("sac", "Pendulum-v1", flags={"seed": 3},
+                          sets=["mlflow=false", "progress=false", "sac.hidden=[32,32]",
+                                "sac.batch_size=16", "sac.learning_starts=20",
+                                f"sac.fused_update={str(fused).lower()}", *sets])
+    algo = build_algorithm(config)
+    for _ in range(40):
+        algo.env_step()
+    return algo
+
+
+@pytest.mark.parametrize("sets", [(), ("sac.autotune_alpha=false",)])
+def test_sac_fused_updates_follow_the_autograd_updates(sets):
+    fused, plain = _sac(True, *sets), _sac(False, *sets)
+    assert fused.learner.backprop is not None and plain.learner.backprop is None
+    for _ in range(25):
+        a, b = fused.optimize(40), plain.optimize(40)
+        assert a is not None and b is not None and a.keys() == b.keys()
+    for p, q in zip(fused.module.parameters(), plain.module.parameters(), strict=True):
+        assert_close(p, q, rtol=1e-4, atol=1e-5)
+    for p, q in zip(fused.module.critic_target.parameters(),
+                    plain.module.critic_target.parameters(), strict=True):
+        assert_close(p, q, rtol=1e-4, atol=1e-5)
+    assert fused.learner.updates == plain.learner.updates == 25
+
+
+def test_sac_fused_update_skips_a_non_finite_loss():
+    algo = _sac(True)
+    batch = ReplayBatch.of(algo.loop.replay.sample(16, torch.Generator().manual_seed(0)))
+    bad = ReplayBatch(batch.obs, batch.action, batch.reward * float("nan"), batch.next_obs,
+                      batch.terminated, batch.discount)
+    before = [p.clone() for p in algo.module.parameters()]
+    algo.learner.update(bad)
+    assert algo.learner.skipped_updates == 1 and algo.learner.updates == 0
+    assert all(torch.equal(p, q)
+               for p, q in zip(before, algo.module.parameters(), strict=True))

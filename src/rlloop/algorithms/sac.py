@@ -39,10 +39,19 @@ from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
 from rlloop.learners.lean_step import LeanOptim, gradient_step
 from rlloop.learners.learner import DEFAULT_MODULE_ID, Learner
+from rlloop.learners.mlp_backprop import MLPBackprop, TwinMLPBackprop
 from rlloop.losses.polyak import polyak_update
-from rlloop.losses.sac import sac_actor_loss, sac_alpha_loss, sac_critic_loss, sac_target
+from rlloop.losses.sac import (
+    sac_actor_loss,
+    sac_actor_loss_grad,
+    sac_alpha_loss,
+    sac_alpha_loss_grad,
+    sac_critic_loss,
+    sac_critic_loss_grad,
+    sac_target,
+)
 from rlloop.modules.networks import flat_dim
-from rlloop.modules.q_networks import TanhGaussianActor, TwinQ
+from rlloop.modules.q_networks import TanhGaussianActor, TwinQ, tanh_gaussian_grad
 
 
 @dataclass
@@ -65,6 +74,9 @@ class SACConfig(OffPolicyConfig):
     """Entropy target of the alpha loss (None: -action_dim)."""
     hidden: list[int] = field(default_factory=lambda: [256, 256])
     """Hidden layer sizes of the actor and of each critic (ReLU)."""
+    fused_update: bool = True
+    """Compute the gradients with hand-derived backward passes (rlloop.learners.
+    mlp_backprop; same maths, a fraction of autograd's overhead). False: autograd."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -91,7 +103,12 @@ class SACModule(nn.Module):
 
 
 class SACLearner(Learner[ReplayBatch]):
-    """Registers ``actor``, ``critic`` and ``alpha`` optimisers; one backward per update."""
+    """Registers ``actor``, ``critic`` and ``alpha`` optimisers; one backward per update.
+
+    With ``fused_update`` (one module) the backward pass is derived by hand: the pure
+    gradient functions of :mod:`rlloop.losses.sac`, :func:`tanh_gaussian_grad` and the
+    backprops of :mod:`rlloop.learners.mlp_backprop`. Same samples, same maths.
+    """
 
     def __init__(self, modules: Mapping[str, SACModule], config: SACConfig,
                  target_entropy: float, generator: torch.Generator,
@@ -100,6 +117,10 @@ class SACLearner(Learner[ReplayBatch]):
         self.generator = generator
         self.updates = 0
         self.lean: list[LeanOptim] = []
+        self.backprop: tuple[MLPBackprop, TwinMLPBackprop] | None = None
+        if config.fused_update and len(modules) == 1:
+            m = next(iter(modules.values()))
+            self.backprop = (MLPBackprop(m.actor.net), TwinMLPBackprop(m.critic))
         super().__init__(modules, config, on_nonfinite=on_nonfinite)  # type: ignore[arg-type]
 
     def module(self, module_id: str = DEFAULT_MODULE_ID) -> SACModule:
@@ -116,16 +137,19 @@ class SACLearner(Learner[ReplayBatch]):
             self.register_optimizer(module_id, name, optimizer, params, config.lr)
             self.lean.append(LeanOptim(optimizer, params))
 
+    def _target(self, m: SACModule, batch: ReplayBatch, alpha: Tensor) -> Tensor:
+        with torch.no_grad():
+            next_action, next_log_prob = m.actor(batch.next_obs, self.generator)
+            next_q = m.critic_target(batch.next_obs, next_action)
+            return sac_target(batch.reward, batch.discount, batch.terminated, next_q[0],
+                              next_q[1], next_log_prob, alpha)
+
     def compute_loss_for_module(self, module_id: str, config: SACConfig,
                                 batch: ReplayBatch, fwd_out: Any = None
                                 ) -> tuple[Tensor, dict[str, Tensor]]:
         m = self.module(module_id)
         alpha = m.log_alpha.detach().exp()
-        with torch.no_grad():
-            next_action, next_log_prob = m.actor(batch.next_obs, self.generator)
-            next_q = m.critic_target(batch.next_obs, next_action)
-            target = sac_target(batch.reward, batch.discount, batch.terminated, next_q[0],
-                                next_q[1], next_log_prob, alpha)
+        target = self._target(m, batch, alpha)
         q = m.critic(batch.obs, batch.action)
         loss, stats = sac_critic_loss(q[0], q[1], target)
         action, log_prob = m.actor(batch.obs, self.generator)
@@ -141,10 +165,47 @@ class SACLearner(Learner[ReplayBatch]):
 
     def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
         """One gradient update of every optimiser (one backward pass), then the targets."""
+        if self.backprop is not None:
+            return self._fused_update(batch)
         loss, stats = self.compute_loss_for_module(DEFAULT_MODULE_ID, self.config, batch)
         if not bool(torch.isfinite(loss)):
             return self._skip("loss", stats)  # counted, or raised with on_nonfinite=raise
         gradient_step(loss, self.lean)
+        self.after_update()
+        return stats
+
+    def _fused_update(self, batch: ReplayBatch) -> dict[str, Tensor]:
+        """``update`` with the gradients derived by hand; the random draws, losses and
+        optimiser steps are those of the autograd path."""
+        assert self.backprop is not None
+        actor_bp, critic_bp = self.backprop
+        m, cfg = self.module(), self.config
+        alpha = m.log_alpha.detach().exp()
+        target = self._target(m, batch, alpha)
+        q, critic_inputs = critic_bp.forward(batch.obs, batch.action)
+        out, actor_inputs = actor_bp.forward(batch.obs.flatten(1))
+        action, log_prob, sample = m.actor.head(out, self.generator)
+        q_pi, pi_inputs = critic_bp.forward(batch.obs, action)
+        loss, stats = sac_critic_loss(q[0], q[1], target)
+        actor_loss, actor_stats = sac_actor_loss(q_pi[0], q_pi[1], log_prob, alpha)
+        loss = loss + actor_loss
+        stats.update(actor_stats)
+        if cfg.autotune_alpha:
+            alpha_loss, alpha_stats = sac_alpha_loss(m.log_alpha, log_prob, self.target_entropy)
+            loss = loss + alpha_loss.detach()
+            stats.update(alpha_stats)
+        if not bool(torch.isfinite(loss)):
+            return self._skip("loss", stats)
+        grad_q_pi, grad_log_prob = sac_actor_loss_grad(q_pi, alpha)
+        grad_input = critic_bp.backward(pi_inputs, grad_q_pi, params=False, input_grad=True)
+        assert grad_input is not None
+        grad_action = grad_input[:, grad_input.shape[1] - action.shape[1]:]
+        actor_bp.backward(actor_inputs, tanh_gaussian_grad(sample, grad_action, grad_log_prob))
+        critic_bp.backward(critic_inputs, sac_critic_loss_grad(q, target))
+        if cfg.autotune_alpha:
+            m.log_alpha.grad = sac_alpha_loss_grad(log_prob, self.target_entropy)
+        for optim in self.lean:
+            optim.step()
         self.after_update()
         return stats
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -120,6 +121,17 @@ def tanh_log_det(u: Tensor) -> Tensor:
     return (2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))).sum(-1)
 
 
+@dataclass(frozen=True)
+class TanhGaussianSample:
+    """What the gradient of a tanh-Gaussian sample needs: the raw ``log sigma`` output
+    (before clamping), the noise ``eps``, ``sigma`` and the action ``tanh(u)``."""
+
+    raw_log_std: Tensor
+    eps: Tensor
+    std: Tensor
+    action: Tensor
+
+
 class TanhGaussianActor(nn.Module):
     """SAC's policy: ``a = tanh(u)``, ``u ~ N(mu(s), sigma(s)^2)``, actions in ``[-1, 1]^d``.
 
@@ -135,16 +147,45 @@ class TanhGaussianActor(nn.Module):
     def forward(self, obs: Tensor, generator: torch.Generator | None = None
                 ) -> tuple[Tensor, Tensor]:
         """A reparameterised sample ``[B, d]`` and its log-probability ``[B]``."""
-        mean, log_std = self.net(obs.flatten(1)).chunk(2, dim=-1)
-        log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+        action, log_prob, _ = self.head(self.net(obs.flatten(1)), generator)
+        return action, log_prob
+
+    def head(self, out: Tensor, generator: torch.Generator | None = None
+             ) -> tuple[Tensor, Tensor, TanhGaussianSample]:
+        """Sample from the network's output ``[B, 2d]`` (``mu``, raw ``log sigma``):
+        the action, its log-probability and what :func:`tanh_gaussian_grad` needs."""
+        mean, raw_log_std = out.chunk(2, dim=-1)
+        log_std = raw_log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
         eps = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
-        u = mean + eps * log_std.exp()
+        std = log_std.exp()
+        u = mean + eps * std
         gauss = (-0.5 * eps.square() - log_std).sum(-1) - self.act_dim * _LOG_SQRT_2PI
-        return torch.tanh(u), gauss - tanh_log_det(u)
+        action = torch.tanh(u)
+        sample = TanhGaussianSample(raw_log_std, eps, std, action.detach())
+        return action, gauss - tanh_log_det(u), sample
 
     def mode(self, obs: Tensor) -> Tensor:
         """The deterministic action ``tanh(mu(s))``."""
         return torch.tanh(self.net(obs.flatten(1))[:, : self.act_dim])
+
+
+@torch.no_grad()
+def tanh_gaussian_grad(sample: TanhGaussianSample, grad_action: Tensor,
+                       grad_log_prob: Tensor) -> Tensor:
+    """The gradient reaching the actor network's output ``[B, 2d]`` from ``dL/da``
+    ``[B, d]`` and ``dL/d log pi`` ``[B]`` of a reparameterised sample (``eps`` fixed).
+
+    With ``u = mu + eps sigma``, ``a = tanh(u)`` and ``log pi = sum(-eps^2/2 - log sigma)
+    - sum log(1 - a^2) + const``: ``da/du = 1 - a^2``, ``d log pi/du = 2a`` and
+    ``d log pi/d log sigma = -1`` besides the path through ``u`` (``du/d log sigma =
+    eps sigma``); the clamp of ``log sigma`` passes gradient only inside its bounds.
+    """
+    a, g_logp = sample.action, grad_log_prob.unsqueeze(-1)
+    g_u = torch.addcmul(grad_action * (1.0 - a.square()), g_logp, a, value=2.0)
+    g_log_std = torch.addcmul(-g_logp, g_u, sample.eps * sample.std)
+    raw = sample.raw_log_std
+    g_log_std = g_log_std.masked_fill_((raw < LOG_STD_MIN) | (raw > LOG_STD_MAX), 0.0)
+    return torch.cat([g_u, g_log_std], dim=-1)
 
 
 class DeterministicActor(nn.Module):
