@@ -171,12 +171,8 @@ class OffPolicyTrainer(Trainer):
 
     def _evaluate(self) -> Stats:
         t0 = _clock()
-        result = self.evaluator.evaluate(self.offpolicy, self.eval_episodes)
-        stats = {f"eval/{key}": value for key, value in result.items()}
-        stats["time/eval_s"] = _clock() - t0
-        self.latest_eval = stats
-        for cb in self.callbacks:
-            cb.on_eval(self, stats)
+        stats = self._eval_with(lambda: self.evaluator.evaluate(self.offpolicy,
+                                                                self.eval_episodes))
         self._paused += _clock() - t0
         return stats
 

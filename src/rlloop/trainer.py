@@ -9,7 +9,7 @@ different env config.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from torch import Tensor
@@ -117,13 +117,19 @@ class Trainer:
             raise RuntimeError(
                 f"eval can only be called every horizons_per_env_reset={k} collects (now at "
                 f"{collects}); call it at a multiple of {k}")
-        t0 = time.perf_counter()
         with flushed_denormals(self.flush_denormal):
-            result = self.algorithm.evaluate(self.eval_episodes, env_config, deterministic)
-        stats = {f"eval/{key}": value for key, value in result.items()}
+            stats = self._eval_with(lambda: self.algorithm.evaluate(
+                self.eval_episodes, env_config, deterministic))
+        self._log(stats)
+        return stats
+
+    def _eval_with(self, evaluate: Callable[[], Mapping[str, float]]) -> Stats:
+        """Run ``evaluate``; its results as ``eval/...`` stats with ``time/eval_s``, kept
+        as ``latest_eval`` and handed to the callbacks' ``on_eval``."""
+        t0 = time.perf_counter()
+        stats = {f"eval/{key}": value for key, value in evaluate().items()}
         stats["time/eval_s"] = time.perf_counter() - t0
         self.latest_eval = stats
-        self._log(stats)
         for cb in self.callbacks:
             cb.on_eval(self, stats)
         return stats

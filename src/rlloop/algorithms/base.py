@@ -39,6 +39,13 @@ class EnvSettings:
     on_nonfinite: str = "skip"
 
 
+def horizon_starts(collects: int, horizons_per_env_reset: int) -> bool:
+    """Whether the training envs are reset before collect number ``collects`` (from 0):
+    every k collects for k > 0, only before the first for k < 0 (rl8's rule)."""
+    k = horizons_per_env_reset
+    return not ((k < 0 and collects) or (k > 0 and collects % k))
+
+
 class AlgorithmBase:
     """Owns the training env, its runner, the algorithm's RNG and cached eval envs.
 
@@ -76,8 +83,7 @@ class AlgorithmBase:
         With a positive k, envs are reset (and ``env_config`` applied) every k collects;
         with a negative k they are reset only once, at the start of training.
         """
-        k = self.horizons_per_env_reset
-        if (k < 0 and collects) or (k > 0 and collects % k):
+        if not horizon_starts(collects, self.horizons_per_env_reset):
             return
         config = dict(env_config or {})
         if config != self.env_config:

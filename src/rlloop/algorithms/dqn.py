@@ -16,15 +16,14 @@ from typing import Any, ClassVar, cast
 import torch
 from torch import Tensor, nn
 
-from rlloop.algorithms.base import EVAL_SEED_OFFSET, AlgorithmBase, EnvSettings
+from rlloop.algorithms.base import EnvSettings
 from rlloop.algorithms.offpolicy import (
     OffPolicyConfig,
     OffPolicyLoop,
     ReplayBatch,
-    Stats,
-    check_env_settings,
     check_hidden,
 )
+from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
 from rlloop.data.replay import PrioritizedReplayBuffer, Transitions
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
@@ -227,18 +226,19 @@ class DQNLearner(Learner[ReplayBatch]):
                     polyak_update(m.target, m.online, self.config.tau)
 
 
-class DQN(AlgorithmBase):
+class DQN(OffPolicyAlgorithmBase):
     """Epsilon-greedy acting on border's cadence; one optimisation step makes
     ``gradient_steps`` DQN updates."""
 
     name = "dqn"
+    config: DQNConfig
+    learner: DQNLearner
 
     def __init__(self, config: DQNConfig, env: EnvSettings) -> None:
-        check_env_settings("dqn", env.horizons_per_env_reset)
         if not isinstance(env.spec.action_space, Discrete):
             raise ConfigError(f"dqn needs discrete actions but {env.env_id} has continuous "
                               "ones; use sac or td3")
-        super().__init__(env)
+        super().__init__("dqn", env)
         self.config = config
         self.space = env.spec.action_space
         self.q = QNetwork(flat_dim(env.spec.obs_shape), self.space.n, config.hidden,
@@ -248,7 +248,6 @@ class DQN(AlgorithmBase):
         self.loop = OffPolicyLoop(self.runner, config, self.space, self.generator)
         self.epsilon = Linear(config.exploration_initial_eps, config.exploration_final_eps,
                               config.exploration_steps)
-        self._eval_generator = torch.Generator().manual_seed(env.seed + EVAL_SEED_OFFSET)
 
     # ---- acting ----------------------------------------------------------------------
     def _epsilon_greedy(self, obs: Tensor, eps: float, generator: torch.Generator) -> Tensor:
@@ -268,21 +267,14 @@ class DQN(AlgorithmBase):
         return self._epsilon_greedy(obs, self.config.exploration_final_eps,
                                     self._eval_generator)
 
-    # ---- border's cadence ------------------------------------------------------------
-    def env_step(self) -> int:
-        return self.loop.env_step(self._explore)
-
-    def optimize(self, env_steps: int) -> dict[str, Tensor | float] | None:
-        if not self.loop.learning(env_steps):
-            return None
-        self.learner.before_gradient_based_update(env_steps)
+    # ---- border's cadence (the rest is OffPolicyAlgorithmBase's) ----------------------
+    def _optimize(self, env_steps: int) -> Mapping[str, Tensor] | None:
         if isinstance(self.loop.replay, PrioritizedReplayBuffer):
-            stats = self.loop.optimize(env_steps, self._update)
-        else:
-            stats = self._optimize_uniform()
-        self.learner.after_gradient_based_update()
-        return {**(stats or {}), "dqn/epsilon": self.epsilon(env_steps),
-                "guard/skipped_updates": float(self.learner.skipped_updates)}
+            return self.loop.optimize(env_steps, self._update)
+        return self._optimize_uniform()
+
+    def _extra_stats(self, env_steps: int) -> dict[str, float]:
+        return {"dqn/epsilon": self.epsilon(env_steps)}
 
     def _optimize_uniform(self) -> dict[str, Tensor]:
         """``gradient_steps`` updates; while the target network stays fixed (hard updates
@@ -315,26 +307,3 @@ class DQN(AlgorithmBase):
             assert self.learner.td_errors is not None
             replay.update_priorities(rows, self.learner.td_errors)
         return stats
-
-    def episode_stats(self) -> Stats:
-        return self.runner.episodes.stats()
-
-    # ---- rl8's collect / update (plain Trainer) --------------------------------------
-    def collect(self) -> Stats:
-        return self.loop.collect(self._explore)
-
-    def update(self, env_steps: int) -> Stats:
-        return self.loop.update(env_steps, self.optimize)
-
-    # ---- state -----------------------------------------------------------------------
-    def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "learner": self.learner.get_state(),
-                "offpolicy": self.loop.get_state(), "updates": self.learner.updates,
-                "eval_generator": self._eval_generator.get_state()}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
-        self.learner.set_state(state["learner"])
-        self.loop.set_state(state["offpolicy"])
-        self.learner.updates = int(state["updates"])
-        self._eval_generator.set_state(state["eval_generator"])

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from rlloop.algorithms.base import EVAL_SEED_OFFSET, EnvSettings
+from rlloop.algorithms.base import EVAL_SEED_OFFSET, EnvSettings, horizon_starts
 from rlloop.algorithms.league import MAIN, League
 from rlloop.algorithms.ppo import PPOConfig, PPOLearner
 from rlloop.data.multi_agent import AgentRollout, masked_gae
@@ -144,8 +144,7 @@ class MultiAgentPPO:
 
     def begin_horizon(self, collects: int, env_config: dict[str, Any] | None) -> None:
         """Reset the envs at ``horizons_per_env_reset`` boundaries (rl8 semantics)."""
-        k = self.horizons_per_env_reset
-        if (k < 0 and collects) or (k > 0 and collects % k):
+        if not horizon_starts(collects, self.horizons_per_env_reset):
             return
         config = dict(env_config or {})
         if config != self.env_config:

@@ -24,18 +24,15 @@ from typing import Any, ClassVar, cast
 import torch
 from torch import Tensor, nn
 
-from rlloop.algorithms.base import EVAL_SEED_OFFSET, AlgorithmBase, EnvSettings
+from rlloop.algorithms.base import EnvSettings
 from rlloop.algorithms.offpolicy import (
     OffPolicyConfig,
     OffPolicyLoop,
     ReplayBatch,
-    Stats,
-    box_rescaler,
-    check_env_settings,
     check_hidden,
     unit_box,
 )
-from rlloop.envs.core import Box
+from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase, continuous_actions
 from rlloop.errors import ConfigError
 from rlloop.learners.lean_step import LeanOptim, gradient_step
 from rlloop.learners.learner import DEFAULT_MODULE_ID, Learner
@@ -218,19 +215,16 @@ class SACLearner(Learner[ReplayBatch]):
                 polyak_update(m.critic_target, m.critic, self.config.tau)
 
 
-class SAC(AlgorithmBase):
+class SAC(OffPolicyAlgorithmBase):
     """SAC on border's cadence; actions live in ``[-1, 1]`` and are rescaled for the env."""
 
     name = "sac"
+    config: SACConfig
+    learner: SACLearner
 
     def __init__(self, config: SACConfig, env: EnvSettings) -> None:
-        check_env_settings("sac", env.horizons_per_env_reset)
-        space = env.spec.action_space
-        if not isinstance(space, Box):
-            raise ConfigError(f"sac needs continuous (Box) actions but {env.env_id} has "
-                              "discrete ones; use dqn or ppo")
-        to_env = box_rescaler("sac", space)
-        super().__init__(env)
+        space, to_env = continuous_actions("sac", env)
+        super().__init__("sac", env)
         self.config = config
         self.space = space
         entropy = -float(space.dim) if config.target_entropy is None else config.target_entropy
@@ -239,7 +233,6 @@ class SAC(AlgorithmBase):
                                   self.generator, env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env)
         self.to_env = to_env
-        self._eval_generator = torch.Generator().manual_seed(env.seed + EVAL_SEED_OFFSET)
 
     # ---- acting ----------------------------------------------------------------------
     def _explore(self, obs: Tensor) -> Tensor:
@@ -251,41 +244,3 @@ class SAC(AlgorithmBase):
         actor = self.module.actor
         action = actor.mode(obs) if deterministic else actor(obs, self._eval_generator)[0]
         return self.to_env(action.view(-1, *self.space.shape))
-
-    # ---- border's cadence ------------------------------------------------------------
-    def env_step(self) -> int:
-        return self.loop.env_step(self._explore)
-
-    def optimize(self, env_steps: int) -> dict[str, Tensor | float] | None:
-        if not self.loop.learning(env_steps):
-            return None
-        self.learner.before_gradient_based_update(env_steps)
-        stats = self.loop.optimize(env_steps, self._update)
-        self.learner.after_gradient_based_update()
-        return {**(stats or {}), "guard/skipped_updates": float(self.learner.skipped_updates)}
-
-    def _update(self, batch: ReplayBatch, rows: Tensor | None) -> dict[str, Tensor]:
-        return self.learner.update(batch)
-
-    def episode_stats(self) -> Stats:
-        return self.runner.episodes.stats()
-
-    # ---- rl8's collect / update (plain Trainer) --------------------------------------
-    def collect(self) -> Stats:
-        return self.loop.collect(self._explore)
-
-    def update(self, env_steps: int) -> Stats:
-        return self.loop.update(env_steps, self.optimize)
-
-    # ---- state -----------------------------------------------------------------------
-    def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "learner": self.learner.get_state(),
-                "offpolicy": self.loop.get_state(), "updates": self.learner.updates,
-                "eval_generator": self._eval_generator.get_state()}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
-        self.learner.set_state(state["learner"])
-        self.loop.set_state(state["offpolicy"])
-        self.learner.updates = int(state["updates"])
-        self._eval_generator.set_state(state["eval_generator"])

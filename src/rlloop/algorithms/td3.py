@@ -17,18 +17,15 @@ from typing import Any, ClassVar, cast
 import torch
 from torch import Tensor, nn
 
-from rlloop.algorithms.base import EVAL_SEED_OFFSET, AlgorithmBase, EnvSettings
+from rlloop.algorithms.base import EnvSettings
 from rlloop.algorithms.offpolicy import (
     OffPolicyConfig,
     OffPolicyLoop,
     ReplayBatch,
-    Stats,
-    box_rescaler,
-    check_env_settings,
     check_hidden,
     unit_box,
 )
-from rlloop.envs.core import Box
+from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase, continuous_actions
 from rlloop.errors import ConfigError
 from rlloop.learners.lean_step import LeanOptim, gradient_step
 from rlloop.learners.learner import DEFAULT_MODULE_ID, Learner
@@ -148,19 +145,16 @@ class TD3Learner(Learner[ReplayBatch]):
                 polyak_update(m.actor_target, m.actor, self.config.tau)
 
 
-class TD3(AlgorithmBase):
+class TD3(OffPolicyAlgorithmBase):
     """TD3 on border's cadence; actions live in ``[-1, 1]`` and are rescaled for the env."""
 
     name = "td3"
+    config: TD3Config
+    learner: TD3Learner
 
     def __init__(self, config: TD3Config, env: EnvSettings) -> None:
-        check_env_settings("td3", env.horizons_per_env_reset)
-        space = env.spec.action_space
-        if not isinstance(space, Box):
-            raise ConfigError(f"td3 needs continuous (Box) actions but {env.env_id} has "
-                              "discrete ones; use dqn or ppo")
-        to_env = box_rescaler("td3", space)
-        super().__init__(env)
+        space, to_env = continuous_actions("td3", env)
+        super().__init__("td3", env)
         self.config = config
         self.space = space
         self.module = TD3Module(flat_dim(env.spec.obs_shape), space.dim, config.hidden)
@@ -168,7 +162,6 @@ class TD3(AlgorithmBase):
                                   env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env)
         self.to_env = to_env
-        self._eval_generator = torch.Generator().manual_seed(env.seed + EVAL_SEED_OFFSET)
 
     # ---- acting ----------------------------------------------------------------------
     def _noisy(self, obs: Tensor, generator: torch.Generator) -> Tensor:
@@ -185,41 +178,3 @@ class TD3(AlgorithmBase):
         action = (self.module.actor(obs) if deterministic
                   else self._noisy(obs, self._eval_generator))
         return self.to_env(action.view(-1, *self.space.shape))
-
-    # ---- border's cadence ------------------------------------------------------------
-    def env_step(self) -> int:
-        return self.loop.env_step(self._explore)
-
-    def optimize(self, env_steps: int) -> dict[str, Tensor | float] | None:
-        if not self.loop.learning(env_steps):
-            return None
-        self.learner.before_gradient_based_update(env_steps)
-        stats = self.loop.optimize(env_steps, self._update)
-        self.learner.after_gradient_based_update()
-        return {**(stats or {}), "guard/skipped_updates": float(self.learner.skipped_updates)}
-
-    def _update(self, batch: ReplayBatch, rows: Tensor | None) -> dict[str, Tensor]:
-        return self.learner.update(batch)
-
-    def episode_stats(self) -> Stats:
-        return self.runner.episodes.stats()
-
-    # ---- rl8's collect / update (plain Trainer) --------------------------------------
-    def collect(self) -> Stats:
-        return self.loop.collect(self._explore)
-
-    def update(self, env_steps: int) -> Stats:
-        return self.loop.update(env_steps, self.optimize)
-
-    # ---- state -----------------------------------------------------------------------
-    def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "learner": self.learner.get_state(),
-                "offpolicy": self.loop.get_state(), "updates": self.learner.updates,
-                "eval_generator": self._eval_generator.get_state()}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
-        self.learner.set_state(state["learner"])
-        self.loop.set_state(state["offpolicy"])
-        self.learner.updates = int(state["updates"])
-        self._eval_generator.set_state(state["eval_generator"])
