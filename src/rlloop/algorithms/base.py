@@ -16,6 +16,7 @@ from rlloop.errors import ConfigError
 from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.runners.env_runner import EnvRunner
 from rlloop.runners.evaluation import evaluate
+from rlloop.seeding import derive_seed
 
 __all__ = ["AlgorithmBase", "ConfigError", "EnvSettings"]
 
@@ -60,7 +61,7 @@ class AlgorithmBase:
     def __init__(self, settings: EnvSettings, obs_stats: RunningMeanStd | None = None) -> None:
         self.settings = settings
         torch.manual_seed(settings.seed)
-        self.generator = torch.Generator().manual_seed(settings.seed)
+        self.generator = torch.Generator().manual_seed(derive_seed(settings.seed, "algorithm"))
         self.obs_stats = obs_stats
         self.env_config: dict[str, Any] = {}
         self.env = self._make_train_env(settings.env_kwargs)

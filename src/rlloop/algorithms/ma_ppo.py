@@ -33,6 +33,7 @@ from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.masked import MaskedActorCritic
 from rlloop.runners.multi_agent import RANDOM, MultiAgentRunner, evaluate_multi_agent
+from rlloop.seeding import derive_seed
 
 
 @dataclass
@@ -73,7 +74,7 @@ class MultiAgentPPO:
         config.check_batch(settings.num_envs)
         self.config, self.settings = config, settings
         torch.manual_seed(settings.seed)
-        self.generator = torch.Generator().manual_seed(settings.seed)
+        self.generator = torch.Generator().manual_seed(derive_seed(settings.seed, "algorithm"))
         self.env_config: dict[str, Any] = {}
         self.env = self._make_env(settings.num_envs, settings.seed, {})
         self.spec = self.env.spec

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from rlloop.envs.core import Discrete, EnvError, EnvSpec, StepResult
+from rlloop.seeding import derive_seed
 
 GRAVITY: Final = 9.8
 CART_MASS: Final = 1.0
@@ -40,6 +41,7 @@ TAU: Final = 0.02  # seconds per step, explicit Euler
 X_LIMIT: Final = 2.4
 THETA_LIMIT: Final = 12 * 2 * math.pi / 360
 RESET_BOUND: Final = 0.05
+STREAM: Final = "native-cartpole"  # see rlloop.seeding
 MAX_EPISODE_STEPS: Final = 500
 
 CARTPOLE_SPEC: Final = EnvSpec(
@@ -145,7 +147,7 @@ class CartPoleVecEnv:
         if seed is None:
             self._generator.seed()
         else:
-            self._generator.manual_seed(seed)
+            self._generator.manual_seed(derive_seed(seed, STREAM))
         self._state = torch.zeros((num_envs, 4), dtype=torch.float32, device=self.device)
         self._steps = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
         self._one = torch.ones_like(self._steps)
@@ -158,7 +160,7 @@ class CartPoleVecEnv:
     def reset(self, seed: int | None = None) -> Tensor:
         """Start new episodes in every env; ``seed`` reseeds the shared generator."""
         if seed is not None:
-            self._generator.manual_seed(seed)
+            self._generator.manual_seed(derive_seed(seed, STREAM))
         self._state.uniform_(-RESET_BOUND, RESET_BOUND, generator=self._generator)
         self._steps.zero_()
         self._needs_reset = False
