@@ -17,6 +17,7 @@ from rlloop.config import build_config
 from rlloop.envs.core import sample_random_actions
 from rlloop.offpolicy_trainer import OffPolicyTrainer
 from rlloop.run import build_algorithm, train
+from rlloop.seeding import derive_seed
 from rlloop.trainer import Trainer
 
 QUIET = ["mlflow=false", "progress=false"]
@@ -133,8 +134,8 @@ def test_warmup_takes_uniform_random_actions_from_the_algorithm_generator():
     for _ in range(30):
         algo.env_step()
     stored = algo.loop.replay.get_state()["action"]
-    expected = torch.cat([sample_random_actions(algo.space, 1, g)
-                          for g in [torch.Generator().manual_seed(5)] for _ in range(30)])
+    generator = torch.Generator().manual_seed(derive_seed(5, "algorithm"))
+    expected = torch.cat([sample_random_actions(algo.space, 1, generator) for _ in range(30)])
     assert torch.equal(stored, expected)
     assert algo.optimize(30) is None  # still warming up: the optimisation step is skipped
     algo.close()

@@ -23,12 +23,12 @@ from rlloop.algorithms.offpolicy import (
     ReplayBatch,
     check_hidden,
 )
-from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
+from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase, OffPolicyLearnerBase
 from rlloop.data.replay import PrioritizedReplayBuffer, Transitions
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
-from rlloop.learners.lean_step import LeanOptim, gradient_step
-from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner
+from rlloop.learners.lean_step import gradient_step
+from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip
 from rlloop.learners.mlp_backprop import MLPBackprop
 from rlloop.learners.schedules import Linear
 from rlloop.losses.dqn import dqn_loss, dqn_loss_grad, dqn_stats, dqn_target, huber_loss
@@ -102,7 +102,7 @@ class DQNModule(nn.Module):
         self.target = copy.deepcopy(online).requires_grad_(False)
 
 
-class DQNLearner(Learner[ReplayBatch]):
+class DQNLearner(OffPolicyLearnerBase):
     """Adam on the online network; Huber TD loss; target updates on a fixed cadence.
 
     With ``fused_update`` and a plain MLP Q-network (one module), updates skip autograd:
@@ -114,11 +114,9 @@ class DQNLearner(Learner[ReplayBatch]):
 
     def __init__(self, modules: Mapping[str, DQNModule], config: DQNConfig,
                  on_nonfinite: str = "skip") -> None:
-        self.updates = 0
-        self.lean: list[LeanOptim] = []
         self.td_errors: Tensor | None = None  # of the last batch, for prioritized replay
         self.backprop: MLPBackprop | None = None  # the fused path (see above)
-        super().__init__(modules, config, on_nonfinite=on_nonfinite)  # type: ignore[arg-type]
+        super().__init__(modules, config, on_nonfinite=on_nonfinite)
 
     def module(self, module_id: str = DEFAULT_MODULE_ID) -> DQNModule:
         return cast(DQNModule, self.modules[module_id])
@@ -127,11 +125,8 @@ class DQNLearner(Learner[ReplayBatch]):
         online = self.module(module_id).online
         if config.fused_update and not online.dueling and len(self.modules) == 1:
             self.backprop = MLPBackprop(cast(MLP, online.net))
-        params = list(online.parameters())
-        optimizer = torch.optim.Adam(params, lr=config.lr, eps=config.adam_eps, fused=True)
-        self.register_optimizer(module_id, "default", optimizer, params, config.lr,
-                                GradientClip(config.max_grad_norm))
-        self.lean.append(LeanOptim(optimizer, params, config.max_grad_norm))
+        self.add_adam(module_id, "default", list(online.parameters()), config.lr,
+                      config.max_grad_norm, config.adam_eps)
 
     def compute_loss_for_module(self, module_id: str, config: DQNConfig,
                                 batch: ReplayBatch, fwd_out: Any = None
@@ -155,12 +150,7 @@ class DQNLearner(Learner[ReplayBatch]):
                 target = dqn_target(batch.reward, batch.discount, batch.terminated,
                                     m.target(batch.next_obs), next_online)
             return self.update_towards(batch.obs, batch.action, target, batch.weights)
-        loss, stats = self.compute_loss_for_module(DEFAULT_MODULE_ID, self.config, batch)
-        if not bool(torch.isfinite(loss)):
-            return self._skip("loss", stats)  # counted, or raised with on_nonfinite=raise
-        gradient_step(loss, self.lean)
-        self.after_update()
-        return stats
+        return super().update(batch)
 
     def updates_with_fixed_target(self, limit: int) -> int:
         """How many of the next ``limit`` updates see the current target network.
@@ -210,20 +200,19 @@ class DQNLearner(Learner[ReplayBatch]):
         if not finite:
             return self._skip("loss", stats)
         self.backprop.backward(inputs, grad)
-        self.lean[0].step()
-        self.after_update()
+        self.step_optimizers()
         return stats
 
-    def after_update(self) -> None:
-        """Count the gradient update; update the target networks when one is due."""
-        self.updates += 1
-        if self.updates % self.config.target_update_interval == 0:
-            for module_id in self.modules:
-                m = self.module(module_id)
-                if self.config.tau >= 1.0:
-                    hard_update(m.target, m.online)
-                else:
-                    polyak_update(m.target, m.online, self.config.tau)
+    def target_update_every(self) -> int:
+        return int(self.config.target_update_interval)
+
+    def update_targets(self, module_id: str) -> None:
+        """Copy the online network (``tau = 1``) or average towards it (``tau < 1``)."""
+        m = self.module(module_id)
+        if self.config.tau >= 1.0:
+            hard_update(m.target, m.online)
+        else:
+            polyak_update(m.target, m.online, self.config.tau)
 
 
 class DQN(OffPolicyAlgorithmBase):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from rlloop.algorithms.base import EVAL_SEED_OFFSET, AlgorithmBase, EnvSettings
 from rlloop.algorithms.offpolicy import (
@@ -27,6 +27,64 @@ from rlloop.algorithms.offpolicy import (
 )
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
+from rlloop.learners.lean_step import LeanOptim, gradient_step
+from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner
+
+
+class OffPolicyLearnerBase(Learner[ReplayBatch]):
+    """What DQN's, SAC's and TD3's learners share: fused Adam optimisers stepped through
+    :class:`~rlloop.learners.lean_step.LeanOptim`, the autograd update (one backward
+    pass over the summed losses, skipped when non-finite), the count of gradient
+    updates, and target-network updates every :meth:`target_update_every` of them.
+
+    A subclass implements ``compute_loss_for_module``, ``configure_optimizers_for_module``
+    (calling :meth:`add_adam`), :meth:`target_update_every` and :meth:`update_targets`.
+    """
+
+    def __init__(self, modules: Mapping[str, nn.Module], config: Any,
+                 on_nonfinite: str = "skip") -> None:
+        self.updates = 0
+        self.lean: list[LeanOptim] = []
+        super().__init__(modules, config, on_nonfinite=on_nonfinite)  # type: ignore[arg-type]
+
+    def add_adam(self, module_id: str, name: str, params: list[Tensor], lr: float,
+                 max_grad_norm: float | None = None, eps: float = 1e-8) -> None:
+        """Register ``Adam(fused=True)`` over ``params`` (with global-norm clipping)."""
+        optimizer = torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+        self.register_optimizer(module_id, name, optimizer, params, lr,
+                                GradientClip(max_grad_norm))
+        self.lean.append(LeanOptim(optimizer, params, max_grad_norm))
+
+    def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
+        """One gradient update of every optimiser (one backward pass), then the targets."""
+        loss, stats = self.compute_loss_for_module(DEFAULT_MODULE_ID, self.config, batch)
+        if not bool(torch.isfinite(loss)):
+            return self._skip("loss", stats)  # counted, or raised with on_nonfinite=raise
+        gradient_step(loss, self.lean)
+        self.after_update()
+        return stats
+
+    def step_optimizers(self) -> None:
+        """Clip and step every optimiser on the gradients set by hand, then
+        :meth:`after_update` (the end of a fused update)."""
+        for optim in self.lean:
+            optim.step()
+        self.after_update()
+
+    def after_update(self) -> None:
+        """Count the gradient update; update the target networks when one is due."""
+        self.updates += 1
+        if self.updates % self.target_update_every() == 0:
+            for module_id in self.modules:
+                self.update_targets(module_id)
+
+    def target_update_every(self) -> int:
+        """Gradient updates between target-network updates."""
+        raise NotImplementedError
+
+    def update_targets(self, module_id: str) -> None:
+        """Move ``module_id``'s target networks towards its online networks."""
+        raise NotImplementedError
 
 
 class OffPolicyLearner(Protocol):

@@ -32,10 +32,13 @@ from rlloop.algorithms.offpolicy import (
     check_hidden,
     unit_box,
 )
-from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase, continuous_actions
+from rlloop.algorithms.offpolicy_algorithm import (
+    OffPolicyAlgorithmBase,
+    OffPolicyLearnerBase,
+    continuous_actions,
+)
 from rlloop.errors import ConfigError
-from rlloop.learners.lean_step import LeanOptim, gradient_step
-from rlloop.learners.learner import DEFAULT_MODULE_ID, Learner
+from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.learners.mlp_backprop import MLPBackprop, TwinMLPBackprop
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.sac import (
@@ -99,7 +102,7 @@ class SACModule(nn.Module):
                                       requires_grad=config.autotune_alpha)
 
 
-class SACLearner(Learner[ReplayBatch]):
+class SACLearner(OffPolicyLearnerBase):
     """Registers ``actor``, ``critic`` and ``alpha`` optimisers; one backward per update.
 
     With ``fused_update`` (one module) the backward pass is derived by hand: the pure
@@ -112,13 +115,11 @@ class SACLearner(Learner[ReplayBatch]):
                  on_nonfinite: str = "skip") -> None:
         self.target_entropy = target_entropy
         self.generator = generator
-        self.updates = 0
-        self.lean: list[LeanOptim] = []
         self.backprop: tuple[MLPBackprop, TwinMLPBackprop] | None = None
         if config.fused_update and len(modules) == 1:
             m = next(iter(modules.values()))
             self.backprop = (MLPBackprop(m.actor.net), TwinMLPBackprop(m.critic))
-        super().__init__(modules, config, on_nonfinite=on_nonfinite)  # type: ignore[arg-type]
+        super().__init__(modules, config, on_nonfinite=on_nonfinite)
 
     def module(self, module_id: str = DEFAULT_MODULE_ID) -> SACModule:
         return cast(SACModule, self.modules[module_id])
@@ -130,9 +131,7 @@ class SACLearner(Learner[ReplayBatch]):
         if config.autotune_alpha:
             groups.append(("alpha", [m.log_alpha]))
         for name, params in groups:
-            optimizer = torch.optim.Adam(params, lr=config.lr, fused=True)
-            self.register_optimizer(module_id, name, optimizer, params, config.lr)
-            self.lean.append(LeanOptim(optimizer, params))
+            self.add_adam(module_id, name, params, config.lr)
 
     def _target(self, m: SACModule, batch: ReplayBatch, alpha: Tensor) -> Tensor:
         with torch.no_grad():
@@ -164,12 +163,7 @@ class SACLearner(Learner[ReplayBatch]):
         """One gradient update of every optimiser (one backward pass), then the targets."""
         if self.backprop is not None:
             return self._fused_update(batch)
-        loss, stats = self.compute_loss_for_module(DEFAULT_MODULE_ID, self.config, batch)
-        if not bool(torch.isfinite(loss)):
-            return self._skip("loss", stats)  # counted, or raised with on_nonfinite=raise
-        gradient_step(loss, self.lean)
-        self.after_update()
-        return stats
+        return super().update(batch)
 
     def _fused_update(self, batch: ReplayBatch) -> dict[str, Tensor]:
         """``update`` with the gradients derived by hand; the random draws, losses and
@@ -201,18 +195,15 @@ class SACLearner(Learner[ReplayBatch]):
         critic_bp.backward(critic_inputs, sac_critic_loss_grad(q, target))
         if cfg.autotune_alpha:
             m.log_alpha.grad = sac_alpha_loss_grad(log_prob, self.target_entropy)
-        for optim in self.lean:
-            optim.step()
-        self.after_update()
+        self.step_optimizers()
         return stats
 
-    def after_update(self) -> None:
-        """Count the gradient update; Polyak-update the target critics when due."""
-        self.updates += 1
-        if self.updates % self.config.target_update_interval == 0:
-            for module_id in self.modules:
-                m = self.module(module_id)
-                polyak_update(m.critic_target, m.critic, self.config.tau)
+    def target_update_every(self) -> int:
+        return int(self.config.target_update_interval)
+
+    def update_targets(self, module_id: str) -> None:
+        m = self.module(module_id)
+        polyak_update(m.critic_target, m.critic, self.config.tau)
 
 
 class SAC(OffPolicyAlgorithmBase):

@@ -25,10 +25,13 @@ from rlloop.algorithms.offpolicy import (
     check_hidden,
     unit_box,
 )
-from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase, continuous_actions
+from rlloop.algorithms.offpolicy_algorithm import (
+    OffPolicyAlgorithmBase,
+    OffPolicyLearnerBase,
+    continuous_actions,
+)
 from rlloop.errors import ConfigError
-from rlloop.learners.lean_step import LeanOptim, gradient_step
-from rlloop.learners.learner import DEFAULT_MODULE_ID, Learner
+from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.td3 import smoothed_target_action, td3_actor_loss, td3_critic_loss, td3_target
 from rlloop.modules.networks import flat_dim
@@ -80,16 +83,14 @@ class TD3Module(nn.Module):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
 
 
-class TD3Learner(Learner[ReplayBatch]):
+class TD3Learner(OffPolicyLearnerBase):
     """Registers ``actor`` and ``critic`` optimisers; the actor term joins every
     ``policy_delay``-th loss."""
 
     def __init__(self, modules: Mapping[str, TD3Module], config: TD3Config,
                  generator: torch.Generator, on_nonfinite: str = "skip") -> None:
         self.generator = generator
-        self.updates = 0
-        self.lean: list[LeanOptim] = []
-        super().__init__(modules, config, on_nonfinite=on_nonfinite)  # type: ignore[arg-type]
+        super().__init__(modules, config, on_nonfinite=on_nonfinite)
 
     def module(self, module_id: str = DEFAULT_MODULE_ID) -> TD3Module:
         return cast(TD3Module, self.modules[module_id])
@@ -101,10 +102,7 @@ class TD3Learner(Learner[ReplayBatch]):
     def configure_optimizers_for_module(self, module_id: str, config: TD3Config) -> None:
         m = self.module(module_id)
         for name, part in (("actor", m.actor), ("critic", m.critic)):
-            params = list(part.parameters())
-            optimizer = torch.optim.Adam(params, lr=config.lr, fused=True)
-            self.register_optimizer(module_id, name, optimizer, params, config.lr)
-            self.lean.append(LeanOptim(optimizer, params))
+            self.add_adam(module_id, name, list(part.parameters()), config.lr)
 
     def compute_loss_for_module(self, module_id: str, config: TD3Config,
                                 batch: ReplayBatch, fwd_out: Any = None
@@ -126,23 +124,13 @@ class TD3Learner(Learner[ReplayBatch]):
             stats.update(actor_stats)
         return loss, stats
 
-    def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
-        """One gradient update of every optimiser (one backward pass), then the targets."""
-        loss, stats = self.compute_loss_for_module(DEFAULT_MODULE_ID, self.config, batch)
-        if not bool(torch.isfinite(loss)):
-            return self._skip("loss", stats)  # counted, or raised with on_nonfinite=raise
-        gradient_step(loss, self.lean)
-        self.after_update()
-        return stats
+    def target_update_every(self) -> int:
+        return int(self.config.policy_delay)  # after each delayed actor update
 
-    def after_update(self) -> None:
-        """Count the update; after a delayed actor update, Polyak-update both targets."""
-        self.updates += 1
-        if self.updates % self.config.policy_delay == 0:
-            for module_id in self.modules:
-                m = self.module(module_id)
-                polyak_update(m.critic_target, m.critic, self.config.tau)
-                polyak_update(m.actor_target, m.actor, self.config.tau)
+    def update_targets(self, module_id: str) -> None:
+        m = self.module(module_id)
+        polyak_update(m.critic_target, m.critic, self.config.tau)
+        polyak_update(m.actor_target, m.actor, self.config.tau)
 
 
 class TD3(OffPolicyAlgorithmBase):
