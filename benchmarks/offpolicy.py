@@ -28,6 +28,10 @@ clock runs only during its own training. Reported per run:
   optimisation steps per second (one optimisation step = ``gradient_steps`` updates);
 - ``return``: mean return of the trained policy on 20 deterministic Gymnasium episodes
   (the same eval code and seeds for every run);
+- ``late``: the mean of that evaluation at 80%, 90% and 100% of the budget (same env
+  step for every run). DQN's greedy policy on CartPole swings between 500 and much less
+  from one optimisation step to the next, in both libraries, so the final return alone
+  is mostly seed luck; ``late`` averages over the end of the learning curve;
 - ``share``: FLOPs of one gradient update (counted with
   ``torch.utils.flop_counter.FlopCounterMode``) times updates per second, divided by the
   matmul FLOP/s this CPU reaches on one thread (the best of square fp32 matmuls): the
@@ -67,6 +71,13 @@ class Result:
     flops_per_update: float
     load: tuple[float, float]
     seed: int = 0
+    late_returns: tuple[float, ...] = ()
+
+    @property
+    def late_return(self) -> float:
+        """Mean of the evaluations near the end of the budget, the final one included."""
+        returns = [*self.late_returns, self.eval_return]
+        return sum(returns) / len(returns)
 
     @property
     def env_sps(self) -> float:
@@ -141,6 +152,7 @@ class RlloopRun:
         self.algorithm: Any = build_algorithm(self.config)
         self.trainer = OffPolicyTrainer(self.algorithm)
         self.seconds = 0.0
+        self.late_returns: list[float] = []
 
     def advance(self, env_steps: int) -> None:
         start = time.perf_counter()
@@ -148,23 +160,26 @@ class RlloopRun:
             self.trainer.step()
         self.seconds += time.perf_counter() - start
 
+    def act(self, obs: np.ndarray) -> Any:
+        action = self.algorithm.act(torch.as_tensor(obs, dtype=torch.float32)[None])[0]
+        return int(action) if self.algo == "dqn" else action.numpy()
+
+    def evaluate_late(self) -> None:
+        self.late_returns.append(evaluate_gym(self.env_id, self.act))
+
     def result(self, load: tuple[float, float]) -> Result:
         from rlloop.algorithms.offpolicy import ReplayBatch
 
         algorithm = self.algorithm
         batch = ReplayBatch.of(algorithm.loop.replay.sample(
             self.config.hparams.batch_size, torch.Generator().manual_seed(0)))
+        final = evaluate_gym(self.env_id, self.act)  # before the FLOP count's extra update
         flops = count_flops(lambda: algorithm.learner.update(batch))
-
-        def act(obs: np.ndarray) -> Any:
-            action = algorithm.act(torch.as_tensor(obs, dtype=torch.float32)[None])[0]
-            return int(action) if self.algo == "dqn" else action.numpy()
-
         result = Result(f"rlloop {self.num_envs} env{'s' if self.num_envs > 1 else ''}",
                         f"{self.algo} {self.env_id}", self.trainer.state["env/steps"],
                         self.seconds, algorithm.learner.updates,
-                        self.trainer.state["algorithm/steps"], evaluate_gym(self.env_id, act),
-                        flops, load, self.seed)
+                        self.trainer.state["algorithm/steps"], final, flops, load, self.seed,
+                        tuple(self.late_returns))
         algorithm.close()
         return result
 
@@ -191,30 +206,40 @@ def train_all(algo: str, env_id: str, steps: int, seed: int, chunk: int,
 
     ours = [RlloopRun(algo, env_id, steps, seed, n) for n in rlloop_envs]
     model = sb3_model(algo, env_id, seed)
+    late_marks = [-(-int(f * steps) // chunk) * chunk for f in (0.8, 0.9)]  # chunk multiples
+    sb3_late: list[float] = []
+    paused = [0.0]  # seconds spent evaluating, off SB3's clock
+
+    def sb3_act(obs: np.ndarray) -> Any:
+        action, _ = model.predict(obs, deterministic=True)
+        return int(action) if algo == "dqn" else action
 
     class Alternate(BaseCallback):
         def _on_step(self) -> bool:
             if self.num_timesteps % chunk == 0:
                 for run in ours:
                     run.advance(self.num_timesteps)
+                if self.num_timesteps in late_marks:
+                    t0 = time.perf_counter()
+                    sb3_late.append(evaluate_gym(env_id, sb3_act))
+                    for run in ours:
+                        run.evaluate_late()
+                    paused[0] += time.perf_counter() - t0
             return True
 
     load0 = load_average()
     start = time.perf_counter()
     model.learn(total_timesteps=steps, callback=Alternate())
-    sb3_seconds = time.perf_counter() - start - sum(run.seconds for run in ours)
+    sb3_seconds = (time.perf_counter() - start - sum(run.seconds for run in ours)
+                   - paused[0])
     for run in ours:
         run.advance(steps)
     load = (load0, load_average())
     updates = int(model._n_updates)
+    final = evaluate_gym(env_id, sb3_act)
     flops = count_flops(lambda: model.train(gradient_steps=1, batch_size=model.batch_size))
-
-    def act(obs: np.ndarray) -> Any:
-        action, _ = model.predict(obs, deterministic=True)
-        return int(action) if algo == "dqn" else action
-
     theirs = Result("sb3 1 env", f"{algo} {env_id}", int(model.num_timesteps), sb3_seconds,
-                    updates, updates, evaluate_gym(env_id, act), flops, load, seed)
+                    updates, updates, final, flops, load, seed, tuple(sb3_late))
     return [*(run.result(load) for run in ours), theirs]
 
 
@@ -224,15 +249,16 @@ def train_all(algo: str, env_id: str, steps: int, seed: int, chunk: int,
 def report(results: list[Result], peak: float) -> None:
     print(f"\nmatmul peak (1 thread, fp32): {peak / 1e9:.1f} GFLOP/s")
     head = (f"{'task':20s} {'seed':>4s} {'library':15s} {'env steps':>9s} {'train s':>8s} "
-            f"{'env/s':>8s} {'upd/s':>8s} {'opt/s':>8s} {'return':>8s} {'MFLOP/upd':>9s} "
-            f"{'share':>6s} {'load':>9s}")
+            f"{'env/s':>8s} {'upd/s':>8s} {'opt/s':>8s} {'return':>8s} {'late':>7s} "
+            f"{'MFLOP/upd':>9s} {'share':>6s} {'load':>9s}")
     print(head)
     print("-" * len(head))
     for r in results:
         share = r.flops_per_update * r.updates_ps / peak
         print(f"{r.task:20s} {r.seed:4d} {r.library:15s} {r.env_steps:9d} {r.seconds:8.1f} "
               f"{r.env_sps:8.1f} {r.updates_ps:8.1f} {r.opt_steps / r.seconds:8.2f} "
-              f"{r.eval_return:8.1f} {r.flops_per_update / 1e6:9.1f} {share:6.1%} "
+              f"{r.eval_return:8.1f} {r.late_return:7.1f} {r.flops_per_update / 1e6:9.1f} "
+              f"{share:6.1%} "
               f"{r.load[0]:4.1f}/{r.load[1]:4.1f}")
     print()
     for task, seed in dict.fromkeys((r.task, r.seed) for r in results):
@@ -242,7 +268,8 @@ def report(results: list[Result], peak: float) -> None:
             print(f"{task} seed {seed}: {mine.library} / SB3 env steps/s "
                   f"{mine.env_sps / theirs.env_sps:.2f}x, updates/s "
                   f"{mine.updates_ps / theirs.updates_ps:.2f}x, return "
-                  f"{mine.eval_return:.1f} vs {theirs.eval_return:.1f}")
+                  f"{mine.eval_return:.1f} vs {theirs.eval_return:.1f}, late "
+                  f"{mine.late_return:.1f} vs {theirs.late_return:.1f}")
 
 
 def main() -> None:
@@ -276,7 +303,8 @@ def main() -> None:
 
 def summary(results: list[Result]) -> None:
     """Means over seeds: total env steps / total training time, and mean return."""
-    print(f"\n{'task':20s} {'library':15s} {'env/s':>8s} {'ratio':>6s} {'mean return':>12s}")
+    print(f"\n{'task':20s} {'library':15s} {'env/s':>8s} {'ratio':>6s} {'mean return':>12s} "
+          f"{'mean late':>10s} {'seeds':>5s}")
     for task in dict.fromkeys(r.task for r in results):
         runs: dict[str, list[Result]] = {}
         for r in results:
@@ -287,7 +315,9 @@ def summary(results: list[Result]) -> None:
         for library, group in [*runs.items(), ("sb3 1 env", sb3)]:
             sps = sum(r.env_steps for r in group) / sum(r.seconds for r in group)
             mean = sum(r.eval_return for r in group) / len(group)
-            print(f"{task:20s} {library:15s} {sps:8.1f} {sps / base:5.2f}x {mean:12.1f}")
+            late = sum(r.late_return for r in group) / len(group)
+            print(f"{task:20s} {library:15s} {sps:8.1f} {sps / base:5.2f}x {mean:12.1f} "
+                  f"{late:10.1f} {len(group):5d}")
 
 
 if __name__ == "__main__":
