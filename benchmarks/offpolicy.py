@@ -10,9 +10,10 @@ rlloop's shipped presets are the same values):
 - DQN on CartPole-v1: lr 2.3e-3, batch 64, buffer 100k, 1000 warm-up steps, train_freq
   256 with 128 gradient steps, target synced every 128 updates (SB3: every 10 env steps,
   which is the same thing at this train_freq), epsilon 1 -> 0.04 over 16% of the budget,
-  [256, 256] ReLU Q-network. rlloop steps its native batched CartPole, SB3 Gymnasium's.
-  rlloop runs twice: with 1 env, exactly rl-zoo's setup, and with 4 envs, its preset
-  (every setting counts transitions, so the update-to-data ratio is the same).
+  [256, 256] ReLU Q-network. SB3 steps Gymnasium's CartPole. rlloop runs three times:
+  its native batched CartPole with 1 env (rl-zoo's setup) and with 4 envs (its preset;
+  every setting counts transitions, so the update-to-data ratio is the same), and
+  Gymnasium's CartPole with 1 env ("gym": the very env SB3 steps).
 - SAC on Pendulum-v1: lr 1e-3 for actor, critics and alpha, batch 256, 100 warm-up
   steps, one gradient step per env step, [256, 256] networks, tau 0.005, 1 env. Both
   step Gymnasium's Pendulum.
@@ -135,13 +136,14 @@ def evaluate_gym(env_id: str, act: Callable[[np.ndarray], Any]) -> float:
 class RlloopRun:
     """rlloop's trainer, advanced in chunks; ``seconds`` counts only its own training."""
 
-    def __init__(self, algo: str, env_id: str, steps: int, seed: int, num_envs: int) -> None:
+    def __init__(self, algo: str, env_id: str, steps: int, seed: int, num_envs: int,
+                 backend: str = "auto") -> None:
         from rlloop.config import build_config
         from rlloop.offpolicy_trainer import OffPolicyTrainer
         from rlloop.run import build_algorithm
 
         never = 10**12
-        sets = ["mlflow=false", "progress=false", f"num_envs={num_envs}",
+        sets = ["mlflow=false", "progress=false", f"num_envs={num_envs}", f"backend={backend}",
                 f"{algo}.eval_interval={never}", f"{algo}.record_interval={never}",
                 f"{algo}.save_interval=0"]
         if algo == "dqn":  # SB3's exploration_fraction is relative to the budget
@@ -149,6 +151,8 @@ class RlloopRun:
         self.config = build_config(algo, env_id, flags={"seed": seed, "total_env_steps": steps},
                                    sets=sets)
         self.algo, self.env_id, self.num_envs, self.seed = algo, env_id, num_envs, seed
+        self.label = (f"rlloop {num_envs} env{'s' if num_envs > 1 else ''}"
+                      + (" gym" if backend == "gymnasium" and algo == "dqn" else ""))
         self.algorithm: Any = build_algorithm(self.config)
         self.trainer = OffPolicyTrainer(self.algorithm)
         self.seconds = 0.0
@@ -175,7 +179,7 @@ class RlloopRun:
             self.config.hparams.batch_size, torch.Generator().manual_seed(0)))
         final = evaluate_gym(self.env_id, self.act)  # before the FLOP count's extra update
         flops = count_flops(lambda: algorithm.learner.update(batch))
-        result = Result(f"rlloop {self.num_envs} env{'s' if self.num_envs > 1 else ''}",
+        result = Result(self.label,
                         f"{self.algo} {self.env_id}", self.trainer.state["env/steps"],
                         self.seconds, algorithm.learner.updates,
                         self.trainer.state["algorithm/steps"], final, flops, load, self.seed,
@@ -198,13 +202,14 @@ def sb3_model(algo: str, env_id: str, seed: int) -> Any:
 
 
 def train_all(algo: str, env_id: str, steps: int, seed: int, chunk: int,
-              rlloop_envs: tuple[int, ...]) -> list[Result]:
-    """Train SB3 and rlloop (once per entry of ``rlloop_envs``) on the same budget,
+              rlloop_runs: tuple[tuple[int, str], ...]) -> list[Result]:
+    """Train SB3 and rlloop (once per ``(num_envs, backend)`` of ``rlloop_runs``) on the
+    same budget,
     alternating every ``chunk`` env steps so that all see the same machine load; each
     one's time counts only its own work."""
     from stable_baselines3.common.callbacks import BaseCallback
 
-    ours = [RlloopRun(algo, env_id, steps, seed, n) for n in rlloop_envs]
+    ours = [RlloopRun(algo, env_id, steps, seed, n, backend) for n, backend in rlloop_runs]
     model = sb3_model(algo, env_id, seed)
     late_marks = [-(-int(f * steps) // chunk) * chunk for f in (0.8, 0.9)]  # chunk multiples
     sb3_late: list[float] = []
@@ -248,14 +253,14 @@ def train_all(algo: str, env_id: str, steps: int, seed: int, chunk: int,
 
 def report(results: list[Result], peak: float) -> None:
     print(f"\nmatmul peak (1 thread, fp32): {peak / 1e9:.1f} GFLOP/s")
-    head = (f"{'task':20s} {'seed':>4s} {'library':15s} {'env steps':>9s} {'train s':>8s} "
+    head = (f"{'task':20s} {'seed':>4s} {'library':17s} {'env steps':>9s} {'train s':>8s} "
             f"{'env/s':>8s} {'upd/s':>8s} {'opt/s':>8s} {'return':>8s} {'late':>7s} "
             f"{'MFLOP/upd':>9s} {'share':>6s} {'load':>9s}")
     print(head)
     print("-" * len(head))
     for r in results:
         share = r.flops_per_update * r.updates_ps / peak
-        print(f"{r.task:20s} {r.seed:4d} {r.library:15s} {r.env_steps:9d} {r.seconds:8.1f} "
+        print(f"{r.task:20s} {r.seed:4d} {r.library:17s} {r.env_steps:9d} {r.seconds:8.1f} "
               f"{r.env_sps:8.1f} {r.updates_ps:8.1f} {r.opt_steps / r.seconds:8.2f} "
               f"{r.eval_return:8.1f} {r.late_return:7.1f} {r.flops_per_update / 1e6:9.1f} "
               f"{share:6.1%} "
@@ -286,8 +291,9 @@ def main() -> None:
     sac_steps = args.sac_steps or (600 if args.quick else 5_000)
     peak = matmul_peak_flops()
     results = []
-    tasks = {"dqn": ("CartPole-v1", dqn_steps, 1024, (1, 4)),
-             "sac": ("Pendulum-v1", sac_steps, 100, (1,))}
+    tasks = {"dqn": ("CartPole-v1", dqn_steps, 1024,
+                     ((1, "native"), (4, "native"), (1, "gymnasium"))),
+             "sac": ("Pendulum-v1", sac_steps, 100, ((1, "auto"),))}
     for seed in args.seeds:
         for algo in args.tasks:
             env_id, steps, chunk, envs = tasks[algo]
@@ -303,7 +309,7 @@ def main() -> None:
 
 def summary(results: list[Result]) -> None:
     """Means over seeds: total env steps / total training time, and mean return."""
-    print(f"\n{'task':20s} {'library':15s} {'env/s':>8s} {'ratio':>6s} {'mean return':>12s} "
+    print(f"\n{'task':20s} {'library':17s} {'env/s':>8s} {'ratio':>6s} {'mean return':>12s} "
           f"{'mean late':>10s} {'seeds':>5s}")
     for task in dict.fromkeys(r.task for r in results):
         runs: dict[str, list[Result]] = {}
@@ -316,7 +322,7 @@ def summary(results: list[Result]) -> None:
             sps = sum(r.env_steps for r in group) / sum(r.seconds for r in group)
             mean = sum(r.eval_return for r in group) / len(group)
             late = sum(r.late_return for r in group) / len(group)
-            print(f"{task:20s} {library:15s} {sps:8.1f} {sps / base:5.2f}x {mean:12.1f} "
+            print(f"{task:20s} {library:17s} {sps:8.1f} {sps / base:5.2f}x {mean:12.1f} "
                   f"{late:10.1f} {len(group):5d}")
 
 
