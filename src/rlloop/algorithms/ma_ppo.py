@@ -251,9 +251,12 @@ class MultiAgentPPO:
             self._eval_envs[n] = self._make_env(n, self.settings.seed + EVAL_SEED_OFFSET, {})
         self.evals += 1
         opponent = RANDOM if self.config.eval_opponent == "random" else None
+        seed = self.settings.seed + EVAL_SEED_OFFSET + self.evals
+        # Its own generator: evaluating never shifts the training draws.
+        generator = torch.Generator().manual_seed(derive_seed(seed, "evaluation"))
         return evaluate_multi_agent(
             self._eval_envs[n], self._policy(deterministic), self.focal_module, opponent,
-            episodes, self.generator, seed=self.settings.seed + EVAL_SEED_OFFSET + self.evals)
+            episodes, generator, seed=seed)
 
     def pop_times(self) -> dict[str, float]:
         return self.runner.pop_times()
