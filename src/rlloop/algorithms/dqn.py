@@ -27,7 +27,6 @@ from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase, OffPol
 from rlloop.data.replay import PrioritizedReplayBuffer, Transitions
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
-from rlloop.learners.lean_step import gradient_step
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip
 from rlloop.learners.mlp_backprop import MLPBackprop
 from rlloop.learners.schedules import Linear
@@ -132,24 +131,22 @@ class DQNLearner(OffPolicyLearnerBase):
                                 batch: ReplayBatch, fwd_out: Any = None
                                 ) -> tuple[Tensor, dict[str, Tensor]]:
         m = self.module(module_id)
-        with torch.no_grad():
-            next_q_target = m.target(batch.next_obs)
-            next_q_online = m.online(batch.next_obs) if config.double_q else None
-        target = dqn_target(batch.reward, batch.discount, batch.terminated, next_q_target,
-                            next_q_online)
-        loss, stats, self.td_errors = dqn_loss(m.online(batch.obs), batch.action, target,
-                                               batch.weights)
+        loss, stats, self.td_errors = dqn_loss(m.online(batch.obs), batch.action,
+                                               self._td_target(m, batch), batch.weights)
         return loss, stats
+
+    def _td_target(self, m: DQNModule, batch: ReplayBatch) -> Tensor:
+        """The TD target of ``batch`` (double DQN's when configured), without gradient."""
+        with torch.no_grad():
+            next_online = m.online(batch.next_obs) if self.config.double_q else None
+            return dqn_target(batch.reward, batch.discount, batch.terminated,
+                              m.target(batch.next_obs), next_online)
 
     def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
         """One gradient update of the (single) module, then the target cadence."""
         if self.backprop is not None:
-            m, cfg = self.module(), self.config
-            with torch.no_grad():
-                next_online = m.online(batch.next_obs) if cfg.double_q else None
-                target = dqn_target(batch.reward, batch.discount, batch.terminated,
-                                    m.target(batch.next_obs), next_online)
-            return self.update_towards(batch.obs, batch.action, target, batch.weights)
+            return self.update_towards(batch.obs, batch.action,
+                                       self._td_target(self.module(), batch), batch.weights)
         return super().update(batch)
 
     def updates_with_fixed_target(self, limit: int) -> int:
@@ -182,11 +179,7 @@ class DQNLearner(OffPolicyLearnerBase):
             return self._fused_update(obs, action, target, weights, stats)
         loss, loss_stats, self.td_errors = dqn_loss(self.module().online(obs), action, target,
                                                     weights)
-        if not bool(torch.isfinite(loss)):
-            return self._skip("loss", loss_stats)
-        gradient_step(loss, self.lean)
-        self.after_update()
-        return loss_stats
+        return self.autograd_step(loss, loss_stats)
 
     def _fused_update(self, obs: Tensor, action: Tensor, target: Tensor,
                       weights: Tensor | None, with_stats: bool) -> dict[str, Tensor]:

@@ -11,7 +11,7 @@ every off-policy algorithm checkpoints. Subclasses build ``config``, ``learner``
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -57,9 +57,15 @@ class OffPolicyLearnerBase(Learner[ReplayBatch]):
 
     def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
         """One gradient update of every optimiser (one backward pass), then the targets."""
-        loss, stats = self.compute_loss_for_module(DEFAULT_MODULE_ID, self.config, batch)
+        return self.autograd_step(*self.compute_loss_for_module(DEFAULT_MODULE_ID,
+                                                                self.config, batch))
+
+    def autograd_step(self, loss: Tensor, stats: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Back-propagate ``loss`` and step every optimiser, then :meth:`after_update`;
+        a non-finite loss is skipped instead (counted, or raised with
+        ``on_nonfinite=raise``). Returns ``stats``."""
         if not bool(torch.isfinite(loss)):
-            return self._skip("loss", stats)  # counted, or raised with on_nonfinite=raise
+            return self._skip("loss", stats)
         gradient_step(loss, self.lean)
         self.after_update()
         return stats
@@ -87,19 +93,6 @@ class OffPolicyLearnerBase(Learner[ReplayBatch]):
         raise NotImplementedError
 
 
-class OffPolicyLearner(Protocol):
-    """What the shared glue needs from DQN's, SAC's and TD3's learners."""
-
-    updates: int
-    skipped_updates: int
-
-    def update(self, batch: ReplayBatch) -> dict[str, Tensor]: ...
-    def before_gradient_based_update(self, env_steps: int) -> object: ...
-    def after_gradient_based_update(self) -> None: ...
-    def get_state(self) -> dict[str, Any]: ...
-    def set_state(self, state: Mapping[str, Any]) -> None: ...
-
-
 class OffPolicyAlgorithmBase(AlgorithmBase):
     """Border's env step and optimisation step, rl8's collect and update, and the state.
 
@@ -109,7 +102,7 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
     """
 
     config: OffPolicyConfig
-    learner: OffPolicyLearner
+    learner: OffPolicyLearnerBase
     loop: OffPolicyLoop
 
     def __init__(self, section: str, env: EnvSettings) -> None:

@@ -147,13 +147,19 @@ class SACLearner(OffPolicyLearnerBase):
         alpha = m.log_alpha.detach().exp()
         target = self._target(m, batch, alpha)
         q = m.critic(batch.obs, batch.action)
-        loss, stats = sac_critic_loss(q[0], q[1], target)
         action, log_prob = m.actor(batch.obs, self.generator)
         q_pi = m.critic(batch.obs, action, detach_params=True)
+        return self._losses(m, q, target, q_pi, log_prob, alpha)
+
+    def _losses(self, m: SACModule, q: Tensor, target: Tensor, q_pi: Tensor, log_prob: Tensor,
+                alpha: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """Critic + actor (+ alpha) loss and their stats, from the critics at the batch's
+        actions (``q``) and at the policy's (``q_pi``), both ``[2, B]``."""
+        loss, stats = sac_critic_loss(q[0], q[1], target)
         actor_loss, actor_stats = sac_actor_loss(q_pi[0], q_pi[1], log_prob, alpha)
         loss = loss + actor_loss
         stats.update(actor_stats)
-        if config.autotune_alpha:
+        if self.config.autotune_alpha:
             alpha_loss, alpha_stats = sac_alpha_loss(m.log_alpha, log_prob, self.target_entropy)
             loss = loss + alpha_loss
             stats.update(alpha_stats)
@@ -177,14 +183,7 @@ class SACLearner(OffPolicyLearnerBase):
         out, actor_inputs = actor_bp.forward(batch.obs.flatten(1))
         action, log_prob, sample = m.actor.head(out, self.generator)
         q_pi, pi_inputs = critic_bp.forward(batch.obs, action)
-        loss, stats = sac_critic_loss(q[0], q[1], target)
-        actor_loss, actor_stats = sac_actor_loss(q_pi[0], q_pi[1], log_prob, alpha)
-        loss = loss + actor_loss
-        stats.update(actor_stats)
-        if cfg.autotune_alpha:
-            alpha_loss, alpha_stats = sac_alpha_loss(m.log_alpha, log_prob, self.target_entropy)
-            loss = loss + alpha_loss.detach()
-            stats.update(alpha_stats)
+        loss, stats = self._losses(m, q, target, q_pi, log_prob, alpha)
         if not bool(torch.isfinite(loss)):
             return self._skip("loss", stats)
         grad_q_pi, grad_log_prob = sac_actor_loss_grad(q_pi, alpha)
