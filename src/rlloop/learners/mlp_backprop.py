@@ -12,9 +12,10 @@ passes ``g <- (g W) * [a > 0]`` down, layer by layer.
 gradient with respect to the input (SAC's actor loss reaches the actor through the
 critics' input) without computing the critics' own parameter gradients.
 
-Both read the module's parameters on every call and owns no tensors, so the module stays
-an ordinary module: copies, ``load_state_dict`` and checkpoints work as before, and the
-optimiser is the same one the autograd path would use. The gradients equal autograd's up
+Both run the module's own forward (which records each layer's input), read its
+parameters on every call and own no tensors, so the module stays an ordinary module:
+copies, ``load_state_dict`` and checkpoints work as before, and the optimiser is the
+same one the autograd path would use. The gradients equal autograd's up
 to float rounding (``tests/test_mlp_backprop.py``).
 """
 
@@ -40,15 +41,8 @@ class MLPBackprop:
     @torch.no_grad()
     def forward(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """The output ``[B, out]`` and the input of every layer (for :meth:`backward`)."""
-        inputs = []
-        layers = self._layers()
-        last = len(layers) - 1
-        for i, layer in enumerate(layers):
-            inputs.append(x)
-            x = torch.addmm(layer.bias, x, layer.weight.t())
-            if i < last:
-                x = x.relu_()
-        return x, inputs
+        inputs: list[Tensor] = []
+        return self.mlp.forward(x, inputs), inputs
 
     @torch.no_grad()
     def backward(self, inputs: list[Tensor], grad_out: Tensor) -> None:
@@ -75,17 +69,8 @@ class TwinMLPBackprop:
     @torch.no_grad()
     def forward(self, obs: Tensor, action: Tensor) -> tuple[Tensor, list[Tensor]]:
         """``[members, B]`` Q-values and every layer's input ``[members, B, in]``."""
-        twin = self.twin
-        x = torch.cat([obs.flatten(1), action.flatten(1)], 1)
-        x = x.expand(twin.members, *x.shape)
-        inputs = []
-        last = len(twin.weights) - 1
-        for i, (w, b) in enumerate(zip(twin.weights, twin.biases, strict=True)):
-            inputs.append(x)
-            x = torch.baddbmm(b, x, w)
-            if i < last:
-                x = x.relu_()
-        return x.squeeze(-1), inputs
+        inputs: list[Tensor] = []
+        return self.twin.forward(obs, action, inputs=inputs), inputs
 
     @torch.no_grad()
     def backward(self, inputs: list[Tensor], grad_q: Tensor, *, params: bool = True,

@@ -37,9 +37,13 @@ class MLP(nn.Module):
         dims = [in_dim, *hidden, out_dim]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(dims))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, inputs: list[Tensor] | None = None) -> Tensor:
+        """The output; each layer's input is appended to ``inputs`` when one is given
+        (what :class:`~rlloop.learners.mlp_backprop.MLPBackprop` back-propagates)."""
         last = len(self.layers) - 1
         for i, layer in enumerate(cast(Sequence[nn.Linear], self.layers)):
+            if inputs is not None:
+                inputs.append(x)
             x = F.linear(x, layer.weight, layer.bias)
             if i < last:
                 x = x.relu_()
@@ -93,13 +97,15 @@ class TwinQ(nn.Module):
         self.members = members
 
     def forward(self, obs: Tensor, action: Tensor, *, detach_params: bool = False,
-                member: int | None = None) -> Tensor:
+                member: int | None = None, inputs: list[Tensor] | None = None) -> Tensor:
         """``[members, B]`` Q-values of ``(obs [B, *obs], action [B, *act])``.
 
         ``detach_params`` evaluates the critics as constants: gradients reach ``action``
         (and through it the actor) but not the critic weights. This is how an actor loss
         is added to the critic loss for a single backward pass. ``member`` evaluates only
-        that critic (``[1, B]``).
+        that critic (``[1, B]``). Each layer's input (``[members, B, in]``) is appended to
+        ``inputs`` when one is given (for
+        :class:`~rlloop.learners.mlp_backprop.TwinMLPBackprop`).
         """
         x = torch.cat([obs.flatten(1), action.flatten(1)], 1)
         x = x.expand(self.members if member is None else 1, *x.shape)
@@ -109,6 +115,8 @@ class TwinQ(nn.Module):
                 w, b = w[member : member + 1], b[member : member + 1]
             if detach_params:
                 w, b = w.detach(), b.detach()
+            if inputs is not None:
+                inputs.append(x)
             x = torch.baddbmm(b, x, w)
             if i < last:
                 x = x.relu_()
