@@ -1,7 +1,9 @@
 """Off-policy training throughput: rlloop vs Stable-Baselines3, in one process, one run.
 
 Run: ``python benchmarks/offpolicy.py [--quick] [--dqn-steps N] [--sac-steps N]
-[--tasks dqn sac] [--seeds 0 1 2]`` (several seeds add a summary of means).
+[--tasks dqn sac] [--seeds 0 1 2] [--jobs N]`` (several seeds add a summary of means and
+of how rlloop's returns compare with SB3's; ``--jobs`` trains that many seeds at once, one
+process each, for machines with more cores than the two this project's is measured on).
 
 Two tasks, each trained by both libraries for the same number of env steps with rl-zoo's
 hyperparameters (``hyperparams/dqn.yml`` CartPole-v1, ``hyperparams/sac.yml`` Pendulum-v1;
@@ -40,16 +42,28 @@ clock runs only during its own training. Reported per run:
 
 Everything runs with one torch thread. The machine may be shared: the load average is
 printed with the results.
+
+Returns at these budgets vary far more between seeds than between the libraries (DQN's
+final return on CartPole ranges from under 100 to 500 in both), so the summary states
+the comparison as a 95% confidence interval of the difference of mean returns
+(rlloop - SB3, Welch's normal approximation over seeds; seeds are independent draws, not
+pairs, since no two contenders share a random stream): ``better`` when the interval lies
+above zero, ``worse`` when below, otherwise ``equal`` (no difference this many seeds can
+detect, the interval's width saying how large one could hide).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import multiprocessing
 import os
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -139,7 +153,7 @@ class RlloopRun:
     def __init__(self, algo: str, env_id: str, steps: int, seed: int, num_envs: int,
                  backend: str = "auto") -> None:
         from rlloop.config import build_config
-        from rlloop.offpolicy_trainer import OffPolicyTrainer
+        from rlloop.offpolicy_trainer import OffPolicyAlgorithm, OffPolicyTrainer
         from rlloop.run import build_algorithm
 
         never = 10**12
@@ -154,7 +168,7 @@ class RlloopRun:
         self.label = (f"rlloop {num_envs} env{'s' if num_envs > 1 else ''}"
                       + (" gym" if backend == "gymnasium" and algo == "dqn" else ""))
         self.algorithm: Any = build_algorithm(self.config)
-        self.trainer = OffPolicyTrainer(self.algorithm)
+        self.trainer = OffPolicyTrainer(cast(OffPolicyAlgorithm, self.algorithm))
         self.seconds = 0.0
         self.late_returns: list[float] = []
 
@@ -277,6 +291,35 @@ def report(results: list[Result], peak: float) -> None:
                   f"{mine.late_return:.1f} vs {theirs.late_return:.1f}")
 
 
+TASKS = {"dqn": ("CartPole-v1", 1024, ((1, "native"), (4, "native"), (1, "gymnasium"))),
+         "sac": ("Pendulum-v1", 100, ((1, "auto"),))}
+
+
+def train_seed(algo: str, steps: int, seed: int) -> list[Result]:
+    """Every contender of ``algo`` on one seed (one torch thread; a worker's entry point)."""
+    torch.set_num_threads(1)
+    env_id, chunk, runs = TASKS[algo]
+    return train_all(algo, env_id, steps, seed, chunk, runs)
+
+
+def train_seeds(jobs: Sequence[tuple[str, int, int]], workers: int) -> list[Result]:
+    """``train_seed`` for each ``(algo, steps, seed)``, ``workers`` processes at a time
+    (in this process when 1); results in job order."""
+    if workers <= 1:
+        return [r for job in jobs for r in report_seed(train_seed(*job))]
+    context = multiprocessing.get_context("spawn")  # no fork of a process torch has threaded
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = [pool.submit(train_seed, *job) for job in jobs]
+        return [r for future in futures for r in report_seed(future.result())]
+
+
+def report_seed(results: list[Result]) -> list[Result]:
+    for result in results:
+        print(f"seed {result.seed}: {result.library} {result.task}: {result.env_steps} env "
+              f"steps in {result.seconds:.1f} s, return {result.eval_return:.1f}", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short runs (a smoke test)")
@@ -285,23 +328,18 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", choices=["dqn", "sac"], default=["dqn", "sac"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="one run of every task per seed; the summary averages them")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="seeds trained at once, one process each (default 1: in turn, "
+                             "as the README's figures on two cores)")
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     torch.set_num_threads(1)
-    dqn_steps = args.dqn_steps or (6_000 if args.quick else 40_000)
-    sac_steps = args.sac_steps or (600 if args.quick else 5_000)
+    steps = {"dqn": args.dqn_steps or (6_000 if args.quick else 40_000),
+             "sac": args.sac_steps or (600 if args.quick else 5_000)}
     peak = matmul_peak_flops()
-    results = []
-    tasks = {"dqn": ("CartPole-v1", dqn_steps, 1024,
-                     ((1, "native"), (4, "native"), (1, "gymnasium"))),
-             "sac": ("Pendulum-v1", sac_steps, 100, ((1, "auto"),))}
-    for seed in args.seeds:
-        for algo in args.tasks:
-            env_id, steps, chunk, envs = tasks[algo]
-            for result in train_all(algo, env_id, steps, seed, chunk, envs):
-                print(f"seed {seed}: {result.library} {result.task}: {result.env_steps} env "
-                      f"steps in {result.seconds:.1f} s, return {result.eval_return:.1f}",
-                      flush=True)
-                results.append(result)
+    jobs = [(algo, steps[algo], seed) for seed in args.seeds for algo in args.tasks]
+    results = train_seeds(jobs, args.jobs)
     report(results, peak)
     if len(args.seeds) > 1:
         summary(results)
@@ -324,6 +362,42 @@ def summary(results: list[Result]) -> None:
             late = sum(r.late_return for r in group) / len(group)
             print(f"{task:20s} {library:17s} {sps:8.1f} {sps / base:5.2f}x {mean:12.1f} "
                   f"{late:10.1f} {len(group):5d}")
+        for library, group in runs.items():
+            for name, value in (("final", "eval_return"), ("late", "late_return")):
+                ours = [getattr(r, value) for r in group]
+                theirs = [getattr(r, value) for r in sb3]
+                print(f"{task:20s} {library:17s} {name:5s} return vs SB3: "
+                      f"{compare_returns(ours, theirs)}")
+
+
+@dataclass(frozen=True)
+class ReturnComparison:
+    """rlloop's mean return minus SB3's, with a 95% confidence interval."""
+
+    difference: float
+    low: float
+    high: float
+    seeds: tuple[int, int]
+
+    @property
+    def verdict(self) -> str:
+        return "better" if self.low > 0 else "worse" if self.high < 0 else "equal"
+
+    def __str__(self) -> str:
+        return (f"{self.difference:+.1f} (95% CI {self.low:+.1f} to {self.high:+.1f}, "
+                f"{self.seeds[0]} vs {self.seeds[1]} seeds): {self.verdict}")
+
+
+def compare_returns(ours: Sequence[float], theirs: Sequence[float]) -> ReturnComparison:
+    """Difference of mean returns over independent seeds, Welch's standard error and a
+    normal 95% interval (``1.96`` standard errors; each side needs two seeds or more)."""
+    if len(ours) < 2 or len(theirs) < 2:
+        raise ValueError("comparing returns needs at least two seeds on each side")
+    difference = statistics.fmean(ours) - statistics.fmean(theirs)
+    error = math.sqrt(statistics.variance(ours) / len(ours)
+                      + statistics.variance(theirs) / len(theirs))
+    return ReturnComparison(difference, difference - 1.96 * error, difference + 1.96 * error,
+                            (len(ours), len(theirs)))
 
 
 if __name__ == "__main__":
