@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import time
-from typing import Any
+from typing import Any, Literal, cast
 
 import gymnasium
 import numpy as np
@@ -59,7 +59,8 @@ def pool_rate(env_fn: Any, mode: str, workers: int, steps: int, max_wait: float 
     from rlloop.envs.pool import WorkerPool
     from rlloop.tasks.sampling import iter_trajectories
 
-    with WorkerPool(env_fn, workers, mode) as pool:
+    pool_mode = cast(Literal["sync", "thread", "process"], mode)
+    with WorkerPool(env_fn, workers, pool_mode) as pool:
         for _ in iter_trajectories(pool, random_actions, total_samples=workers):  # warm up
             pass
         start = time.perf_counter()

@@ -4,12 +4,14 @@ schedule, the batched-target fast path, prioritized replay and config errors."""
 from __future__ import annotations
 
 import copy
+from typing import cast
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy import OneStepProcessor, ReplayBatch
+from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
 from rlloop.config import build_config
 from rlloop.data.nstep import NStepProcessor
 from rlloop.data.replay import PrioritizedReplayBuffer
@@ -25,7 +27,7 @@ TINY = ["dqn.hidden=[16,16]", "dqn.batch_size=8", "dqn.buffer_size=500",
 
 def _dqn(*sets: str):
     config = build_config("dqn", "CartPole-v1", sets=[*QUIET, *TINY, *sets])
-    algo = build_algorithm(config)
+    algo = cast(OffPolicyAlgorithmBase, build_algorithm(config))
     for _ in range(40):
         algo.env_step()
     return algo

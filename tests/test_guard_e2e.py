@@ -57,6 +57,7 @@ def registered():
 
 def policy_weights(run_dir) -> dict[str, torch.Tensor]:
     latest = CheckpointManager(run_dir / "checkpoints").latest()
+    assert latest is not None
     state = load_checkpoint(latest).components["algorithm"]
     return state["learner"]["module"]["default_policy"]
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+from typing import cast
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy import ReplayBatch
+from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
 from rlloop.config import build_config
 from rlloop.learners.mlp_backprop import MLPBackprop
 from rlloop.losses.dqn import dqn_loss, dqn_loss_grad, dqn_stats, huber_loss
@@ -60,7 +62,7 @@ QUIET = ["mlflow=false", "progress=false", "num_envs=1", "dqn.hidden=[16,16]",
 def _dqn(fused: bool, *sets: str):
     config = build_config("dqn", "CartPole-v1", flags={"seed": 3},
                           sets=[*QUIET, f"dqn.fused_update={str(fused).lower()}", *sets])
-    algo = build_algorithm(config)
+    algo = cast(OffPolicyAlgorithmBase, build_algorithm(config))
     for _ in range(60):
         algo.env_step()
     return algo
@@ -173,7 +175,7 @@ def _sac(fused: bool, *sets: str):
                           sets=["mlflow=false", "progress=false", "sac.hidden=[32,32]",
                                 "sac.batch_size=16", "sac.learning_starts=20",
                                 f"sac.fused_update={str(fused).lower()}", *sets])
-    algo = build_algorithm(config)
+    algo = cast(OffPolicyAlgorithmBase, build_algorithm(config))
     for _ in range(40):
         algo.env_step()
     return algo

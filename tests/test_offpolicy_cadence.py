@@ -41,7 +41,8 @@ class _Sink:
 
 class _Evaluator:
     def __init__(self, trainer_state) -> None:
-        self.state, self.at = trainer_state, []
+        self.state = trainer_state
+        self.at: list[float] = []
 
     def evaluate(self, algorithm, episodes: int) -> dict[str, float]:
         self.at.append(self.state()["env/steps"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import cast
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torch import nn
 from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy import ReplayBatch, box_rescaler
+from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
 from rlloop.config import build_config
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
@@ -28,7 +30,8 @@ QUIET = ["mlflow=false", "progress=false", "num_envs=1"]
 def _algo(name: str, *sets: str):
     small = [f"{name}.hidden=[32,32]", f"{name}.batch_size=16", f"{name}.learning_starts=20",
              f"{name}.buffer_size=1000"]
-    algo = build_algorithm(build_config(name, "Pendulum-v1", sets=[*QUIET, *small, *sets]))
+    algo = cast(OffPolicyAlgorithmBase, build_algorithm(
+        build_config(name, "Pendulum-v1", sets=[*QUIET, *small, *sets])))
     for _ in range(30):
         algo.env_step()
     return algo

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from rlloop.algorithms import ALGORITHMS
 from rlloop.config import RunConfig, build_config
 
@@ -20,6 +22,6 @@ ALGOS = sorted(a for a in ALGORITHMS if a in ENVS)
 def small_config(algo: str, seed: int = 0, extra: tuple[str, ...] = ()) -> RunConfig:
     """A fast config for ``algo`` (only keys the algorithm's config actually has)."""
     cls = ALGORITHMS[algo].config_cls
-    names = set(cls.__dataclass_fields__)
+    names = {f.name for f in dataclasses.fields(cls)}
     sets = [s for s in SMALL.get(algo, []) if s.split("=")[0].split(".")[1] in names]
     return build_config(algo, ENVS[algo], flags={"seed": seed}, sets=[*QUIET, *sets, *extra])
