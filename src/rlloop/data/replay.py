@@ -189,12 +189,22 @@ class ReplayBuffer:
         """
         n = self._check_batch(batch)
         skip = max(0, n - self.capacity)
-        rows = (self._pos + torch.arange(skip, n, device=self.device)) % self.capacity
+        start, count = (self._pos + skip) % self.capacity, n - skip
+        # At most two contiguous slices (the second when the write wraps around): slice
+        # copies cost a fraction of an index_put, and one-env loops add every env step.
+        first = min(count, self.capacity - start)
         for name, store in self._storage.items():
-            store[rows] = getattr(batch, name)[skip:].to(self.device, store.dtype)
+            value = getattr(batch, name)
+            if skip:
+                value = value[skip:]
+            if first == count:
+                store[start : start + count] = value  # copy_ converts device and dtype
+            else:
+                store[start:] = value[:first]
+                store[: count - first] = value[first:]
         self._pos = (self._pos + n) % self.capacity
         self._size = min(self._size + n, self.capacity)
-        return rows
+        return (start + torch.arange(count, device=self.device)) % self.capacity
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Transitions:
         """``batch_size`` transitions drawn uniformly with replacement.
