@@ -17,7 +17,7 @@ def _params_after(algo_name: str, seed: int, steps: int = 3) -> list[torch.Tenso
     trainer = Trainer(algo)
     for _ in range(steps):
         trainer.step()
-    params = [p.detach().clone() for p in algo.learner.modules.parameters()]  # type: ignore[attr-defined]
+    params = [p.detach().clone() for p in algo.learner.modules.parameters()]
     algo.close()
     return params
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -17,6 +17,9 @@ from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.runners.env_runner import EnvRunner
 from rlloop.runners.evaluation import evaluate
 from rlloop.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from rlloop.learners.learner import Learner
 
 __all__ = ["AlgorithmBase", "ConfigError", "EnvSettings"]
 
@@ -57,6 +60,8 @@ class AlgorithmBase:
     """
 
     name = "base"
+    #: Set by every subclass: the learner that owns the algorithm's modules and optimisers.
+    learner: Learner[Any]
 
     def __init__(self, settings: EnvSettings, obs_stats: RunningMeanStd | None = None) -> None:
         self.settings = settings
@@ -147,8 +152,7 @@ class AlgorithmBase:
 
     def set_policy_state(self, state: dict[str, Any]) -> None:
         """Load only what acting needs (weights, observation statistics) from ``get_state()``."""
-        learner = getattr(self, "learner")  # noqa: B009 - every algorithm owns one
-        learner.set_state({"module": state["learner"]["module"]})
+        self.learner.set_state({"module": state["learner"]["module"]})
         if self.obs_stats is not None and "obs_norm" in state:
             self.obs_stats.set_state(state["obs_norm"])
 
