@@ -36,12 +36,18 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its last "
                    "checkpoint with its saved config")
     t.add_argument("--quiet", action="store_true", help="no progress line")
+    t.add_argument("--allow-import", action="store_true", help="with --resume: let the run's "
+                   "env id import the module it names (module:Env-v0); off, loading a run "
+                   "never runs code it names")
 
     e = sub.add_parser("eval", help="evaluate the best policy of a run")
     e.add_argument("run_dir")
     e.add_argument("--episodes", type=int, default=20)
     e.add_argument("--backend", choices=BACKENDS)
     e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--allow-import", action="store_true", help="let the run's env id import "
+                   "the module it names (module:Env-v0); off, loading a run never runs code "
+                   "it names")
     e.add_argument("--video", metavar="OUT.mp4", help="also film one deterministic episode "
                    "of the policy to this mp4")
 
@@ -59,13 +65,14 @@ def _train(args: argparse.Namespace) -> int:
     if args.quiet:
         flags["progress"] = False
     if args.resume:
-        saved = load_run_config(args.resume)
+        saved = load_run_config(args.resume, allow_import=args.allow_import)
         if saved.algo != args.algo:
             from rlloop.errors import ConfigError
 
             raise ConfigError(f"{args.resume} is a {saved.algo} run, not {args.algo}; "
                               f"use `rlloop train {saved.algo} --resume {args.resume}`")
-        result = resume(args.resume, **{k: v for k, v in flags.items() if v is not None})
+        result = resume(args.resume, allow_import=args.allow_import,
+                        **{k: v for k, v in flags.items() if v is not None})
     else:
         config = build_config(args.algo, args.env, file=args.config, flags=flags,
                               sets=args.sets)
@@ -91,7 +98,8 @@ def _eval(args: argparse.Namespace) -> int:
         from rlloop.errors import ConfigError
 
         raise ConfigError(f"--episodes must be > 0, got {args.episodes}")
-    stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend)
+    stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend,
+                         allow_import=args.allow_import)
     out: dict[str, Any] = {
         "mean_return": stats["return_mean"], "std_return": stats["return_std"],
         "min_return": stats["return_min"], "max_return": stats["return_max"],
@@ -99,7 +107,8 @@ def _eval(args: argparse.Namespace) -> int:
     if args.video:
         from rlloop.video import record_run_video
 
-        video = record_run_video(args.run_dir, args.video, backend=args.backend)
+        video = record_run_video(args.run_dir, args.video, backend=args.backend,
+                                 allow_import=args.allow_import)
         out.update({"video": str(video.path), "video_frames": video.frames})
     if args.json:
         print(json.dumps(out))

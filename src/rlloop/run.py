@@ -40,11 +40,13 @@ from rlloop.checkpoint import (
 from rlloop.conditions import Condition, HitsUpperBound
 from rlloop.config import RunConfig, build_config, load_yaml
 from rlloop.envs.core import Box, Discrete
+from rlloop.envs.imports import check_env_import
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink, ThrottledSink
 from rlloop.offpolicy_trainer import OffPolicyTrainer
 from rlloop.report import write_report
+from rlloop.runfiles import check_members, write_file
 from rlloop.signals import handle_signals
 from rlloop.trainer import Stats, Trainer
 
@@ -129,10 +131,11 @@ class Session:
         self.best_eval_return: float | None = None
         self.save_requested = False
         self.stop_requested: str | None = None
+        check_members(run_dir)
         torch.set_num_threads(config.torch_threads)
         self.algorithm = build_algorithm(config)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        write_file(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
         self.manager = CheckpointManager(run_dir / "checkpoints", keep_last=config.keep_checkpoints)
         identity = _read_json(run_dir / "run.json") if resume else {}
         self.console = ConsoleSink(config.total_env_steps, console=console,
@@ -266,16 +269,25 @@ def train(config: RunConfig, run_dir: str | Path | None = None, *,
     return Session(config, path, console=console).run()
 
 
-def load_run_config(run_dir: str | Path, **flags: Any) -> RunConfig:
-    """The saved config of a run, with ``flags`` (e.g. total_env_steps) overriding it."""
+def load_run_config(run_dir: str | Path, *, allow_import: bool = False,
+                    **flags: Any) -> RunConfig:
+    """The saved config of a run, with ``flags`` (e.g. total_env_steps) overriding it.
+
+    A run directory is untrusted data: an env id in it that would import a module by name
+    is refused unless ``allow_import`` (see ``rlloop.envs.imports``).
+    """
     path = check_run_dir(run_dir)
     saved = load_yaml(path / "config.yaml")
-    return build_config(saved.get("algo", "ppo"), saved.get("env"), base=saved, flags=flags)
+    env = saved.get("env")
+    if isinstance(env, str):
+        check_env_import(env, allow_import=allow_import, source=str(path))
+    return build_config(saved.get("algo", "ppo"), env, base=saved, flags=flags)
 
 
-def resume(run_dir: str | Path, *, console: Any = None, **flags: Any) -> RunResult:
+def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = False,
+           **flags: Any) -> RunResult:
     """Continue a run from its last checkpoint with its saved config."""
-    config = load_run_config(run_dir, **flags)
+    config = load_run_config(run_dir, allow_import=allow_import, **flags)
     return Session(config, Path(run_dir), resume=True, console=console).run()
 
 
@@ -297,13 +309,13 @@ def policy_checkpoint(run_dir: Path) -> Path:
     return latest
 
 
-def evaluate_run(run_dir: str | Path, episodes: int = 20, backend: str | None = None
-                 ) -> dict[str, float]:
+def evaluate_run(run_dir: str | Path, episodes: int = 20, backend: str | None = None,
+                 *, allow_import: bool = False) -> dict[str, float]:
     """Load a run's best policy and evaluate it deterministically on ``episodes`` episodes."""
     flags: dict[str, Any] = {"mlflow": False}
     if backend:
         flags["backend"] = backend
-    config = load_run_config(run_dir, **flags)
+    config = load_run_config(run_dir, allow_import=allow_import, **flags)
     path = policy_checkpoint(Path(run_dir))
     algorithm = build_algorithm(config)
     try:
@@ -322,6 +334,4 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    write_file(path, json.dumps(data, indent=2))

@@ -7,6 +7,8 @@ that action ``t`` was chosen on, so an episode of ``T`` steps gives ``T`` frames
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +96,7 @@ def record_vec_episode(act: Callable[[torch.Tensor], torch.Tensor], env: Any,
 
 
 def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | None = None,
-                     max_steps: int = 10_000) -> VideoInfo:
+                     max_steps: int = 10_000, allow_import: bool = False) -> VideoInfo:
     """One deterministic episode of a run's best policy, written to ``path``.
 
     Raises:
@@ -111,7 +113,7 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
     flags: dict[str, Any] = {"mlflow": False}
     if backend:
         flags["backend"] = backend
-    config = load_run_config(run_dir, **flags)
+    config = load_run_config(run_dir, allow_import=allow_import, **flags)
     if config.backend == "gymnasium-async":  # one env: no subprocesses needed
         config.backend = "gymnasium"
     state = load_checkpoint(policy_checkpoint(Path(run_dir)),
@@ -152,9 +154,15 @@ def _native_fps(env_id: str) -> float:
 def save_run_video(run_dir: Path, name: str = "video.mp4") -> Path | None:
     """End-of-run clip of the best policy; a one-line warning instead of an error if the
     env cannot be rendered (a finished run never fails because of its video)."""
+    # Filmed aside and renamed into place: a link at <run>/video.mp4 is replaced, never
+    # written through (see rlloop.runfiles).
+    aside = run_dir / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp.mp4"
     try:
-        return record_run_video(run_dir, run_dir / name).path
+        record_run_video(run_dir, aside)
+        os.replace(aside, run_dir / name)
+        return run_dir / name
     except Exception as e:
+        aside.unlink(missing_ok=True)
         _log.warning("rlloop: video skipped (%s: %s)", type(e).__name__,
                      str(e).splitlines()[0] if str(e) else "")
         return None

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rlloop.logging.metrics import flatten_mapping
+from rlloop.runfiles import open_append, write_file
 
 _log = pylogging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class JsonlSink:
         self.params_path = self.path.with_suffix(".params.json")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         needs_newline = self._ends_mid_line(self.path)
-        self._file = self.path.open("a", encoding="utf-8", buffering=1)
+        self._file = open_append(self.path)
         if needs_newline:
             # A crash mid-write left a partial last line; start the resumed rows on a new one.
             self._file.write("\n")
@@ -72,9 +73,8 @@ class JsonlSink:
         if self.params_path.exists():
             merged = json.loads(self.params_path.read_text(encoding="utf-8"))
         merged.update(flatten_mapping(params))
-        tmp = self.params_path.with_name(self.params_path.name + ".tmp")
-        tmp.write_text(json.dumps(merged, indent=2, default=str) + "\n", encoding="utf-8")
-        os.replace(tmp, self.params_path)  # atomic: never a half-written params file
+        # Atomic (never a half-written params file) and never through a link.
+        write_file(self.params_path, json.dumps(merged, indent=2, default=str) + "\n")
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row: dict[str, Any] = {"step": int(step)}
