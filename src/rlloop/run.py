@@ -23,7 +23,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import yaml
@@ -44,10 +44,10 @@ from rlloop.envs.imports import check_env_import
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink, ThrottledSink
-from rlloop.offpolicy_trainer import OffPolicyTrainer
+from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.report import write_report
 from rlloop.runfiles import check_members, write_file
-from rlloop.signals import handle_signals
+from rlloop.signals import save_due, supervised
 from rlloop.trainer import Stats, Trainer
 
 COMPONENTS = ("algorithm", "trainer", "rng")
@@ -106,10 +106,7 @@ class _Checkpoints:
         self.session = session
 
     def on_step(self, trainer: Trainer, stats: Stats) -> None:
-        every = self.session.checkpoint_every
-        steps = trainer.state["algorithm/steps"]
-        if (every and steps % every == 0) or self.session.save_requested:
-            self.session.save_requested = False
+        if save_due(self.session, self.session.checkpoint_every, trainer.state["algorithm/steps"]):
             self.session.save()
 
     def on_eval(self, trainer: Trainer, stats: Stats) -> None:
@@ -165,17 +162,13 @@ class Session:
         _write_json(run_dir / "run.json", self.identity)
         # Off-policy algorithms run on border's cadence: evals and saves counted in
         # optimisation steps (their config section), checkpoints named by them.
-        self.off_policy = hasattr(self.algorithm, "optimize")
+        self.off_policy = ALGORITHMS[config.algo].kind == "off_policy"
         self.checkpoint_every = 0 if self.off_policy else config.checkpoint_every
-        if self.off_policy:
-            self.trainer: Trainer = OffPolicyTrainer(
-                self.algorithm,  # type: ignore[arg-type]
-                sink=self.sink, eval_episodes=config.eval_episodes,
-                callbacks=[_Checkpoints(self)], save=lambda _: self.save())
-        else:
-            self.trainer = Trainer(self.algorithm, sink=self.sink,
-                                   eval_episodes=config.eval_episodes,
-                                   callbacks=[_Checkpoints(self)])
+        schedule = (BorderSchedule(cast(OffPolicyAlgorithm, self.algorithm),
+                                   save=lambda _: self.save())
+                    if self.off_policy else None)
+        self.trainer = Trainer(self.algorithm, sink=self.sink, eval_episodes=config.eval_episodes,
+                               callbacks=[_Checkpoints(self)], schedule=schedule)
         if resume:
             self._restore()
 
@@ -223,22 +216,13 @@ class Session:
         """Train until a stop condition; always writes a final checkpoint and the report."""
         trainer, cfg = self.trainer, self.config
         stats: Stats = {}
-        status = "FAILED"
         start = time.perf_counter()
-        try:
-            with handle_signals(self):
-                if trainer.state["env/steps"] < cfg.total_env_steps:
-                    every = None if self.off_policy else cfg.eval_every or None
-                    stats = trainer.run(steps_per_eval=every,
-                                        stop_conditions=self.stop_conditions())
-                if "eval/return_mean" not in stats:
-                    stats = {**stats, **trainer.eval()}
-            status = "KILLED" if self.stop_requested else "FINISHED"
-        finally:
-            if trainer.state["algorithm/steps"] or not self.manager.latest():
-                self.save()
-            self._close_sinks(status)
-            self.algorithm.close()
+        with supervised(self, self._finish):
+            if trainer.state["env/steps"] < cfg.total_env_steps:
+                every = None if self.off_policy else cfg.eval_every or None
+                stats = trainer.run(steps_per_eval=every, stop_conditions=self.stop_conditions())
+            if "eval/return_mean" not in stats:
+                stats = {**stats, **trainer.eval()}
         if cfg.save_video and not self.stop_requested:  # a stop signal wants a quick exit
             from rlloop.video import save_run_video
 
@@ -248,6 +232,13 @@ class Session:
                            self.best_eval_return, stats, stopped_by)
         write_report(self.run_dir, result, cfg)
         return result
+
+    def _finish(self, status: str) -> None:
+        """The final checkpoint (whatever ended the run), then the sinks and envs."""
+        if self.trainer.state["algorithm/steps"] or not self.manager.latest():
+            self.save()
+        self._close_sinks(status)
+        self.algorithm.close()
 
     def _stopped_by(self, stats: Stats) -> str:
         if self.stop_requested:

@@ -87,6 +87,27 @@ class JsonlSink:
             self._file.close()
 
 
+class _MetricsOnly:
+    """A full ``Sink`` around an object that only has ``log_metrics``."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        getattr(self.sink, "log_params", lambda _: None)(params)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self.sink.log_metrics(metrics, step)
+
+    def close(self, status: str = "FINISHED") -> None:
+        getattr(self.sink, "close", lambda _: None)(status)
+
+
+def as_sink(sink: Any) -> Sink:
+    """``sink`` as a full ``Sink``: ``log_params`` and ``close`` are optional."""
+    return sink if isinstance(sink, Sink) else _MetricsOnly(sink)
+
+
 class MultiSink:
     """Send every call to several sinks.
 
