@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -352,3 +353,83 @@ def test_process_sink_reports_a_failed_child_at_close():
     sink.log_metrics({"a": 1.0}, 1)
     with pytest.raises(RuntimeError, match="cannot open store"):
         sink.close()
+
+
+class HangingSink(RecordingSink):
+    """Blocks in its first write, as MLflow does on a tracking server that never answers."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        time.sleep(3600)
+
+
+def test_process_sink_never_blocks_on_a_hung_child_and_warns_once(caplog):
+    import psutil
+
+    from rlloop.logging import ProcessSink
+
+    sink = ProcessSink(HangingSink, close_timeout_s=1.0, max_queued=500, label="hung store")
+    child = psutil.Process(sink.pid)
+    start = time.monotonic()
+    for step in range(20_000):  # far more than a pipe and the queue hold
+        sink.log_metrics({"losses/policy": 0.5, "time/learn_s": 0.01}, step)
+    assert time.monotonic() - start < 5
+    with caplog.at_level(logging.WARNING):
+        start = time.monotonic()
+        sink.close()
+        assert time.monotonic() - start < 1.0 + 5
+    assert sink.unlogged == 20_000
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith("hung store did not answer for 1 s")
+    assert "20000 of 20000 metric rows were not logged" in warning
+    assert "dropped while it was behind" in warning
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_process_sink_refuses_a_factory_the_child_cannot_import():
+    from rlloop.logging import ProcessSink
+
+    def local_factory() -> Sink:
+        return RecordingSink()
+
+    with pytest.raises(ValueError, match="importable"):
+        ProcessSink(local_factory)
+
+
+NO_MAIN_GUARD = """
+from rlloop.config import build_config
+from rlloop.run import train
+
+# No `if __name__ == "__main__":` guard: the sink's child must not run this again.
+result = train(build_config("ppo", "CartPole-v1",
+                            flags={"total_env_steps": 7680, "save_video": False,
+                                   "stop_on_solve": False, "progress": False}),
+               "runs/demo")
+print("trained", result.env_steps)
+"""
+
+
+def test_a_script_without_main_guard_logs_every_row_to_mlflow(tmp_path, cli_env):
+    from mlflow.tracking import MlflowClient
+
+    script = tmp_path / "train_demo.py"
+    script.write_text(NO_MAIN_GUARD)
+    done = subprocess.run([sys.executable, str(script)], env=cli_env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "trained 7680" in done.stdout
+    assert "already holds a run" not in done.stderr
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["demo"]  # no stray run dir
+
+    run = tmp_path / "runs" / "demo"
+    run_id = json.loads((run / "run.json").read_text())["mlflow_run_id"]
+    client = MlflowClient(tracking_uri=sqlite_tracking_uri(run / "mlflow.db"))
+    assert client.get_run(run_id).info.status == "FINISHED"
+    # Every metrics.jsonl row is in MLflow too, at its step: nothing throttled away.
+    steps: dict[str, list[int]] = {}
+    for row in read_jsonl(run / "metrics.jsonl"):
+        for key in row.keys() - {"step"}:
+            steps.setdefault(key, []).append(row["step"])
+    assert len(steps["losses/policy"]) == 15  # one row per iteration
+    for key, expected in steps.items():
+        logged = [m.step for m in client.get_metric_history(run_id, mlflow_name(key))]
+        assert sorted(logged) == sorted(expected), key

@@ -86,7 +86,7 @@ def _train(args: argparse.Namespace) -> int:
         "run directory": str(result.run_dir),
         "best policy": str(result.run_dir / "best"),
         "metrics": str(result.run_dir / "metrics.jsonl"),
-        "mlflow ui": f"mlflow ui --backend-store-uri sqlite:///{result.run_dir / 'mlflow.db'}",
+        **({"mlflow ui": result.mlflow_ui} if result.mlflow_ui else {}),
     })
     return 0
 

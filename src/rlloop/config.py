@@ -65,8 +65,11 @@ class RunConfig:
     mlflow_tracking_uri: str | None = None
     """MLflow store (default: a local store inside the run directory)."""
     mlflow_interval_s: float = 1.0
-    """Seconds between MLflow writes of train metrics (eval metrics are always written;
-    metrics.jsonl keeps every iteration)."""
+    """Seconds between MLflow batch writes (every metrics.jsonl row reaches MLflow, at its
+    step; training never waits for MLflow)."""
+    mlflow_close_timeout_s: float = 5.0
+    """Seconds a finishing run waits for MLflow to write what is queued; a store that does
+    not answer in time is left with one warning saying how many rows it misses."""
     experiment: str = "rlloop"
     """MLflow experiment name."""
     tensorboard: bool = False
@@ -94,7 +97,8 @@ class RunConfig:
                      "torch_threads"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("eval_every", "checkpoint_every"):
+        for name in ("eval_every", "checkpoint_every", "mlflow_interval_s",
+                     "mlflow_close_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.horizons_per_env_reset == 0:

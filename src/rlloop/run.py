@@ -43,7 +43,7 @@ from rlloop.envs.core import Box, Discrete
 from rlloop.envs.imports import check_env_import
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError, RunDirError
-from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink, ThrottledSink
+from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
 from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.report import write_report
 from rlloop.runfiles import check_members, write_file
@@ -97,6 +97,8 @@ class RunResult:
     best_eval_return: float | None
     last_stats: Stats = field(default_factory=dict)
     stopped_by: str = "budget"
+    mlflow_ui: str | None = None
+    """How to open the run in MLflow; None when nothing reached an MLflow store."""
 
 
 class _Checkpoints:
@@ -141,17 +143,23 @@ class Session:
         self.identity = {"algo": config.algo, "env": config.env,
                          "mlflow_run_id": identity.get("mlflow_run_id")}
         self.mlflow: ProcessSink | None = None
+        self.mlflow_uri: str | None = None
         if config.mlflow:
             from rlloop.logging import MlflowSink, sqlite_tracking_uri
 
             # In a child process: importing MLflow and writing to its store is seconds of
-            # pure-Python work that would otherwise stall the training loop.
+            # pure-Python work that would otherwise stall the training loop. Every row
+            # reaches it (batched); only a store that stops answering loses rows, and
+            # `close` then waits a bounded time and says how many.
             uri = config.mlflow_tracking_uri or sqlite_tracking_uri(run_dir / "mlflow.db")
-            self.mlflow = ProcessSink(MlflowSink, tracking_uri=uri,
-                                      experiment_name=config.experiment,
+            self.mlflow_uri = uri
+            self.mlflow = ProcessSink(MlflowSink, label=f"MLflow store {uri}",
+                                      batch_interval_s=config.mlflow_interval_s,
+                                      close_timeout_s=config.mlflow_close_timeout_s,
+                                      tracking_uri=uri, experiment_name=config.experiment,
                                       run_name=run_dir.name,
                                       run_id=self.identity["mlflow_run_id"])
-            sinks.append(ThrottledSink(self.mlflow, config.mlflow_interval_s))
+            sinks.append(self.mlflow)
         if config.tensorboard:
             from rlloop.logging import TensorBoardSink
 
@@ -229,7 +237,7 @@ class Session:
             save_run_video(self.run_dir)
         stopped_by = self._stopped_by(stats)
         result = RunResult(self.run_dir, trainer.state["env/steps"], time.perf_counter() - start,
-                           self.best_eval_return, stats, stopped_by)
+                           self.best_eval_return, stats, stopped_by, self._mlflow_ui())
         write_report(self.run_dir, result, cfg)
         return result
 
@@ -239,6 +247,13 @@ class Session:
             self.save()
         self._close_sinks(status)
         self.algorithm.close()
+
+    def _mlflow_ui(self) -> str | None:
+        if self.mlflow is None or self.mlflow_uri is None or not self.mlflow.info.get("run_id"):
+            return None  # never reached its store: naming it would point at nothing
+        from rlloop.logging.mlflow_sink import ui_hint
+
+        return ui_hint(self.mlflow_uri)
 
     def _stopped_by(self, stats: Stats) -> str:
         if self.stop_requested:

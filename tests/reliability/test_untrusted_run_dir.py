@@ -62,7 +62,7 @@ CASES = [("ppo", "evilrun.payload:Evil-v0"), ("ma_ppo", "pettingzoo:evilrun.payl
 @pytest.mark.parametrize("command", ["eval", "resume"])
 def test_loading_a_run_never_imports_the_module_it_names(tmp_path, cli_env, trained_run, algo,
                                                           env_id, command):
-    run, sentinel = _plant_payload(tmp_path, algo, env_id, trained_run)
+    _, sentinel = _plant_payload(tmp_path, algo, env_id, trained_run)
     # `python -m` puts the working directory on sys.path, so `evilrun.payload` is importable.
     args = ["eval", "evilrun"] if command == "eval" else ["train", algo, "--resume", "evilrun"]
     out = _run(args, cli_env, tmp_path)
@@ -78,7 +78,7 @@ def test_loading_a_run_never_imports_the_module_it_names(tmp_path, cli_env, trai
 
 
 def test_python_api_never_imports_the_module_a_run_names(tmp_path, cli_env, trained_run):
-    run, sentinel = _plant_payload(tmp_path, "ppo", "evilrun.payload:Evil-v0", trained_run)
+    _, sentinel = _plant_payload(tmp_path, "ppo", "evilrun.payload:Evil-v0", trained_run)
     script = textwrap.dedent("""
         from rlloop.envs.core import EnvError
         from rlloop.run import evaluate_run, resume
