@@ -18,6 +18,7 @@ Run directory layout::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -28,7 +29,7 @@ from typing import Any, cast
 import torch
 import yaml
 
-from rlloop.algorithms import ALGORITHMS, AlgorithmBase, EnvSettings
+from rlloop.algorithms import ALGORITHMS, AlgorithmBase, EnvSettings, PPOConfig
 from rlloop.checkpoint import (
     CheckpointManager,
     capture_rng_state,
@@ -44,6 +45,7 @@ from rlloop.envs.imports import check_env_import
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
+from rlloop.memory import check_memory
 from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.report import write_report
 from rlloop.runfiles import check_members, write_file
@@ -56,7 +58,8 @@ COMPONENTS = ("algorithm", "trainer", "rng")
 def build_algorithm(config: RunConfig) -> AlgorithmBase:
     """Validate the config against the env's spaces, then build the algorithm.
 
-    Checks that need no env run first, so bad sizes fail before any env is created.
+    Checks that need no env run first, so bad sizes fail before any env is created, and
+    settings whose memory cannot fit fail before anything is allocated.
     """
     check = getattr(config.hparams, "check_batch", None)
     if check is not None:
@@ -70,6 +73,7 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     if isinstance(space, Box) and not entry.continuous:
         raise ConfigError(f"{config.algo} needs discrete actions but {config.env} has "
                           "continuous ones; use ppo, sac or td3 for this env")
+    check_memory(config, spec)
     settings = EnvSettings(config.env, spec, config.num_envs, config.backend, config.seed,
                            config.total_env_steps, config.horizons_per_env_reset,
                            dict(config.env_kwargs), config.on_nonfinite)
@@ -204,8 +208,7 @@ class Session:
     def _restore(self) -> None:
         ckpt = self.manager.load_latest(expected_components=COMPONENTS)
         if ckpt is None:
-            raise RunDirError(f"{self.run_dir} has no loadable checkpoint to resume from; "
-                              "start a new run instead")
+            raise _no_checkpoint(self.run_dir)
         self.algorithm.set_state(ckpt.components["algorithm"])
         self.trainer.set_state(ckpt.components["trainer"])
         self.best_eval_return = ckpt.components["trainer"].get("best_eval_return")
@@ -270,9 +273,36 @@ def train(config: RunConfig, run_dir: str | Path | None = None, *,
     """Start a new run in ``run_dir`` (default ``runs/<algo>-<env>-<time>``)."""
     path = Path(run_dir) if run_dir else default_run_dir(config)
     if (path / "config.yaml").exists():
+        if not _has_checkpoint(path):  # then "resume it" would only send the user back here
+            raise _no_checkpoint(path)
         raise RunDirError(f"{path} already holds a run; resume it with --resume {path} "
                           "or choose another --run-dir")
     return Session(config, path, console=console).run()
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``resume`` has a checkpoint to start from (``best/`` alone is not one)."""
+    return CheckpointManager(run_dir / "checkpoints").latest() is not None
+
+
+def _no_checkpoint(run_dir: Path) -> RunDirError:
+    return RunDirError(f"{run_dir} holds a run with no loadable checkpoint (it stopped before "
+                       "its first save), so it cannot be resumed; start over: remove the "
+                       "directory or pick another --run-dir")
+
+
+def acting_config(config: RunConfig) -> RunConfig:
+    """``config`` with one training env, for loading a policy and acting with it.
+
+    Evaluation runs on the algorithm's own eval envs; building the run's ``num_envs``
+    training envs too would start a process per env for an async run. PPO's batch rule
+    (minibatch <= rollout_steps * num_envs) is relaxed to match: nothing is trained.
+    """
+    hparams = config.hparams
+    if isinstance(hparams, PPOConfig):
+        hparams = dataclasses.replace(
+            hparams, minibatch_size=min(hparams.minibatch_size, hparams.rollout_steps))
+    return dataclasses.replace(config, num_envs=1, hparams=hparams)
 
 
 def load_run_config(run_dir: str | Path, *, allow_import: bool = False,
@@ -294,6 +324,8 @@ def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = Fal
            **flags: Any) -> RunResult:
     """Continue a run from its last checkpoint with its saved config."""
     config = load_run_config(run_dir, allow_import=allow_import, **flags)
+    if not _has_checkpoint(Path(run_dir)):  # before Session starts envs and sinks
+        raise _no_checkpoint(Path(run_dir))
     return Session(config, Path(run_dir), resume=True, console=console).run()
 
 
@@ -321,7 +353,7 @@ def evaluate_run(run_dir: str | Path, episodes: int = 20, backend: str | None = 
     flags: dict[str, Any] = {"mlflow": False}
     if backend:
         flags["backend"] = backend
-    config = load_run_config(run_dir, allow_import=allow_import, **flags)
+    config = acting_config(load_run_config(run_dir, allow_import=allow_import, **flags))
     path = policy_checkpoint(Path(run_dir))
     algorithm = build_algorithm(config)
     try:

@@ -108,7 +108,13 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
     from rlloop.envs.core import EnvError
     from rlloop.envs.registry import make_env
     from rlloop.envs.wrappers import NormalizeObservation
-    from rlloop.run import COMPONENTS, build_algorithm, load_run_config, policy_checkpoint
+    from rlloop.run import (
+        COMPONENTS,
+        acting_config,
+        build_algorithm,
+        load_run_config,
+        policy_checkpoint,
+    )
 
     flags: dict[str, Any] = {"mlflow": False}
     if backend:
@@ -118,7 +124,7 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
         config.backend = "gymnasium"
     state = load_checkpoint(policy_checkpoint(Path(run_dir)),
                             expected_components=COMPONENTS).components["algorithm"]
-    algorithm = build_algorithm(config)
+    algorithm = build_algorithm(acting_config(config))
     env: Any = None
     try:
         algorithm.set_policy_state(state)

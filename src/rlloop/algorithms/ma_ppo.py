@@ -40,6 +40,8 @@ from rlloop.seeding import derive_seed
 class MultiAgentPPOConfig(PPOConfig):
     """PPO's hyperparameters (same meaning, per module) plus how agents map to modules."""
 
+    section: ClassVar[str] = "ma_ppo"
+
     policy_mapping: Literal["shared", "independent"] = "shared"
     """shared: one module (default_policy) for all agents; independent: one per agent."""
     policies_to_train: list[str] | None = None

@@ -33,7 +33,7 @@ from rlloop.data.replay import (
     TransitionsLike,
 )
 from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, check_finite
 from rlloop.learners.learner import TensorBatch
 from rlloop.learners.schedules import Linear
 from rlloop.runners.env_runner import EnvRunner
@@ -245,6 +245,7 @@ class OffPolicyConfig:
 
     def __post_init__(self) -> None:
         s = self.section
+        check_finite(s, self)
         for name in ("buffer_size", "n_step", "batch_size", "opt_interval", "gradient_steps",
                      "eval_interval", "record_interval", "per_beta_steps"):
             if getattr(self, name) <= 0:

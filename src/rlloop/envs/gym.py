@@ -197,12 +197,19 @@ class GymVecEnv:
             # sampled actions replay env 0's reset noise.
             self._vec.action_space.seed(seed + self.num_envs)
             self._vec.single_action_space.seed(seed + self.num_envs)
-        obs, _ = self._vec.reset(seed=seed)
+        try:
+            obs, _ = self._vec.reset(seed=seed)
+        except Exception as e:
+            raise self._env_failed("reset", e) from e
         return self._obs_to_tensor(obs)
 
     def step(self, actions: Tensor) -> StepResult:
         """Step all sub-envs; finished ones are reset in the same call (see module doc)."""
-        obs, reward, terminated, truncated, infos = self._vec.step(self._to_gym_actions(actions))
+        gym_actions = self._to_gym_actions(actions)
+        try:
+            obs, reward, terminated, truncated, infos = self._vec.step(gym_actions)
+        except Exception as e:
+            raise self._env_failed("step", e) from e
         obs_t = self._obs_to_tensor(obs)
         final_obs = obs_t.clone()
         ended = np.flatnonzero(infos.get("_final_obs", ()))
@@ -217,6 +224,13 @@ class GymVecEnv:
             truncated=torch.from_numpy(np.asarray(truncated, dtype=bool) & ~terminated),
             final_obs=final_obs,
         )
+
+    def _env_failed(self, method: str, e: Exception) -> EnvError:
+        """The env's own code raised: one line naming it (the cause stays chained)."""
+        first = str(e).splitlines()[0] if str(e) else ""
+        return EnvError(f"env {self.spec.env_id!r} raised {type(e).__name__} in {method}(): "
+                        f"{first}; fix the env (gymnasium.make({self.spec.env_id!r}) "
+                        f"reproduces it without rlloop)")
 
     def get_state(self) -> dict[str, Any]:
         """RNG states, and physics where exposed (see the class docstring)."""

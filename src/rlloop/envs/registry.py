@@ -64,6 +64,16 @@ def _resolve_backend(env_id: str, backend: str) -> str:
     return backend
 
 
+def _module_id_error(env_id: str, e: Exception) -> EnvError:
+    """A "module:Env-v0" id whose module does not import or does not register the env."""
+    if isinstance(e, ModuleNotFoundError) and e.name:
+        reason = f"no module named {e.name!r}"
+    else:
+        reason = " ".join(str(e).split()) or type(e).__name__
+    return EnvError(f"cannot make env {env_id!r}: {reason}; for a module:Env-v0 id the module "
+                    "must be importable and register the env")
+
+
 def make_env(
     env_id: str,
     num_envs: int = 1,
@@ -87,13 +97,16 @@ def make_env(
                 "drop them or use backend='gymnasium'"
             ) from None
         return factory(num_envs=num_envs, seed=seed, **kwargs)
-    return GymVecEnv(
-        env_id,
-        num_envs,
-        seed=seed,
-        asynchronous=resolved == "gymnasium-async",
-        env_kwargs=kwargs,
-    )
+    try:
+        return GymVecEnv(
+            env_id,
+            num_envs,
+            seed=seed,
+            asynchronous=resolved == "gymnasium-async",
+            env_kwargs=kwargs,
+        )
+    except (ImportError, gymnasium.error.UnregisteredEnv) as e:
+        raise _module_id_error(env_id, e) from e
 
 
 def env_spec(
@@ -110,7 +123,10 @@ def env_spec(
 
         return multi_agent_spec(env_id, env_kwargs).summary()
     if _resolve_backend(env_id, backend) != "native":
-        return gym_env_spec(env_id, env_kwargs)
+        try:
+            return gym_env_spec(env_id, env_kwargs)
+        except (ImportError, gymnasium.error.UnregisteredEnv) as e:
+            raise _module_id_error(env_id, e) from e
     factory = NATIVE_ENVS[env_id]
     spec = getattr(factory, "spec", None)
     if isinstance(spec, EnvSpec):
