@@ -67,6 +67,23 @@ def test_gymnasium_backend_films_through_pygame(run_dir, tmp_path):
     assert frames[0].shape == (400, 600, 3)
 
 
+def test_filming_a_gymnasium_env_prints_nothing_from_sdl_or_pygame(run_dir, tmp_path, cli_env):
+    # No display and no XDG_RUNTIME_DIR, as in a container or CI: SDL used to print
+    # "error: XDG_RUNTIME_DIR is invalid or not set" and pygame its banner on stdout.
+    pytest.importorskip("pygame")
+    env = {k: v for k, v in cli_env.items()
+           if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "PYGAME_HIDE_SUPPORT_PROMPT",
+                        "DISPLAY", "WAYLAND_DISPLAY")}
+    out = tmp_path / "gym.mp4"
+    done = subprocess.run(rlloop_cmd("eval", str(run_dir), "--episodes", "1", "--json",
+                                     "--backend", "gymnasium", "--video", str(out)),
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "XDG_RUNTIME_DIR" not in done.stderr and "error" not in done.stderr, done.stderr
+    assert len(done.stdout.strip().splitlines()) == 1, done.stdout  # just the JSON
+    assert json.loads(done.stdout)["video_frames"] == len(decoded_frames(out))
+
+
 class NoRender(gymnasium.Env):
     """An env with no rgb_array rendering at all."""
 

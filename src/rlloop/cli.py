@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _train(args: argparse.Namespace) -> int:
     from rlloop.config import build_config
-    from rlloop.logging import print_summary
+    from rlloop.logging import format_number, print_summary
     from rlloop.run import load_run_config, resume, train
 
     flags: dict[str, Any] = {"seed": args.seed, "backend": args.backend,
@@ -71,16 +71,19 @@ def _train(args: argparse.Namespace) -> int:
                               sets=args.sets)
         result = train(config, args.run_dir)
     best = result.best_eval_return
-    print_summary({
+    lines = {
         "env steps": f"{result.env_steps:,}",
         "wall time": f"{result.wall_time_s:.1f} s",
-        "best eval return": "n/a" if best is None else f"{best:.1f}",
+        "best eval return": "n/a" if best is None else format_number(best),
         "stopped by": result.stopped_by,
         "run directory": str(result.run_dir),
         "best policy": str(result.run_dir / "best"),
         "metrics": str(result.run_dir / "metrics.jsonl"),
-        "mlflow ui": f"mlflow ui --backend-store-uri sqlite:///{result.run_dir / 'mlflow.db'}",
-    })
+    }
+    store = result.run_dir / "mlflow.db"
+    if store.is_file():  # absent with mlflow=false (or a tracking URI elsewhere)
+        lines["mlflow ui"] = f"mlflow ui --backend-store-uri sqlite:///{store}"
+    print_summary(lines)
     return 0
 
 
