@@ -119,7 +119,8 @@ class _Checkpoints:
         best = self.session.best_eval_return
         if not math.isnan(value) and (best is None or value > best):
             self.session.best_eval_return = value
-            save_replacing(self.session.run_dir / "best", self.session.components(),
+            # A policy snapshot: no replay buffer or optimiser state (GBs for big buffers).
+            save_replacing(self.session.run_dir / "best", self.session.components(policy=True),
                            metadata=self.session.metadata())
 
 
@@ -187,8 +188,9 @@ class Session:
             _write_json(self.run_dir / "run.json", self.identity)
 
     # ---- checkpoint contents -----------------------------------------------------------
-    def components(self) -> dict[str, Any]:
-        return {"algorithm": self.algorithm.get_state(),
+    def components(self, policy: bool = False) -> dict[str, Any]:
+        algorithm = self.algorithm.get_policy_state() if policy else self.algorithm.get_state()
+        return {"algorithm": algorithm,
                 "trainer": {**self.trainer.get_state(), "best_eval_return": self.best_eval_return},
                 "rng": capture_rng_state()}
 
