@@ -131,3 +131,24 @@ def test_task_sample_clip_to_mp4(tmp_path):
     assert len(frames) == len(states) and states[-1].terminated
     images = task.sample_clip(make_policy(0))
     assert tuple(images.shape) == (len(states), 400, 600, 3)  # same seed, same episode
+
+
+def test_example_films_its_checkpoint_into_its_run_dir_without_training(tmp_path, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from reinforce_cartpole import main
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    trained = main(["--run-dir", str(run), "--workers", "2", "--epoch-samples", "256",
+                    "--total-steps", "2", "--eval-episodes", "1", "--quiet"])
+    metrics = (run / "metrics.jsonl").read_text()
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    filmed = main(["--run-dir", str(run), "--video"])
+    assert filmed["video"] == str(run / "video.mp4") and filmed["train_steps"] == 2
+    assert len(decoded_frames(run / "video.mp4")) == filmed["frames"]
+    # The checkpoint's policy, on the evaluation's first episode: the same return.
+    assert filmed["episode_return"] == trained["eval_return_mean"]
+    # Nothing trained, nothing written outside the run directory.
+    assert (run / "metrics.jsonl").read_text() == metrics
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == checkpoints
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
