@@ -1,9 +1,12 @@
 """Config layering and typed errors for bad input."""
 
+import gymnasium
+import numpy as np
 import pytest
 
 from rlloop.config import build_config, from_dict
 from rlloop.errors import ConfigError
+from rlloop.run import build_algorithm
 
 
 def test_layers_preset_file_flags_sets(tmp_path):
@@ -111,3 +114,36 @@ def test_config_file_that_is_not_a_yaml_file(tmp_path):
         build_config("ppo", file=binary)
     with pytest.raises(ConfigError, match="is a directory"):
         build_config("ppo", file=tmp_path)
+
+
+class _Pixels(gymnasium.Env):  # type: ignore[type-arg]
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, shape: tuple[int, ...] = (12, 10, 3)) -> None:
+        self.observation_space = gymnasium.spaces.Box(0, 255, shape, np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 1.0, False, False, {}
+
+
+@pytest.mark.parametrize("shape", [(12, 10, 3), (3, 12, 10), (12, 10)])
+def test_image_observations_are_refused_before_an_mlp_sees_them(shape):
+    env_id = f"rlloop-test/Pixels{len(shape)}{shape[0]}-v0"
+    gymnasium.register(env_id, entry_point=_Pixels, kwargs={"shape": shape})
+    for algo in ("dqn", "ppo"):
+        with pytest.raises(ConfigError, match=r"image observations \(uint8 .* MLPs only.*"
+                                              r"--set env_kwargs.obs_type=ram"):
+            build_algorithm(build_config(algo, env_id, sets=["mlflow=false"]))
+
+
+def test_byte_vectors_are_not_images():
+    # Atari's RAM observations are 128 uint8 values: a vector an MLP can take.
+    gymnasium.register("rlloop-test/Ram-v0", entry_point=_Pixels, kwargs={"shape": (128,)},
+                       max_episode_steps=10)
+    algo = build_algorithm(build_config("dqn", "rlloop-test/Ram-v0", sets=["mlflow=false"]))
+    assert algo.settings.spec.obs_shape == (128,)
+    algo.close()

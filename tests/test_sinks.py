@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from rlloop.logging import (
     MultiSink,
     Sink,
     TensorBoardSink,
+    format_number,
     print_summary,
     sqlite_tracking_uri,
 )
@@ -277,6 +279,56 @@ def test_console_sink_disabled_and_summary() -> None:
     assert "Summary" in text
     assert "100,000" in text
     assert "final return" in text
+
+
+def feed_a_run(sink: ConsoleSink, clock: FakeClock) -> None:
+    """Two reports 10 s apart (1,280 steps/s), then an overshoot of the 40k budget."""
+    sink.log_metrics({"env/steps": 0}, 0)
+    clock.t = 10.0
+    sink.log_metrics({"env/steps": 12_800, "episode/return_mean": 123.456,
+                      "eval/return_mean": 499.5}, 12_800)
+
+
+def test_console_live_line_fits_80_columns() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=80)
+    clock = FakeClock()
+    sink = ConsoleSink(40_000, console=console, clock=clock)
+    feed_a_run(sink, clock)
+    sink.close()
+    # The last frame the live display drew, without its escape codes.
+    last = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue().split("\r")[-1]).strip()
+    assert "…" not in last
+    assert last.startswith("train ━")
+    assert "12,800/40,000 (32%)" in last and "eval 499.5" in last and "ETA 0:00:21" in last
+    assert len(last) <= 80
+    clock = FakeClock()
+    wide = ConsoleSink(40_000, console=Console(file=io.StringIO(), width=200), clock=clock)
+    feed_a_run(wide, clock)
+    assert wide.status_line(50) == "12,800/40,000 (32%) | eval 499.5 | ETA 0:00:21"
+
+
+def test_console_plain_lines_never_wrap_and_cap_at_100_percent() -> None:
+    out = io.StringIO()
+    clock = FakeClock()
+    sink = ConsoleSink(40_000, console=Console(file=out, width=80), clock=clock,
+                       print_interval_s=0.0)
+    feed_a_run(sink, clock)
+    clock.t = 11.0
+    sink.log_metrics({"env/steps": 40_800}, 40_800)  # the last iteration overshoots
+    sink.close()
+    lines = out.getvalue().splitlines()
+    assert lines[1] == ("steps 12,800/40,000 (32%) | 1,280 steps/s | return 123.5 | "
+                        "eval 499.5 | ETA 0:00:21")
+    assert lines[2].startswith("steps 40,800/40,000 (100%) | ")
+    assert len(lines) == 3
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (-0.0, "0"), (0.0, "0"), (0.955, "0.955"), (-3e-05, "-3e-05"), (322.94, "322.9"),
+    (500.0, "500"), (-1234.5, "-1,234"), (math.nan, "nan")])
+def test_format_number_keeps_small_values_and_never_prints_minus_zero(value, text) -> None:
+    assert format_number(value) == text
 
 
 # --- MultiSink and the protocol ----------------------------------------------------------

@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _train(args: argparse.Namespace) -> int:
     from rlloop.config import build_config
-    from rlloop.logging import print_summary
+    from rlloop.logging import format_number, print_summary
     from rlloop.run import load_run_config, resume, train
 
     flags: dict[str, Any] = {"seed": args.seed, "backend": args.backend,
@@ -99,16 +99,18 @@ def _train(args: argparse.Namespace) -> int:
                               sets=args.sets)
         result = train(config, args.run_dir)
     best = result.best_eval_return
-    print_summary({
+    lines = {
         "env steps": f"{result.env_steps:,}",
         "wall time": f"{result.wall_time_s:.1f} s",
-        "best eval return": "n/a" if best is None else f"{best:.1f}",
+        "best eval return": "n/a" if best is None else format_number(best),
         "stopped by": result.stopped_by,
         "run directory": str(result.run_dir),
         "best policy": str(result.run_dir / "best"),
         "metrics": str(result.run_dir / "metrics.jsonl"),
-        **({"mlflow ui": result.mlflow_ui} if result.mlflow_ui else {}),
-    })
+    }
+    if result.mlflow_ui:  # absent with mlflow=false or when the store was never reached
+        lines["mlflow ui"] = result.mlflow_ui
+    print_summary(lines)
     return 0
 
 

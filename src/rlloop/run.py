@@ -73,6 +73,10 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     if isinstance(space, Box) and not entry.continuous:
         raise ConfigError(f"{config.algo} needs discrete actions but {config.env} has "
                           "continuous ones; use ppo, sac or td3 for this env")
+    if spec.image_obs:  # an MLP on raw pixels trains, slowly and badly, without a word
+        raise ConfigError(f"{config.env} has image observations (uint8 {spec.obs_shape}) but "
+                          f"{config.algo} has MLPs only, no pixel encoder; use vector "
+                          "observations, e.g. --set env_kwargs.obs_type=ram for Atari")
     check_memory(config, spec)
     settings = EnvSettings(config.env, spec, config.num_envs, config.backend, config.seed,
                            config.total_env_steps, config.horizons_per_env_reset,
@@ -120,7 +124,8 @@ class _Checkpoints:
         best = self.session.best_eval_return
         if not math.isnan(value) and (best is None or value > best):
             self.session.best_eval_return = value
-            save_replacing(self.session.run_dir / "best", self.session.components(),
+            # A policy snapshot: no replay buffer or optimiser state (GBs for big buffers).
+            save_replacing(self.session.run_dir / "best", self.session.components(policy=True),
                            metadata=self.session.metadata())
 
 
@@ -191,8 +196,9 @@ class Session:
             _write_json(self.run_dir / "run.json", self.identity)
 
     # ---- checkpoint contents -----------------------------------------------------------
-    def components(self) -> dict[str, Any]:
-        return {"algorithm": self.algorithm.get_state(),
+    def components(self, policy: bool = False) -> dict[str, Any]:
+        algorithm = self.algorithm.get_policy_state() if policy else self.algorithm.get_state()
+        return {"algorithm": algorithm,
                 "trainer": {**self.trainer.get_state(), "best_eval_return": self.best_eval_return},
                 "rng": capture_rng_state()}
 

@@ -66,6 +66,17 @@ def write_video(frames: Iterable[np.ndarray], path: str | Path, fps: float = DEF
     return count
 
 
+def offscreen_rendering() -> None:
+    """Let pygame-drawn envs (Gymnasium's classic control) render without a display.
+
+    SDL otherwise looks for one and prints ``error: XDG_RUNTIME_DIR is invalid or not set``
+    on every run; pygame also prints a banner to stdout when imported. Set before an env
+    is made, so subprocess envs inherit it; a value the user set is kept.
+    """
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+
+
 def as_frame(frame: Any) -> np.ndarray:
     """A rendered frame as contiguous ``[H, W, 3]`` uint8, or a clear error."""
     if frame is None:
@@ -106,7 +117,7 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
     from rlloop.algorithms.base import EVAL_SEED_OFFSET
     from rlloop.checkpoint import load_checkpoint
     from rlloop.envs.core import EnvError
-    from rlloop.envs.registry import make_env
+    from rlloop.envs.registry import is_pettingzoo_id, make_env
     from rlloop.envs.wrappers import NormalizeObservation
     from rlloop.run import (
         COMPONENTS,
@@ -120,6 +131,9 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
     if backend:
         flags["backend"] = backend
     config = load_run_config(run_dir, allow_import=allow_import, **flags)
+    if is_pettingzoo_id(config.env):
+        raise RenderUnavailableError(f"{config.env} is a multi-agent env and rlloop films "
+                                     "single-agent runs only; --set save_video=false skips it")
     if config.backend == "gymnasium-async":  # one env: no subprocesses needed
         config.backend = "gymnasium"
     state = load_checkpoint(policy_checkpoint(Path(run_dir)),
@@ -128,6 +142,7 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
     env: Any = None
     try:
         algorithm.set_policy_state(state)
+        offscreen_rendering()
         try:
             env = make_env(config.env, 1, config.backend, seed=config.seed,
                            env_kwargs={**config.env_kwargs, "render_mode": "rgb_array"})

@@ -293,6 +293,13 @@ class MultiAgentPPO:
         self.env_config = dict(state.get("env_config", {}))
         self.runner.set_state(state["runner"])
 
+    def get_policy_state(self) -> dict[str, Any]:
+        """What acting needs (the modules, the league's ids), for :meth:`set_policy_state`."""
+        state: dict[str, Any] = {"learner": self.learner.get_state(components="module")}
+        if self.league is not None:
+            state["league"] = self.league.get_state()
+        return state
+
     def set_policy_state(self, state: dict[str, Any]) -> None:
         """Load only what acting needs (the modules) from ``get_state()``."""
         self._restore_league(state)

@@ -50,10 +50,41 @@ def obs_shape_of(env_id: str, space: gymnasium.Space[Any]) -> tuple[int, ...]:
         return tuple(space.shape)
     if isinstance(space, spaces.Discrete):
         return (int(space.n),)  # one-hot
-    raise EnvError(
-        f"{env_id}: observation space {_one_line(space)} is not supported (only Box and "
-        "Discrete); register a variant wrapped in gymnasium.wrappers.FlattenObservation"
-    )
+    raise EnvError(f"{env_id}: observation space {_describe(space)} is not supported (only "
+                   f"Box and Discrete); register a variant {_flattening_fix(space)}")
+
+
+def is_image_space(space: gymnasium.Space[Any]) -> bool:
+    """A uint8 Box of 2 (grayscale) or 3 (HWC or CHW colour) dims: pixels."""
+    return (isinstance(space, spaces.Box) and space.dtype == np.uint8
+            and len(space.shape) in (2, 3))
+
+
+def _flattens(space: gymnasium.Space[Any]) -> bool:
+    try:
+        spaces.flatten_space(space)
+    except (NotImplementedError, TypeError, ValueError):
+        return False  # e.g. MiniGrid's MissionSpace (free text)
+    return True
+
+
+def _describe(space: gymnasium.Space[Any]) -> str:
+    if isinstance(space, spaces.Dict):  # its entries' full text can fill a screen
+        inner = ", ".join(f"{k!r}: {type(v).__name__}" for k, v in space.spaces.items())
+        return f"Dict({inner})"
+    return _one_line(space)
+
+
+def _flattening_fix(space: gymnasium.Space[Any]) -> str:
+    if _flattens(space):
+        return "wrapped in gymnasium.wrappers.FlattenObservation"
+    if isinstance(space, spaces.Dict):
+        keep = [k for k, v in space.spaces.items() if _flattens(v)]
+        drop = [k for k in space.spaces if k not in keep]
+        if keep:
+            return (f"wrapped in gymnasium.wrappers.FilterObservation(env, {keep}) and then "
+                    f"FlattenObservation ({', '.join(map(repr, drop))} cannot be flattened)")
+    return "with a gymnasium.ObservationWrapper that returns a Box"
 
 
 def spec_from_gym(
@@ -70,6 +101,7 @@ def spec_from_gym(
         action_space=convert_action_space(env_id, action_space),
         max_episode_steps=None if gym_spec is None else gym_spec.max_episode_steps,
         reward_threshold=None if gym_spec is None else gym_spec.reward_threshold,
+        image_obs=is_image_space(obs_space),
     )
 
 
