@@ -14,6 +14,7 @@ from typing import Any
 
 from rlloop.algorithms import ALGORITHMS
 from rlloop.config import BACKENDS
+from rlloop.devices import DEVICE_CHOICES
 
 EXIT_BAD_INPUT = 2
 
@@ -32,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--run-dir", help="run directory (default runs/<algo>-<env>-<time>)")
     t.add_argument("--backend", choices=BACKENDS)
     t.add_argument("--num-envs", type=int)
+    t.add_argument("--device", help=f"{DEVICE_CHOICES} (default auto: CUDA when present)")
     t.add_argument("--total-env-steps", type=int)
     t.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its last "
                    "checkpoint with its saved config")
@@ -41,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("--episodes", type=int, default=20)
     e.add_argument("--backend", choices=BACKENDS)
+    e.add_argument("--device", help=f"{DEVICE_CHOICES} (default: the run's own setting); a "
+                   "run trained on one device evaluates on any other")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.add_argument("--video", metavar="OUT.mp4", help="also film one deterministic episode "
                    "of the policy to this mp4")
@@ -55,7 +59,8 @@ def _train(args: argparse.Namespace) -> int:
     from rlloop.run import load_run_config, resume, train
 
     flags: dict[str, Any] = {"seed": args.seed, "backend": args.backend,
-                             "num_envs": args.num_envs, "total_env_steps": args.total_env_steps}
+                             "num_envs": args.num_envs, "total_env_steps": args.total_env_steps,
+                             "device": args.device}
     if args.quiet:
         flags["progress"] = False
     if args.resume:
@@ -91,7 +96,7 @@ def _eval(args: argparse.Namespace) -> int:
         from rlloop.errors import ConfigError
 
         raise ConfigError(f"--episodes must be > 0, got {args.episodes}")
-    stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend)
+    stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend, args.device)
     out: dict[str, Any] = {
         "mean_return": stats["return_mean"], "std_return": stats["return_std"],
         "min_return": stats["return_min"], "max_return": stats["return_max"],
@@ -99,7 +104,8 @@ def _eval(args: argparse.Namespace) -> int:
     if args.video:
         from rlloop.video import record_run_video
 
-        video = record_run_video(args.run_dir, args.video, backend=args.backend)
+        video = record_run_video(args.run_dir, args.video, backend=args.backend,
+                                 device=args.device)
         out.update({"video": str(video.path), "video_frames": video.frames})
     if args.json:
         print(json.dumps(out))

@@ -94,7 +94,7 @@ def record_vec_episode(act: Callable[[torch.Tensor], torch.Tensor], env: Any,
 
 
 def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | None = None,
-                     max_steps: int = 10_000) -> VideoInfo:
+                     device: str | None = None, max_steps: int = 10_000) -> VideoInfo:
     """One deterministic episode of a run's best policy, written to ``path``.
 
     Raises:
@@ -111,6 +111,8 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
     flags: dict[str, Any] = {"mlflow": False}
     if backend:
         flags["backend"] = backend
+    if device:
+        flags["device"] = device
     config = load_run_config(run_dir, **flags)
     if config.backend == "gymnasium-async":  # one env: no subprocesses needed
         config.backend = "gymnasium"
@@ -122,7 +124,8 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
         algorithm.set_policy_state(state)
         try:
             env = make_env(config.env, 1, config.backend, seed=config.seed,
-                           env_kwargs={**config.env_kwargs, "render_mode": "rgb_array"})
+                           env_kwargs={**config.env_kwargs, "render_mode": "rgb_array"},
+                           device=algorithm.device)
         except (EnvError, TypeError) as e:
             raise RenderUnavailableError(f"cannot make {config.env} with render_mode="
                                          f"'rgb_array': {e}") from e
