@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ class SignTask(Task[nn.Module]):
 
     def compute_loss(self, model: nn.Module, batch: SignSample, output: Tensor) -> Any:
         # the dataset collates each field of the samples into a tensor, on the model's device
-        action, advantage = batch.action, batch.advantage
+        action, advantage = cast(Tensor, batch.action), cast(Tensor, batch.advantage)
         log_prob = output.gather(-1, action.long()[:, None]).squeeze(-1)
         return {"policy": -(log_prob * advantage).mean()}
 

@@ -30,6 +30,7 @@ from rlloop.checkpoint import (
     save_replacing,
 )
 from rlloop.config import RunConfig, build_config
+from rlloop.data.returns import gae
 from rlloop.data.rollout import RolloutBuffer
 from rlloop.devices import resolve_device
 from rlloop.envs import make_env
@@ -211,6 +212,29 @@ def test_next_obs_is_copied_only_where_an_episode_ended():
     env.close()
 
 
+def test_ppo_bootstraps_truncations_from_the_final_observation():
+    """PPO's batch values every stored final observation at once and keeps those of
+    truncated steps; rows of steps where nothing ended hold stale data and must not leak."""
+    algo = build_algorithm(build_config("ppo", "CartPole-v1", sets=[
+        "mlflow=false", "num_envs=4", "backend=gymnasium", "device=cpu",
+        "env_kwargs={max_episode_steps: 5}", "ppo.rollout_steps=12", "ppo.minibatch_size=16"]))
+    algo.collect()
+    algo.buffer.next_obs[~(algo.buffer.terminated | algo.buffer.truncated)] = 1e6  # stale
+    batch = algo._batch()
+    buf, value, cfg = algo.buffer, algo.policy.value, algo.config
+    t, n = buf.steps, buf.num_envs
+    assert buf.truncated.any()
+    with torch.no_grad():
+        values = value(buf.obs.flatten(0, 1)).view(t, n)
+        following = torch.cat([buf.obs[1:], algo.runner.obs[None]])
+        next_values = value(following.flatten(0, 1)).view(t, n)
+        next_values[buf.truncated] = value(buf.next_obs[buf.truncated])
+    _, returns = gae(buf.rewards, values, next_values, buf.terminated, buf.truncated,
+                     cfg.gamma, cfg.gae_lambda)
+    torch.testing.assert_close(batch.returns, returns.flatten())
+    algo.close()
+
+
 @CUDA
 @pytest.mark.parametrize("name", ["ppo-native", "dqn"])
 def test_native_env_steps_on_cuda_never_synchronise(name):
@@ -223,10 +247,10 @@ def test_native_env_steps_on_cuda_never_synchronise(name):
         torch.cuda.set_sync_debug_mode("error" if check else "default")
         try:
             if ppo:
-                algo.runner.collect(algo._behaviour, algo.buffer)  # type: ignore[attr-defined]
+                algo.runner.collect(algo._behaviour, algo.buffer)
             else:
                 for _ in range(40):  # warm-up steps, then epsilon-greedy ones
-                    algo.env_step()  # type: ignore[attr-defined]
+                    algo.env_step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert algo.runner.episodes.stats()["episode/count"] >= 0

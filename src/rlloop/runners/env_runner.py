@@ -29,7 +29,7 @@ class EpisodeTracker:
 
     #: Scratch storage, rewritten before it is read (the log is folded in ``get_state``).
     transient_attrs: ClassVar[frozenset[str]] = frozenset(
-        {"_increment", "_log_totals", "_log_done"})
+        {"_increment", "_reward", "_log_totals", "_log_done", "_log_rows"})
 
     def __init__(self, num_envs: int, window: int = 100, device: str | torch.device = "cpu",
                  log_steps: int = 64) -> None:
@@ -39,8 +39,12 @@ class EpisodeTracker:
         # Running (return, length) per env; lengths as floats so one op updates both.
         self.totals = torch.zeros((2, num_envs), dtype=dtype, device=d)
         self._increment = torch.ones((2, num_envs), dtype=dtype, device=d)
-        self._log_totals = torch.zeros((log_steps, num_envs, 2), dtype=dtype, device=d)
+        self._reward = self._increment[0]
+        self._log_totals = torch.zeros((log_steps, 2, num_envs), dtype=dtype, device=d)
         self._log_done = torch.zeros((log_steps, num_envs), dtype=torch.bool, device=d)
+        # Row views made once: at small N, indexing per step costs as much as the copies.
+        self._log_rows = list(zip(self._log_totals.unbind(0), self._log_done.unbind(0),
+                                  strict=True))
         self._logged = 0
         # Slot k holds episode number k (mod window); the extra last slot is a discard
         # target for the log's entries that are not finished episodes.
@@ -50,10 +54,11 @@ class EpisodeTracker:
 
     def update(self, reward: Tensor, done: Tensor) -> None:
         """Add one step's rewards ``[N]``; ``done`` ``[N]`` ends those envs' episodes."""
-        self._increment[0].copy_(reward)
+        self._reward.copy_(reward)
         self.totals += self._increment
-        self._log_totals[self._logged].copy_(self.totals.T)
-        self._log_done[self._logged].copy_(done)
+        log_totals, log_done = self._log_rows[self._logged]
+        log_totals.copy_(self.totals)
+        log_done.copy_(done)
         self.totals.masked_fill_(done, 0.0)
         self._logged += 1
         if self._logged == self.log_steps:
@@ -68,7 +73,7 @@ class EpisodeTracker:
         if not self._logged:
             return
         done = self._log_done[: self._logged].flatten()
-        totals = self._log_totals[: self._logged].flatten(0, 1)
+        totals = self._log_totals[: self._logged].transpose(1, 2).flatten(0, 1)  # [K*N, 2]
         rank = done.cumsum(0)  # 1 for the first finished episode of the log, ...
         count = rank[-1]
         # Only the newest `window` can survive; the others must not share their slots.
