@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from rlloop.algorithms import ALGORITHMS
 from rlloop.config import BACKENDS, MAX_EVAL_EPISODES, parse_int
+from rlloop.devices import DEVICE_CHOICES
 from rlloop.errors import ConfigError, RunDirError
 
 EXIT_FAILED = 1
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--run-dir", help="run directory (default runs/<algo>-<env>-<time>)")
     t.add_argument("--backend", choices=BACKENDS)
     t.add_argument("--num-envs", type=_integer)
+    t.add_argument("--device", help=f"{DEVICE_CHOICES} (default auto: CUDA when present)")
     t.add_argument("--total-env-steps", type=_integer)
     t.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its last "
                    "checkpoint with its saved config")
@@ -66,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("--episodes", type=_integer, default=20)
     e.add_argument("--backend", choices=BACKENDS)
+    e.add_argument("--device", help=f"{DEVICE_CHOICES} (default: the run's own setting); a "
+                   "run trained on one device evaluates on any other")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.add_argument("--allow-import", action="store_true", help="let the run's env id import "
                    "the module it names (module:Env-v0); off, loading a run never runs code "
@@ -83,7 +87,8 @@ def _train(args: argparse.Namespace) -> int:
     from rlloop.run import load_run_config, resume, train
 
     flags: dict[str, Any] = {"seed": args.seed, "backend": args.backend,
-                             "num_envs": args.num_envs, "total_env_steps": args.total_env_steps}
+                             "num_envs": args.num_envs, "total_env_steps": args.total_env_steps,
+                             "device": args.device}
     if args.quiet:
         flags["progress"] = False
     if args.resume:
@@ -144,7 +149,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     if not 0 < args.episodes <= MAX_EVAL_EPISODES:
         raise ConfigError(f"--episodes must be in 1..{MAX_EVAL_EPISODES}, got {args.episodes}")
-    stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend,
+    stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend, args.device,
                          allow_import=args.allow_import)
     out: dict[str, Any] = {
         "mean_return": stats["return_mean"], "std_return": stats["return_std"],
@@ -154,7 +159,7 @@ def _eval(args: argparse.Namespace) -> int:
         from rlloop.video import record_run_video
 
         video = record_run_video(args.run_dir, args.video, backend=args.backend,
-                                 allow_import=args.allow_import)
+                                 device=args.device, allow_import=args.allow_import)
         out.update({"video": str(video.path), "video_frames": video.frames})
     if args.json:
         print(json.dumps(out))

@@ -22,6 +22,7 @@ import yaml
 
 from rlloop.algorithms import ALGORITHMS
 from rlloop.algorithms.presets import preset
+from rlloop.devices import check_device_name
 from rlloop.errors import ConfigError, check_finite
 
 BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async")
@@ -45,6 +46,9 @@ class RunConfig:
     """Parallel training envs."""
     seed: int = 0
     """Seed for networks, action sampling and envs."""
+    device: str = "auto"
+    """Where envs, storage, networks and optimisers live: auto (CUDA when present, else
+    CPU), cpu, cuda, cuda:N or mps."""
     total_env_steps: int = 200_000
     """Step budget: training stops once this many env steps were taken."""
     stop_on_solve: bool = True
@@ -99,6 +103,7 @@ class RunConfig:
                               f"{sorted(ALGORITHMS)}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; choose one of {list(BACKENDS)}")
+        check_device_name(self.device)
         for name in ("num_envs", "total_env_steps", "eval_episodes", "keep_checkpoints",
                      "torch_threads"):
             if getattr(self, name) <= 0:

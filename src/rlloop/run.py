@@ -40,6 +40,7 @@ from rlloop.checkpoint import (
 )
 from rlloop.conditions import Condition, HitsUpperBound
 from rlloop.config import RunConfig, build_config, load_yaml
+from rlloop.devices import resolve_device
 from rlloop.envs.core import Box, Discrete
 from rlloop.envs.imports import check_env_import
 from rlloop.envs.registry import env_spec
@@ -80,7 +81,8 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     check_memory(config, spec)
     settings = EnvSettings(config.env, spec, config.num_envs, config.backend, config.seed,
                            config.total_env_steps, config.horizons_per_env_reset,
-                           dict(config.env_kwargs), config.on_nonfinite)
+                           dict(config.env_kwargs), config.on_nonfinite,
+                           resolve_device(config.device))
     return entry.build(config.hparams, settings)
 
 
@@ -204,7 +206,8 @@ class Session:
 
     def metadata(self) -> dict[str, Any]:
         return {"config": self.config.to_dict(), "env_steps": self.trainer.state["env/steps"],
-                "algo": self.config.algo, "env": self.config.env}
+                "algo": self.config.algo, "env": self.config.env,
+                "device": str(self.algorithm.device)}
 
     def save(self) -> Path:
         counter = "algorithm/steps" if self.off_policy else "env/steps"
@@ -354,11 +357,15 @@ def policy_checkpoint(run_dir: Path) -> Path:
 
 
 def evaluate_run(run_dir: str | Path, episodes: int = 20, backend: str | None = None,
-                 *, allow_import: bool = False) -> dict[str, float]:
-    """Load a run's best policy and evaluate it deterministically on ``episodes`` episodes."""
+                 device: str | None = None, *, allow_import: bool = False
+                 ) -> dict[str, float]:
+    """Load a run's best policy and evaluate it deterministically on ``episodes`` episodes
+    (on ``device``, default the run's own: checkpoints load on any device)."""
     flags: dict[str, Any] = {"mlflow": False}
     if backend:
         flags["backend"] = backend
+    if device:
+        flags["device"] = device
     config = acting_config(load_run_config(run_dir, allow_import=allow_import, **flags))
     path = policy_checkpoint(Path(run_dir))
     algorithm = build_algorithm(config)

@@ -21,6 +21,7 @@ from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from torch import Tensor
 
+from rlloop.devices import arrays_to_device
 from rlloop.envs.core import ActionSpace, Box, Discrete, EnvError, EnvSpec, StepResult
 
 
@@ -152,6 +153,8 @@ class GymVecEnv:
             single env step is slow compared with inter-process communication.
         env_kwargs: Keyword arguments for ``gymnasium.make`` (``render_mode``,
             ``max_episode_steps``, env-specific options).
+        device: Where the returned tensors are. The envs step on the host; off the CPU,
+            each step's whole batch crosses in one (pinned, non-blocking) copy.
     """
 
     def __init__(
@@ -161,6 +164,7 @@ class GymVecEnv:
         seed: int | None = None,
         asynchronous: bool = False,
         env_kwargs: dict[str, Any] | None = None,
+        device: str | torch.device = "cpu",
     ) -> None:
         if num_envs < 1:
             raise EnvError(f"num_envs must be >= 1, got {num_envs}")
@@ -184,6 +188,7 @@ class GymVecEnv:
             self._vec.close()
             raise
         self.num_envs = num_envs
+        self.device = torch.device(device)
         self.render_mode: str | None = kwargs.get("render_mode")
         self._pending_seed = seed
         self._obs_space = obs_space
@@ -191,12 +196,16 @@ class GymVecEnv:
 
     # -- conversions ---------------------------------------------------------------
 
-    def _obs_to_tensor(self, obs: Any) -> Tensor:
+    def _obs_array(self, obs: Any) -> np.ndarray:
         """``[B, *obs_shape]`` float32 from a batch of Gymnasium observations."""
         if isinstance(self._obs_space, spaces.Discrete):
-            index = torch.as_tensor(np.asarray(obs, dtype=np.int64) - int(self._obs_space.start))
-            return torch.nn.functional.one_hot(index, int(self._obs_space.n)).float()
-        return torch.from_numpy(np.asarray(obs, dtype=np.float32))
+            index = np.asarray(obs, dtype=np.int64) - int(self._obs_space.start)
+            one_hot: np.ndarray = np.eye(int(self._obs_space.n), dtype=np.float32)[index]
+            return one_hot
+        return np.asarray(obs, dtype=np.float32)
+
+    def _to_tensors(self, *arrays: np.ndarray) -> list[Tensor]:
+        return arrays_to_device(arrays, self.device)
 
     def _to_gym_actions(self, actions: Tensor) -> np.ndarray:
         space = self._act_space
@@ -233,29 +242,33 @@ class GymVecEnv:
             obs, _ = self._vec.reset(seed=seed)
         except Exception as e:
             raise self._env_failed("reset", e) from e
-        return self._obs_to_tensor(obs)
+        return self._to_tensors(self._obs_array(obs))[0]
 
     def step(self, actions: Tensor) -> StepResult:
-        """Step all sub-envs; finished ones are reset in the same call (see module doc)."""
+        """Step all sub-envs; finished ones are reset in the same call (see module doc).
+
+        Where no episode ended, ``final_obs`` is ``obs`` itself (the same tensor): there
+        is nothing else to copy or transfer.
+        """
         gym_actions = self._to_gym_actions(actions)
         try:
             obs, reward, terminated, truncated, infos = self._vec.step(gym_actions)
         except Exception as e:
             raise self._env_failed("step", e) from e
-        obs_t = self._obs_to_tensor(obs)
-        final_obs = obs_t.clone()
+        obs_np = self._obs_array(obs)
+        terminated = np.asarray(terminated, dtype=bool)
+        arrays = [obs_np, np.asarray(reward, dtype=np.float32), terminated,
+                  np.asarray(truncated, dtype=bool) & ~terminated]
         ended = np.flatnonzero(infos.get("_final_obs", ()))
         if ended.size:
-            last = np.stack([np.asarray(infos["final_obs"][i]) for i in ended])
-            final_obs[torch.from_numpy(ended)] = self._obs_to_tensor(last)
-        terminated = np.asarray(terminated, dtype=bool)
-        return StepResult(
-            obs=obs_t,
-            reward=torch.as_tensor(reward, dtype=torch.float32),
-            terminated=torch.from_numpy(terminated),
-            truncated=torch.from_numpy(np.asarray(truncated, dtype=bool) & ~terminated),
-            final_obs=final_obs,
-        )
+            final_np = obs_np.copy()
+            final_np[ended] = self._obs_array(
+                np.stack([np.asarray(infos["final_obs"][i]) for i in ended]))
+            arrays.append(final_np)
+        tensors = self._to_tensors(*arrays)
+        obs_t, reward_t, terminated_t, truncated_t = tensors[:4]
+        return StepResult(obs=obs_t, reward=reward_t, terminated=terminated_t,
+                          truncated=truncated_t, final_obs=tensors[4] if ended.size else obs_t)
 
     def _env_failed(self, method: str, e: Exception) -> EnvError:
         """The env's own code raised: one line naming it (the cause stays chained)."""
