@@ -1,6 +1,8 @@
 """``rlloop`` command line: train, resume, evaluate.
 
-Bad input ends with exit code 2 and one line on stderr naming the problem and the fix.
+Bad input ends with exit code 2 and one line on stderr naming the problem and the fix; so
+does a run directory that another training process holds. A full disk ends a run with exit
+code 3 and one line naming the directory and the space needed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from rlloop.algorithms import ALGORITHMS
 from rlloop.config import BACKENDS
 
 EXIT_BAD_INPUT = 2
+EXIT_DISK_FULL = 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,7 +94,8 @@ def _eval(args: argparse.Namespace) -> int:
         from rlloop.errors import ConfigError
 
         raise ConfigError(f"--episodes must be > 0, got {args.episodes}")
-    stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend)
+    stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend,
+                         notify=lambda line: print(f"rlloop: warning: {line}", file=sys.stderr))
     out: dict[str, Any] = {
         "mean_return": stats["return_mean"], "std_return": stats["return_std"],
         "min_return": stats["return_min"], "max_return": stats["return_max"],
@@ -115,7 +119,7 @@ def _eval(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from rlloop.checkpoint import CheckpointError
     from rlloop.envs.core import EnvError
-    from rlloop.errors import RlloopError
+    from rlloop.errors import DiskFullError, RlloopError
 
     args = _parser().parse_args(argv)
     try:
@@ -128,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      ("continuous", entry.continuous)) if ok]
             print(f"{name:6s} actions: {', '.join(kinds)}")
         return 0
+    except DiskFullError as e:
+        print(f"rlloop: error: {e}", file=sys.stderr)
+        return EXIT_DISK_FULL
     except (RlloopError, EnvError, CheckpointError) as e:
         print(f"rlloop: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

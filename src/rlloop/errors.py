@@ -13,3 +13,7 @@ class ConfigError(RlloopError, ValueError):
 
 class RunDirError(RlloopError, ValueError):
     """A path that is not an rlloop run directory (or cannot become one)."""
+
+
+class DiskFullError(RlloopError, OSError):
+    """The device of the run directory is full; the run can resume once there is room."""
