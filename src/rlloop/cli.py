@@ -1,9 +1,11 @@
 """``rlloop`` command line: train, resume, evaluate.
 
 Exit codes: 0 done; 2 bad input (a flag, config value, env, path or checkpoint that cannot
-work), with one line on stderr naming the problem and the fix; 1 anything else that
-stopped the command (a bug, a logging store failing), also as one line on stderr
-(``RLLOOP_TRACEBACK=1`` shows the traceback instead).
+work, or a run directory another training process holds), with one line on stderr naming
+the problem and the fix; 3 a full disk (one line naming the directory and the space
+needed; the run resumes once there is room); 1 anything else that stopped the command (a
+bug, a logging store failing), also as one line on stderr (``RLLOOP_TRACEBACK=1`` shows
+the traceback instead).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rlloop.errors import ConfigError, RunDirError
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_DISK_FULL = 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -150,7 +153,8 @@ def _eval(args: argparse.Namespace) -> int:
     if not 0 < args.episodes <= MAX_EVAL_EPISODES:
         raise ConfigError(f"--episodes must be in 1..{MAX_EVAL_EPISODES}, got {args.episodes}")
     stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend, args.device,
-                         allow_import=args.allow_import)
+                         allow_import=args.allow_import,
+                         notify=lambda line: print(f"rlloop: warning: {line}", file=sys.stderr))
     out: dict[str, Any] = {
         "mean_return": stats["return_mean"], "std_return": stats["return_std"],
         "min_return": stats["return_min"], "max_return": stats["return_max"],
@@ -175,7 +179,7 @@ def _eval(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from rlloop.checkpoint import CheckpointError
     from rlloop.envs.core import EnvError
-    from rlloop.errors import RlloopError
+    from rlloop.errors import DiskFullError, RlloopError
 
     try:
         args = _parser().parse_args(argv)
@@ -188,6 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      ("continuous", entry.continuous)) if ok]
             print(f"{name:6s} actions: {', '.join(kinds)}")
         return 0
+    except DiskFullError as e:
+        print(f"rlloop: error: {e}", file=sys.stderr)
+        return EXIT_DISK_FULL
     except (RlloopError, EnvError, CheckpointError) as e:
         print(f"rlloop: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
