@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import psutil
+import pytest
 
 
 def is_mp_helper(proc: psutil.Process) -> bool:
@@ -41,4 +43,18 @@ def still_alive(pids: Iterable[int], timeout: float = 5.0) -> list[int]:
                 pass
         if not alive or time.monotonic() > deadline:
             return alive
+        time.sleep(0.05)
+
+
+def wait_for(condition: Callable[[], bool], proc: subprocess.Popen[str], what: str,
+             timeout: float = 120.0) -> None:
+    """Poll ``condition`` until it holds; fail the test if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"process exited ({proc.returncode}) before {what}:\n{out}\n{err}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"timed out waiting for {what}")
         time.sleep(0.05)

@@ -6,11 +6,8 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-
-import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 # Small PPO iterations (512 env steps), no MLflow, no video: a run logs within seconds.
@@ -53,17 +50,6 @@ def rows(run_dir: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def wait_for(condition: Callable[[], bool], proc: subprocess.Popen[str], what: str,
-             timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            pytest.fail(f"process exited ({proc.returncode}) before {what}:\n{out}\n{err}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def one_error_line(stderr: str) -> str:

@@ -9,10 +9,12 @@ import os
 import signal
 import subprocess
 
+from proc_utils import wait_for
+
 from rlloop.checkpoint import CheckpointManager, is_checkpoint, load_checkpoint
 from rlloop.run_lock import LOCK_FILE
 
-from ._cli import one_error_line, rows, run, start, train_args, wait_for
+from ._cli import one_error_line, rows, run, start, train_args
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
