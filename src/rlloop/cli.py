@@ -16,6 +16,7 @@ from rlloop.algorithms import ALGORITHMS
 from rlloop.config import BACKENDS
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -131,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RlloopError, EnvError, CheckpointError) as e:
         print(f"rlloop: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # a second stop signal: the run saved what it could
+        print("rlloop: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from rlloop.errors import ConfigError, RunDirError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink, ThrottledSink
 from rlloop.offpolicy_trainer import OffPolicyTrainer
 from rlloop.report import write_report
-from rlloop.signals import handle_signals
+from rlloop.signals import StopInterrupted, handle_signals
 from rlloop.trainer import Stats, Trainer
 
 COMPONENTS = ("algorithm", "trainer", "rng")
@@ -70,7 +70,8 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
                           "continuous ones; use ppo, sac or td3 for this env")
     settings = EnvSettings(config.env, spec, config.num_envs, config.backend, config.seed,
                            config.total_env_steps, config.horizons_per_env_reset,
-                           dict(config.env_kwargs), config.on_nonfinite)
+                           dict(config.env_kwargs), config.on_nonfinite,
+                           step_timeout=config.step_timeout)
     return entry.build(config.hparams, settings)
 
 
@@ -224,12 +225,17 @@ class Session:
         start = time.perf_counter()
         try:
             with handle_signals(self):
-                if trainer.state["env/steps"] < cfg.total_env_steps:
-                    every = None if self.off_policy else cfg.eval_every or None
-                    stats = trainer.run(steps_per_eval=every,
-                                        stop_conditions=self.stop_conditions())
-                if "eval/return_mean" not in stats:
-                    stats = {**stats, **trainer.eval()}
+                try:
+                    if trainer.state["env/steps"] < cfg.total_env_steps:
+                        every = None if self.off_policy else cfg.eval_every or None
+                        stats = trainer.run(steps_per_eval=every,
+                                            stop_conditions=self.stop_conditions())
+                    if "eval/return_mean" not in stats:
+                        stats = {**stats, **trainer.eval()}
+                except StopInterrupted:
+                    # An env worker did not answer within seconds of a stop signal: stop
+                    # without the iteration in flight (its experience is dropped).
+                    stats = dict(trainer.latest_eval)
             status = "KILLED" if self.stop_requested else "FINISHED"
         finally:
             if trainer.state["algorithm/steps"] or not self.manager.latest():

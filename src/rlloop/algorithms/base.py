@@ -41,6 +41,7 @@ class EnvSettings:
     horizons_per_env_reset: int = -1
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     on_nonfinite: str = "skip"
+    step_timeout: float | None = 60.0
 
 
 def horizon_starts(collects: int, horizons_per_env_reset: int) -> bool:
@@ -80,7 +81,8 @@ class AlgorithmBase:
 
     def _make_train_env(self, env_kwargs: dict[str, Any]) -> VecEnv:
         s = self.settings
-        env = make_env(s.env_id, s.num_envs, s.backend, seed=s.seed, env_kwargs=env_kwargs)
+        env = make_env(s.env_id, s.num_envs, s.backend, seed=s.seed, env_kwargs=env_kwargs,
+                       step_timeout=s.step_timeout)
         return NormalizeObservation(env, self.obs_stats) if self.obs_stats else env
 
     def begin_horizon(self, collects: int, env_config: dict[str, Any] | None) -> None:
@@ -113,7 +115,8 @@ class AlgorithmBase:
         if key not in self._eval_envs:
             s = self.settings
             env = make_env(s.env_id, num_envs, s.backend, seed=s.seed + EVAL_SEED_OFFSET,
-                           env_kwargs={**s.env_kwargs, **env_config})
+                           env_kwargs={**s.env_kwargs, **env_config},
+                           step_timeout=s.step_timeout)
             if self.obs_stats is not None:
                 env = NormalizeObservation(env, self.obs_stats, update=False)
             self._eval_envs[key] = env

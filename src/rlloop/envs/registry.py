@@ -70,8 +70,13 @@ def make_env(
     backend: str = "auto",
     seed: int | None = None,
     env_kwargs: dict[str, Any] | None = None,
+    step_timeout: float | None = 60.0,
 ) -> VecEnv:
-    """``num_envs`` copies of ``env_id`` as one ``VecEnv`` (see the module docstring)."""
+    """``num_envs`` copies of ``env_id`` as one ``VecEnv`` (see the module docstring).
+
+    ``step_timeout``: seconds a gymnasium-async worker may take to answer (else
+    ``EnvWorkerError``); the other backends step in-process and cannot time out.
+    """
     kwargs = dict(env_kwargs or {})
     if is_pettingzoo_id(env_id):
         raise EnvError(f"{env_id} is a multi-agent PettingZoo env; train it with a multi-agent "
@@ -93,6 +98,7 @@ def make_env(
         seed=seed,
         asynchronous=resolved == "gymnasium-async",
         env_kwargs=kwargs,
+        step_timeout=step_timeout,
     )
 
 
