@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import multiprocessing.connection
+import selectors
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -64,6 +64,7 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
         self.env_id, self.step_timeout = env_id, step_timeout
         self.failure: str | None = None
         """Why the workers are gone (None while they serve)."""
+        self._selector: selectors.BaseSelector | None = None
         super().__init__(env_fns, shared_memory=False, context="forkserver", worker=gym_worker,
                          autoreset_mode=AutoresetMode.SAME_STEP)
 
@@ -157,36 +158,45 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
     def _receive(self, command: str, timeout: float | None) -> list[Any]:
         """Every worker's answer to the command in flight, in env order."""
         deadline = time.monotonic() + (math.inf if timeout is None else timeout)
-        pending = set(range(self.num_envs))
-        answers: list[Any] = [None] * self.num_envs
+        answers: dict[int, Any] = {}
         try:
-            while pending:
-                self._check_stop(command)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._fail(min(pending), f"did not answer {command} within step_timeout="
-                               f"{self.step_timeout} s", "raise step_timeout if the env is "
-                               "only slow, else fix it")
-                waiting: list[Any] = [self.parent_pipes[i] for i in pending]
-                waiting += [self.processes[i].sentinel for i in pending]
-                multiprocessing.connection.wait(waiting, min(left, _POLL_S))
-                for i in sorted(pending):
-                    if self.parent_pipes[i].poll():
-                        answers[i] = self._answer(i, command)
-                        pending.discard(i)
-                    elif not self.processes[i].is_alive():
-                        self._fail(i, self._death(i, command), "fix the env")
+            if self._selector is None:  # one selector for all waits: a wait costs one syscall
+                self._selector = selectors.DefaultSelector()
+                for i, pipe in enumerate(self.parent_pipes):
+                    self._selector.register(pipe, selectors.EVENT_READ, i)
+            while len(answers) < self.num_envs:
+                ready = self._selector.select(max(0.0, min(deadline - time.monotonic(),
+                                                           _POLL_S)))
+                for key, _ in ready:  # a dead worker's pipe reads EOF: _answer names it
+                    answers[key.data] = self._answer(key.data, command)
+                if not ready:  # someone is slow: the stop request, deaths, the deadline
+                    self._check_stop(command)
+                    slow = [i for i in range(self.num_envs) if i not in answers]
+                    for i in slow:
+                        if not self.processes[i].is_alive():
+                            self._fail(i, self._death(i, command), self._fix(command))
+                    if time.monotonic() >= deadline:
+                        self._fail(slow[0], f"did not answer {command} within step_timeout="
+                                   f"{self.step_timeout} s", "raise step_timeout if the env "
+                                   "is only slow, else fix it")
         except BaseException as e:
             self._abandon(str(e) or type(e).__name__)
             raise
         self._state = AsyncState.DEFAULT
-        return answers
+        return [answers[i] for i in range(self.num_envs)]
+
+    @staticmethod
+    def _fix(command: str) -> str:
+        if command == "start-up":  # e.g. a script without the main guard, run again there
+            return ("fix what the worker printed above (a script that starts workers needs "
+                    "`if __name__ == \"__main__\":`)")
+        return "fix the env"
 
     def _answer(self, i: int, command: str) -> Any:
         try:
             payload, ok = self.parent_pipes[i].recv()
         except (EOFError, OSError):
-            self._fail(i, self._death(i, command), "fix the env")
+            self._fail(i, self._death(i, command), self._fix(command))
         if not ok:
             name, message, trace = payload
             _log.error("%s: env worker %d raised in %s:\n%s", self.env_id, i, command,
@@ -249,6 +259,8 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
             if process.is_alive():
                 process.kill()
                 process.join(5.0)
+        if self._selector is not None:
+            self._selector.close()
         for pipe in self.parent_pipes:
             if pipe is not None:
                 pipe.close()
