@@ -165,12 +165,12 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
                 for i, pipe in enumerate(self.parent_pipes):
                     self._selector.register(pipe, selectors.EVENT_READ, i)
             while len(answers) < self.num_envs:
+                self._check_stop(command)
                 ready = self._selector.select(max(0.0, min(deadline - time.monotonic(),
                                                            _POLL_S)))
                 for key, _ in ready:  # a dead worker's pipe reads EOF: _answer names it
                     answers[key.data] = self._answer(key.data, command)
-                if not ready:  # someone is slow: the stop request, deaths, the deadline
-                    self._check_stop(command)
+                if not ready:  # someone is slow: has it died, or missed its deadline?
                     slow = [i for i in range(self.num_envs) if i not in answers]
                     for i in slow:
                         if not self.processes[i].is_alive():
