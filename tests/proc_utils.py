@@ -13,9 +13,15 @@ import pytest
 def is_mp_helper(proc: psutil.Process) -> bool:
     """multiprocessing's forkserver and resource tracker: one per interpreter, they hold no
     env and exit together with it (checked by the subprocess tests, which watch a whole
-    process tree disappear)."""
+    process tree disappear). The forkserver's children are workers, not helpers, although
+    they share its command line."""
     cmdline = " ".join(proc.cmdline())
-    return "multiprocessing.forkserver" in cmdline or "multiprocessing.resource_tracker" in cmdline
+    if "multiprocessing.resource_tracker" in cmdline:
+        return True
+    if "multiprocessing.forkserver" not in cmdline:
+        return False
+    parent = proc.parent()
+    return parent is None or "multiprocessing.forkserver" not in " ".join(parent.cmdline())
 
 
 def live_children(root: int | None = None) -> set[int]:

@@ -42,6 +42,7 @@ def _integer(text: str) -> int:
         return parse_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -198,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RlloopError, EnvError, CheckpointError) as e:
         print(f"rlloop: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # a second stop signal: the run saved what it could
+        print("rlloop: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as e:  # not bad input: a bug, or a store failing at exit
         if os.environ.get("RLLOOP_TRACEBACK"):
             raise

@@ -90,6 +90,10 @@ class RunConfig:
     on_nonfinite: Literal["skip", "raise"] = "skip"
     """A NaN/inf in a batch, loss or gradient skips that update (counted in
     guard/skipped_updates) or stops the run with an error naming the step."""
+    step_timeout: float | None = 60.0
+    """Seconds a gymnasium-async env worker may take to answer a step or reset before the
+    run stops with an error naming the env (null: wait forever). A worker's first answer,
+    which includes starting it, gets 120 s more."""
     save_video: bool = True
     """At the end of a run, film one episode of the best policy to <run>/video.mp4
     (skipped with a one-line warning if the env cannot render, and after a stop signal)."""
@@ -112,6 +116,9 @@ class RunConfig:
                      "mlflow_close_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.step_timeout is not None and self.step_timeout <= 0:
+            raise ConfigError(f"step_timeout must be > 0 (seconds) or null (no limit), got "
+                              f"{self.step_timeout}")
         self._check_ranges()
         if self.horizons_per_env_reset == 0:
             raise ConfigError("horizons_per_env_reset must be > 0 (reset every k iterations) "

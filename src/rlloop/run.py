@@ -58,7 +58,7 @@ from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.report import write_report
 from rlloop.run_lock import RunLock
 from rlloop.runfiles import check_members, write_file
-from rlloop.signals import save_due, supervised
+from rlloop.signals import StopInterrupted, save_due, supervised
 from rlloop.trainer import Stats, Trainer
 
 COMPONENTS = ("algorithm", "trainer", "rng")
@@ -91,7 +91,8 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     settings = EnvSettings(config.env, spec, config.num_envs, config.backend, config.seed,
                            config.total_env_steps, config.horizons_per_env_reset,
                            dict(config.env_kwargs), config.on_nonfinite,
-                           resolve_device(config.device))
+                           resolve_device(config.device),
+                           step_timeout=config.step_timeout)
     return entry.build(config.hparams, settings)
 
 
@@ -291,11 +292,17 @@ class Session:
         stats: Stats = {}
         start = time.perf_counter()
         with supervised(self, self._finish):
-            if trainer.state["env/steps"] < cfg.total_env_steps:
-                every = None if self.off_policy else cfg.eval_every or None
-                stats = trainer.run(steps_per_eval=every, stop_conditions=self.stop_conditions())
-            if "eval/return_mean" not in stats:
-                stats = {**stats, **trainer.eval()}
+            try:
+                if trainer.state["env/steps"] < cfg.total_env_steps:
+                    every = None if self.off_policy else cfg.eval_every or None
+                    stats = trainer.run(steps_per_eval=every,
+                                        stop_conditions=self.stop_conditions())
+                if "eval/return_mean" not in stats:
+                    stats = {**stats, **trainer.eval()}
+            except StopInterrupted:
+                # An env worker did not answer within seconds of a stop signal: stop
+                # without the iteration in flight (its experience is dropped).
+                stats = dict(trainer.latest_eval)
         if cfg.save_video and not self.stop_requested:  # a stop signal wants a quick exit
             from rlloop.video import save_run_video
 

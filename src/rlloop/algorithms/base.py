@@ -45,6 +45,7 @@ class EnvSettings:
     device: str | torch.device = "cpu"
     """Where the algorithm's envs, storage, modules and generators live (see
     :func:`rlloop.devices.resolve_device`; ``"auto"`` picks CUDA when present)."""
+    step_timeout: float | None = 60.0
 
 
 def horizon_starts(collects: int, horizons_per_env_reset: int) -> bool:
@@ -90,7 +91,8 @@ class AlgorithmBase:
     def _make_train_env(self, env_kwargs: dict[str, Any]) -> VecEnv:
         s = self.settings
         env = make_env(s.env_id, s.num_envs, s.backend, seed=s.seed, env_kwargs=env_kwargs,
-                       device=self.device)
+                       device=self.device,
+                       step_timeout=s.step_timeout)
         return NormalizeObservation(env, self.obs_stats) if self.obs_stats else env
 
     def begin_horizon(self, collects: int, env_config: dict[str, Any] | None) -> None:
@@ -123,7 +125,8 @@ class AlgorithmBase:
         if key not in self._eval_envs:
             s = self.settings
             env = make_env(s.env_id, num_envs, s.backend, seed=s.seed + EVAL_SEED_OFFSET,
-                           env_kwargs={**s.env_kwargs, **env_config}, device=self.device)
+                           env_kwargs={**s.env_kwargs, **env_config}, device=self.device,
+                           step_timeout=s.step_timeout)
             if self.obs_stats is not None:
                 env = NormalizeObservation(env, self.obs_stats, update=False)
             self._eval_envs[key] = env

@@ -83,10 +83,15 @@ def make_env(
     seed: int | None = None,
     env_kwargs: dict[str, Any] | None = None,
     device: str | torch.device = "cpu",
+    step_timeout: float | None = 60.0,
 ) -> VecEnv:
     """``num_envs`` copies of ``env_id`` as one ``VecEnv`` (see the module docstring) whose
     tensors are on ``device``: native envs run there, Gymnasium envs step on the host and
-    move each step's batch there."""
+    move each step's batch there.
+
+    ``step_timeout``: seconds a gymnasium-async worker may take to answer (else
+    ``EnvWorkerError``); the other backends step in-process and cannot time out.
+    """
     kwargs = dict(env_kwargs or {})
     device = torch.device(device)
     if is_pettingzoo_id(env_id):
@@ -119,6 +124,7 @@ def make_env(
             asynchronous=resolved == "gymnasium-async",
             env_kwargs=kwargs,
             device=device,
+            step_timeout=step_timeout,
         )
     except (ImportError, gymnasium.error.UnregisteredEnv) as e:
         raise _module_id_error(env_id, e) from e
