@@ -94,9 +94,7 @@ def timed(device: str, iterate: Callable[[], Any], warmup: int,
 
 def rlloop_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
                 seed: int) -> Measurement:
-    import dataclasses
-
-    from rlloop.config import RunConfig, build_config
+    from rlloop.config import build_config
     from rlloop.run import build_algorithm
     from rlloop.trainer import Trainer
 
@@ -105,12 +103,7 @@ def rlloop_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
             f"ppo.num_epochs={EPOCHS}", f"ppo.minibatch_size={steps * num_envs}",
             f"ppo.lr={LR}", "ppo.lr_schedule=constant", f"ppo.gamma={GAMMA}",
             f"ppo.gae_lambda={LAMBDA}", "ppo.normalize_obs=false",
-            "ppo.normalize_rewards=false"]
-    if any(f.name == "device" for f in dataclasses.fields(RunConfig)):
-        sets.append(f"device={device}")
-    elif device != "cpu":
-        sys.exit(f"this rlloop has no device setting and runs on the CPU only; "
-                 f"run with --device cpu, not {device}")
+            "ppo.normalize_rewards=false", f"device={device}"]
     config = build_config("ppo", "CartPole-v1", flags={"seed": seed, "backend": "native"},
                           sets=sets)
     algo = build_algorithm(config)
