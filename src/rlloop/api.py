@@ -77,11 +77,15 @@ class Model:
         return model
 
     # ---- training ---------------------------------------------------------------------
-    def learn(self, total_env_steps: int, callbacks: Sequence[Callback] = ()) -> RunResult:
+    def learn(self, total_env_steps: int | float,
+              callbacks: Sequence[Callback] = ()) -> RunResult:
         """Train for ``total_env_steps`` env steps; a later call trains that many more,
         continuing the same run (and MLflow run) from its last checkpoint."""
-        if total_env_steps <= 0:
-            raise ConfigError(f"total_env_steps must be > 0, got {total_env_steps}")
+        if isinstance(total_env_steps, float) and total_env_steps.is_integer():
+            total_env_steps = int(total_env_steps)  # learn(1e5), as the CLI takes 1e5
+        if (not isinstance(total_env_steps, int) or isinstance(total_env_steps, bool)
+                or total_env_steps <= 0):
+            raise ConfigError(f"total_env_steps must be an integer > 0, got {total_env_steps!r}")
         self._drop_actor()
         latest = _latest(self.run_dir)
         if self.run_dir is not None and latest is not None:
