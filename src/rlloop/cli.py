@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--allow-import", action="store_true", help="with --resume: let the run's "
                    "env id import the module it names (module:Env-v0); off, loading a run "
                    "never runs code it names")
+    t.add_argument("--callback", dest="callbacks", action="append", default=[],
+                   metavar="MODULE:CLASS", help="a rlloop.callbacks.Callback subclass to call "
+                   "on every step, eval and checkpoint (imports MODULE; repeatable)")
 
     e = sub.add_parser("eval", help="evaluate the best policy of a run")
     e.add_argument("run_dir")
@@ -86,9 +89,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rlloop.callbacks import load_callback
     from rlloop.config import build_config
     from rlloop.logging import format_number, print_summary
     from rlloop.run import load_run_config, resume, train
+
+    callbacks = [load_callback(spec) for spec in args.callbacks]
 
     flags: dict[str, Any] = {"seed": args.seed, "backend": args.backend,
                              "num_envs": args.num_envs, "total_env_steps": args.total_env_steps,
@@ -100,13 +106,13 @@ def _train(args: argparse.Namespace) -> int:
         if saved.algo != args.algo:
             raise ConfigError(f"{args.resume} is a {saved.algo} run, not {args.algo}; "
                               f"use `rlloop train {saved.algo} --resume {args.resume}`")
-        result = resume(args.resume, allow_import=args.allow_import,
+        result = resume(args.resume, allow_import=args.allow_import, callbacks=callbacks,
                         **{k: v for k, v in flags.items() if v is not None})
     else:
         _check_new_run_dir(args.run_dir)
         config = build_config(args.algo, args.env, file=args.config, flags=flags,
                               sets=args.sets)
-        result = train(config, args.run_dir)
+        result = train(config, args.run_dir, callbacks=callbacks)
     best = result.best_eval_return
     lines = {
         "env steps": f"{result.env_steps:,}",
