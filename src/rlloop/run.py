@@ -14,7 +14,8 @@ Run directory layout::
     <run>/best/              checkpoint with the best eval return so far
     <run>/mlflow.db          the embedded MLflow store (``mlflow ui`` reads it)
     <run>/video.mp4          one episode of the best policy (``save_video``)
-    <run>/report.md, summary.json, learning_curve.svg
+    <run>/report.md, report.html, summary.json, *.png   the end-of-run report and figures
+    <run>/policy.onnx, policy.pt   written by ``rlloop export``
 """
 
 from __future__ import annotations
@@ -468,17 +469,26 @@ def evaluate_run(run_dir: str | Path, episodes: int = 20, backend: str | None = 
 
     ``notify`` gets one line if a damaged ``best/`` is passed over (see `policy_checkpoint`).
     """
+    algorithm = load_run_policy(run_dir, backend, device, allow_import=allow_import,
+                                notify=notify)
+    try:
+        return algorithm.evaluate(episodes)
+    finally:
+        algorithm.close()
+
+
+def load_run_policy(run_dir: str | Path, backend: str | None = None, device: str | None = None,
+                    *, allow_import: bool = False,
+                    notify: Callable[[str], None] | None = None) -> AlgorithmBase:
+    """A run's algorithm with its best policy loaded, built for acting (one training env);
+    the caller closes it. Arguments as for :func:`evaluate_run`."""
     flags: dict[str, Any] = {"mlflow": False}
     if backend:
         flags["backend"] = backend
     if device:
         flags["device"] = device
     config = load_run_config(run_dir, allow_import=allow_import, **flags)
-    algorithm = load_policy(config, Path(run_dir), notify)
-    try:
-        return algorithm.evaluate(episodes)
-    finally:
-        algorithm.close()
+    return load_policy(config, Path(run_dir), notify)
 
 
 def load_policy(config: RunConfig, run_dir: Path | None,
