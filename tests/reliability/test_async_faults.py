@@ -82,7 +82,9 @@ class Trainer:
         assert still_alive(env_pids | self.seen, timeout=10.0) == []
 
     def resume(self, total_env_steps: int) -> None:
+        # The test env is a module:Id env: resuming a run imports it only with consent.
         done = subprocess.run(rlloop_cmd("train", "ppo", "--resume", str(self.run), "--quiet",
+                                         "--allow-import",
                                          "--total-env-steps", str(total_env_steps)),
                               env=self.env, cwd=self.cwd, capture_output=True, text=True,
                               timeout=240)

@@ -24,6 +24,8 @@ from torch import Tensor
 from rlloop.devices import arrays_to_device
 from rlloop.envs.core import ActionSpace, Box, Discrete, EnvError, EnvSpec, StepResult
 from rlloop.envs.gym_async import GuardedAsyncVectorEnv
+from rlloop.errors import RlloopError
+from rlloop.signals import StopInterrupted
 
 
 def _one_line(space: gymnasium.Space[Any]) -> str:
@@ -127,6 +129,11 @@ def _kwargs_error(env_id: str, kwargs: dict[str, Any], error: TypeError) -> EnvE
         f"gymnasium.make({env_id!r}) rejected env_kwargs {sorted(kwargs)} ({error}); "
         "check the env's constructor arguments"
     )
+
+
+#: Raised by rlloop itself around the env (async workers that failed, a stop signal while
+#: waiting for them): already one clear line, passed on as they are.
+_PASSED_ON = (RlloopError, StopInterrupted)
 
 
 class GymVecEnv:
@@ -254,6 +261,8 @@ class GymVecEnv:
             self._vec.single_action_space.seed(seed + self.num_envs)
         try:
             obs, _ = self._vec.reset(seed=seed)
+        except _PASSED_ON:
+            raise
         except Exception as e:
             raise self._env_failed("reset", e) from e
         return self._to_tensors(self._obs_array(obs))[0]
@@ -267,6 +276,8 @@ class GymVecEnv:
         gym_actions = self._to_gym_actions(actions)
         try:
             obs, reward, terminated, truncated, infos = self._vec.step(gym_actions)
+        except _PASSED_ON:
+            raise
         except Exception as e:
             raise self._env_failed("step", e) from e
         obs_np = self._obs_array(obs)
