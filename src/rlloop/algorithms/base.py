@@ -16,7 +16,7 @@ from rlloop.errors import ConfigError
 from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.runners.env_runner import EnvRunner
 from rlloop.runners.evaluation import evaluate
-from rlloop.seeding import derive_seed
+from rlloop.seeding import derive_seed, seed_global_rngs
 
 if TYPE_CHECKING:
     from rlloop.learners.learner import Learner
@@ -65,7 +65,7 @@ class AlgorithmBase:
 
     def __init__(self, settings: EnvSettings, obs_stats: RunningMeanStd | None = None) -> None:
         self.settings = settings
-        torch.manual_seed(settings.seed)
+        seed_global_rngs(settings.seed)
         self.generator = torch.Generator().manual_seed(derive_seed(settings.seed, "algorithm"))
         self.obs_stats = obs_stats
         self.env_config: dict[str, Any] = {}

@@ -33,7 +33,7 @@ from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.masked import MaskedActorCritic
 from rlloop.runners.multi_agent import RANDOM, MultiAgentRunner, evaluate_multi_agent
-from rlloop.seeding import derive_seed
+from rlloop.seeding import derive_seed, seed_global_rngs
 
 
 @dataclass
@@ -73,7 +73,7 @@ class MultiAgentPPO:
     def __init__(self, config: MultiAgentPPOConfig, settings: EnvSettings) -> None:
         config.check_batch(settings.num_envs)
         self.config, self.settings = config, settings
-        torch.manual_seed(settings.seed)
+        seed_global_rngs(settings.seed)
         self.generator = torch.Generator().manual_seed(derive_seed(settings.seed, "algorithm"))
         self.env_config: dict[str, Any] = {}
         self.env = self._make_env(settings.num_envs, settings.seed, {})
