@@ -34,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--num-envs", type=int)
     t.add_argument("--total-env-steps", type=int)
     t.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its last "
-                   "checkpoint with its saved config")
+                   "checkpoint with its saved config (--set and flags may change budgets, "
+                   "stop rules, evaluation and logging)")
     t.add_argument("--quiet", action="store_true", help="no progress line")
 
     e = sub.add_parser("eval", help="evaluate the best policy of a run")
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _train(args: argparse.Namespace) -> int:
     from rlloop.config import build_config
+    from rlloop.envs.registry import resolve_env_id
     from rlloop.logging import print_summary
     from rlloop.run import load_run_config, resume, train
 
@@ -65,8 +67,11 @@ def _train(args: argparse.Namespace) -> int:
 
             raise ConfigError(f"{args.resume} is a {saved.algo} run, not {args.algo}; "
                               f"use `rlloop train {saved.algo} --resume {args.resume}`")
-        result = resume(args.resume, **{k: v for k, v in flags.items() if v is not None})
+        result = resume(args.resume, env=args.env, file=args.config, sets=args.sets,
+                        **{k: v for k, v in flags.items() if v is not None})
     else:
+        if args.env:  # typed by the user: its module:Id may be imported (see resolve_env_id)
+            resolve_env_id(args.env, allow_import=True)
         config = build_config(args.algo, args.env, file=args.config, flags=flags,
                               sets=args.sets)
         result = train(config, args.run_dir)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,11 +39,12 @@ from rlloop.checkpoint import (
     save_replacing,
 )
 from rlloop.conditions import Condition, HitsUpperBound
-from rlloop.config import RunConfig, build_config, load_yaml
+from rlloop.config import RunConfig, build_config, load_yaml, resumable
 from rlloop.envs.core import Box, Discrete
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink, ThrottledSink
+from rlloop.numerics import flushed_denormals
 from rlloop.offpolicy_trainer import OffPolicyTrainer
 from rlloop.report import write_report
 from rlloop.signals import handle_signals
@@ -76,7 +78,9 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
 
 def default_run_dir(config: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{config.algo}-{config.env}-{stamp}"
+    # One path component whatever the id holds ("ale_py:ALE/Pong-v5" -> ale_py-ALE-Pong-v5).
+    env = re.sub(r"[^\w.-]+", "-", config.env)
+    return Path("runs") / f"{config.algo}-{env}-{stamp}"
 
 
 def solve_threshold(config: RunConfig) -> float | None:
@@ -129,6 +133,7 @@ class Session:
         self.best_eval_return: float | None = None
         self.save_requested = False
         self.stop_requested: str | None = None
+        self.solved = False
         torch.set_num_threads(config.torch_threads)
         self.algorithm = build_algorithm(config)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -192,9 +197,9 @@ class Session:
         return {"config": self.config.to_dict(), "env_steps": self.trainer.state["env/steps"],
                 "algo": self.config.algo, "env": self.config.env}
 
-    def save(self) -> Path:
+    def save(self, components: dict[str, Any] | None = None) -> Path:
         counter = "algorithm/steps" if self.off_policy else "env/steps"
-        return self.manager.save(self.trainer.state[counter], self.components(),
+        return self.manager.save(self.trainer.state[counter], components or self.components(),
                                  metadata=self.metadata())
 
     def _restore(self) -> None:
@@ -213,8 +218,26 @@ class Session:
                                        lambda _: self.stop_requested is not None]
         threshold = solve_threshold(self.config)
         if self.config.stop_on_solve and threshold is not None:
-            conditions.append(HitsUpperBound("eval/return_mean", threshold))
+            reached = HitsUpperBound("eval/return_mean", threshold)
+            conditions.append(lambda stats: reached(stats) and self._confirm_solved(threshold))
         return conditions
+
+    def _confirm_solved(self, threshold: float) -> bool:
+        """Solved only if a fresh evaluation over ``solve_episodes`` episodes reaches the
+        threshold too: the mean of a few episodes can be lucky (PPO on Acrobot-v1 once
+        "solved" at -79.8 right after evaluations of -500 and -295)."""
+        cfg = self.config
+        if cfg.solve_episodes > cfg.eval_episodes:
+            with flushed_denormals(self.trainer.flush_denormal):
+                result = self.algorithm.evaluate(cfg.solve_episodes)
+            value = float(result["return_mean"])
+            self.sink.log_metrics({"eval/solve_return_mean": value,
+                                   "eval/solve_episodes": float(result["episodes"])},
+                                  self.trainer.state["env/steps"])
+            if value < threshold:
+                return False
+        self.solved = True
+        return True
 
     def run(self) -> RunResult:
         """Train until a stop condition; always writes a final checkpoint and the report."""
@@ -222,6 +245,8 @@ class Session:
         stats: Stats = {}
         status = "FAILED"
         start = time.perf_counter()
+        start_steps = trainer.state["env/steps"]
+        final: dict[str, Any] | None = None
         try:
             with handle_signals(self):
                 if trainer.state["env/steps"] < cfg.total_env_steps:
@@ -229,11 +254,17 @@ class Session:
                     stats = trainer.run(steps_per_eval=every,
                                         stop_conditions=self.stop_conditions())
                 if "eval/return_mean" not in stats:
+                    # The final checkpoint holds the state as training left it: this
+                    # extra evaluation advances eval seeds (and any global RNG the env
+                    # draws from), which a run trained straight through never does.
+                    final = self.components()
                     stats = {**stats, **trainer.eval()}
+                    final["trainer"].update(latest_eval=dict(trainer.latest_eval),
+                                            best_eval_return=self.best_eval_return)
             status = "KILLED" if self.stop_requested else "FINISHED"
         finally:
-            if trainer.state["algorithm/steps"] or not self.manager.latest():
-                self.save()
+            if trainer.state["env/steps"] > start_steps or not self.manager.latest():
+                self.save(final)
             self._close_sinks(status)
             self.algorithm.close()
         if cfg.save_video and not self.stop_requested:  # a stop signal wants a quick exit
@@ -249,11 +280,7 @@ class Session:
     def _stopped_by(self, stats: Stats) -> str:
         if self.stop_requested:
             return f"signal {self.stop_requested}"
-        threshold = solve_threshold(self.config)
-        if (self.config.stop_on_solve and threshold is not None
-                and stats.get("eval/return_mean", -math.inf) >= threshold):
-            return "solved"
-        return "budget"
+        return "solved" if self.solved else "budget"
 
 
 def train(config: RunConfig, run_dir: str | Path | None = None, *,
@@ -273,9 +300,34 @@ def load_run_config(run_dir: str | Path, **flags: Any) -> RunConfig:
     return build_config(saved.get("algo", "ppo"), saved.get("env"), base=saved, flags=flags)
 
 
-def resume(run_dir: str | Path, *, console: Any = None, **flags: Any) -> RunResult:
-    """Continue a run from its last checkpoint with its saved config."""
-    config = load_run_config(run_dir, **flags)
+def resume_config(run_dir: str | Path, *, env: str | None = None, file: str | Path | None = None,
+                  sets: list[str] | None = None, **flags: Any) -> RunConfig:
+    """A run's saved config with the overrides a resume may apply (see
+    :func:`rlloop.config.resumable`); ``ConfigError`` names any other changed setting."""
+    saved = load_run_config(run_dir)
+    old = saved.to_dict()
+    config = build_config(saved.algo, env, file=file, flags=flags, sets=sets, base=old)
+    new = config.to_dict()
+    changed = [f"{key}.{sub}" for key, value in new.items()
+               if isinstance(value, dict) and key != "env_kwargs"
+               for sub in value if value[sub] != old[key].get(sub)]
+    changed += [key for key, value in new.items()
+                if not (isinstance(value, dict) and key != "env_kwargs") and value != old[key]]
+    fixed = [key for key in changed if not resumable(key, saved.algo)]
+    if fixed:
+        raise ConfigError(f"--resume cannot change {', '.join(fixed)} (the run's env, "
+                          "networks and data depend on it); drop the override or start a new "
+                          "run. A resume may change budgets, stop rules, evaluation, "
+                          "checkpoint and logging settings")
+    return config
+
+
+def resume(run_dir: str | Path, *, console: Any = None, env: str | None = None,
+           file: str | Path | None = None, sets: list[str] | None = None,
+           **flags: Any) -> RunResult:
+    """Continue a run from its last checkpoint with its saved config, changed by the
+    overrides a resume allows (``flags``, ``--set`` items, a YAML ``file``)."""
+    config = resume_config(run_dir, env=env, file=file, sets=sets, **flags)
     return Session(config, Path(run_dir), resume=True, console=console).run()
 
 
