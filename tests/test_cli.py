@@ -24,6 +24,7 @@ def test_train_eval_resume(tmp_path, cli_env):
                 "--set", "checkpoint_every=2"], cli_env, tmp_path)
     assert out.returncode == 0, out.stderr
     assert "best eval return" in out.stdout and str(run) in out.stdout
+    assert f"mlflow ui --backend-store-uri sqlite:///{run / 'mlflow.db'}" in out.stdout
     for name in ("config.yaml", "metrics.jsonl", "run.json", "mlflow.db", "report.md",
                  "summary.json", "learning_curve.svg"):
         assert (run / name).is_file(), name

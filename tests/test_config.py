@@ -1,9 +1,12 @@
 """Config layering and typed errors for bad input."""
 
+import gymnasium
+import numpy as np
 import pytest
 
 from rlloop.config import build_config, from_dict
 from rlloop.errors import ConfigError
+from rlloop.run import build_algorithm
 
 
 def test_layers_preset_file_flags_sets(tmp_path):
@@ -56,3 +59,91 @@ def test_bad_yaml_file(tmp_path):
         build_config("ppo", file=f)
     with pytest.raises(ConfigError, match="does not exist"):
         build_config("ppo", file=tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(("text", "value"), [("4e-3", 0.004), ("4E-3", 0.004), (".004", 0.004),
+                                             ("1E5", 1e5), (".5", 0.5), ("2.5e+2", 250.0)])
+def test_float_fields_take_every_float_a_python_user_writes(text, value, tmp_path):
+    # PyYAML (YAML 1.1) reads 4e-3 and 1E5 as strings; they are numbers to the user.
+    f = tmp_path / "c.yaml"
+    f.write_text(f"dqn:\n  exploration_initial_eps: 1\n  lr: {text}\nsolve_threshold: {text}\n")
+    from_file = build_config("dqn", "CartPole-v1", file=f)
+    from_set = build_config("dqn", "CartPole-v1", sets=[f"dqn.lr={text}",
+                                                        f"solve_threshold={text}"])
+    for cfg in (from_file, from_set):
+        assert cfg.hparams.lr == value and cfg.solve_threshold == value
+        assert isinstance(cfg.hparams.lr, float)
+
+
+def test_number_spellings_in_int_fields_and_schedules():
+    cfg = build_config("ppo", "CartPole-v1", sets=[
+        "total_env_steps=1e5", "ppo.lr_decay_steps=2E5",
+        "ppo.clip_coef={type: linear, start: 2e-1, end: 5e-2, steps: 1e5}"])
+    assert cfg.total_env_steps == 100_000 and cfg.hparams.lr_decay_steps == 200_000
+    from rlloop.learners.schedules import make_schedule
+
+    assert make_schedule(cfg.hparams.clip_coef)(50_000) == pytest.approx(0.125)
+    with pytest.raises(ConfigError, match="total_env_steps must be an integer"):
+        build_config("ppo", "CartPole-v1", sets=["total_env_steps=1.5e0"])
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["ppo.lr=.nan"], "ppo.lr must be a finite number"),
+        (["ppo.lr=inf"], "ppo.lr must be a finite number"),
+        (["ppo.target_kl=0"], "ppo.target_kl must be > 0"),
+        (["seed=-1"], r"seed must be in \[0, 4294967295\]"),
+        (["mlflow_interval_s=-0.5"], "mlflow_interval_s must be >= 0"),
+        (["env_kwargs.max_episode_steps=0"], "env_kwargs.max_episode_steps must be"),
+        (["ppo.clip_coef={type: cosine, start: 0.2, end: 0.1, steps: 0}"],
+         "ppo.clip_coef: cosine schedule steps must be an integer > 0"),
+        (["ppo.ent_coef={type: piecewise, points: [[0, 0.1], [10, .inf]]}"],
+         "ppo.ent_coef: piecewise schedule point_value must be a finite number"),
+    ],
+)
+def test_nonsense_values_raise_config_error(sets, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config("ppo", "CartPole-v1", sets=sets)
+
+
+def test_config_file_that_is_not_a_yaml_file(tmp_path):
+    binary = tmp_path / "c.yaml"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(ConfigError, match="is not text"):
+        build_config("ppo", file=binary)
+    with pytest.raises(ConfigError, match="is a directory"):
+        build_config("ppo", file=tmp_path)
+
+
+class _Pixels(gymnasium.Env):  # type: ignore[type-arg]
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, shape: tuple[int, ...] = (12, 10, 3)) -> None:
+        self.observation_space = gymnasium.spaces.Box(0, 255, shape, np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 1.0, False, False, {}
+
+
+@pytest.mark.parametrize("shape", [(12, 10, 3), (3, 12, 10), (12, 10)])
+def test_image_observations_are_refused_before_an_mlp_sees_them(shape):
+    env_id = f"rlloop-test/Pixels{len(shape)}{shape[0]}-v0"
+    gymnasium.register(env_id, entry_point=_Pixels, kwargs={"shape": shape})
+    for algo in ("dqn", "ppo"):
+        with pytest.raises(ConfigError, match=r"image observations \(uint8 .* MLPs only.*"
+                                              r"--set env_kwargs.obs_type=ram"):
+            build_algorithm(build_config(algo, env_id, sets=["mlflow=false"]))
+
+
+def test_byte_vectors_are_not_images():
+    # Atari's RAM observations are 128 uint8 values: a vector an MLP can take.
+    gymnasium.register("rlloop-test/Ram-v0", entry_point=_Pixels, kwargs={"shape": (128,)},
+                       max_episode_steps=10)
+    algo = build_algorithm(build_config("dqn", "rlloop-test/Ram-v0", sets=["mlflow=false"]))
+    assert algo.settings.spec.obs_shape == (128,)
+    algo.close()

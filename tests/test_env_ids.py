@@ -46,8 +46,13 @@ def test_module_id_is_imported_only_when_allowed(tmp_path, monkeypatch):
     assert not marker.exists() and "rlloop_test_envmod" not in sys.modules
     assert str(tmp_path) not in sys.path
 
+    # A run's id the user consented to import: the working directory is not searched.
+    with pytest.raises(EnvError, match="no module named 'rlloop_test_envmod'"):
+        resolve_env_id(env_id, allow_import=True)
+    assert not marker.exists() and str(tmp_path) not in sys.path
+
     # Typed by the user: found in the working directory, as `python -m` would.
-    assert resolve_env_id(env_id, allow_import=True) == env_id
+    assert resolve_env_id(env_id, allow_import=True, search_cwd=True) == env_id
     assert marker.exists()
     assert resolve_env_id(env_id) == env_id  # imported now: no new code runs
 

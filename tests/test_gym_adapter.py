@@ -254,3 +254,53 @@ def test_render_rgb_needs_rgb_array_mode() -> None:
     with pytest.raises(EnvError, match="render_mode"):
         plain.render_rgb()
     plain.close()
+
+
+class _Mission(spaces.Space[str]):
+    """Free text, like MiniGrid's MissionSpace: Gymnasium cannot flatten it."""
+
+    def sample(self, mask: object = None, probability: object = None) -> str:
+        return "get the key"
+
+    def contains(self, x: object) -> bool:
+        return isinstance(x, str)
+
+
+class _GridEnv(gymnasium.Env):  # type: ignore[type-arg]
+    """MiniGrid's observation layout: a symbolic 7x7x3 grid, a direction and a mission."""
+
+    observation_space = spaces.Dict({"image": spaces.Box(0, 10, (7, 7, 3), np.uint8),
+                                     "direction": spaces.Discrete(4), "mission": _Mission()})
+    action_space = spaces.Discrete(3)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        return self._obs(), {}
+
+    def step(self, action: int) -> tuple:
+        return self._obs(), 0.0, False, False, {}
+
+    def _obs(self) -> dict:
+        return {"image": np.ones((7, 7, 3), np.uint8), "direction": 1, "mission": "get the key"}
+
+
+def test_dict_observation_error_suggests_a_fix_that_works() -> None:
+    gymnasium.register("rlloop-test/Grid-v0", entry_point=_GridEnv)
+    with pytest.raises(EnvError) as info:
+        env_spec("rlloop-test/Grid-v0")
+    message = str(info.value)
+    assert "\n" not in message and "Dict('direction': Discrete" in message
+    assert ("FilterObservation(env, ['direction', 'image']) and then FlattenObservation "
+            "('mission' cannot be flattened)") in message
+    with pytest.raises(NotImplementedError):  # what the message used to suggest
+        gymnasium.wrappers.FlattenObservation(_GridEnv())
+
+    def fixed() -> gymnasium.Env:  # type: ignore[type-arg]
+        env = gymnasium.wrappers.FilterObservation(_GridEnv(), ["direction", "image"])
+        return gymnasium.wrappers.FlattenObservation(env)
+
+    gymnasium.register("rlloop-test/GridFlat-v0", entry_point=fixed)
+    env = make_env("rlloop-test/GridFlat-v0", 2, seed=0)
+    assert env.spec.obs_shape == (4 + 7 * 7 * 3,) and not env.spec.image_obs
+    assert env.reset().shape == (2, 151)
+    env.close()

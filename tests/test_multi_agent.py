@@ -224,6 +224,9 @@ def test_cli_trains_a_multi_agent_run(tmp_path, cli_env):
         "--set", "ma_ppo.policy_mapping=independent", "--set", "ma_ppo.minibatch_size=64"),
         cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
+    assert "mlflow ui" not in out.stdout  # mlflow=false: there is no store to open
+    # The end-of-run video is skipped with a reason, not with advice to run what just ran.
+    assert "single-agent runs only" in out.stderr and "rlloop train" not in out.stderr
     ev = subprocess.run(rlloop_cmd("eval", "run", "--episodes", "10", "--json"), cwd=tmp_path,
                         env=cli_env, capture_output=True, text=True, timeout=300)
     assert ev.returncode == 0, ev.stderr

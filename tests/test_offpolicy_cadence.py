@@ -16,7 +16,7 @@ from rlloop.conditions import HitsUpperBound
 from rlloop.config import build_config
 from rlloop.envs.core import sample_random_actions
 from rlloop.offpolicy_trainer import OffPolicyTrainer
-from rlloop.run import build_algorithm, train
+from rlloop.run import COMPONENTS, build_algorithm, evaluate_run, train
 from rlloop.seeding import derive_seed
 from rlloop.trainer import Trainer
 
@@ -167,6 +167,27 @@ def test_run_leaves_best_and_opt_step_checkpoints(tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["opt/steps"] for r in rows if "opt/steps" in r] == [2, 3, 4, 6, 8, 9, 10]
     assert all("env/fps" in r for r in rows if r.get("opt/steps", 1) % 2 == 0)
+
+
+def test_best_is_a_policy_snapshot_without_the_replay_buffer(tmp_path):
+    config = build_config("dqn", "CartPole-v1", sets=[
+        *QUIET, "num_envs=1", *TINY_DQN, "dqn.learning_starts=1100", "dqn.opt_interval=100",
+        "dqn.eval_interval=1", "dqn.max_opts=2", "eval_episodes=2", "stop_on_solve=false",
+        "save_video=false"])
+    run = train(config, tmp_path / "run").run_dir
+    final = CheckpointManager(run / "checkpoints").latest()
+    assert final is not None and "offpolicy" in load_checkpoint(final).components["algorithm"]
+    best = load_checkpoint(run / "best", expected_components=COMPONENTS)
+    assert set(best.components["algorithm"]) == {"learner"}
+    assert set(best.components["algorithm"]["learner"]) == {"module"}  # no optimiser moments
+    # A full buffer of 1,000 CartPole transitions is ~50 kB; the [16] Q-nets' weights ~2 kB.
+    weights = "algorithm.safetensors"
+    assert (final / weights).stat().st_size > 50_000 > 25 * (run / "best" / weights).stat().st_size
+    # What rlloop eval and the video load from best/ is still there.
+    assert evaluate_run(run, episodes=2)["episodes"] == 2
+    algo = build_algorithm(config)
+    algo.set_policy_state(best.components["algorithm"])
+    algo.close()
 
 
 @pytest.mark.parametrize(("algo", "env_id"), [("td3", "Pendulum-v1")])

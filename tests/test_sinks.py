@@ -7,8 +7,10 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from rlloop.logging import (
     MultiSink,
     Sink,
     TensorBoardSink,
+    format_number,
     print_summary,
     sqlite_tracking_uri,
 )
@@ -278,6 +281,56 @@ def test_console_sink_disabled_and_summary() -> None:
     assert "final return" in text
 
 
+def feed_a_run(sink: ConsoleSink, clock: FakeClock) -> None:
+    """Two reports 10 s apart (1,280 steps/s), then an overshoot of the 40k budget."""
+    sink.log_metrics({"env/steps": 0}, 0)
+    clock.t = 10.0
+    sink.log_metrics({"env/steps": 12_800, "episode/return_mean": 123.456,
+                      "eval/return_mean": 499.5}, 12_800)
+
+
+def test_console_live_line_fits_80_columns() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=80)
+    clock = FakeClock()
+    sink = ConsoleSink(40_000, console=console, clock=clock)
+    feed_a_run(sink, clock)
+    sink.close()
+    # The last frame the live display drew, without its escape codes.
+    last = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue().split("\r")[-1]).strip()
+    assert "…" not in last
+    assert last.startswith("train ━")
+    assert "12,800/40,000 (32%)" in last and "eval 499.5" in last and "ETA 0:00:21" in last
+    assert len(last) <= 80
+    clock = FakeClock()
+    wide = ConsoleSink(40_000, console=Console(file=io.StringIO(), width=200), clock=clock)
+    feed_a_run(wide, clock)
+    assert wide.status_line(50) == "12,800/40,000 (32%) | eval 499.5 | ETA 0:00:21"
+
+
+def test_console_plain_lines_never_wrap_and_cap_at_100_percent() -> None:
+    out = io.StringIO()
+    clock = FakeClock()
+    sink = ConsoleSink(40_000, console=Console(file=out, width=80), clock=clock,
+                       print_interval_s=0.0)
+    feed_a_run(sink, clock)
+    clock.t = 11.0
+    sink.log_metrics({"env/steps": 40_800}, 40_800)  # the last iteration overshoots
+    sink.close()
+    lines = out.getvalue().splitlines()
+    assert lines[1] == ("steps 12,800/40,000 (32%) | 1,280 steps/s | return 123.5 | "
+                        "eval 499.5 | ETA 0:00:21")
+    assert lines[2].startswith("steps 40,800/40,000 (100%) | ")
+    assert len(lines) == 3
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (-0.0, "0"), (0.0, "0"), (0.955, "0.955"), (-3e-05, "-3e-05"), (322.94, "322.9"),
+    (500.0, "500"), (-1234.5, "-1,234"), (math.nan, "nan")])
+def test_format_number_keeps_small_values_and_never_prints_minus_zero(value, text) -> None:
+    assert format_number(value) == text
+
+
 # --- MultiSink and the protocol ----------------------------------------------------------
 
 
@@ -352,3 +405,85 @@ def test_process_sink_reports_a_failed_child_at_close():
     sink.log_metrics({"a": 1.0}, 1)
     with pytest.raises(RuntimeError, match="cannot open store"):
         sink.close()
+
+
+class HangingSink(RecordingSink):
+    """Blocks in its first write, as MLflow does on a tracking server that never answers."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        time.sleep(3600)
+
+
+def test_process_sink_never_blocks_on_a_hung_child_and_warns_once(caplog):
+    import psutil
+
+    from rlloop.logging import ProcessSink
+
+    sink = ProcessSink(HangingSink, close_timeout_s=1.0, max_queued=500, label="hung store")
+    child = psutil.Process(sink.pid)
+    start = time.monotonic()
+    for step in range(20_000):  # far more than a pipe and the queue hold
+        sink.log_metrics({"losses/policy": 0.5, "time/learn_s": 0.01}, step)
+    assert time.monotonic() - start < 5
+    with caplog.at_level(logging.WARNING):
+        start = time.monotonic()
+        sink.close()
+        # Bounded, not instant: the wait counts from the child's last sign of work, and a
+        # child still importing on a loaded 2-core machine works for several seconds.
+        assert time.monotonic() - start < 1.0 + 30
+    assert sink.unlogged == 20_000
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith("hung store did not answer for 1 s")
+    assert "20000 of 20000 metric rows were not logged" in warning
+    assert "dropped while it was behind" in warning
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_process_sink_refuses_a_factory_the_child_cannot_import():
+    from rlloop.logging import ProcessSink
+
+    def local_factory() -> Sink:
+        return RecordingSink()
+
+    with pytest.raises(ValueError, match="importable"):
+        ProcessSink(local_factory)
+
+
+NO_MAIN_GUARD = """
+from rlloop.config import build_config
+from rlloop.run import train
+
+# No `if __name__ == "__main__":` guard: the sink's child must not run this again.
+result = train(build_config("ppo", "CartPole-v1",
+                            flags={"total_env_steps": 7680, "save_video": False,
+                                   "stop_on_solve": False, "progress": False}),
+               "runs/demo")
+print("trained", result.env_steps)
+"""
+
+
+def test_a_script_without_main_guard_logs_every_row_to_mlflow(tmp_path, cli_env):
+    from mlflow.tracking import MlflowClient
+
+    script = tmp_path / "train_demo.py"
+    script.write_text(NO_MAIN_GUARD)
+    done = subprocess.run([sys.executable, str(script)], env=cli_env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "trained 7680" in done.stdout
+    assert "already holds a run" not in done.stderr
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["demo"]  # no stray run dir
+
+    run = tmp_path / "runs" / "demo"
+    run_id = json.loads((run / "run.json").read_text())["mlflow_run_id"]
+    client = MlflowClient(tracking_uri=sqlite_tracking_uri(run / "mlflow.db"))
+    assert client.get_run(run_id).info.status == "FINISHED"
+    # Every metrics.jsonl row is in MLflow too, at its step: nothing throttled away.
+    steps: dict[str, list[int]] = {}
+    for row in read_jsonl(run / "metrics.jsonl"):
+        for key in row.keys() - {"step"}:
+            steps.setdefault(key, []).append(row["step"])
+    assert len(steps["losses/policy"]) == 15  # one row per iteration
+    for key, expected in steps.items():
+        logged = [m.step for m in client.get_metric_history(run_id, mlflow_name(key))]
+        assert sorted(logged) == sorted(expected), key

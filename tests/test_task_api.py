@@ -132,15 +132,19 @@ def test_sample_clip_returns_frames_and_states():
 
 
 @pytest.mark.slow
-def test_reinforce_example_solves_cartpole(tmp_path):
-    """The shipped example, through the task API: a deterministic policy that keeps the pole
-    up for 475+ steps on average over 20 fresh episodes, within a 300-step budget."""
+@pytest.mark.parametrize(("seed", "workers"), [
+    (0, []), (1, []), (2, []), (3, ["--workers", "4", "--mode", "process"])])
+def test_reinforce_example_solves_cartpole(tmp_path, seed, workers):
+    """The shipped example with its defaults (and the README's process workers): within
+    its budget of 400 train steps the greedy policy averages 475+ over 100 evaluation
+    episodes. Seeds 0-4 solved in 86k-147k env steps (of 410k)."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from reinforce_cartpole import main
 
-    result = main(["--run-dir", str(tmp_path / "run"), "--seed", "0", "--quiet",
-                   "--total-steps", "300", "--eval-episodes", "20"])
+    result = main(["--run-dir", str(tmp_path / "run"), "--seed", str(seed), "--quiet",
+                   *workers])
+    assert result["stopped_by"] == "solved" and result["eval_episodes"] == 100, result
     assert result["eval_return_mean"] >= 475, result

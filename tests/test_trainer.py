@@ -3,6 +3,7 @@
 import math
 
 import pytest
+import torch
 
 from rlloop.conditions import HitsLowerBound, HitsUpperBound, Plateaus
 from rlloop.config import build_config
@@ -29,10 +30,17 @@ def test_step_counters_and_stats_keys():
     assert trainer.state == {"algorithm/collects": 2, "algorithm/steps": 2, "env/steps": 64}
 
 
-def test_eval_returns_eval_stats():
-    stats = _trainer().eval()
-    assert stats["eval/episodes"] == 3
-    assert stats["eval/return_mean"] > 0
+def test_eval_scores_the_policy_over_whole_episodes():
+    # CartPole pays 1 per step, so any policy scores > 0: compare two known policies.
+    trainer = _trainer()
+    algo = trainer.algorithm
+    algo.act = lambda obs, deterministic=True: torch.zeros(len(obs), dtype=torch.int64)
+    left = trainer.eval()  # always pushing left drops the pole within about 10 steps
+    algo.act = lambda obs, deterministic=True: (obs[:, 2] + obs[:, 3] > 0).long()
+    lean = trainer.eval()  # pushing towards the pole's lean balances it to the time limit
+    assert left["eval/episodes"] == lean["eval/episodes"] == 3
+    assert left["eval/return_mean"] == left["eval/length_mean"] < 15
+    assert lean["eval/return_mean"] == lean["eval/return_min"] == 500.0
 
 
 def test_eval_config_rejected_when_envs_reset_once():

@@ -67,6 +67,23 @@ def test_gymnasium_backend_films_through_pygame(run_dir, tmp_path):
     assert frames[0].shape == (400, 600, 3)
 
 
+def test_filming_a_gymnasium_env_prints_nothing_from_sdl_or_pygame(run_dir, tmp_path, cli_env):
+    # No display and no XDG_RUNTIME_DIR, as in a container or CI: SDL used to print
+    # "error: XDG_RUNTIME_DIR is invalid or not set" and pygame its banner on stdout.
+    pytest.importorskip("pygame")
+    env = {k: v for k, v in cli_env.items()
+           if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "PYGAME_HIDE_SUPPORT_PROMPT",
+                        "DISPLAY", "WAYLAND_DISPLAY")}
+    out = tmp_path / "gym.mp4"
+    done = subprocess.run(rlloop_cmd("eval", str(run_dir), "--episodes", "1", "--json",
+                                     "--backend", "gymnasium", "--video", str(out)),
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "XDG_RUNTIME_DIR" not in done.stderr and "error" not in done.stderr, done.stderr
+    assert len(done.stdout.strip().splitlines()) == 1, done.stdout  # just the JSON
+    assert json.loads(done.stdout)["video_frames"] == len(decoded_frames(out))
+
+
 class NoRender(gymnasium.Env):
     """An env with no rgb_array rendering at all."""
 
@@ -114,3 +131,24 @@ def test_task_sample_clip_to_mp4(tmp_path):
     assert len(frames) == len(states) and states[-1].terminated
     images = task.sample_clip(make_policy(0))
     assert tuple(images.shape) == (len(states), 400, 600, 3)  # same seed, same episode
+
+
+def test_example_films_its_checkpoint_into_its_run_dir_without_training(tmp_path, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from reinforce_cartpole import main
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    trained = main(["--run-dir", str(run), "--workers", "2", "--epoch-samples", "256",
+                    "--total-steps", "2", "--eval-episodes", "1", "--quiet"])
+    metrics = (run / "metrics.jsonl").read_text()
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    filmed = main(["--run-dir", str(run), "--video"])
+    assert filmed["video"] == str(run / "video.mp4") and filmed["train_steps"] == 2
+    assert len(decoded_frames(run / "video.mp4")) == filmed["frames"]
+    # The checkpoint's policy, on the evaluation's first episode: the same return.
+    assert filmed["episode_return"] == trained["eval_return_mean"]
+    # Nothing trained, nothing written outside the run directory.
+    assert (run / "metrics.jsonl").read_text() == metrics
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == checkpoints
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]

@@ -1,25 +1,47 @@
 """``rlloop`` command line: train, resume, evaluate.
 
-Bad input ends with exit code 2 and one line on stderr naming the problem and the fix.
+Exit codes: 0 done; 2 bad input (a flag, config value, env, path or checkpoint that cannot
+work), with one line on stderr naming the problem and the fix; 1 anything else that
+stopped the command (a bug, a logging store failing), also as one line on stderr
+(``RLLOOP_TRACEBACK=1`` shows the traceback instead).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rlloop.algorithms import ALGORITHMS
-from rlloop.config import BACKENDS
+from rlloop.config import BACKENDS, MAX_EVAL_EPISODES, parse_int
+from rlloop.errors import ConfigError, RunDirError
 
+EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors raised as one-line ConfigErrors instead of usage + exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message}; see `{self.prog} --help`")
+
+
+def _integer(text: str) -> int:
+    """An integer flag; ``1e6`` counts, as in config files."""
+    try:
+        return parse_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlloop", description="Train and evaluate RL agents.")
+    p = _Parser(prog="rlloop", description="Train and evaluate RL agents.")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train an agent (or resume a run)")
@@ -28,21 +50,27 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="YAML config file")
     t.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set ppo.lr=0.001 (repeatable)")
-    t.add_argument("--seed", type=int)
+    t.add_argument("--seed", type=_integer)
     t.add_argument("--run-dir", help="run directory (default runs/<algo>-<env>-<time>)")
     t.add_argument("--backend", choices=BACKENDS)
-    t.add_argument("--num-envs", type=int)
-    t.add_argument("--total-env-steps", type=int)
+    t.add_argument("--num-envs", type=_integer)
+    t.add_argument("--total-env-steps", type=_integer)
     t.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its last "
                    "checkpoint with its saved config (--set and flags may change budgets, "
                    "stop rules, evaluation and logging)")
     t.add_argument("--quiet", action="store_true", help="no progress line")
+    t.add_argument("--allow-import", action="store_true", help="with --resume: let the run's "
+                   "env id import the module it names (module:Env-v0); off, loading a run "
+                   "never runs code it names")
 
     e = sub.add_parser("eval", help="evaluate the best policy of a run")
     e.add_argument("run_dir")
-    e.add_argument("--episodes", type=int, default=20)
+    e.add_argument("--episodes", type=_integer, default=20)
     e.add_argument("--backend", choices=BACKENDS)
     e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--allow-import", action="store_true", help="let the run's env id import "
+                   "the module it names (module:Env-v0); off, loading a run never runs code "
+                   "it names")
     e.add_argument("--video", metavar="OUT.mp4", help="also film one deterministic episode "
                    "of the policy to this mp4")
 
@@ -53,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
 def _train(args: argparse.Namespace) -> int:
     from rlloop.config import build_config
     from rlloop.envs.registry import resolve_env_id
-    from rlloop.logging import print_summary
+    from rlloop.logging import format_number, print_summary
     from rlloop.run import load_run_config, resume, train
 
     flags: dict[str, Any] = {"seed": args.seed, "backend": args.backend,
@@ -61,42 +89,68 @@ def _train(args: argparse.Namespace) -> int:
     if args.quiet:
         flags["progress"] = False
     if args.resume:
-        saved = load_run_config(args.resume)
+        saved = load_run_config(args.resume, allow_import=args.allow_import)
         if saved.algo != args.algo:
-            from rlloop.errors import ConfigError
-
             raise ConfigError(f"{args.resume} is a {saved.algo} run, not {args.algo}; "
                               f"use `rlloop train {saved.algo} --resume {args.resume}`")
-        result = resume(args.resume, env=args.env, file=args.config, sets=args.sets,
+        result = resume(args.resume, allow_import=args.allow_import, env=args.env,
+                        file=args.config, sets=args.sets,
                         **{k: v for k, v in flags.items() if v is not None})
     else:
-        if args.env:  # typed by the user: its module:Id may be imported (see resolve_env_id)
-            resolve_env_id(args.env, allow_import=True)
+        _check_new_run_dir(args.run_dir)
+        if args.env:  # typed by the user: its module may be imported (see resolve_env_id)
+            resolve_env_id(args.env, allow_import=True, search_cwd=True)
         config = build_config(args.algo, args.env, file=args.config, flags=flags,
                               sets=args.sets)
         result = train(config, args.run_dir)
     best = result.best_eval_return
-    print_summary({
+    lines = {
         "env steps": f"{result.env_steps:,}",
         "wall time": f"{result.wall_time_s:.1f} s",
-        "best eval return": "n/a" if best is None else f"{best:.1f}",
+        "best eval return": "n/a" if best is None else format_number(best),
         "stopped by": result.stopped_by,
         "run directory": str(result.run_dir),
         "best policy": str(result.run_dir / "best"),
         "metrics": str(result.run_dir / "metrics.jsonl"),
-        "mlflow ui": f"mlflow ui --backend-store-uri sqlite:///{result.run_dir / 'mlflow.db'}",
-    })
+    }
+    if result.mlflow_ui:  # absent with mlflow=false or when the store was never reached
+        lines["mlflow ui"] = result.mlflow_ui
+    print_summary(lines)
     return 0
+
+
+def _check_new_run_dir(raw: str | None) -> None:
+    """RunDirError unless ``raw`` is a directory a run can be created in (checked without
+    creating it, so bad input leaves nothing behind)."""
+    if raw is None:
+        return
+    if not raw.strip():
+        raise RunDirError("--run-dir is empty; pass a directory, or leave the flag out for "
+                          "runs/<algo>-<env>-<time>")
+    path = Path(raw)
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"--run-dir {raw} is an existing file, not a directory; pick "
+                          "another --run-dir")
+    base = path
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir():
+        raise RunDirError(f"--run-dir {raw} cannot be created: {base} is a file; pick another "
+                          "--run-dir")
+    try:  # the only sure test of writability (root passes os.access checks on /proc)
+        os.rmdir(tempfile.mkdtemp(prefix=".rlloop-", dir=base))
+    except OSError as e:
+        raise RunDirError(f"--run-dir {raw} cannot be created in {base} ({e.strerror}); pick "
+                          "a writable --run-dir") from None
 
 
 def _eval(args: argparse.Namespace) -> int:
     from rlloop.run import evaluate_run
 
-    if args.episodes <= 0:
-        from rlloop.errors import ConfigError
-
-        raise ConfigError(f"--episodes must be > 0, got {args.episodes}")
-    stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend)
+    if not 0 < args.episodes <= MAX_EVAL_EPISODES:
+        raise ConfigError(f"--episodes must be in 1..{MAX_EVAL_EPISODES}, got {args.episodes}")
+    stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend,
+                         allow_import=args.allow_import)
     out: dict[str, Any] = {
         "mean_return": stats["return_mean"], "std_return": stats["return_std"],
         "min_return": stats["return_min"], "max_return": stats["return_max"],
@@ -104,7 +158,8 @@ def _eval(args: argparse.Namespace) -> int:
     if args.video:
         from rlloop.video import record_run_video
 
-        video = record_run_video(args.run_dir, args.video, backend=args.backend)
+        video = record_run_video(args.run_dir, args.video, backend=args.backend,
+                                 allow_import=args.allow_import)
         out.update({"video": str(video.path), "video_frames": video.frames})
     if args.json:
         print(json.dumps(out))
@@ -122,8 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rlloop.envs.core import EnvError
     from rlloop.errors import RlloopError
 
-    args = _parser().parse_args(argv)
     try:
+        args = _parser().parse_args(argv)
         if args.command == "train":
             return _train(args)
         if args.command == "eval":
@@ -134,8 +189,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{name:6s} actions: {', '.join(kinds)}")
         return 0
     except (RlloopError, EnvError, CheckpointError) as e:
-        print(f"rlloop: error: {e}", file=sys.stderr)
+        print(f"rlloop: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as e:  # not bad input: a bug, or a store failing at exit
+        if os.environ.get("RLLOOP_TRACEBACK"):
+            raise
+        print(f"rlloop: error: {type(e).__name__}: {_one_line(e)} (unexpected; "
+              "RLLOOP_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,9 +22,13 @@ import yaml
 
 from rlloop.algorithms import ALGORITHMS
 from rlloop.algorithms.presets import preset
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, check_finite
 
 BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async")
+#: Seeds are 32-bit, the range every generator a run seeds (torch, NumPy, Gymnasium) accepts.
+MAX_SEED = 2**32 - 1
+#: More episodes than anyone evaluates on purpose; ``1e9`` would run for days.
+MAX_EVAL_EPISODES = 100_000
 
 #: What a resumed run may change: budgets, stop rules, evaluation, checkpoint and logging
 #: settings. The rest (env, seed, networks, batch shapes, the MLflow store) is fixed when
@@ -85,8 +90,11 @@ class RunConfig:
     mlflow_tracking_uri: str | None = None
     """MLflow store (default: a local store inside the run directory)."""
     mlflow_interval_s: float = 1.0
-    """Seconds between MLflow writes of train metrics (eval metrics are always written;
-    metrics.jsonl keeps every iteration)."""
+    """Seconds between MLflow batch writes (every metrics.jsonl row reaches MLflow, at its
+    step; training never waits for MLflow)."""
+    mlflow_close_timeout_s: float = 5.0
+    """Seconds a finishing run waits for MLflow to write what is queued; a store that does
+    not answer in time is left with one warning saying how many rows it misses."""
     experiment: str = "rlloop"
     """MLflow experiment name."""
     tensorboard: bool = False
@@ -105,6 +113,7 @@ class RunConfig:
     """The algorithm's config dataclass (YAML section named after the algorithm)."""
 
     def __post_init__(self) -> None:
+        check_finite("", self)
         if self.algo not in ALGORITHMS:
             raise ConfigError(f"unknown algorithm {self.algo!r}; choose one of "
                               f"{sorted(ALGORITHMS)}")
@@ -114,14 +123,37 @@ class RunConfig:
                      "keep_checkpoints", "torch_threads"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("eval_every", "checkpoint_every"):
+        for name in ("eval_every", "checkpoint_every", "mlflow_interval_s",
+                     "mlflow_close_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        self._check_ranges()
         if self.horizons_per_env_reset == 0:
             raise ConfigError("horizons_per_env_reset must be > 0 (reset every k iterations) "
                               "or < 0 (reset once), not 0")
         if self.hparams is None:
             self.hparams = ALGORITHMS[self.algo].config_cls()
+
+    def _check_ranges(self) -> None:
+        if not isinstance(self.env, str) or not self.env.strip():
+            raise ConfigError(f"env must be an env id such as CartPole-v1, got {self.env!r}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed must be in [0, {MAX_SEED}], got {self.seed}")
+        cpus = os.cpu_count() or 1
+        if self.torch_threads > cpus:
+            raise ConfigError(f"torch_threads={self.torch_threads} is more than the {cpus} CPUs "
+                              f"of this machine; use at most {cpus}")
+        if self.eval_episodes > MAX_EVAL_EPISODES:
+            raise ConfigError(f"eval_episodes must be <= {MAX_EVAL_EPISODES:,}, got "
+                              f"{self.eval_episodes:,}")
+        if self.mlflow_interval_s < 0:
+            raise ConfigError(f"mlflow_interval_s must be >= 0 (0: write every iteration), got "
+                              f"{self.mlflow_interval_s}")
+        limit = self.env_kwargs.get("max_episode_steps")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit <= 0):
+            raise ConfigError(f"env_kwargs.max_episode_steps must be an integer > 0 (or null: "
+                              f"the env's own limit), got {limit!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for YAML; the algorithm section is keyed by the algorithm's name."""
@@ -147,8 +179,9 @@ def build_config(
     if algo not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGORITHMS)}")
     file_data = load_yaml(file) if file else {}
-    env_id = env or (flags or {}).get("env") or file_data.get("env") or (base or {}).get(
-        "env") or "CartPole-v1"
+    # An explicit empty id (``--env=``) is an error for RunConfig, not the default env.
+    env_id = next((e for e in (env, (flags or {}).get("env"), file_data.get("env"),
+                               (base or {}).get("env")) if e is not None), "CartPole-v1")
     data: dict[str, Any] = {"algo": algo, "env": env_id}
     layers = [base] if base is not None else [preset(algo, env_id)]
     layers += [file_data, {k: v for k, v in (flags or {}).items() if v is not None}]
@@ -163,12 +196,21 @@ def build_config(
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a directory; pass a YAML file")
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing YAML file")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {str(p)!r} is not text (not UTF-8); pass a YAML "
+                          "file") from None
+    except OSError as e:
+        raise ConfigError(f"config file {str(p)!r} cannot be read ({e.strerror}); pass a "
+                          "readable YAML file") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+        line = " ".join(str(e).split())  # PyYAML's messages span lines
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {line}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -257,20 +299,52 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be true or false, got {value!r}")
         return value
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
-        return value
+        number = _number(value)
+        if isinstance(number, int):
+            return number
+        if isinstance(number, float) and number.is_integer():
+            return int(number)
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        number = _number(value)
+        if number is None:
             raise ConfigError(f"{key} must be a number, got {value!r}")
-        return float(value)
+        return float(number)
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key} must be a string, got {value!r}")
         return value
     return value
+
+
+def _number(value: Any) -> int | float | None:
+    """``value`` as a number, or None. Strings count when Python reads them as one: PyYAML
+    (YAML 1.1) reads ``4e-3`` and ``1E5`` as strings, though a Python user writes them
+    as numbers."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def parse_int(text: str) -> int:
+    """An integer flag, also written as ``1e6``; ValueError for anything else."""
+    number = _number(text)
+    if isinstance(number, float) and number.is_integer():
+        return int(number)
+    if not isinstance(number, int):
+        raise ValueError(f"not an integer: {text!r}")
+    return number
 
 
 def _merge(into: dict[str, Any], layer: dict[str, Any] | None) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 
 class RlloopError(Exception):
     """Base of every error rlloop raises on purpose."""
@@ -13,3 +16,16 @@ class ConfigError(RlloopError, ValueError):
 
 class RunDirError(RlloopError, ValueError):
     """A path that is not an rlloop run directory (or cannot become one)."""
+
+
+def check_finite(section: str, config: object) -> None:
+    """ConfigError for the first NaN or infinite float field of a config dataclass.
+
+    ``x <= 0`` is False for NaN, so range checks alone let ``lr=.nan`` through (every update
+    then becomes non-finite and is skipped); this runs before them.
+    """
+    prefix = f"{section}." if section else ""
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix}{f.name} must be a finite number, got {value}")

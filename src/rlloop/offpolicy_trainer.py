@@ -1,9 +1,11 @@
-"""Border's training loop as an rlloop trainer: a cadence counted in optimisation steps.
+"""Border's training loop as a schedule of the one trainer: a cadence counted in optimisation
+steps.
 
-Each :meth:`OffPolicyTrainer.step` takes one batched env step (``N`` envs; the algorithm
-turns it into transitions with its step processor and pushes them to its replay buffer),
-then makes every optimisation step that fell due (one per ``opt_interval`` env steps).
-After each optimisation step, with ``k`` optimisation steps made so far:
+Each step of a :class:`~rlloop.trainer.Trainer` with a :class:`BorderSchedule` takes one
+batched env step (``N`` envs; the algorithm turns it into transitions with its step
+processor and pushes them to its replay buffer), then makes every optimisation step that
+fell due (one per ``opt_interval`` env steps). After each optimisation step, with ``k``
+optimisation steps made so far:
 
 1. ``k % eval_interval == 0``: evaluate; callbacks' ``on_eval`` (the run's) save a new
    best under ``<run>/best``;
@@ -27,6 +29,7 @@ optimisation steps and ``algorithm/collects`` batched env steps.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,8 +45,7 @@ from rlloop.algorithms.offpolicy import (
     Recorder,
     opts_due,
 )
-from rlloop.conditions import Condition
-from rlloop.trainer import Algorithm, Callback, MetricsSink, Stats, Trainer
+from rlloop.trainer import RL8_COUNTERS, Algorithm, Callback, MetricsSink, Stats, Trainer
 
 _clock = time.perf_counter
 _NO_EVAL_ENV_CONFIG = (
@@ -89,38 +91,36 @@ class Cadence:
                    config.save_interval, config.max_opts)
 
 
-class OffPolicyTrainer(Trainer):
-    """Drives an off-policy algorithm on border's cadence (see the module docstring).
+class BorderSchedule:
+    """Border's train step on the one loop (see the module docstring).
 
     Args:
         algorithm: DQN, SAC, TD3 or any :class:`OffPolicyAlgorithm`.
         cadence: Intervals; default from ``algorithm.config``.
-        sink, eval_episodes, callbacks, flush_denormal: As :class:`~rlloop.trainer.Trainer`.
         evaluator, recorder: Replaceable parts; default named by ``algorithm.config``.
         save: Called with the optimisation-step count every ``save_interval`` steps.
     """
 
+    counters = RL8_COUNTERS
+
     def __init__(self, algorithm: OffPolicyAlgorithm, *, cadence: Cadence | None = None,
-                 sink: MetricsSink | None = None, eval_episodes: int = 10,
-                 callbacks: Sequence[Callback] = (), evaluator: Evaluator | None = None,
-                 recorder: Recorder | None = None,
-                 save: Callable[[int], Any] | None = None, flush_denormal: bool = True) -> None:
-        super().__init__(algorithm, sink=sink, eval_episodes=eval_episodes, callbacks=callbacks,
-                         flush_denormal=flush_denormal)
-        self.offpolicy = algorithm
+                 evaluator: Evaluator | None = None, recorder: Recorder | None = None,
+                 save: Callable[[int], Any] | None = None) -> None:
+        self.algorithm = algorithm
         self.cadence = cadence or Cadence.of(algorithm.config)
         self.evaluator = evaluator or EVALUATORS[algorithm.config.evaluator]()
         self.recorder = recorder or RECORDERS[algorithm.config.recorder]()
         self.save = save
         self.pending_opts = 0  # due optimisation steps not made yet (a save may fall between)
         self._paused = 0.0  # seconds spent evaluating and saving, excluded from throughput
-        self._mark()
+        self._mark_time = _clock()
+        self._mark_counts = (0, 0, 0.0)  # env steps, optimisation steps, paused seconds
 
-    def _step(self, env_config: dict[str, Any] | None) -> Stats:
-        """Border's train step: one batched env step (unless optimisation steps are still
-        pending), then each due optimisation step followed by the cadence. Returns the
-        counters, merged with the record when one was written."""
-        algo, state = self.offpolicy, self.state
+    def step(self, trainer: Trainer, env_config: dict[str, Any] | None) -> Stats:
+        """One batched env step (unless optimisation steps are still pending), then each
+        due optimisation step followed by the cadence. Returns the counters, merged with
+        the record when one was written."""
+        algo, state = self.algorithm, trainer.state
         t0 = _clock()
         paused = self._paused
         stats: Stats = {}
@@ -137,76 +137,23 @@ class OffPolicyTrainer(Trainer):
                 continue
             state["algorithm/steps"] += 1
             self.recorder.add(opt)
-            stats.update(self._after_optimization(state["algorithm/steps"]))
-            if self.max_opts_reached():
+            stats.update(self._after_optimization(trainer))
+            if self.finished(trainer):
                 self.pending_opts = 0
-        self.wall_time += _clock() - t0 - (self._paused - paused)
-        stats.update({k: float(v) for k, v in state.items()})
-        for cb in self.callbacks:
-            cb.on_step(self, stats)
-        return stats
+        trainer.wall_time += _clock() - t0 - (self._paused - paused)
+        return trainer.count(stats)
 
-    def max_opts_reached(self) -> bool:
-        return 0 < self.cadence.max_opts <= self.state["algorithm/steps"]
+    def finished(self, trainer: Trainer) -> bool:
+        """``max_opts`` optimisation steps were made."""
+        return 0 < self.cadence.max_opts <= trainer.state["algorithm/steps"]
 
-    def _after_optimization(self, opt_steps: int) -> Stats:
-        cad = self.cadence
-        do_eval = opt_steps % cad.eval_interval == 0
-        do_record = opt_steps % cad.record_interval == 0
-        record: Stats = {}
-        if do_eval or do_record:
-            record = self.recorder.pop()
-            if do_eval:
-                record.update(self._evaluate())
-            if do_record:
-                record.update(self._throughput())
-            record.update({k: float(v) for k, v in self.state.items()})
-            record["opt/steps"] = float(opt_steps)
-            self._log(record)
-        if cad.save_interval and opt_steps % cad.save_interval == 0 and self.save is not None:
-            t0 = _clock()
-            self.save(opt_steps)
-            self._paused += _clock() - t0
-        return record
+    def eval_due(self, trainer: Trainer) -> bool:
+        return False  # evals fall inside the step, after the optimisation step that is due
 
-    def _evaluate(self) -> Stats:
-        t0 = _clock()
-        stats = self._eval_with(lambda: self.evaluator.evaluate(self.offpolicy,
-                                                                self.eval_episodes))
-        self._paused += _clock() - t0
-        return stats
-
-    def _throughput(self) -> Stats:
-        now = _clock()
-        elapsed = max(now - self._mark_time - (self._paused - self._mark_paused), 1e-9)
-        out: Stats = {
-            "env/fps": (self.state["env/steps"] - self._mark_env_steps) / elapsed,
-            "opt/steps_per_sec": (self.state["algorithm/steps"] - self._mark_opt_steps) / elapsed,
-            **self.offpolicy.episode_stats(), **self.offpolicy.pop_times(),
-            "time/total_s": self.wall_time,
-        }
-        self._mark(now)
-        return out
-
-    def _mark(self, now: float | None = None) -> None:
-        self._mark_time = _clock() if now is None else now
-        self._mark_env_steps = self.state["env/steps"]
-        self._mark_opt_steps = self.state["algorithm/steps"]
-        self._mark_paused = self._paused
-
-    def run(
-        self,
-        *,
-        env_config: dict[str, Any] | None = None,
-        eval_env_config: dict[str, Any] | None = None,
-        steps_per_eval: int | None = None,
-        stop_conditions: Sequence[Condition] | None = None,
-    ) -> Stats:
-        """Step until ``max_opts`` optimisation steps were made or a stop condition holds.
-
-        Conditions see each step's stats (the counters, plus the record and the eval
-        stats when one was written at that step). ``steps_per_eval``, if given, replaces
-        the cadence's ``eval_interval`` (both count optimisation steps).
+    def start(self, trainer: Trainer, steps_per_eval: int | None,
+              eval_env_config: dict[str, Any] | None) -> None:
+        """``steps_per_eval``, if given, replaces the cadence's ``eval_interval`` (both count
+        optimisation steps).
 
         Raises:
             ValueError: an eval env config (off-policy training envs are reset only once).
@@ -214,20 +161,87 @@ class OffPolicyTrainer(Trainer):
         if eval_env_config:
             raise ValueError(_NO_EVAL_ENV_CONFIG)
         if steps_per_eval:
-            self.cadence = Cadence(self.cadence.opt_interval, steps_per_eval,
-                                   self.cadence.record_interval, self.cadence.save_interval,
-                                   self.cadence.max_opts)
-        conditions = list(stop_conditions or [])
-        self._mark()
-        while True:
-            stats = self.step(env_config=env_config)
-            if self.max_opts_reached() or any(condition(stats) for condition in conditions):
-                return stats
+            self.cadence = dataclasses.replace(self.cadence, eval_interval=steps_per_eval)
+        self._mark(trainer)
+
+    def _after_optimization(self, trainer: Trainer) -> Stats:
+        cad, opt_steps = self.cadence, trainer.state["algorithm/steps"]
+        do_eval = opt_steps % cad.eval_interval == 0
+        do_record = opt_steps % cad.record_interval == 0
+        record: Stats = {}
+        if do_eval or do_record:
+            record = self.recorder.pop()
+            if do_eval:
+                record.update(self._paused_for(lambda: trainer.eval_with(
+                    lambda: self.evaluator.evaluate(self.algorithm, trainer.eval_episodes))))
+            if do_record:
+                record.update(self._throughput(trainer))
+            trainer.count(record)
+            record["opt/steps"] = float(opt_steps)
+            trainer.log(record)
+        if cad.save_interval and opt_steps % cad.save_interval == 0 and self.save is not None:
+            save = self.save
+            self._paused_for(lambda: save(opt_steps))
+        return record
+
+    def _paused_for(self, work: Callable[[], Any]) -> Any:
+        """Run ``work``; its time is excluded from throughput and the wall time."""
+        t0 = _clock()
+        try:
+            return work()
+        finally:
+            self._paused += _clock() - t0
+
+    def _throughput(self, trainer: Trainer) -> Stats:
+        now = _clock()
+        env_steps, opt_steps, paused = self._mark_counts
+        elapsed = max(now - self._mark_time - (self._paused - paused), 1e-9)
+        out: Stats = {
+            "env/fps": (trainer.state["env/steps"] - env_steps) / elapsed,
+            "opt/steps_per_sec": (trainer.state["algorithm/steps"] - opt_steps) / elapsed,
+            **self.algorithm.episode_stats(), **self.algorithm.pop_times(),
+            "time/total_s": trainer.wall_time,
+        }
+        self._mark(trainer, now)
+        return out
+
+    def _mark(self, trainer: Trainer, now: float | None = None) -> None:
+        self._mark_time = _clock() if now is None else now
+        self._mark_counts = (trainer.state["env/steps"], trainer.state["algorithm/steps"],
+                             self._paused)
 
     def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "pending_opts": self.pending_opts}
+        return {"pending_opts": self.pending_opts}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        super().set_state(state)
+        """``state`` is the trainer's (its counters restored already)."""
         self.pending_opts = int(state.get("pending_opts", 0))
-        self._mark()
+        counters = state["counters"]
+        self._mark_time = _clock()
+        self._mark_counts = (int(counters["env/steps"]), int(counters["algorithm/steps"]),
+                             self._paused)
+
+
+class OffPolicyTrainer(Trainer):
+    """The one :class:`~rlloop.trainer.Trainer` on border's cadence: a :class:`BorderSchedule`
+    built from its arguments (see there); ``evaluator`` is the schedule's."""
+
+    schedule: BorderSchedule
+
+    def __init__(self, algorithm: OffPolicyAlgorithm, *, cadence: Cadence | None = None,
+                 sink: MetricsSink | None = None, eval_episodes: int = 10,
+                 callbacks: Sequence[Callback] = (), evaluator: Evaluator | None = None,
+                 recorder: Recorder | None = None,
+                 save: Callable[[int], Any] | None = None, flush_denormal: bool = True) -> None:
+        schedule = BorderSchedule(algorithm, cadence=cadence, evaluator=evaluator,
+                                  recorder=recorder, save=save)
+        super().__init__(algorithm, sink=sink, eval_episodes=eval_episodes, callbacks=callbacks,
+                         flush_denormal=flush_denormal, schedule=schedule)
+
+    @property
+    def evaluator(self) -> Evaluator:
+        return self.schedule.evaluator
+
+    @evaluator.setter
+    def evaluator(self, evaluator: Evaluator) -> None:
+        self.schedule.evaluator = evaluator

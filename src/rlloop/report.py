@@ -10,6 +10,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlloop.runfiles import write_file
+
 if TYPE_CHECKING:
     from rlloop.config import RunConfig
     from rlloop.run import RunResult
@@ -84,9 +86,9 @@ def write_report(run_dir: Path, result: RunResult, config: RunConfig) -> None:
         "env_steps_per_s": result.env_steps / max(last.get("time/total_s", 0.0), 1e-9)
         if last.get("time/total_s") else None,
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    (run_dir / "learning_curve.svg").write_text(learning_curve_svg(rows))
+    write_file(run_dir / "summary.json", json.dumps(summary, indent=2))
+    write_file(run_dir / "learning_curve.svg", learning_curve_svg(rows))
     lines = [f"# {config.algo} on {config.env}", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in summary.items()]
     lines += ["", "![learning curve](learning_curve.svg)", ""]
-    (run_dir / "report.md").write_text("\n".join(lines))
+    write_file(run_dir / "report.md", "\n".join(lines))

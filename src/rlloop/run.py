@@ -18,18 +18,19 @@ Run directory layout::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import yaml
 
-from rlloop.algorithms import ALGORITHMS, AlgorithmBase, EnvSettings
+from rlloop.algorithms import ALGORITHMS, AlgorithmBase, EnvSettings, PPOConfig
 from rlloop.checkpoint import (
     CheckpointManager,
     capture_rng_state,
@@ -41,13 +42,16 @@ from rlloop.checkpoint import (
 from rlloop.conditions import Condition, HitsUpperBound
 from rlloop.config import RunConfig, build_config, load_yaml, resumable
 from rlloop.envs.core import Box, Discrete
-from rlloop.envs.registry import env_spec
+from rlloop.envs.imports import check_env_import
+from rlloop.envs.registry import env_spec, resolve_env_id
 from rlloop.errors import ConfigError, RunDirError
-from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink, ThrottledSink
+from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
+from rlloop.memory import check_memory
 from rlloop.numerics import flushed_denormals
-from rlloop.offpolicy_trainer import OffPolicyTrainer
+from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.report import write_report
-from rlloop.signals import handle_signals
+from rlloop.runfiles import check_members, write_file
+from rlloop.signals import save_due, supervised
 from rlloop.trainer import Stats, Trainer
 
 COMPONENTS = ("algorithm", "trainer", "rng")
@@ -56,7 +60,8 @@ COMPONENTS = ("algorithm", "trainer", "rng")
 def build_algorithm(config: RunConfig) -> AlgorithmBase:
     """Validate the config against the env's spaces, then build the algorithm.
 
-    Checks that need no env run first, so bad sizes fail before any env is created.
+    Checks that need no env run first, so bad sizes fail before any env is created, and
+    settings whose memory cannot fit fail before anything is allocated.
     """
     check = getattr(config.hparams, "check_batch", None)
     if check is not None:
@@ -70,6 +75,11 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     if isinstance(space, Box) and not entry.continuous:
         raise ConfigError(f"{config.algo} needs discrete actions but {config.env} has "
                           "continuous ones; use ppo, sac or td3 for this env")
+    if spec.image_obs:  # an MLP on raw pixels trains, slowly and badly, without a word
+        raise ConfigError(f"{config.env} has image observations (uint8 {spec.obs_shape}) but "
+                          f"{config.algo} has MLPs only, no pixel encoder; use vector "
+                          "observations, e.g. --set env_kwargs.obs_type=ram for Atari")
+    check_memory(config, spec)
     settings = EnvSettings(config.env, spec, config.num_envs, config.backend, config.seed,
                            config.total_env_steps, config.horizons_per_env_reset,
                            dict(config.env_kwargs), config.on_nonfinite)
@@ -99,6 +109,8 @@ class RunResult:
     best_eval_return: float | None
     last_stats: Stats = field(default_factory=dict)
     stopped_by: str = "budget"
+    mlflow_ui: str | None = None
+    """How to open the run in MLflow; None when nothing reached an MLflow store."""
 
 
 class _Checkpoints:
@@ -108,10 +120,7 @@ class _Checkpoints:
         self.session = session
 
     def on_step(self, trainer: Trainer, stats: Stats) -> None:
-        every = self.session.checkpoint_every
-        steps = trainer.state["algorithm/steps"]
-        if (every and steps % every == 0) or self.session.save_requested:
-            self.session.save_requested = False
+        if save_due(self.session, self.session.checkpoint_every, trainer.state["algorithm/steps"]):
             self.session.save()
 
     def on_eval(self, trainer: Trainer, stats: Stats) -> None:
@@ -119,7 +128,8 @@ class _Checkpoints:
         best = self.session.best_eval_return
         if not math.isnan(value) and (best is None or value > best):
             self.session.best_eval_return = value
-            save_replacing(self.session.run_dir / "best", self.session.components(),
+            # A policy snapshot: no replay buffer or optimiser state (GBs for big buffers).
+            save_replacing(self.session.run_dir / "best", self.session.components(policy=True),
                            metadata=self.session.metadata())
 
 
@@ -134,10 +144,11 @@ class Session:
         self.save_requested = False
         self.stop_requested: str | None = None
         self.solved = False
+        check_members(run_dir)
         torch.set_num_threads(config.torch_threads)
         self.algorithm = build_algorithm(config)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        write_file(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
         self.manager = CheckpointManager(run_dir / "checkpoints", keep_last=config.keep_checkpoints)
         identity = _read_json(run_dir / "run.json") if resume else {}
         self.console = ConsoleSink(config.total_env_steps, console=console,
@@ -146,17 +157,23 @@ class Session:
         self.identity = {"algo": config.algo, "env": config.env,
                          "mlflow_run_id": identity.get("mlflow_run_id")}
         self.mlflow: ProcessSink | None = None
+        self.mlflow_uri: str | None = None
         if config.mlflow:
             from rlloop.logging import MlflowSink, sqlite_tracking_uri
 
             # In a child process: importing MLflow and writing to its store is seconds of
-            # pure-Python work that would otherwise stall the training loop.
+            # pure-Python work that would otherwise stall the training loop. Every row
+            # reaches it (batched); only a store that stops answering loses rows, and
+            # `close` then waits a bounded time and says how many.
             uri = config.mlflow_tracking_uri or sqlite_tracking_uri(run_dir / "mlflow.db")
-            self.mlflow = ProcessSink(MlflowSink, tracking_uri=uri,
-                                      experiment_name=config.experiment,
+            self.mlflow_uri = uri
+            self.mlflow = ProcessSink(MlflowSink, label=f"MLflow store {uri}",
+                                      batch_interval_s=config.mlflow_interval_s,
+                                      close_timeout_s=config.mlflow_close_timeout_s,
+                                      tracking_uri=uri, experiment_name=config.experiment,
                                       run_name=run_dir.name,
                                       run_id=self.identity["mlflow_run_id"])
-            sinks.append(ThrottledSink(self.mlflow, config.mlflow_interval_s))
+            sinks.append(self.mlflow)
         if config.tensorboard:
             from rlloop.logging import TensorBoardSink
 
@@ -167,17 +184,13 @@ class Session:
         _write_json(run_dir / "run.json", self.identity)
         # Off-policy algorithms run on border's cadence: evals and saves counted in
         # optimisation steps (their config section), checkpoints named by them.
-        self.off_policy = hasattr(self.algorithm, "optimize")
+        self.off_policy = ALGORITHMS[config.algo].kind == "off_policy"
         self.checkpoint_every = 0 if self.off_policy else config.checkpoint_every
-        if self.off_policy:
-            self.trainer: Trainer = OffPolicyTrainer(
-                self.algorithm,  # type: ignore[arg-type]
-                sink=self.sink, eval_episodes=config.eval_episodes,
-                callbacks=[_Checkpoints(self)], save=lambda _: self.save())
-        else:
-            self.trainer = Trainer(self.algorithm, sink=self.sink,
-                                   eval_episodes=config.eval_episodes,
-                                   callbacks=[_Checkpoints(self)])
+        schedule = (BorderSchedule(cast(OffPolicyAlgorithm, self.algorithm),
+                                   save=lambda _: self.save())
+                    if self.off_policy else None)
+        self.trainer = Trainer(self.algorithm, sink=self.sink, eval_episodes=config.eval_episodes,
+                               callbacks=[_Checkpoints(self)], schedule=schedule)
         if resume:
             self._restore()
 
@@ -188,8 +201,9 @@ class Session:
             _write_json(self.run_dir / "run.json", self.identity)
 
     # ---- checkpoint contents -----------------------------------------------------------
-    def components(self) -> dict[str, Any]:
-        return {"algorithm": self.algorithm.get_state(),
+    def components(self, policy: bool = False) -> dict[str, Any]:
+        algorithm = self.algorithm.get_policy_state() if policy else self.algorithm.get_state()
+        return {"algorithm": algorithm,
                 "trainer": {**self.trainer.get_state(), "best_eval_return": self.best_eval_return},
                 "rng": capture_rng_state()}
 
@@ -205,8 +219,7 @@ class Session:
     def _restore(self) -> None:
         ckpt = self.manager.load_latest(expected_components=COMPONENTS)
         if ckpt is None:
-            raise RunDirError(f"{self.run_dir} has no loadable checkpoint to resume from; "
-                              "start a new run instead")
+            raise _no_checkpoint(self.run_dir)
         self.algorithm.set_state(ckpt.components["algorithm"])
         self.trainer.set_state(ckpt.components["trainer"])
         self.best_eval_return = ckpt.components["trainer"].get("best_eval_return")
@@ -243,39 +256,45 @@ class Session:
         """Train until a stop condition; always writes a final checkpoint and the report."""
         trainer, cfg = self.trainer, self.config
         stats: Stats = {}
-        status = "FAILED"
         start = time.perf_counter()
-        start_steps = trainer.state["env/steps"]
-        final: dict[str, Any] | None = None
-        try:
-            with handle_signals(self):
-                if trainer.state["env/steps"] < cfg.total_env_steps:
-                    every = None if self.off_policy else cfg.eval_every or None
-                    stats = trainer.run(steps_per_eval=every,
-                                        stop_conditions=self.stop_conditions())
-                if "eval/return_mean" not in stats:
-                    # The final checkpoint holds the state as training left it: this
-                    # extra evaluation advances eval seeds (and any global RNG the env
-                    # draws from), which a run trained straight through never does.
-                    final = self.components()
-                    stats = {**stats, **trainer.eval()}
-                    final["trainer"].update(latest_eval=dict(trainer.latest_eval),
-                                            best_eval_return=self.best_eval_return)
-            status = "KILLED" if self.stop_requested else "FINISHED"
-        finally:
-            if trainer.state["env/steps"] > start_steps or not self.manager.latest():
-                self.save(final)
-            self._close_sinks(status)
-            self.algorithm.close()
+        self._start_steps = trainer.state["env/steps"]
+        self._final: dict[str, Any] | None = None
+        with supervised(self, self._finish):
+            if trainer.state["env/steps"] < cfg.total_env_steps:
+                every = None if self.off_policy else cfg.eval_every or None
+                stats = trainer.run(steps_per_eval=every, stop_conditions=self.stop_conditions())
+            if "eval/return_mean" not in stats:
+                # The final checkpoint holds the state as training left it: this extra
+                # evaluation advances eval seeds (and any global RNG the env draws
+                # from), which a run trained straight through never does.
+                self._final = self.components()
+                stats = {**stats, **trainer.eval()}
+                self._final["trainer"].update(latest_eval=dict(trainer.latest_eval),
+                                              best_eval_return=self.best_eval_return)
         if cfg.save_video and not self.stop_requested:  # a stop signal wants a quick exit
             from rlloop.video import save_run_video
 
             save_run_video(self.run_dir)
         stopped_by = self._stopped_by(stats)
         result = RunResult(self.run_dir, trainer.state["env/steps"], time.perf_counter() - start,
-                           self.best_eval_return, stats, stopped_by)
+                           self.best_eval_return, stats, stopped_by, self._mlflow_ui())
         write_report(self.run_dir, result, cfg)
         return result
+
+    def _finish(self, status: str) -> None:
+        """The final checkpoint (whatever ended the run), then the sinks and envs."""
+        # Steps taken (off-policy ones too, before any optimisation step), or a new run.
+        if self.trainer.state["env/steps"] > self._start_steps or not self.manager.latest():
+            self.save(self._final)
+        self._close_sinks(status)
+        self.algorithm.close()
+
+    def _mlflow_ui(self) -> str | None:
+        if self.mlflow is None or self.mlflow_uri is None or not self.mlflow.info.get("run_id"):
+            return None  # never reached its store: naming it would point at nothing
+        from rlloop.logging.mlflow_sink import ui_hint
+
+        return ui_hint(self.mlflow_uri)
 
     def _stopped_by(self, stats: Stats) -> str:
         if self.stop_requested:
@@ -288,23 +307,61 @@ def train(config: RunConfig, run_dir: str | Path | None = None, *,
     """Start a new run in ``run_dir`` (default ``runs/<algo>-<env>-<time>``)."""
     path = Path(run_dir) if run_dir else default_run_dir(config)
     if (path / "config.yaml").exists():
+        if not _has_checkpoint(path):  # then "resume it" would only send the user back here
+            raise _no_checkpoint(path)
         raise RunDirError(f"{path} already holds a run; resume it with --resume {path} "
                           "or choose another --run-dir")
     return Session(config, path, console=console).run()
 
 
-def load_run_config(run_dir: str | Path, **flags: Any) -> RunConfig:
-    """The saved config of a run, with ``flags`` (e.g. total_env_steps) overriding it."""
+def _has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``resume`` has a checkpoint to start from (``best/`` alone is not one)."""
+    return CheckpointManager(run_dir / "checkpoints").latest() is not None
+
+
+def _no_checkpoint(run_dir: Path) -> RunDirError:
+    return RunDirError(f"{run_dir} holds a run with no loadable checkpoint (it stopped before "
+                       "its first save), so it cannot be resumed; start over: remove the "
+                       "directory or pick another --run-dir")
+
+
+def acting_config(config: RunConfig) -> RunConfig:
+    """``config`` with one training env, for loading a policy and acting with it.
+
+    Evaluation runs on the algorithm's own eval envs; building the run's ``num_envs``
+    training envs too would start a process per env for an async run. PPO's batch rule
+    (minibatch <= rollout_steps * num_envs) is relaxed to match: nothing is trained.
+    """
+    hparams = config.hparams
+    if isinstance(hparams, PPOConfig):
+        hparams = dataclasses.replace(
+            hparams, minibatch_size=min(hparams.minibatch_size, hparams.rollout_steps))
+    return dataclasses.replace(config, num_envs=1, hparams=hparams)
+
+
+def load_run_config(run_dir: str | Path, *, allow_import: bool = False,
+                    **flags: Any) -> RunConfig:
+    """The saved config of a run, with ``flags`` (e.g. total_env_steps) overriding it.
+
+    A run directory is untrusted data: an env id in it that would import a module by name
+    is refused unless ``allow_import`` (see ``rlloop.envs.imports``).
+    """
     path = check_run_dir(run_dir)
     saved = load_yaml(path / "config.yaml")
-    return build_config(saved.get("algo", "ppo"), saved.get("env"), base=saved, flags=flags)
+    env = saved.get("env")
+    if isinstance(env, str):
+        check_env_import(env, allow_import=allow_import, source=str(path))
+        if allow_import:  # consented: import it now (make_env never imports a module:Id)
+            resolve_env_id(env, allow_import=True)
+    return build_config(saved.get("algo", "ppo"), env, base=saved, flags=flags)
 
 
-def resume_config(run_dir: str | Path, *, env: str | None = None, file: str | Path | None = None,
-                  sets: list[str] | None = None, **flags: Any) -> RunConfig:
+def resume_config(run_dir: str | Path, *, allow_import: bool = False, env: str | None = None,
+                  file: str | Path | None = None, sets: list[str] | None = None,
+                  **flags: Any) -> RunConfig:
     """A run's saved config with the overrides a resume may apply (see
     :func:`rlloop.config.resumable`); ``ConfigError`` names any other changed setting."""
-    saved = load_run_config(run_dir)
+    saved = load_run_config(run_dir, allow_import=allow_import)
     old = saved.to_dict()
     config = build_config(saved.algo, env, file=file, flags=flags, sets=sets, base=old)
     new = config.to_dict()
@@ -322,12 +379,15 @@ def resume_config(run_dir: str | Path, *, env: str | None = None, file: str | Pa
     return config
 
 
-def resume(run_dir: str | Path, *, console: Any = None, env: str | None = None,
-           file: str | Path | None = None, sets: list[str] | None = None,
-           **flags: Any) -> RunResult:
+def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = False,
+           env: str | None = None, file: str | Path | None = None,
+           sets: list[str] | None = None, **flags: Any) -> RunResult:
     """Continue a run from its last checkpoint with its saved config, changed by the
     overrides a resume allows (``flags``, ``--set`` items, a YAML ``file``)."""
-    config = resume_config(run_dir, env=env, file=file, sets=sets, **flags)
+    config = resume_config(run_dir, allow_import=allow_import, env=env, file=file, sets=sets,
+                           **flags)
+    if not _has_checkpoint(Path(run_dir)):  # before Session starts envs and sinks
+        raise _no_checkpoint(Path(run_dir))
     return Session(config, Path(run_dir), resume=True, console=console).run()
 
 
@@ -349,13 +409,13 @@ def policy_checkpoint(run_dir: Path) -> Path:
     return latest
 
 
-def evaluate_run(run_dir: str | Path, episodes: int = 20, backend: str | None = None
-                 ) -> dict[str, float]:
+def evaluate_run(run_dir: str | Path, episodes: int = 20, backend: str | None = None,
+                 *, allow_import: bool = False) -> dict[str, float]:
     """Load a run's best policy and evaluate it deterministically on ``episodes`` episodes."""
     flags: dict[str, Any] = {"mlflow": False}
     if backend:
         flags["backend"] = backend
-    config = load_run_config(run_dir, **flags)
+    config = acting_config(load_run_config(run_dir, allow_import=allow_import, **flags))
     path = policy_checkpoint(Path(run_dir))
     algorithm = build_algorithm(config)
     try:
@@ -374,6 +434,4 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    write_file(path, json.dumps(data, indent=2))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Protocol
@@ -43,3 +43,29 @@ def handle_signals(target: SignalTarget) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextmanager
+def supervised(target: SignalTarget, finish: Callable[[str], None]) -> Iterator[None]:
+    """Run the block with the signal handlers installed, then always ``finish(status)``.
+
+    ``status`` is MLflow's: ``"FINISHED"``, ``"KILLED"`` (stopped by a signal) or
+    ``"FAILED"`` (the block raised). ``finish`` writes the final checkpoint and closes the
+    sinks, so what was learned is kept whatever ended the run.
+    """
+    status = "FAILED"
+    try:
+        with handle_signals(target):
+            yield
+        status = "KILLED" if target.stop_requested else "FINISHED"
+    finally:
+        finish(status)
+
+
+def save_due(target: SignalTarget, every: int, count: int) -> bool:
+    """Whether a checkpoint is due at ``count``: every ``every`` (0: never), or because
+    ``SIGUSR1`` asked for one (the request is then taken)."""
+    if target.save_requested or (every and count % every == 0):
+        target.save_requested = False
+        return True
+    return False

@@ -1,16 +1,25 @@
-"""The trainer: step (collect + update + log), eval, and run until a stop condition.
+"""The one training loop: step (collect -> update -> log), eval, and run until a stop rule.
 
-Semantics follow rl8's trainer: counters ``algorithm/collects``, ``algorithm/steps``
-and ``env/steps``; ``horizons_per_env_reset`` decides when training envs are reset
-(every k collects, or only once when k < 0) and constrains when an eval may use a
-different env config.
+Every algorithm and task runs on :class:`Trainer`. What one iteration does and when the
+counters call for an eval, a record or a save is its :class:`Schedule`:
+
+* :class:`Rl8Schedule` (the default): rl8's trainer. One iteration collects a rollout and
+  updates once; ``run(steps_per_eval=k)`` evaluates every k updates.
+* ``BorderSchedule`` (``rlloop.offpolicy_trainer``): border's cadence. One iteration is one
+  batched env step and the optimisation steps that fell due; evals, records, saves and
+  ``max_opts`` are counted in optimisation steps.
+
+Counters (rl8's names): ``algorithm/collects``, ``algorithm/steps`` (updates) and
+``env/steps``. ``horizons_per_env_reset`` decides when training envs are reset (every k
+collects, or only once when k < 0) and constrains when an eval may use another env config.
+Callbacks (checkpoints, signals) hang on the loop's ``on_step`` and ``on_eval`` hooks.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from torch import Tensor
 
@@ -36,6 +45,15 @@ class Algorithm(Protocol):
     def pop_times(self) -> Stats: ...
 
 
+class Evaluable(Protocol):
+    """What the trainer itself needs of what it trains: evaluation (a schedule needs more)."""
+
+    @property
+    def horizons_per_env_reset(self) -> int: ...
+    def evaluate(self, episodes: int, env_config: dict[str, Any] | None = None,
+                 deterministic: bool = True) -> Stats: ...
+
+
 class MetricsSink(Protocol):
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
 
@@ -45,6 +63,33 @@ class Callback(Protocol):
 
     def on_step(self, trainer: Trainer, stats: Stats) -> None: ...
     def on_eval(self, trainer: Trainer, stats: Stats) -> None: ...
+
+
+class Schedule(Protocol):
+    """What one iteration of the loop does, and when the counters call for an eval or a stop."""
+
+    counters: tuple[str, ...]
+    """The names of the trainer's counters (``Trainer.state``)."""
+
+    def step(self, trainer: Trainer, env_config: dict[str, Any] | None) -> Stats:
+        """One iteration (collect -> update -> log); returns its flat stats."""
+        ...
+
+    def start(self, trainer: Trainer, steps_per_eval: int | None,
+              eval_env_config: dict[str, Any] | None) -> None:
+        """Check and apply ``run``'s arguments before the first iteration."""
+        ...
+
+    def eval_due(self, trainer: Trainer) -> bool:
+        """Whether ``run`` evaluates after the iteration that just ended."""
+        ...
+
+    def finished(self, trainer: Trainer) -> bool:
+        """Whether the schedule itself ends the run (e.g. border's ``max_opts``)."""
+        ...
+
+    def get_state(self) -> dict[str, Any]: ...
+    def set_state(self, state: Mapping[str, Any]) -> None: ...
 
 
 _EVAL_CONFIG_ONCE = (
@@ -57,48 +102,35 @@ class Trainer:
     """Drives one algorithm. ``state`` holds the running counters (saved in checkpoints).
 
     Steps and evals run with subnormal floats flushed to zero (see
-    :mod:`rlloop.numerics`) unless ``flush_denormal`` is False.
+    :mod:`rlloop.numerics`) unless ``flush_denormal`` is False. ``schedule`` decides what
+    an iteration is (default: rl8's collect + update).
     """
 
-    def __init__(self, algorithm: Algorithm, *, sink: MetricsSink | None = None,
+    def __init__(self, algorithm: Evaluable, *, sink: MetricsSink | None = None,
                  eval_episodes: int = 10, callbacks: Sequence[Callback] = (),
-                 flush_denormal: bool = True) -> None:
+                 flush_denormal: bool = True, schedule: Schedule | None = None) -> None:
         self.algorithm = algorithm
         self.flush_denormal = flush_denormal
         self.sink = sink
         self.eval_episodes = eval_episodes
         self.callbacks = list(callbacks)
-        self.state: dict[str, int] = {"algorithm/collects": 0, "algorithm/steps": 0,
-                                      "env/steps": 0}
+        # Without a schedule the algorithm is rl8's: it collects and updates.
+        self.schedule: Schedule = schedule or Rl8Schedule(cast(Algorithm, algorithm))
+        self.state: dict[str, int] = dict.fromkeys(self.schedule.counters, 0)
         self.latest_eval: Stats = {}
         self.wall_time = 0.0
 
     def step(self, *, env_config: dict[str, Any] | None = None) -> Stats:
-        """One iteration: collect experience, update the policy, log; returns flat stats."""
+        """One iteration of the schedule (collect -> update -> log); returns flat stats."""
         with flushed_denormals(self.flush_denormal):
-            return self._step(env_config)
-
-    def _step(self, env_config: dict[str, Any] | None) -> Stats:
-        algo = self.algorithm
-        algo.begin_horizon(self.state["algorithm/collects"], env_config)
-        t0 = time.perf_counter()
-        collect_stats = algo.collect()
-        new_steps = int(collect_stats.pop("env/steps"))
-        self.state["algorithm/collects"] += 1
-        self.state["env/steps"] += new_steps
-        t1 = time.perf_counter()
-        learn_stats = algo.update(self.state["env/steps"])
-        t2 = time.perf_counter()
-        self.state["algorithm/steps"] += 1
-        self.wall_time += t2 - t0
-        stats: Stats = {**collect_stats, **learn_stats, **algo.pop_times(),
-                        "time/learn_s": t2 - t1, "time/iteration_s": t2 - t0,
-                        "time/total_s": self.wall_time,
-                        "env/steps_per_s": new_steps / max(t2 - t0, 1e-9)}
-        stats.update({k: float(v) for k, v in self.state.items()})
-        self._log(stats)
+            stats = self.schedule.step(self, env_config)
         for cb in self.callbacks:
             cb.on_step(self, stats)
+        return stats
+
+    def count(self, stats: Stats) -> Stats:
+        """``stats`` with the counters added (as floats)."""
+        stats.update({k: float(v) for k, v in self.state.items()})
         return stats
 
     def eval(self, *, env_config: dict[str, Any] | None = None,
@@ -118,12 +150,12 @@ class Trainer:
                 f"eval can only be called every horizons_per_env_reset={k} collects (now at "
                 f"{collects}); call it at a multiple of {k}")
         with flushed_denormals(self.flush_denormal):
-            stats = self._eval_with(lambda: self.algorithm.evaluate(
+            stats = self.eval_with(lambda: self.algorithm.evaluate(
                 self.eval_episodes, env_config, deterministic))
-        self._log(stats)
+        self.log(stats)
         return stats
 
-    def _eval_with(self, evaluate: Callable[[], Mapping[str, float]]) -> Stats:
+    def eval_with(self, evaluate: Callable[[], Mapping[str, float]]) -> Stats:
         """Run ``evaluate``; its results as ``eval/...`` stats with ``time/eval_s``, kept
         as ``latest_eval`` and handed to the callbacks' ``on_eval``."""
         t0 = time.perf_counter()
@@ -142,40 +174,95 @@ class Trainer:
         steps_per_eval: int | None = None,
         stop_conditions: Sequence[Condition] | None = None,
     ) -> Stats:
-        """Step (and eval every ``steps_per_eval`` steps) until any stop condition holds.
+        """Step (and eval where the schedule says) until any stop condition holds.
 
         Conditions see the latest train stats merged with the eval stats of the same
-        iteration. Without conditions this runs forever.
+        iteration. Without conditions this runs until the schedule ends it (forever for rl8's).
 
         Raises:
-            ValueError: an eval env config with envs reset only once, or
-                ``steps_per_eval`` not a multiple of ``horizons_per_env_reset``.
+            ValueError: arguments the schedule cannot honour (see :class:`Rl8Schedule`
+                and ``BorderSchedule``).
         """
-        k = self.algorithm.horizons_per_env_reset
+        self.schedule.start(self, steps_per_eval, eval_env_config)
+        eval_env_config = eval_env_config or env_config
+        conditions = list(stop_conditions or [])
+        while True:
+            stats = self.step(env_config=env_config)
+            if self.schedule.eval_due(self):
+                stats = {**stats, **self.eval(env_config=eval_env_config)}
+            if self.schedule.finished(self) or any(condition(stats) for condition in conditions):
+                return stats
+
+    def log(self, stats: Stats) -> None:
+        if self.sink is not None:
+            self.sink.log_metrics(stats, step=self.state["env/steps"])
+
+    def get_state(self) -> dict[str, Any]:
+        return {"counters": dict(self.state), "latest_eval": dict(self.latest_eval),
+                "wall_time": self.wall_time, **self.schedule.get_state()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.state = {k: int(v) for k, v in state["counters"].items()}
+        self.latest_eval = {k: float(v) for k, v in state["latest_eval"].items()}
+        self.wall_time = float(state["wall_time"])
+        self.schedule.set_state(state)
+
+
+RL8_COUNTERS: tuple[str, ...] = ("algorithm/collects", "algorithm/steps", "env/steps")
+
+
+class Rl8Schedule:
+    """rl8's iteration: collect a rollout, update once, log; eval every ``steps_per_eval``
+    updates (``run``'s argument)."""
+
+    counters = RL8_COUNTERS
+
+    def __init__(self, algorithm: Algorithm) -> None:
+        self.algorithm = algorithm
+        self.steps_per_eval: int | None = None
+
+    def step(self, trainer: Trainer, env_config: dict[str, Any] | None) -> Stats:
+        algo, state = self.algorithm, trainer.state
+        algo.begin_horizon(state["algorithm/collects"], env_config)
+        t0 = time.perf_counter()
+        collect_stats = algo.collect()
+        new_steps = int(collect_stats.pop("env/steps"))
+        state["algorithm/collects"] += 1
+        state["env/steps"] += new_steps
+        t1 = time.perf_counter()
+        learn_stats = algo.update(state["env/steps"])
+        t2 = time.perf_counter()
+        state["algorithm/steps"] += 1
+        trainer.wall_time += t2 - t0
+        stats: Stats = {**collect_stats, **learn_stats, **algo.pop_times(),
+                        "time/learn_s": t2 - t1, "time/iteration_s": t2 - t0,
+                        "time/total_s": trainer.wall_time,
+                        "env/steps_per_s": new_steps / max(t2 - t0, 1e-9)}
+        trainer.log(trainer.count(stats))
+        return stats
+
+    def start(self, trainer: Trainer, steps_per_eval: int | None,
+              eval_env_config: dict[str, Any] | None) -> None:
+        """Raises ValueError: an eval env config with envs reset only once, or
+        ``steps_per_eval`` not a multiple of ``horizons_per_env_reset``."""
+        k = trainer.algorithm.horizons_per_env_reset
         if steps_per_eval and k < 0 and eval_env_config:
             raise ValueError(_EVAL_CONFIG_ONCE)
         if steps_per_eval and k > 0 and steps_per_eval % k:
             raise ValueError(
                 f"steps_per_eval={steps_per_eval} must be a multiple of "
                 f"horizons_per_env_reset={k}, because evals may only happen at reset boundaries")
-        eval_env_config = eval_env_config or env_config
-        conditions = list(stop_conditions or [])
-        while True:
-            stats = self.step(env_config=env_config)
-            if steps_per_eval and self.state["algorithm/steps"] % steps_per_eval == 0:
-                stats = {**stats, **self.eval(env_config=eval_env_config)}
-            if any(condition(stats) for condition in conditions):
-                return stats
+        self.steps_per_eval = steps_per_eval
 
-    def _log(self, stats: Stats) -> None:
-        if self.sink is not None:
-            self.sink.log_metrics(stats, step=self.state["env/steps"])
+    def eval_due(self, trainer: Trainer) -> bool:
+        every = self.steps_per_eval
+        return every is not None and every > 0 and trainer.state["algorithm/steps"] % every == 0
+
+    def finished(self, trainer: Trainer) -> bool:
+        return False
 
     def get_state(self) -> dict[str, Any]:
-        return {"counters": dict(self.state), "latest_eval": dict(self.latest_eval),
-                "wall_time": self.wall_time}
+        return {}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        self.state = {k: int(v) for k, v in state["counters"].items()}
-        self.latest_eval = {k: float(v) for k, v in state["latest_eval"].items()}
-        self.wall_time = float(state["wall_time"])
+        pass

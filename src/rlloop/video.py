@@ -7,6 +7,8 @@ that action ``t`` was chosen on, so an episode of ``T`` steps gives ``T`` frames
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +66,17 @@ def write_video(frames: Iterable[np.ndarray], path: str | Path, fps: float = DEF
     return count
 
 
+def offscreen_rendering() -> None:
+    """Let pygame-drawn envs (Gymnasium's classic control) render without a display.
+
+    SDL otherwise looks for one and prints ``error: XDG_RUNTIME_DIR is invalid or not set``
+    on every run; pygame also prints a banner to stdout when imported. Set before an env
+    is made, so subprocess envs inherit it; a value the user set is kept.
+    """
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+
+
 def as_frame(frame: Any) -> np.ndarray:
     """A rendered frame as contiguous ``[H, W, 3]`` uint8, or a clear error."""
     if frame is None:
@@ -94,7 +107,7 @@ def record_vec_episode(act: Callable[[torch.Tensor], torch.Tensor], env: Any,
 
 
 def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | None = None,
-                     max_steps: int = 10_000) -> VideoInfo:
+                     max_steps: int = 10_000, allow_import: bool = False) -> VideoInfo:
     """One deterministic episode of a run's best policy, written to ``path``.
 
     Raises:
@@ -104,22 +117,32 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
     from rlloop.algorithms.base import EVAL_SEED_OFFSET
     from rlloop.checkpoint import load_checkpoint
     from rlloop.envs.core import EnvError
-    from rlloop.envs.registry import make_env
+    from rlloop.envs.registry import is_pettingzoo_id, make_env
     from rlloop.envs.wrappers import NormalizeObservation
-    from rlloop.run import COMPONENTS, build_algorithm, load_run_config, policy_checkpoint
+    from rlloop.run import (
+        COMPONENTS,
+        acting_config,
+        build_algorithm,
+        load_run_config,
+        policy_checkpoint,
+    )
 
     flags: dict[str, Any] = {"mlflow": False}
     if backend:
         flags["backend"] = backend
-    config = load_run_config(run_dir, **flags)
+    config = load_run_config(run_dir, allow_import=allow_import, **flags)
+    if is_pettingzoo_id(config.env):
+        raise RenderUnavailableError(f"{config.env} is a multi-agent env and rlloop films "
+                                     "single-agent runs only; --set save_video=false skips it")
     if config.backend == "gymnasium-async":  # one env: no subprocesses needed
         config.backend = "gymnasium"
     state = load_checkpoint(policy_checkpoint(Path(run_dir)),
                             expected_components=COMPONENTS).components["algorithm"]
-    algorithm = build_algorithm(config)
+    algorithm = build_algorithm(acting_config(config))
     env: Any = None
     try:
         algorithm.set_policy_state(state)
+        offscreen_rendering()
         try:
             env = make_env(config.env, 1, config.backend, seed=config.seed,
                            env_kwargs={**config.env_kwargs, "render_mode": "rgb_array"})
@@ -152,9 +175,15 @@ def _native_fps(env_id: str) -> float:
 def save_run_video(run_dir: Path, name: str = "video.mp4") -> Path | None:
     """End-of-run clip of the best policy; a one-line warning instead of an error if the
     env cannot be rendered (a finished run never fails because of its video)."""
+    # Filmed aside and renamed into place: a link at <run>/video.mp4 is replaced, never
+    # written through (see rlloop.runfiles).
+    aside = run_dir / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp.mp4"
     try:
-        return record_run_video(run_dir, run_dir / name).path
+        record_run_video(run_dir, aside)
+        os.replace(aside, run_dir / name)
+        return run_dir / name
     except Exception as e:
+        aside.unlink(missing_ok=True)
         _log.warning("rlloop: video skipped (%s: %s)", type(e).__name__,
                      str(e).splitlines()[0] if str(e) else "")
         return None

@@ -150,6 +150,14 @@ class AlgorithmBase:
         if self.obs_stats is not None and "obs_norm" in state:
             self.obs_stats.set_state(state["obs_norm"])
 
+    def get_policy_state(self) -> dict[str, Any]:
+        """What acting needs (weights, observation statistics): a policy snapshot, without
+        optimiser moments or replay buffer, that :meth:`set_policy_state` loads."""
+        state: dict[str, Any] = {"learner": self.learner.get_state(components="module")}
+        if self.obs_stats is not None:
+            state["obs_norm"] = self.obs_stats.get_state()
+        return state
+
     def set_policy_state(self, state: dict[str, Any]) -> None:
         """Load only what acting needs (weights, observation statistics) from ``get_state()``."""
         self.learner.set_state({"module": state["learner"]["module"]})

@@ -40,6 +40,8 @@ from rlloop.seeding import derive_seed, seed_global_rngs
 class MultiAgentPPOConfig(PPOConfig):
     """PPO's hyperparameters (same meaning, per module) plus how agents map to modules."""
 
+    section: ClassVar[str] = "ma_ppo"
+
     policy_mapping: Literal["shared", "independent"] = "shared"
     """shared: one module (default_policy) for all agents; independent: one per agent."""
     policies_to_train: list[str] | None = None
@@ -290,6 +292,13 @@ class MultiAgentPPO:
         self.evals, self.iterations = int(state["evals"]), int(state["iterations"])
         self.env_config = dict(state.get("env_config", {}))
         self.runner.set_state(state["runner"])
+
+    def get_policy_state(self) -> dict[str, Any]:
+        """What acting needs (the modules, the league's ids), for :meth:`set_policy_state`."""
+        state: dict[str, Any] = {"learner": self.learner.get_state(components="module")}
+        if self.league is not None:
+            state["league"] = self.league.get_state()
+        return state
 
     def set_policy_state(self, state: dict[str, Any]) -> None:
         """Load only what acting needs (the modules) from ``get_state()``."""

@@ -33,7 +33,7 @@ from rlloop.data.replay import (
     TransitionsLike,
 )
 from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, check_finite
 from rlloop.learners.learner import TensorBatch
 from rlloop.learners.schedules import Linear
 from rlloop.runners.env_runner import EnvRunner
@@ -129,8 +129,18 @@ def _replay(prioritized: bool) -> Callable[[ExperienceSpec, OffPolicyConfig], Re
                 return PrioritizedReplayBuffer(*args, alpha=cfg.per_alpha, beta=cfg.per_beta)
             return ReplayBuffer(*args)
         except ReplayMemoryError as e:
-            raise ConfigError(f"{cfg.section}.buffer_size: {e}") from None
+            raise ConfigError(_replay_too_big(f"{cfg.section}.buffer_size", cfg.buffer_size, e)
+                              ) from None
     return build
+
+
+def _replay_too_big(key: str, value: int, e: ReplayMemoryError) -> str:
+    # Suggest about half of what would fit: the rest of the run needs memory too.
+    half = max(e.fits // 2, 1)
+    suggestion = int(str(half)[0]) * 10 ** (len(str(half)) - 1)
+    return (f"{key}={value:,} needs {e.needed / 2**30:.2f} GiB of replay memory but only "
+            f"{e.available / 2**30:.2f} GiB of {e.where} are left; lower it, e.g. "
+            f"--set {key}={suggestion} (at most {e.fits:,} fit)")
 
 
 @dataclass(frozen=True)
@@ -245,6 +255,7 @@ class OffPolicyConfig:
 
     def __post_init__(self) -> None:
         s = self.section
+        check_finite(s, self)
         for name in ("buffer_size", "n_step", "batch_size", "opt_interval", "gradient_steps",
                      "eval_interval", "record_interval", "per_beta_steps"):
             if getattr(self, name) <= 0:

@@ -14,7 +14,7 @@ from rlloop.data.returns import gae
 from rlloop.data.rollout import PPOBatch, RolloutBuffer
 from rlloop.envs.core import Box
 from rlloop.envs.wrappers import discounted_reward_scale
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, check_finite
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner, PoliciesToTrain
 from rlloop.learners.schedules import ScheduleError, make_schedule
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss
@@ -26,6 +26,8 @@ from rlloop.modules.normalizer import RunningMeanStd
 @dataclass
 class PPOConfig:
     """PPO hyperparameters (defaults are rlloop's fast CartPole settings)."""
+
+    section: ClassVar[str] = "ppo"
 
     rollout_steps: int = 32
     """Env steps per env per iteration (T); the batch is T * num_envs samples."""
@@ -75,6 +77,7 @@ class PPOConfig:
     """Scale rewards by the running std of the discounted return."""
 
     def __post_init__(self) -> None:
+        check_finite(self.section, self)
         for name in ("rollout_steps", "num_epochs", "minibatch_size", "lr_decay_steps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ppo.{name} must be > 0, got {getattr(self, name)}")
@@ -85,6 +88,9 @@ class PPOConfig:
         if _start_value("clip_coef", self.clip_coef) <= 0:
             raise ConfigError(f"ppo.clip_coef must be > 0, got {self.clip_coef}")
         _start_value("ent_coef", self.ent_coef)
+        if self.target_kl is not None and self.target_kl <= 0:
+            raise ConfigError(f"{self.section}.target_kl must be > 0 (or null: never stop "
+                              f"early), got {self.target_kl}")
         if not self.hidden or any(h <= 0 for h in self.hidden):
             raise ConfigError(
                 f"ppo.hidden must be a non-empty list of sizes > 0, got {self.hidden}")

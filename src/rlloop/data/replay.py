@@ -79,8 +79,14 @@ class ReplayMemoryError(MemoryError, ValueError):
     """The buffer would not fit in memory. Raised by the constructor before allocating.
 
     Also a ``ValueError``: it is a bad configuration value (``capacity``), caught where
-    other config errors are.
+    other config errors are. ``fits`` is the largest capacity that would fit, for callers
+    that name their own config key in the message.
     """
+
+    def __init__(self, message: str, *, needed: int = 0, available: int = 0, where: str = "",
+                 fits: int = 0) -> None:
+        super().__init__(message)
+        self.needed, self.available, self.where, self.fits = needed, available, where, fits
 
 
 def _available_bytes(device: torch.device) -> tuple[int, str]:
@@ -156,7 +162,8 @@ class ReplayBuffer:
             raise ReplayMemoryError(
                 f"replay buffer of capacity {capacity:,} needs {self.nbytes:,} bytes "
                 f"({_gib(self.nbytes)}) but only {available:,} bytes ({_gib(available)}) of "
-                f"{where} are left; lower capacity (below {fits:,} would fit)"
+                f"{where} are left; lower capacity (below {fits:,} would fit)",
+                needed=self.nbytes, available=available, where=where, fits=fits,
             )
         self._storage = {
             name: torch.zeros((capacity, *self._shapes[name]), dtype=dtype, device=self.device)

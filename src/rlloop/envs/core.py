@@ -56,6 +56,8 @@ class EnvSpec:
         action_space: ``Discrete`` or ``Box``.
         max_episode_steps: Time limit after which episodes are truncated, if any.
         reward_threshold: Return at which the task counts as solved, if known.
+        image_obs: Observations are images (a uint8 Box of 2 or 3 dims): rlloop's MLPs
+            refuse them until it has pixel encoders.
     """
 
     env_id: str
@@ -63,6 +65,7 @@ class EnvSpec:
     action_space: ActionSpace
     max_episode_steps: int | None = None
     reward_threshold: float | None = None
+    image_obs: bool = False
 
 
 class StepResult(NamedTuple):

@@ -50,10 +50,41 @@ def obs_shape_of(env_id: str, space: gymnasium.Space[Any]) -> tuple[int, ...]:
         return tuple(space.shape)
     if isinstance(space, spaces.Discrete):
         return (int(space.n),)  # one-hot
-    raise EnvError(
-        f"{env_id}: observation space {_one_line(space)} is not supported (only Box and "
-        "Discrete); register a variant wrapped in gymnasium.wrappers.FlattenObservation"
-    )
+    raise EnvError(f"{env_id}: observation space {_describe(space)} is not supported (only "
+                   f"Box and Discrete); register a variant {_flattening_fix(space)}")
+
+
+def is_image_space(space: gymnasium.Space[Any]) -> bool:
+    """A uint8 Box of 2 (grayscale) or 3 (HWC or CHW colour) dims: pixels."""
+    return (isinstance(space, spaces.Box) and space.dtype == np.uint8
+            and len(space.shape) in (2, 3))
+
+
+def _flattens(space: gymnasium.Space[Any]) -> bool:
+    try:
+        spaces.flatten_space(space)
+    except (NotImplementedError, TypeError, ValueError):
+        return False  # e.g. MiniGrid's MissionSpace (free text)
+    return True
+
+
+def _describe(space: gymnasium.Space[Any]) -> str:
+    if isinstance(space, spaces.Dict):  # its entries' full text can fill a screen
+        inner = ", ".join(f"{k!r}: {type(v).__name__}" for k, v in space.spaces.items())
+        return f"Dict({inner})"
+    return _one_line(space)
+
+
+def _flattening_fix(space: gymnasium.Space[Any]) -> str:
+    if _flattens(space):
+        return "wrapped in gymnasium.wrappers.FlattenObservation"
+    if isinstance(space, spaces.Dict):
+        keep = [k for k, v in space.spaces.items() if _flattens(v)]
+        drop = [k for k in space.spaces if k not in keep]
+        if keep:
+            return (f"wrapped in gymnasium.wrappers.FilterObservation(env, {keep}) and then "
+                    f"FlattenObservation ({', '.join(map(repr, drop))} cannot be flattened)")
+    return "with a gymnasium.ObservationWrapper that returns a Box"
 
 
 def spec_from_gym(
@@ -70,6 +101,7 @@ def spec_from_gym(
         action_space=convert_action_space(env_id, action_space),
         max_episode_steps=None if gym_spec is None else gym_spec.max_episode_steps,
         reward_threshold=None if gym_spec is None else gym_spec.reward_threshold,
+        image_obs=is_image_space(obs_space),
     )
 
 
@@ -207,12 +239,19 @@ class GymVecEnv:
             # sampled actions replay env 0's reset noise.
             self._vec.action_space.seed(seed + self.num_envs)
             self._vec.single_action_space.seed(seed + self.num_envs)
-        obs, _ = self._vec.reset(seed=seed)
+        try:
+            obs, _ = self._vec.reset(seed=seed)
+        except Exception as e:
+            raise self._env_failed("reset", e) from e
         return self._obs_to_tensor(obs)
 
     def step(self, actions: Tensor) -> StepResult:
         """Step all sub-envs; finished ones are reset in the same call (see module doc)."""
-        obs, reward, terminated, truncated, infos = self._vec.step(self._to_gym_actions(actions))
+        gym_actions = self._to_gym_actions(actions)
+        try:
+            obs, reward, terminated, truncated, infos = self._vec.step(gym_actions)
+        except Exception as e:
+            raise self._env_failed("step", e) from e
         obs_t = self._obs_to_tensor(obs)
         final_obs = obs_t.clone()
         ended = np.flatnonzero(infos.get("_final_obs", ()))
@@ -227,6 +266,13 @@ class GymVecEnv:
             truncated=torch.from_numpy(np.asarray(truncated, dtype=bool) & ~terminated),
             final_obs=final_obs,
         )
+
+    def _env_failed(self, method: str, e: Exception) -> EnvError:
+        """The env's own code raised: one line naming it (the cause stays chained)."""
+        first = str(e).splitlines()[0] if str(e) else ""
+        return EnvError(f"env {self.spec.env_id!r} raised {type(e).__name__} in {method}(): "
+                        f"{first}; fix the env (gymnasium.make({self.spec.env_id!r}) "
+                        f"reproduces it without rlloop)")
 
     def get_state(self) -> dict[str, Any]:
         """RNG states, and physics where exposed (see the class docstring)."""

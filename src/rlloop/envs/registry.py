@@ -69,15 +69,16 @@ ENV_PROVIDERS: tuple[Provider, ...] = (
 )
 
 
-def resolve_env_id(env_id: str, *, allow_import: bool = False) -> str:
+def resolve_env_id(env_id: str, *, allow_import: bool = False, search_cwd: bool = False) -> str:
     """The id to pass to ``gymnasium.make`` for ``env_id``, or ``EnvError`` with the fix.
 
     A known provider's module (``ENV_PROVIDERS``) is imported when the id needs it and the
     package is installed; the returned id names it (``ale_py:ALE/Pong-v5``) so that
     subprocess envs import it too. In a ``module:Id`` id, ``module`` is imported only with
-    ``allow_import`` (the user typed the id), searching the working directory as
-    ``python -m`` does; without it the module must already be imported or be a known
-    provider, so an id read from a run directory never runs code of its choosing.
+    ``allow_import`` (the user typed the id, or consented for a run's id); without it the
+    module must already be imported or be a known provider, so an id read from a run
+    directory never runs code of its choosing. ``search_cwd`` (only for an id the user
+    typed) also searches the working directory, as ``python -m`` does.
     """
     if env_id in NATIVE_ENVS or is_pettingzoo_id(env_id):
         return env_id
@@ -86,7 +87,7 @@ def resolve_env_id(env_id: str, *, allow_import: bool = False) -> str:
         module, name = "", env_id
     provider = _provider(name)
     if module:
-        _import_env_module(env_id, module, allow_import, provider)
+        _import_env_module(env_id, module, allow_import, search_cwd, provider)
     elif provider is not None and importlib.util.find_spec(provider.module) is not None:
         importlib.import_module(provider.module)
         module = provider.module
@@ -99,7 +100,7 @@ def _provider(name: str) -> Provider | None:
     return next((p for p in ENV_PROVIDERS if re.match(p.pattern, name)), None)
 
 
-def _import_env_module(env_id: str, module: str, allow_import: bool,
+def _import_env_module(env_id: str, module: str, allow_import: bool, search_cwd: bool,
                        provider: Provider | None) -> None:
     known = provider is not None and provider.module == module
     if module in sys.modules:
@@ -110,7 +111,7 @@ def _import_env_module(env_id: str, module: str, allow_import: bool,
             f"module named in an env id only when you allow it (e.g. rlloop train --env "
             f"{env_id}); import {module} first"
         )
-    if allow_import and os.getcwd() not in sys.path:
+    if allow_import and search_cwd and os.getcwd() not in sys.path:
         # Console scripts, unlike ``python -m``, do not search the working directory,
         # where a user's env module usually is. Appended: it never shadows a package.
         sys.path.append(os.getcwd())
@@ -161,6 +162,16 @@ def _resolve_backend(env_id: str, backend: str) -> str:
     return backend
 
 
+def _module_id_error(env_id: str, e: Exception) -> EnvError:
+    """A "module:Env-v0" id whose module does not import or does not register the env."""
+    if isinstance(e, ModuleNotFoundError) and e.name:
+        reason = f"no module named {e.name!r}"
+    else:
+        reason = " ".join(str(e).split()) or type(e).__name__
+    return EnvError(f"cannot make env {env_id!r}: {reason}; for a module:Env-v0 id the module "
+                    "must be importable and register the env")
+
+
 def make_env(
     env_id: str,
     num_envs: int = 1,
@@ -184,13 +195,16 @@ def make_env(
                 "drop them or use backend='gymnasium'"
             ) from None
         return factory(num_envs=num_envs, seed=seed, **kwargs)
-    return GymVecEnv(
-        resolve_env_id(env_id),
-        num_envs,
-        seed=seed,
-        asynchronous=resolved == "gymnasium-async",
-        env_kwargs=kwargs,
-    )
+    try:
+        return GymVecEnv(
+            resolve_env_id(env_id),
+            num_envs,
+            seed=seed,
+            asynchronous=resolved == "gymnasium-async",
+            env_kwargs=kwargs,
+        )
+    except (ImportError, gymnasium.error.UnregisteredEnv) as e:
+        raise _module_id_error(env_id, e) from e
 
 
 def env_spec(
@@ -207,7 +221,10 @@ def env_spec(
 
         return multi_agent_spec(env_id, env_kwargs).summary()
     if _resolve_backend(env_id, backend) != "native":
-        return gym_env_spec(resolve_env_id(env_id), env_kwargs)
+        try:
+            return gym_env_spec(resolve_env_id(env_id), env_kwargs)
+        except (ImportError, gymnasium.error.UnregisteredEnv) as e:
+            raise _module_id_error(env_id, e) from e
     factory = NATIVE_ENVS[env_id]
     spec = getattr(factory, "spec", None)
     if isinstance(spec, EnvSpec):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 
@@ -21,9 +21,23 @@ class Schedule(Protocol):
     def __call__(self, env_steps: int) -> float: ...
 
 
+def _check(kind: str, steps: int | None = None, **values: float) -> None:
+    """ScheduleError for a non-finite value or a non-positive step count."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
+                value):
+            raise ScheduleError(f"{kind} schedule {name} must be a finite number, got {value!r}")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                              or steps <= 0):
+        raise ScheduleError(f"{kind} schedule steps must be an integer > 0, got {steps!r}")
+
+
 @dataclass(frozen=True)
 class Constant:
     value: float
+
+    def __post_init__(self) -> None:
+        _check("constant", value=self.value)
 
     def __call__(self, env_steps: int) -> float:
         return self.value
@@ -36,6 +50,9 @@ class Linear:
     start: float
     end: float
     steps: int
+
+    def __post_init__(self) -> None:
+        _check("linear", self.steps, start=self.start, end=self.end)
 
     def __call__(self, env_steps: int) -> float:
         frac = min(max(env_steps / max(self.steps, 1), 0.0), 1.0)
@@ -53,6 +70,8 @@ class PiecewiseLinear:
         if not self.points or xs != sorted(xs):
             raise ScheduleError("piecewise schedule needs points sorted by env step, e.g. "
                                 "[[0, 1e-3], [50000, 1e-4]]")
+        for x, y in self.points:
+            _check("piecewise", point_step=x, point_value=y)
 
     def __call__(self, env_steps: int) -> float:
         pts = self.points
@@ -72,6 +91,9 @@ class Cosine:
     end: float
     steps: int
 
+    def __post_init__(self) -> None:
+        _check("cosine", self.steps, start=self.start, end=self.end)
+
     def __call__(self, env_steps: int) -> float:
         frac = min(max(env_steps / max(self.steps, 1), 0.0), 1.0)
         return self.end + 0.5 * (self.start - self.end) * (1 + math.cos(math.pi * frac))
@@ -85,6 +107,9 @@ class Exponential:
     decay: float
     steps: int
     end: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check("exponential", self.steps, start=self.start, decay=self.decay, end=self.end)
 
     def __call__(self, env_steps: int) -> float:
         return max(self.start * self.decay ** (env_steps / max(self.steps, 1)), self.end)
@@ -107,15 +132,37 @@ def make_schedule(spec: float | int | dict[str, Any] | Schedule) -> Schedule:
         kind = args.pop("type", None)
         if kind not in _KINDS:
             raise ScheduleError(f"unknown schedule type {kind!r}; use one of {sorted(_KINDS)}")
-        if kind == "piecewise":
-            args["points"] = tuple((int(x), float(y)) for x, y in args.get("points", ()))
         try:
+            if kind == "piecewise":
+                args["points"] = tuple((_to_int(x), _to_float(y))
+                                       for x, y in args.get("points", ()))
+            else:
+                types = {f.name: f.type for f in fields(_KINDS[kind])}
+                args = {k: _to_int(v) if types.get(k) == "int" else _to_float(v)
+                        for k, v in args.items()}
             return _KINDS[kind](**args)  # type: ignore[no-any-return]
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
+            if isinstance(e, ScheduleError):
+                raise
             raise ScheduleError(f"bad arguments for a {kind} schedule: {e}") from None
     if callable(spec):
         return spec
     raise ScheduleError(f"schedule must be a number or a dict, got {spec!r}")
+
+
+def _to_float(value: Any) -> Any:
+    """Numbers as a Python user writes them: YAML reads ``4e-3`` as a string."""
+    if isinstance(value, str):
+        return float(value)
+    return value
+
+
+def _to_int(value: Any) -> Any:
+    """An integer, also from ``1e5`` (a float or a string) when it is whole."""
+    value = _to_float(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def schedule_spec(schedule: Schedule) -> dict[str, Any]:

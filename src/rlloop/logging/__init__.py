@@ -5,10 +5,11 @@ Importing this package does not import MLflow or TensorBoard; their sinks do, wh
 
 from __future__ import annotations
 
-from rlloop.logging.console import ConsoleSink, print_summary
+from rlloop.logging.console import ConsoleSink, format_number, print_summary
 from rlloop.logging.metrics import MetricsLogger, flatten_key, flatten_mapping
 from rlloop.logging.mlflow_sink import MlflowSink, sqlite_tracking_uri
-from rlloop.logging.sinks import JsonlSink, MultiSink, ProcessSink, Sink, ThrottledSink
+from rlloop.logging.process_sink import ProcessSink
+from rlloop.logging.sinks import JsonlSink, MultiSink, Sink, ThrottledSink
 from rlloop.logging.tensorboard_sink import TensorBoardSink
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "ThrottledSink",
     "flatten_key",
     "flatten_mapping",
+    "format_number",
     "print_summary",
     "sqlite_tracking_uri",
 ]

@@ -17,10 +17,30 @@ STEPS_KEY: Final = "env/steps"
 RETURN_KEY: Final = "episode/return_mean"
 EVAL_RETURN_KEY: Final = "eval/return_mean"
 _RATE_WINDOW_S: Final = 10.0  # steps/s is measured over about the last 10 seconds
+_LABEL: Final = "train"
+_MIN_BAR, _MAX_BAR = 10, 40  # the live bar's width gives way to the text first
 
 
 def _fmt_duration(seconds: float) -> str:
     return str(datetime.timedelta(seconds=round(seconds)))
+
+
+def format_number(value: float) -> str:
+    """A return or loss for people: 4 significant digits, ``,`` from 1,000, never ``-0``.
+
+    ``0.955 -> "0.955"``, ``-3e-05 -> "-3e-05"``, ``322.94 -> "322.9"``, ``-0.0 -> "0"``.
+    """
+    if value == 0:
+        return "0"
+    if math.isfinite(value) and abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def _percent(steps: int, total: int) -> str:
+    # Floored and capped: the last iteration may overshoot the budget, and "100%" should
+    # not show while steps remain.
+    return f"{min(100, steps * 100 // total)}%"
 
 
 def print_summary(
@@ -80,6 +100,7 @@ class ConsoleSink:
         self._unprinted = False
         self._progress: Progress | None = None
         self._task: TaskID | None = None
+        self._bar = BarColumn()
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Params are not shown on the console."""
@@ -111,27 +132,50 @@ class ConsoleSink:
         (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 else None
 
-    def status_line(self) -> str:
-        """The progress line as plain text."""
+    def status_line(self, width: int | None = None) -> str:
+        """The progress line as plain text; with `width`, shortened to fit it: short labels
+        first, then steps/s, the train return and the eval return are left out, in that order.
+        """
         steps = self._steps or 0
         total = self.total_env_steps
-        parts = [f"steps {steps:,}" + (f"/{total:,} ({steps / total:.0%})" if total else "")]
         rate = self.steps_per_second()
-        parts.append(f"{rate:,.0f} steps/s" if rate is not None else "- steps/s")
+        progress = f"{steps:,}" + (f"/{total:,} ({_percent(steps, total)})" if total else "")
+        rate_text = "-" if rate is None else f"{rate:,.0f}"
+        # name -> (long form, short form), in reading order
+        fields = {"steps": (f"steps {progress}", progress),
+                  "rate": (f"{rate_text} steps/s", f"{rate_text}/s")}
         if self._return is not None:
-            parts.append(f"return {self._return:.4g}")
+            value = format_number(self._return)
+            fields["return"] = (f"return {value}", f"ret {value}")
         if self._eval_return is not None:
-            parts.append(f"eval {self._eval_return:.4g}")
+            fields["eval"] = (f"eval {format_number(self._eval_return)}",) * 2
         if total and rate:
-            parts.append(f"ETA {_fmt_duration(max(total - steps, 0) / rate)}")
-        return " | ".join(parts)
+            fields["eta"] = (f"ETA {_fmt_duration(max(total - steps, 0) / rate)}",) * 2
+        line = " | ".join(long for long, _ in fields.values())
+        if width is None or len(line) <= width:
+            return line
+        for expendable in ("rate", "return", "eval"):
+            line = " | ".join(short for _, short in fields.values())
+            if len(line) <= width:
+                return line
+            fields.pop(expendable, None)
+        return " | ".join(short for _, short in fields.values())
+
+    def _layout(self) -> tuple[int, str]:
+        """Bar width and status line that fit the console's width together (the live
+        display is a one-row table: a squeezed table cuts every cell to "t…")."""
+        room = self.console.width - len(_LABEL) - 2  # a space between each two columns
+        line = self.status_line()
+        if len(line) + _MIN_BAR > room:
+            line = self.status_line(max(room - _MIN_BAR, 0))
+        return max(min(_MAX_BAR, room - len(line)), 0), line
 
     def _update_bar(self) -> None:
         if self._progress is None:
             # Started on the first report, not in __init__, so setup output prints normally.
             self._progress = Progress(
-                TextColumn("[bold]train"),
-                BarColumn(),
+                TextColumn(f"[bold]{_LABEL}"),
+                self._bar,
                 TextColumn("{task.fields[line]}"),
                 console=self.console,
                 refresh_per_second=4,
@@ -139,10 +183,12 @@ class ConsoleSink:
             self._progress.start()
             self._task = self._progress.add_task("train", total=self.total_env_steps, line="")
         assert self._task is not None
-        self._progress.update(self._task, completed=self._steps, line=self.status_line())
+        self._bar.bar_width, line = self._layout()
+        self._progress.update(self._task, completed=self._steps, line=line)
 
     def _print_line(self) -> None:
-        self.console.print(self.status_line(), markup=False, highlight=False)
+        # soft_wrap: a log line is never broken at the console width ("ETA \n0:00:45").
+        self.console.print(self.status_line(), markup=False, highlight=False, soft_wrap=True)
         self._unprinted = False
 
     def print_summary(self, lines: Mapping[str, str], title: str = "Summary") -> None:

@@ -59,6 +59,13 @@ def _sqlite_path(tracking_uri: str) -> Path | None:
     return None if path in ("", ":memory:") else Path(path)
 
 
+def ui_hint(tracking_uri: str) -> str:
+    """How to browse a store: its URL for a tracking server, else the ``mlflow ui`` command."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return tracking_uri
+    return f"mlflow ui --backend-store-uri {tracking_uri}"
+
+
 def _template_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "rlloop"
@@ -174,7 +181,7 @@ class MlflowSink:
     @property
     def ui_command(self) -> str:
         """The shell command that opens this store in the MLflow web UI."""
-        return f"mlflow ui --backend-store-uri {self.tracking_uri}"
+        return ui_hint(self.tracking_uri)
 
     def _experiment_id(self, name: str, artifact_location: str | None) -> str:
         from mlflow.exceptions import MlflowException

@@ -6,12 +6,9 @@ backends lazily, so ``import rlloop.logging`` stays cheap.
 
 from __future__ import annotations
 
-import contextlib
-
 # Absolute import: inside the package `rlloop.logging` this is still the standard library.
 import json
 import logging as pylogging
-import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -19,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rlloop.logging.metrics import flatten_mapping
+from rlloop.runfiles import open_append, write_file
 
 _log = pylogging.getLogger(__name__)
 
@@ -54,7 +52,7 @@ class JsonlSink:
         self.params_path = self.path.with_suffix(".params.json")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         needs_newline = self._ends_mid_line(self.path)
-        self._file = self.path.open("a", encoding="utf-8", buffering=1)
+        self._file = open_append(self.path)
         if needs_newline:
             # A crash mid-write left a partial last line; start the resumed rows on a new one.
             self._file.write("\n")
@@ -72,9 +70,8 @@ class JsonlSink:
         if self.params_path.exists():
             merged = json.loads(self.params_path.read_text(encoding="utf-8"))
         merged.update(flatten_mapping(params))
-        tmp = self.params_path.with_name(self.params_path.name + ".tmp")
-        tmp.write_text(json.dumps(merged, indent=2, default=str) + "\n", encoding="utf-8")
-        os.replace(tmp, self.params_path)  # atomic: never a half-written params file
+        # Atomic (never a half-written params file) and never through a link.
+        write_file(self.params_path, json.dumps(merged, indent=2, default=str) + "\n")
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row: dict[str, Any] = {"step": int(step)}
@@ -85,6 +82,27 @@ class JsonlSink:
     def close(self, status: str = "FINISHED") -> None:
         if not self._file.closed:
             self._file.close()
+
+
+class _MetricsOnly:
+    """A full ``Sink`` around an object that only has ``log_metrics``."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        getattr(self.sink, "log_params", lambda _: None)(params)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self.sink.log_metrics(metrics, step)
+
+    def close(self, status: str = "FINISHED") -> None:
+        getattr(self.sink, "close", lambda _: None)(status)
+
+
+def as_sink(sink: Any) -> Sink:
+    """``sink`` as a full ``Sink``: ``log_params`` and ``close`` are optional."""
+    return sink if isinstance(sink, Sink) else _MetricsOnly(sink)
 
 
 class MultiSink:
@@ -146,9 +164,8 @@ class ThrottledSink:
     """Forward to `sink` at most once every `min_interval_s` seconds (the newest values).
 
     Metrics whose key starts with one of `always` (evaluations, by default) are forwarded
-    every time. Useful for stores with a per-value cost, such as MLflow over SQLite (about
-    0.3 ms per value): a fast trainer reports dozens of iterations per second, and the
-    full-resolution record stays in the JSONL file.
+    every time. The rows in between are dropped, so use it only where a sparse record is
+    wanted; rlloop's MLflow logging does not throttle (`ProcessSink` batches every row).
     """
 
     def __init__(self, sink: Sink, min_interval_s: float = 1.0,
@@ -181,79 +198,3 @@ class ThrottledSink:
             self.sink.log_metrics(*self._pending)
             self._pending = None
         self.sink.close(status)
-
-
-
-class ProcessSink:
-    """Run a slow sink in a child process; the training process only sends it messages.
-
-    Opening MLflow (importing it, opening its store) takes seconds of pure-Python work,
-    and its writes cost ~0.3 ms per value. In a thread that work holds the GIL against a
-    training loop of many small torch ops (a 4 s CartPole run took 12 s); in its own
-    process it uses the other core and the trainer pays ~10 us per message.
-
-    Args:
-        factory: Picklable callable (e.g. a class) that builds the sink in the child.
-        kwargs: Its keyword arguments (picklable).
-
-    Attributes:
-        info: What the child reported once its sink was built, e.g. ``{"run_id": ...}``
-            (filled in by `close`).
-    """
-
-    def __init__(self, factory: Callable[..., Sink], **kwargs: Any) -> None:
-        ctx = mp.get_context("spawn")  # no fork of a process that holds torch threads
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve_sink, args=(child, factory, kwargs),
-                                 daemon=True, name="rlloop-sink")
-        self._proc.start()
-        child.close()
-        self.info: dict[str, Any] = {}
-
-    def log_params(self, params: Mapping[str, Any]) -> None:
-        self._conn.send(("log_params", (dict(params),)))
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        self._conn.send(("log_metrics", (dict(metrics), step)))
-
-    def close(self, status: str = "FINISHED", timeout_s: float = 60.0) -> None:
-        try:
-            self._conn.send(("close", (status,)))
-            if self._conn.poll(timeout_s):
-                kind, payload = self._conn.recv()
-                if kind == "error":
-                    raise RuntimeError(f"sink process failed: {payload}")
-                self.info = payload
-        except (BrokenPipeError, EOFError, ConnectionResetError) as exc:
-            raise RuntimeError("sink process ended early") from exc
-        finally:
-            self._proc.join(timeout=5)
-            if self._proc.is_alive():
-                self._proc.kill()
-                self._proc.join()
-            self._conn.close()
-
-
-def _serve_sink(conn: Any, factory: Callable[..., Sink], kwargs: dict[str, Any]) -> None:
-    """Child-process loop of `ProcessSink`: build the sink, apply messages until close."""
-    import signal
-
-    # Ctrl-C goes to the whole process group; the parent decides when this child stops.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        sink = factory(**kwargs)
-        while True:
-            method, args = conn.recv()
-            if method == "close":
-                sink.close(*args)
-                conn.send(("ok", {"run_id": getattr(sink, "run_id", None)}))
-                return
-            getattr(sink, method)(*args)
-    except EOFError:  # the parent died; nothing left to report to
-        return
-    except Exception as exc:
-        with contextlib.suppress(Exception):
-            # Drain until close so the parent's sends never block, then report.
-            while conn.recv()[0] != "close":
-                pass
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))

@@ -304,10 +304,11 @@ class Task(ABC, Generic[ModelT]):
             ValueError: neither images nor states are asked for.
             RenderUnavailableError: the env renders no ``rgb_array`` frames.
         """
-        from rlloop.video import DEFAULT_FPS, as_frame, write_video
+        from rlloop.video import DEFAULT_FPS, as_frame, offscreen_rendering, write_video
 
         if not (return_images or return_states or save_path):
             raise ValueError("sample_clip must save a video or return images, states or both")
+        offscreen_rendering()
         render = return_images or save_path is not None
         episode = self.run_episode(model, optimal=optimal, render=render,
                                    seed=self.config.env_seed + EVAL_SEED_OFFSET)

@@ -21,20 +21,20 @@ from typing import Any, Generic
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from rlloop.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from rlloop.conditions import Condition
 from rlloop.envs.pool import WorkerPool
 from rlloop.errors import RunDirError
 from rlloop.learners.learner import GradientClip, NonFiniteError, clip_gradients
-from rlloop.logging import JsonlSink
-from rlloop.numerics import flushed_denormals
-from rlloop.signals import handle_signals
+from rlloop.logging import JsonlSink, MultiSink
+from rlloop.logging.sinks import as_sink
+from rlloop.signals import save_due, supervised
 from rlloop.tasks.base import ModelT, Task
 from rlloop.tasks.dataset import TrajectoryDataset
 from rlloop.tasks.sampling import SamplingStats
-from rlloop.trainer import MetricsSink, Stats
+from rlloop.trainer import MetricsSink, Stats, Trainer
 
 COMPONENTS = ("model", "optimizer", "trainer", "rng")
 _log = logging.getLogger(__name__)
@@ -44,8 +44,10 @@ class TaskTrainer(Generic[ModelT]):
     """Trains ``model`` on ``task``; with ``run_dir``, checkpoints and ``metrics.jsonl`` go
     there and ``resume=True`` continues from its newest checkpoint.
 
-    ``state`` holds the counters ``train/steps``, ``train/epochs`` and ``env/steps``.
-    ``on_epoch`` callbacks get each epoch's flat stats (for progress output).
+    It runs on the one :class:`~rlloop.trainer.Trainer` loop (``self.trainer``) with a
+    schedule whose iteration is one epoch. ``state`` holds the counters ``train/steps``,
+    ``train/epochs`` and ``env/steps``. ``on_epoch`` callbacks get each epoch's flat stats
+    (for progress output).
     """
 
     def __init__(self, task: Task[ModelT], model: ModelT, *, run_dir: str | Path | None = None,
@@ -56,7 +58,6 @@ class TaskTrainer(Generic[ModelT]):
         self.task, self.model = task, model
         self.optimizer = task.get_optimizer(model)
         self.generator = torch.Generator().manual_seed(cfg.seed)
-        self.state = {"train/steps": 0, "train/epochs": 0, "env/steps": 0}
         self.skipped_updates = 0
         self.restarts = 0
         self.stop_requested: str | None = None
@@ -64,12 +65,20 @@ class TaskTrainer(Generic[ModelT]):
         self.on_epoch = list(on_epoch)
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.manager: CheckpointManager | None = None
-        self._sinks: list[Any] = [sink] if sink is not None else []
+        sinks = [as_sink(sink)] if sink is not None else []
         if self.run_dir is not None:
             self.manager = CheckpointManager(self.run_dir / "checkpoints", cfg.keep_checkpoints)
-            self._sinks.append(JsonlSink(self.run_dir / "metrics.jsonl"))
+            sinks.append(JsonlSink(self.run_dir / "metrics.jsonl"))
+        self._sink = MultiSink(sinks)
+        self._schedule = _EpochSchedule(self)
+        self.trainer = Trainer(_TaskEvaluation(task, model), sink=self._sink,
+                               schedule=self._schedule)
         if resume:
             self._restore()
+
+    @property
+    def state(self) -> dict[str, int]:
+        return self.trainer.state
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self, stop_conditions: Sequence[Condition] = ()) -> Stats:
@@ -78,29 +87,21 @@ class TaskTrainer(Generic[ModelT]):
         Always closes the worker pool and, once anything was trained, saves a final
         checkpoint (also on errors: what was learned is kept).
         """
-        cfg = self.task.config
-        stats: Stats = {}
-        pool: WorkerPool | None = None
-        status = "FAILED"
-        try:
-            with handle_signals(self):
-                pool = self.task.get_worker_pool()
-                while self.state["train/steps"] < cfg.total_steps and not self.stop_requested:
-                    with flushed_denormals():  # see rlloop.numerics
-                        stats = self.epoch(pool) or stats  # {}: stopped while collecting
-                    if any(condition(stats) for condition in stop_conditions):
-                        break
-            status = "KILLED" if self.stop_requested else "FINISHED"
-        finally:
-            if pool is not None:
-                pool.close()
+        schedule = self._schedule
+
+        def finish(status: str) -> None:
+            if schedule.pool is not None:
+                schedule.pool.close()
+                schedule.pool = None
             if self.state["train/steps"] and self.manager is not None:
                 self.save()
-            for sink in self._sinks:
-                close = getattr(sink, "close", None)
-                if close is not None:
-                    close(status)
-        return stats
+            self._sink.close(status)
+
+        with supervised(self, finish):
+            schedule.pool = self.task.get_worker_pool()
+            if not schedule.finished(self.trainer):
+                self.trainer.run(stop_conditions=stop_conditions)
+        return schedule.last
 
     def epoch(self, pool: WorkerPool) -> Stats:
         """Collect one epoch, then train on it; returns the epoch's flat stats."""
@@ -129,10 +130,8 @@ class TaskTrainer(Generic[ModelT]):
                         "workers/restarts": float(self.restarts),
                         "guard/skipped_updates": float(self.skipped_updates),
                         "time/collect_s": t1 - t0, "time/learn_s": t2 - t1,
-                        "env/steps_per_s": sampling.samples / max(t1 - t0, 1e-9),
-                        **{k: float(v) for k, v in self.state.items()}}
-        for sink in self._sinks:
-            sink.log_metrics(stats, step=self.state["env/steps"])
+                        "env/steps_per_s": sampling.samples / max(t1 - t0, 1e-9)}
+        self.trainer.log(self.trainer.count(stats))
         for callback in self.on_epoch:
             callback(stats)
         return stats
@@ -148,10 +147,8 @@ class TaskTrainer(Generic[ModelT]):
             losses.append(self.train_step(batch))
             self.state["train/steps"] += 1
             steps = self.state["train/steps"]
-            if self.save_requested or (cfg.checkpoint_every and steps % cfg.checkpoint_every == 0):
-                self.save_requested = False
-                if self.manager is not None:  # without a run_dir there is nowhere to save
-                    self.save()
+            if save_due(self, cfg.checkpoint_every, steps) and self.manager is not None:
+                self.save()  # (without a run_dir there is nowhere to save)
             if self.stop_requested or steps >= cfg.total_steps:
                 break
         return losses
@@ -224,11 +221,59 @@ class TaskTrainer(Generic[ModelT]):
         self.model.load_state_dict(parts["model"])
         self.optimizer.load_state_dict(parts["optimizer"])
         trainer = parts["trainer"]
-        self.state = {k: int(v) for k, v in trainer["counters"].items()}
+        self.trainer.state = {k: int(v) for k, v in trainer["counters"].items()}
         self.skipped_updates = int(trainer["skipped_updates"])
         self.restarts = int(trainer["restarts"])
         self.generator.set_state(torch.as_tensor(trainer["generator"], dtype=torch.uint8))
         restore_rng_state(parts["rng"])
+
+
+class _EpochSchedule:
+    """The task's iteration on the one loop: one epoch (collect, then train steps)."""
+
+    counters: tuple[str, ...] = ("train/steps", "train/epochs", "env/steps")
+
+    def __init__(self, owner: TaskTrainer[Any]) -> None:
+        self.owner = owner
+        self.pool: WorkerPool | None = None
+        self.last: Stats = {}  # the last whole epoch's stats
+
+    def step(self, trainer: Trainer, env_config: dict[str, Any] | None) -> Stats:
+        if self.pool is None:
+            raise RuntimeError("TaskTrainer.run() opens the worker pool; call that")
+        self.last = self.owner.epoch(self.pool) or self.last  # {}: stopped while collecting
+        return self.last
+
+    def start(self, trainer: Trainer, steps_per_eval: int | None,
+              eval_env_config: dict[str, Any] | None) -> None:
+        pass
+
+    def eval_due(self, trainer: Trainer) -> bool:
+        return False
+
+    def finished(self, trainer: Trainer) -> bool:
+        """The step budget is spent, or a signal asked to stop."""
+        return (trainer.state["train/steps"] >= self.owner.task.config.total_steps
+                or self.owner.stop_requested is not None)
+
+    def get_state(self) -> dict[str, Any]:
+        return {}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        pass
+
+
+class _TaskEvaluation:
+    """``Trainer.eval`` for a task: whole episodes of its own env."""
+
+    horizons_per_env_reset = -1  # the workers own their envs' resets
+
+    def __init__(self, task: Task[Any], model: nn.Module) -> None:
+        self.task, self.model = task, model
+
+    def evaluate(self, episodes: int, env_config: dict[str, Any] | None = None,
+                 deterministic: bool = True) -> Stats:
+        return self.task.evaluate(self.model, episodes, optimal=deterministic)
 
 
 def all_finite(value: Any) -> bool:

@@ -1,0 +1,62 @@
+"""Which code an env id would import, so that loading a run never runs code it names.
+
+Two id forms make Gymnasium or rlloop import a module by name: Gymnasium's
+``"module:Env-v0"`` (``gymnasium.make`` imports ``module`` first) and rlloop's
+``"pettingzoo:<name>"`` when ``<name>`` is not a module of PettingZoo itself (then
+``<name>`` is imported as it stands). A config read from a run directory is untrusted
+data: a run directory holding ``payload.py`` and ``env: "run.payload:Evil-v0"`` would run
+the payload under ``rlloop eval run``. An id the user typed (``--env``, ``--config``) is
+the user's own choice and may import what it names.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from rlloop.envs.core import EnvError
+
+PETTINGZOO_PREFIX = "pettingzoo:"
+
+
+def module_to_import(env_id: str) -> str | None:
+    """The module that making ``env_id`` imports by name, or None when it imports none.
+
+    A module that is already imported runs no code when imported again, so it counts as
+    none. PettingZoo's own modules (``pettingzoo:classic.tictactoe_v3``) are part of an
+    installed package the user chose, not code a run directory can bring.
+    """
+    if env_id.startswith(PETTINGZOO_PREFIX):
+        name = env_id[len(PETTINGZOO_PREFIX):]
+        if _is_pettingzoo_module(name):
+            return None
+        module = name
+    elif ":" in env_id:
+        module = env_id.split(":", 1)[0]
+    else:
+        return None
+    return None if module in sys.modules else module
+
+
+def check_env_import(env_id: str, *, allow_import: bool, source: str) -> None:
+    """Refuse an id from ``source`` (a run directory) that would import a module by name.
+
+    Raises ``EnvError`` naming the module and the flag that allows it.
+    """
+    module = module_to_import(env_id)
+    if module is None or allow_import:
+        return
+    raise EnvError(
+        f"{source} names env {env_id!r}, which would import module {module!r}; loading a run "
+        "never imports code it names: if you trust that module, pass --allow-import "
+        "(Python: allow_import=True)"
+    )
+
+
+def _is_pettingzoo_module(name: str) -> bool:
+    if not name or name.startswith("."):
+        return False
+    try:
+        return importlib.util.find_spec(f"pettingzoo.{name}") is not None
+    except (ImportError, ValueError):  # PettingZoo absent, or a parent is not a package
+        return False

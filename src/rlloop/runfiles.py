@@ -1,0 +1,73 @@
+"""Writing into a run directory without ever following a symbolic link.
+
+A run directory may come from someone else (a copied or downloaded run that a user
+resumes). A member replaced by a link (``report.md -> ~/.bashrc``) must not make rlloop
+write through it. So every run file is written aside under a fresh name (created with
+``O_EXCL | O_NOFOLLOW``) and renamed over its target, which replaces a link instead of
+following it; files that are appended to are opened with ``O_NOFOLLOW``; and before a
+run writes anything, :func:`check_members` refuses members that are links (which could
+lead outside the directory) (stores and folders such as ``mlflow.db`` and ``checkpoints/``
+cannot be renamed over).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from pathlib import Path
+from typing import IO
+
+from rlloop.errors import RunDirError
+
+MEMBERS = (
+    "config.yaml", "run.json", "metrics.jsonl", "metrics.params.json", "report.md",
+    "summary.json", "learning_curve.svg", "video.mp4", "mlflow.db", "checkpoints", "best",
+    "tensorboard", "artifacts",
+)
+"""Every name rlloop writes directly inside a run directory."""
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def check_members(run_dir: Path) -> None:
+    """Raise ``RunDirError`` if a member of ``run_dir`` is a symbolic link.
+
+    Members are direct children, so only a link can make one resolve outside the run.
+    """
+    for name in MEMBERS:
+        member = run_dir / name
+        if member.is_symlink():
+            raise RunDirError(
+                f"{member} is a symbolic link (to {os.readlink(member)}); rlloop never writes "
+                "through links in a run directory: remove the link or use another --run-dir")
+
+
+def write_file(path: Path, data: str | bytes) -> None:
+    """Atomically write ``data`` to ``path``: aside under a fresh name, then renamed over it.
+
+    A link at ``path`` is replaced, never followed; a reader sees the old or the new file.
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, _CREATE, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def open_append(path: Path) -> IO[str]:
+    """``path`` opened for appending text, line-buffered; a link there is refused."""
+    try:
+        fd = os.open(path, _APPEND, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RunDirError(f"{path} is a symbolic link; rlloop never writes through links "
+                              "in a run directory: remove the link") from None
+        raise
+    return os.fdopen(fd, "a", encoding="utf-8", buffering=1)

@@ -1,0 +1,170 @@
+"""A run directory is untrusted data: loading it never imports code it names, and resuming
+it never writes through a symbolic link. Every fault here is planted for real."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import rlloop_cmd
+
+from rlloop.config import build_config
+from rlloop.errors import RunDirError
+from rlloop.runfiles import MEMBERS, check_members, open_append, write_file
+
+QUIET = ["--quiet", "--set", "mlflow=false", "--set", "save_video=false"]
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 120
+         ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(rlloop_cmd(*args), env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """A short finished PPO run, copied by each test that plants a link in it."""
+    root = tmp_path_factory.mktemp("trained")
+    run = root / "run"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
+    out = _run(["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(run),
+                "--total-env-steps", "1024", "--set", "stop_on_solve=false", *QUIET,
+                "--set", "mlflow=true"], env, root)
+    assert out.returncode == 0, out.stderr
+    return run
+
+
+def _plant_payload(tmp_path: Path, algo: str, env_id: str, trained: Path
+                  ) -> tuple[Path, Path]:
+    """``tmp_path/evilrun``: a copy of a trained run whose config names a payload module
+    inside it; and the sentinel file the payload writes if it ever runs."""
+    sentinel = tmp_path / "pwned"
+    run = tmp_path / "evilrun"
+    shutil.copytree(trained, run)
+    (run / "payload.py").write_text(f"open({str(sentinel)!r}, 'w').write('ran')\n")
+    config = build_config(algo, "CartPole-v1" if algo != "ma_ppo" else None).to_dict()
+    config["env"] = env_id
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return run, sentinel
+
+
+CASES = [("ppo", "evilrun.payload:Evil-v0"), ("ma_ppo", "pettingzoo:evilrun.payload")]
+
+
+@pytest.mark.parametrize(("algo", "env_id"), CASES)
+@pytest.mark.parametrize("command", ["eval", "resume"])
+def test_loading_a_run_never_imports_the_module_it_names(tmp_path, cli_env, trained_run, algo,
+                                                          env_id, command):
+    _, sentinel = _plant_payload(tmp_path, algo, env_id, trained_run)
+    # `python -m` puts the working directory on sys.path, so `evilrun.payload` is importable.
+    args = ["eval", "evilrun"] if command == "eval" else ["train", algo, "--resume", "evilrun"]
+    out = _run(args, cli_env, tmp_path)
+    assert not sentinel.exists(), "the run directory's module was imported"
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlloop: error:"), out.stderr
+    assert "evilrun.payload" in lines[0] and "--allow-import" in lines[0]
+
+    # Saying so on the command line lets the module be imported (the user trusts it).
+    _run([*args, "--allow-import"], cli_env, tmp_path)
+    assert sentinel.exists()
+
+
+def test_python_api_never_imports_the_module_a_run_names(tmp_path, cli_env, trained_run):
+    _, sentinel = _plant_payload(tmp_path, "ppo", "evilrun.payload:Evil-v0", trained_run)
+    script = textwrap.dedent("""
+        from rlloop.envs.core import EnvError
+        from rlloop.run import evaluate_run, resume
+        from rlloop.video import record_run_video
+        for load in (lambda: evaluate_run("evilrun"), lambda: resume("evilrun"),
+                     lambda: record_run_video("evilrun", "clip.mp4")):
+            try:
+                load()
+            except EnvError as e:
+                assert "--allow-import" in str(e), e
+            else:
+                raise SystemExit("loaded")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], env=cli_env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert not sentinel.exists()
+
+
+@pytest.mark.parametrize("member", ["report.md", "summary.json", "learning_curve.svg",
+                                    "metrics.jsonl", "config.yaml", "run.json", "mlflow.db",
+                                    "checkpoints", "best"])
+def test_resume_never_writes_through_a_symlinked_member(tmp_path, cli_env, trained_run,
+                                                        member):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, symlinks=True)
+    victim = tmp_path / "victim"
+    if (run / member).is_dir():
+        shutil.copytree(run / member, victim)
+        shutil.rmtree(run / member)
+    else:
+        victim.write_bytes((run / member).read_bytes())
+    before = {p.relative_to(victim): p.read_bytes() for p in victim.rglob("*") if p.is_file()} \
+        if victim.is_dir() else victim.read_bytes()
+    (run / member).unlink(missing_ok=True)
+    (run / member).symlink_to(victim)
+
+    out = _run(["train", "ppo", "--resume", str(run), "--total-env-steps", "2048", *QUIET],
+               cli_env, tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "symbolic link" in lines[0] and member in lines[0], out.stderr
+    after = {p.relative_to(victim): p.read_bytes() for p in victim.rglob("*") if p.is_file()} \
+        if victim.is_dir() else victim.read_bytes()
+    assert after == before, "the link's target was changed"
+
+
+def test_a_new_run_refuses_a_prepared_directory_with_links(tmp_path, cli_env):
+    run = tmp_path / "run"
+    run.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (run / "metrics.jsonl").symlink_to(victim)
+    out = _run(["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(run),
+                "--total-env-steps", "512", *QUIET], cli_env, tmp_path)
+    assert out.returncode == 2 and "symbolic link" in out.stderr, out.stderr
+    assert victim.read_text() == "precious"
+
+
+def test_check_members_covers_every_member(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in MEMBERS:
+        run = tmp_path / f"run-{name}"
+        run.mkdir()
+        (run / name).symlink_to(outside)
+        with pytest.raises(RunDirError, match="symbolic link"):
+            check_members(run)
+
+
+def test_write_file_replaces_a_link_instead_of_following_it(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "report.md"
+    link.symlink_to(victim)
+    write_file(link, "# report")
+    assert victim.read_text() == "precious"
+    assert not link.is_symlink() and link.read_text() == "# report"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_open_append_refuses_a_link(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "metrics.jsonl"
+    link.symlink_to(victim)
+    with pytest.raises(RunDirError, match="symbolic link"):
+        open_append(link)
+    assert victim.read_text() == "precious"
