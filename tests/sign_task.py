@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -49,8 +49,8 @@ class SignTask(Task[nn.Module]):
         return torch.log_softmax(model(batch.obs), -1)
 
     def compute_loss(self, model: nn.Module, batch: SignSample, output: Tensor) -> Any:
-        # the dataset collates each field of the samples into a tensor
-        action, advantage = torch.as_tensor(batch.action), torch.as_tensor(batch.advantage)
+        # the dataset collates each field of the samples into a tensor, on the model's device
+        action, advantage = cast(Tensor, batch.action), cast(Tensor, batch.advantage)
         log_prob = output.gather(-1, action.long()[:, None]).squeeze(-1)
         return {"policy": -(log_prob * advantage).mean()}
 

@@ -14,30 +14,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 from conftest import rlloop_cmd
-from proc_utils import still_alive
+from proc_utils import still_alive, wait_for
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "reinforce_cartpole.py"
 
 
-def wait_for(condition: Callable[[], bool], proc: subprocess.Popen, what: str,
-             timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            pytest.fail(f"process exited ({proc.returncode}) before {what}:\n{out}\n{err}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def rows(run: Path) -> list[dict]:

@@ -1,9 +1,11 @@
 """``rlloop`` command line: train, resume, evaluate.
 
 Exit codes: 0 done; 2 bad input (a flag, config value, env, path or checkpoint that cannot
-work), with one line on stderr naming the problem and the fix; 1 anything else that
-stopped the command (a bug, a logging store failing), also as one line on stderr
-(``RLLOOP_TRACEBACK=1`` shows the traceback instead).
+work, or a run directory another training process holds), with one line on stderr naming
+the problem and the fix; 3 a full disk (one line naming the directory and the space
+needed; the run resumes once there is room); 1 anything else that stopped the command (a
+bug, a logging store failing), also as one line on stderr (``RLLOOP_TRACEBACK=1`` shows
+the traceback instead).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from typing import Any, NoReturn
 
 from rlloop.algorithms import ALGORITHMS
 from rlloop.config import BACKENDS, MAX_EVAL_EPISODES, parse_int
+from rlloop.devices import DEVICE_CHOICES
 from rlloop.errors import ConfigError, RunDirError
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_DISK_FULL = 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,6 +42,7 @@ def _integer(text: str) -> int:
         return parse_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--run-dir", help="run directory (default runs/<algo>-<env>-<time>)")
     t.add_argument("--backend", choices=BACKENDS)
     t.add_argument("--num-envs", type=_integer)
+    t.add_argument("--device", help=f"{DEVICE_CHOICES} (default auto: CUDA when present)")
     t.add_argument("--total-env-steps", type=_integer)
     t.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its last "
                    "checkpoint with its saved config (--set and flags may change budgets, "
@@ -67,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("--episodes", type=_integer, default=20)
     e.add_argument("--backend", choices=BACKENDS)
+    e.add_argument("--device", help=f"{DEVICE_CHOICES} (default: the run's own setting); a "
+                   "run trained on one device evaluates on any other")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.add_argument("--allow-import", action="store_true", help="let the run's env id import "
                    "the module it names (module:Env-v0); off, loading a run never runs code "
@@ -85,7 +93,8 @@ def _train(args: argparse.Namespace) -> int:
     from rlloop.run import load_run_config, resume, train
 
     flags: dict[str, Any] = {"seed": args.seed, "backend": args.backend,
-                             "num_envs": args.num_envs, "total_env_steps": args.total_env_steps}
+                             "num_envs": args.num_envs, "total_env_steps": args.total_env_steps,
+                             "device": args.device}
     if args.quiet:
         flags["progress"] = False
     if args.resume:
@@ -149,8 +158,9 @@ def _eval(args: argparse.Namespace) -> int:
 
     if not 0 < args.episodes <= MAX_EVAL_EPISODES:
         raise ConfigError(f"--episodes must be in 1..{MAX_EVAL_EPISODES}, got {args.episodes}")
-    stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend,
-                         allow_import=args.allow_import)
+    stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend, args.device,
+                         allow_import=args.allow_import,
+                         notify=lambda line: print(f"rlloop: warning: {line}", file=sys.stderr))
     out: dict[str, Any] = {
         "mean_return": stats["return_mean"], "std_return": stats["return_std"],
         "min_return": stats["return_min"], "max_return": stats["return_max"],
@@ -159,7 +169,7 @@ def _eval(args: argparse.Namespace) -> int:
         from rlloop.video import record_run_video
 
         video = record_run_video(args.run_dir, args.video, backend=args.backend,
-                                 allow_import=args.allow_import)
+                                 device=args.device, allow_import=args.allow_import)
         out.update({"video": str(video.path), "video_frames": video.frames})
     if args.json:
         print(json.dumps(out))
@@ -175,7 +185,7 @@ def _eval(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from rlloop.checkpoint import CheckpointError
     from rlloop.envs.core import EnvError
-    from rlloop.errors import RlloopError
+    from rlloop.errors import DiskFullError, RlloopError
 
     try:
         args = _parser().parse_args(argv)
@@ -188,9 +198,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      ("continuous", entry.continuous)) if ok]
             print(f"{name:6s} actions: {', '.join(kinds)}")
         return 0
+    except DiskFullError as e:
+        print(f"rlloop: error: {e}", file=sys.stderr)
+        return EXIT_DISK_FULL
     except (RlloopError, EnvError, CheckpointError) as e:
         print(f"rlloop: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # a second stop signal: the run saved what it could
+        print("rlloop: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as e:  # not bad input: a bug, or a store failing at exit
         if os.environ.get("RLLOOP_TRACEBACK"):
             raise

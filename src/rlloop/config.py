@@ -22,6 +22,7 @@ import yaml
 
 from rlloop.algorithms import ALGORITHMS
 from rlloop.algorithms.presets import preset
+from rlloop.devices import check_device_name
 from rlloop.errors import ConfigError, check_finite
 
 BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async")
@@ -31,12 +32,13 @@ MAX_SEED = 2**32 - 1
 MAX_EVAL_EPISODES = 100_000
 
 #: What a resumed run may change: budgets, stop rules, evaluation, checkpoint and logging
-#: settings. The rest (env, seed, networks, batch shapes, the MLflow store) is fixed when
-#: a run starts: its checkpoints and MLflow run are tied to it.
+#: settings, and where it computes (checkpoints load on any device). The rest (env, seed,
+#: networks, batch shapes, the MLflow store) is fixed when a run starts: its checkpoints
+#: and MLflow run are tied to it.
 RESUMABLE_KEYS = frozenset({
     "total_env_steps", "stop_on_solve", "solve_threshold", "solve_episodes", "eval_every",
-    "eval_episodes", "checkpoint_every", "keep_checkpoints", "torch_threads", "mlflow",
-    "mlflow_interval_s", "tensorboard", "progress", "on_nonfinite", "save_video"})
+    "eval_episodes", "checkpoint_every", "keep_checkpoints", "torch_threads", "device",
+    "mlflow", "mlflow_interval_s", "tensorboard", "progress", "on_nonfinite", "save_video"})
 #: The same inside an algorithm's section (the off-policy cadence and evaluator).
 RESUMABLE_SECTION_KEYS = frozenset({
     "eval_interval", "record_interval", "save_interval", "max_opts", "evaluator", "recorder"})
@@ -62,6 +64,9 @@ class RunConfig:
     """Parallel training envs."""
     seed: int = 0
     """Seed for networks, action sampling and envs."""
+    device: str = "auto"
+    """Where envs, storage, networks and optimisers live: auto (CUDA when present, else
+    CPU), cpu, cuda, cuda:N or mps."""
     total_env_steps: int = 200_000
     """Step budget: training stops once this many env steps were taken."""
     stop_on_solve: bool = True
@@ -106,6 +111,10 @@ class RunConfig:
     on_nonfinite: Literal["skip", "raise"] = "skip"
     """A NaN/inf in a batch, loss or gradient skips that update (counted in
     guard/skipped_updates) or stops the run with an error naming the step."""
+    step_timeout: float | None = 60.0
+    """Seconds a gymnasium-async env worker may take to answer a step or reset before the
+    run stops with an error naming the env (null: wait forever). A worker's first answer,
+    which includes starting it, gets 120 s more."""
     save_video: bool = True
     """At the end of a run, film one episode of the best policy to <run>/video.mp4
     (skipped with a one-line warning if the env cannot render, and after a stop signal)."""
@@ -119,6 +128,7 @@ class RunConfig:
                               f"{sorted(ALGORITHMS)}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; choose one of {list(BACKENDS)}")
+        check_device_name(self.device)
         for name in ("num_envs", "total_env_steps", "eval_episodes", "solve_episodes",
                      "keep_checkpoints", "torch_threads"):
             if getattr(self, name) <= 0:
@@ -127,6 +137,9 @@ class RunConfig:
                      "mlflow_close_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.step_timeout is not None and self.step_timeout <= 0:
+            raise ConfigError(f"step_timeout must be > 0 (seconds) or null (no limit), got "
+                              f"{self.step_timeout}")
         self._check_ranges()
         if self.horizons_per_env_reset == 0:
             raise ConfigError("horizons_per_env_reset must be > 0 (reset every k iterations) "

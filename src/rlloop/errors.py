@@ -18,6 +18,10 @@ class RunDirError(RlloopError, ValueError):
     """A path that is not an rlloop run directory (or cannot become one)."""
 
 
+class DiskFullError(RlloopError, OSError):
+    """The device of the run directory is full; the run can resume once there is room."""
+
+
 def check_finite(section: str, config: object) -> None:
     """ConfigError for the first NaN or infinite float field of a config dataclass.
 

@@ -5,6 +5,7 @@ knows nothing about files; everything that touches the run directory lives here.
 
 Run directory layout::
 
+    <run>/.lock              held (flock) by the one process training the run
     <run>/config.yaml        the full resolved config
     <run>/run.json           run identity (MLflow run id, algo, env)
     <run>/metrics.jsonl      one JSON object per logged step
@@ -20,9 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import re
+import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -32,15 +37,18 @@ import yaml
 
 from rlloop.algorithms import ALGORITHMS, AlgorithmBase, EnvSettings, PPOConfig
 from rlloop.checkpoint import (
+    CheckpointError,
     CheckpointManager,
     capture_rng_state,
-    is_checkpoint,
     load_checkpoint,
     restore_rng_state,
     save_replacing,
+    verify_checkpoint,
 )
 from rlloop.conditions import Condition, HitsUpperBound
 from rlloop.config import RunConfig, build_config, load_yaml, resumable
+from rlloop.devices import resolve_device
+from rlloop.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
 from rlloop.envs.core import Box, Discrete
 from rlloop.envs.imports import check_env_import
 from rlloop.envs.registry import env_spec, resolve_env_id
@@ -50,11 +58,13 @@ from rlloop.memory import check_memory
 from rlloop.numerics import flushed_denormals
 from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.report import write_report
+from rlloop.run_lock import RunLock
 from rlloop.runfiles import check_members, write_file
-from rlloop.signals import save_due, supervised
+from rlloop.signals import StopInterrupted, save_due, supervised
 from rlloop.trainer import Stats, Trainer
 
 COMPONENTS = ("algorithm", "trainer", "rng")
+_log = logging.getLogger(__name__)
 
 
 def build_algorithm(config: RunConfig) -> AlgorithmBase:
@@ -82,7 +92,9 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     check_memory(config, spec)
     settings = EnvSettings(config.env, spec, config.num_envs, config.backend, config.seed,
                            config.total_env_steps, config.horizons_per_env_reset,
-                           dict(config.env_kwargs), config.on_nonfinite)
+                           dict(config.env_kwargs), config.on_nonfinite,
+                           resolve_device(config.device),
+                           step_timeout=config.step_timeout)
     return entry.build(config.hparams, settings)
 
 
@@ -130,14 +142,31 @@ class _Checkpoints:
             self.session.best_eval_return = value
             # A policy snapshot: no replay buffer or optimiser state (GBs for big buffers).
             save_replacing(self.session.run_dir / "best", self.session.components(policy=True),
-                           metadata=self.session.metadata())
+                           metadata=self.session.metadata(), replace_incomplete=True)
 
 
 class Session:
-    """One run directory with its algorithm, trainer, sinks and checkpoint manager."""
+    """One run directory with its algorithm, trainer, sinks and checkpoint manager.
+
+    It holds the run directory's lock (:class:`~rlloop.run_lock.RunLock`) from before its
+    first write until `run` returns; a second trainer of the same directory is refused.
+    """
 
     def __init__(self, config: RunConfig, run_dir: Path, *, resume: bool = False,
                  console: Any = None) -> None:
+        self.lock = RunLock(run_dir)
+        try:
+            self._open(config, run_dir, resume=resume, console=console)
+        except BaseException as e:
+            try:
+                self._raise_if_disk_full(e)
+                raise
+            finally:
+                self.lock.release()
+                if hasattr(self, "algorithm"):
+                    self.algorithm.close()
+
+    def _open(self, config: RunConfig, run_dir: Path, *, resume: bool, console: Any) -> None:
         self.config = config
         self.run_dir = run_dir
         self.best_eval_return: float | None = None
@@ -147,7 +176,9 @@ class Session:
         check_members(run_dir)
         torch.set_num_threads(config.torch_threads)
         self.algorithm = build_algorithm(config)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire()  # before the first write; it creates run_dir
+        if not resume:
+            _refuse_existing_run(run_dir)  # again: another trainer may have just finished it
         write_file(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
         self.manager = CheckpointManager(run_dir / "checkpoints", keep_last=config.keep_checkpoints)
         identity = _read_json(run_dir / "run.json") if resume else {}
@@ -209,7 +240,8 @@ class Session:
 
     def metadata(self) -> dict[str, Any]:
         return {"config": self.config.to_dict(), "env_steps": self.trainer.state["env/steps"],
-                "algo": self.config.algo, "env": self.config.env}
+                "algo": self.config.algo, "env": self.config.env,
+                "device": str(self.algorithm.device)}
 
     def save(self, components: dict[str, Any] | None = None) -> Path:
         counter = "algorithm/steps" if self.off_policy else "env/steps"
@@ -253,24 +285,55 @@ class Session:
         return True
 
     def run(self) -> RunResult:
-        """Train until a stop condition; always writes a final checkpoint and the report."""
+        """Train until a stop condition; always writes a final checkpoint and the report.
+
+        Raises :class:`~rlloop.errors.DiskFullError` (one line) when the disk fills up.
+        """
+        try:
+            return self._run()
+        except Exception as e:
+            self._raise_if_disk_full(e)
+            raise
+        finally:
+            self.lock.release()
+
+    def _raise_if_disk_full(self, exc: BaseException) -> None:
+        cause = disk_full_cause(exc)
+        if cause is None:
+            return
+        need = checkpoint_bytes([p for p in (self._latest(), self.run_dir / "best") if p],
+                                getattr(self, "algorithm", None))
+        hint = (f"continue with `rlloop train {self.config.algo} --resume {self.run_dir}`"
+                if (self.run_dir / "config.yaml").is_file() else "start the run again")
+        raise disk_full_error(cause, self.run_dir, need, hint) from exc
+
+    def _latest(self) -> Path | None:
+        return self.manager.latest() if hasattr(self, "manager") else None
+
+    def _run(self) -> RunResult:
         trainer, cfg = self.trainer, self.config
         stats: Stats = {}
         start = time.perf_counter()
         self._start_steps = trainer.state["env/steps"]
         self._final: dict[str, Any] | None = None
         with supervised(self, self._finish):
-            if trainer.state["env/steps"] < cfg.total_env_steps:
-                every = None if self.off_policy else cfg.eval_every or None
-                stats = trainer.run(steps_per_eval=every, stop_conditions=self.stop_conditions())
-            if "eval/return_mean" not in stats:
-                # The final checkpoint holds the state as training left it: this extra
-                # evaluation advances eval seeds (and any global RNG the env draws
-                # from), which a run trained straight through never does.
-                self._final = self.components()
-                stats = {**stats, **trainer.eval()}
-                self._final["trainer"].update(latest_eval=dict(trainer.latest_eval),
-                                              best_eval_return=self.best_eval_return)
+            try:
+                if trainer.state["env/steps"] < cfg.total_env_steps:
+                    every = None if self.off_policy else cfg.eval_every or None
+                    stats = trainer.run(steps_per_eval=every,
+                                        stop_conditions=self.stop_conditions())
+                if "eval/return_mean" not in stats:
+                    # The final checkpoint holds the state as training left it: this extra
+                    # evaluation advances eval seeds (and any global RNG the env draws
+                    # from), which a run trained straight through never does.
+                    self._final = self.components()
+                    stats = {**stats, **trainer.eval()}
+                    self._final["trainer"].update(latest_eval=dict(trainer.latest_eval),
+                                                  best_eval_return=self.best_eval_return)
+            except StopInterrupted:
+                # An env worker did not answer within seconds of a stop signal: stop
+                # without the iteration in flight (its experience is dropped).
+                stats = dict(trainer.latest_eval)
         if cfg.save_video and not self.stop_requested:  # a stop signal wants a quick exit
             from rlloop.video import save_run_video
 
@@ -283,11 +346,15 @@ class Session:
 
     def _finish(self, status: str) -> None:
         """The final checkpoint (whatever ended the run), then the sinks and envs."""
-        # Steps taken (off-policy ones too, before any optimisation step), or a new run.
-        if self.trainer.state["env/steps"] > self._start_steps or not self.manager.latest():
-            self.save(self._final)
-        self._close_sinks(status)
-        self.algorithm.close()
+        try:
+            # Steps taken (off-policy ones too, before any optimisation step), or a new run.
+            if self.trainer.state["env/steps"] > self._start_steps or not self.manager.latest():
+                self.save(self._final)
+        finally:
+            # A full disk fails the sinks too (MLflow's store); the one error line says it.
+            with _quiet(disk_full_cause(sys.exception()) is not None):
+                self._close_sinks(status)
+            self.algorithm.close()
 
     def _mlflow_ui(self) -> str | None:
         if self.mlflow is None or self.mlflow_uri is None or not self.mlflow.info.get("run_id"):
@@ -307,11 +374,17 @@ def train(config: RunConfig, run_dir: str | Path | None = None, *,
     """Start a new run in ``run_dir`` (default ``runs/<algo>-<env>-<time>``)."""
     path = Path(run_dir) if run_dir else default_run_dir(config)
     if (path / "config.yaml").exists():
+        RunLock(path).acquire().release()  # a live trainer holds it: name its PID instead
         if not _has_checkpoint(path):  # then "resume it" would only send the user back here
             raise _no_checkpoint(path)
+    _refuse_existing_run(path)
+    return Session(config, path, console=console).run()
+
+
+def _refuse_existing_run(path: Path) -> None:
+    if (path / "config.yaml").exists():
         raise RunDirError(f"{path} already holds a run; resume it with --resume {path} "
                           "or choose another --run-dir")
-    return Session(config, path, console=console).run()
 
 
 def _has_checkpoint(run_dir: Path) -> bool:
@@ -384,6 +457,7 @@ def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = Fal
            sets: list[str] | None = None, **flags: Any) -> RunResult:
     """Continue a run from its last checkpoint with its saved config, changed by the
     overrides a resume allows (``flags``, ``--set`` items, a YAML ``file``)."""
+    RunLock(check_run_dir(run_dir)).acquire().release()  # fail fast if a trainer holds it
     config = resume_config(run_dir, allow_import=allow_import, env=env, file=file, sets=sets,
                            **flags)
     if not _has_checkpoint(Path(run_dir)):  # before Session starts envs and sinks
@@ -399,24 +473,52 @@ def check_run_dir(run_dir: str | Path) -> Path:
     return path
 
 
-def policy_checkpoint(run_dir: Path) -> Path:
-    """The best checkpoint of a run, else its latest one."""
-    if is_checkpoint(run_dir / "best"):
-        return run_dir / "best"
-    latest = CheckpointManager(run_dir / "checkpoints").latest()
-    if latest is None:
+def policy_checkpoint(run_dir: Path, notify: Callable[[str], None] | None = None) -> Path:
+    """The best checkpoint of a run, else its latest one.
+
+    A damaged or incomplete ``best/`` is passed over for the newest intact checkpoint, with
+    one line to ``notify`` (default: a logged warning) saying so.
+    """
+    best = run_dir / "best"
+    latest = CheckpointManager(run_dir / "checkpoints").latest
+    if best.exists():
+        try:
+            verify_checkpoint(best)
+            return best
+        except CheckpointError as e:
+            fallback = latest()
+            if fallback is None:
+                raise RunDirError(f"{best} is damaged ({_first_clause(e)}) and {run_dir} has "
+                                  "no intact checkpoint; train the run again") from e
+            (notify or _log.warning)(f"{best} is damaged ({_first_clause(e)}); using the "
+                                     f"newest intact checkpoint {fallback} instead")
+            return fallback
+    found = latest()
+    if found is None:
         raise RunDirError(f"{run_dir} has no checkpoint yet; train it first")
-    return latest
+    return found
+
+
+def _first_clause(error: Exception) -> str:
+    """``<file>: <problem>`` of a checkpoint error, without its advice."""
+    return str(error).split(". ", 1)[0]
 
 
 def evaluate_run(run_dir: str | Path, episodes: int = 20, backend: str | None = None,
-                 *, allow_import: bool = False) -> dict[str, float]:
-    """Load a run's best policy and evaluate it deterministically on ``episodes`` episodes."""
+                 device: str | None = None, *, allow_import: bool = False,
+                 notify: Callable[[str], None] | None = None) -> dict[str, float]:
+    """Load a run's best policy and evaluate it deterministically on ``episodes`` episodes
+    (on ``device``, default the run's own: checkpoints load on any device).
+
+    ``notify`` gets one line if a damaged ``best/`` is passed over (see `policy_checkpoint`).
+    """
     flags: dict[str, Any] = {"mlflow": False}
     if backend:
         flags["backend"] = backend
+    if device:
+        flags["device"] = device
     config = acting_config(load_run_config(run_dir, allow_import=allow_import, **flags))
-    path = policy_checkpoint(Path(run_dir))
+    path = policy_checkpoint(Path(run_dir), notify)
     algorithm = build_algorithm(config)
     try:
         state = load_checkpoint(path, expected_components=COMPONENTS).components["algorithm"]
@@ -435,3 +537,16 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     write_file(path, json.dumps(data, indent=2))
+
+
+@contextmanager
+def _quiet(quiet: bool) -> Iterator[None]:
+    """Hide the sinks' warnings (and their tracebacks) while ``quiet``."""
+    logger = logging.getLogger("rlloop.logging")
+    level = logger.level
+    if quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

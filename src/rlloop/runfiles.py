@@ -23,7 +23,7 @@ from rlloop.errors import RunDirError
 MEMBERS = (
     "config.yaml", "run.json", "metrics.jsonl", "metrics.params.json", "report.md",
     "summary.json", "learning_curve.svg", "video.mp4", "mlflow.db", "checkpoints", "best",
-    "tensorboard", "artifacts",
+    "tensorboard", "artifacts", ".lock",
 )
 """Every name rlloop writes directly inside a run directory."""
 

@@ -1,18 +1,28 @@
 """Run-control signals shared by every training loop: stop cleanly, or save without stopping.
 
 ``SIGTERM``/``SIGINT`` set ``target.stop_requested`` (the signal's name) so the loop stops
-at its next boundary and saves a final checkpoint; a second ``SIGINT`` interrupts at
-once. ``SIGUSR1`` sets ``target.save_requested`` so the loop saves a checkpoint and goes on.
+at its next boundary and saves a final checkpoint. A second ``SIGTERM`` or ``SIGINT``
+raises ``KeyboardInterrupt`` at once (an env that hangs in-process never lets the loop
+reach a boundary), and a third one gets the default action: the process dies even if
+the main thread is stuck in C code. ``SIGUSR1`` sets ``target.save_requested`` so the
+loop saves a checkpoint and goes on.
+
+Waits that block outside the loop (the gymnasium-async backend waiting on its worker
+processes) poll :func:`stop_requested_since` and give up with :class:`StopInterrupted`
+a few seconds after a stop request, so a hung worker cannot hold a stop back.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Protocol
+
+_stop_since: float | None = None
 
 
 class SignalTarget(Protocol):
@@ -20,27 +30,44 @@ class SignalTarget(Protocol):
     save_requested: bool
 
 
+class StopInterrupted(Exception):
+    """A blocking wait gave up because a stop signal arrived; the run stops as if at a
+    boundary (final checkpoint of the last completed iteration)."""
+
+
+def stop_requested_since() -> float | None:
+    """``time.monotonic()`` of the first stop signal inside :func:`handle_signals`, or None."""
+    return _stop_since
+
+
 @contextmanager
 def handle_signals(target: SignalTarget) -> Iterator[None]:
     """Install the handlers for the duration of the block, in the main thread only (no
     import-time side effects; other threads cannot install handlers)."""
+    global _stop_since
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum: int, _: FrameType | None) -> None:
-        if signum == signal.SIGINT and target.stop_requested:
+        global _stop_since
+        if target.stop_requested:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)
             raise KeyboardInterrupt
         target.stop_requested = signal.Signals(signum).name
+        _stop_since = time.monotonic()
 
     def save(signum: int, _: FrameType | None) -> None:
         target.save_requested = True
 
     wanted = {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR1: save}
     previous = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
+    _stop_since = None
     try:
         yield
     finally:
+        _stop_since = None
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

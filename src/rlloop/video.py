@@ -107,7 +107,8 @@ def record_vec_episode(act: Callable[[torch.Tensor], torch.Tensor], env: Any,
 
 
 def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | None = None,
-                     max_steps: int = 10_000, allow_import: bool = False) -> VideoInfo:
+                     device: str | None = None, max_steps: int = 10_000,
+                     allow_import: bool = False) -> VideoInfo:
     """One deterministic episode of a run's best policy, written to ``path``.
 
     Raises:
@@ -130,6 +131,8 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
     flags: dict[str, Any] = {"mlflow": False}
     if backend:
         flags["backend"] = backend
+    if device:
+        flags["device"] = device
     config = load_run_config(run_dir, allow_import=allow_import, **flags)
     if is_pettingzoo_id(config.env):
         raise RenderUnavailableError(f"{config.env} is a multi-agent env and rlloop films "
@@ -145,7 +148,8 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
         offscreen_rendering()
         try:
             env = make_env(config.env, 1, config.backend, seed=config.seed,
-                           env_kwargs={**config.env_kwargs, "render_mode": "rgb_array"})
+                           env_kwargs={**config.env_kwargs, "render_mode": "rgb_array"},
+                           device=algorithm.device)
         except (EnvError, TypeError) as e:
             raise RenderUnavailableError(f"cannot make {config.env} with render_mode="
                                          f"'rgb_array': {e}") from e

@@ -100,7 +100,7 @@ def test_python_api_never_imports_the_module_a_run_names(tmp_path, cli_env, trai
 
 @pytest.mark.parametrize("member", ["report.md", "summary.json", "learning_curve.svg",
                                     "metrics.jsonl", "config.yaml", "run.json", "mlflow.db",
-                                    "checkpoints", "best"])
+                                    "checkpoints", "best", ".lock"])
 def test_resume_never_writes_through_a_symlinked_member(tmp_path, cli_env, trained_run,
                                                         member):
     run = tmp_path / "run"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from rlloop.devices import new_generator, resolve_device, set_generator_state
 from rlloop.envs.core import EnvSpec, VecEnv
 from rlloop.envs.registry import make_env
 from rlloop.envs.wrappers import NormalizeObservation
@@ -41,6 +42,10 @@ class EnvSettings:
     horizons_per_env_reset: int = -1
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     on_nonfinite: str = "skip"
+    device: str | torch.device = "cpu"
+    """Where the algorithm's envs, storage, modules and generators live (see
+    :func:`rlloop.devices.resolve_device`; ``"auto"`` picks CUDA when present)."""
+    step_timeout: float | None = 60.0
 
 
 def horizon_starts(collects: int, horizons_per_env_reset: int) -> bool:
@@ -57,6 +62,10 @@ class AlgorithmBase:
     ``update`` and ``act``. All randomness of an algorithm flows from
     ``self.generator`` (and torch's global RNG only for network initialisation), so a
     checkpoint of ``get_state()`` continues bit-exactly.
+
+    Everything lives on ``self.device``; modules are built on the host and moved there
+    (:func:`~rlloop.devices.build_module`), so a seed gives the same initial weights on
+    every device.
     """
 
     name = "base"
@@ -65,12 +74,13 @@ class AlgorithmBase:
 
     def __init__(self, settings: EnvSettings, obs_stats: RunningMeanStd | None = None) -> None:
         self.settings = settings
+        self.device = resolve_device(settings.device)
         seed_global_rngs(settings.seed)
-        self.generator = torch.Generator().manual_seed(derive_seed(settings.seed, "algorithm"))
+        self.generator = new_generator(self.device, derive_seed(settings.seed, "algorithm"))
         self.obs_stats = obs_stats
         self.env_config: dict[str, Any] = {}
         self.env = self._make_train_env(settings.env_kwargs)
-        self.runner = EnvRunner(self.env, seed=settings.seed)
+        self.runner = EnvRunner(self.env, seed=settings.seed, device=self.device)
         self._eval_envs: dict[str, VecEnv] = {}
         self.evals = 0
 
@@ -80,7 +90,9 @@ class AlgorithmBase:
 
     def _make_train_env(self, env_kwargs: dict[str, Any]) -> VecEnv:
         s = self.settings
-        env = make_env(s.env_id, s.num_envs, s.backend, seed=s.seed, env_kwargs=env_kwargs)
+        env = make_env(s.env_id, s.num_envs, s.backend, seed=s.seed, env_kwargs=env_kwargs,
+                       device=self.device,
+                       step_timeout=s.step_timeout)
         return NormalizeObservation(env, self.obs_stats) if self.obs_stats else env
 
     def begin_horizon(self, collects: int, env_config: dict[str, Any] | None) -> None:
@@ -113,7 +125,8 @@ class AlgorithmBase:
         if key not in self._eval_envs:
             s = self.settings
             env = make_env(s.env_id, num_envs, s.backend, seed=s.seed + EVAL_SEED_OFFSET,
-                           env_kwargs={**s.env_kwargs, **env_config})
+                           env_kwargs={**s.env_kwargs, **env_config}, device=self.device,
+                           step_timeout=s.step_timeout)
             if self.obs_stats is not None:
                 env = NormalizeObservation(env, self.obs_stats, update=False)
             self._eval_envs[key] = env
@@ -143,7 +156,8 @@ class AlgorithmBase:
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["generator"])
+        set_generator_state(self.generator, state["generator"],
+                            derive_seed(self.settings.seed, "algorithm-resumed"))
         self.runner.set_state(state["runner"])
         self.evals = int(state["evals"])
         self.env_config = dict(state.get("env_config", {}))

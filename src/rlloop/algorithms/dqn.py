@@ -25,6 +25,7 @@ from rlloop.algorithms.offpolicy import (
 )
 from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase, OffPolicyLearnerBase
 from rlloop.data.replay import PrioritizedReplayBuffer, Transitions
+from rlloop.devices import build_module
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip
@@ -223,8 +224,8 @@ class DQN(OffPolicyAlgorithmBase):
         super().__init__("dqn", env)
         self.config = config
         self.space = env.spec.action_space
-        self.q = QNetwork(flat_dim(env.spec.obs_shape), self.space.n, config.hidden,
-                          config.dueling)
+        self.q = build_module(lambda: QNetwork(flat_dim(env.spec.obs_shape), self.space.n,
+                                               config.hidden, config.dueling), self.device)
         self.learner = DQNLearner({DEFAULT_MODULE_ID: DQNModule(self.q)}, config,
                                   env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, self.space, self.generator)
@@ -235,7 +236,7 @@ class DQN(OffPolicyAlgorithmBase):
     def _epsilon_greedy(self, obs: Tensor, eps: float, generator: torch.Generator) -> Tensor:
         greedy = self.q(obs).argmax(1)
         n = obs.shape[0]
-        explore = torch.rand(n, generator=generator) < eps
+        explore = torch.rand(n, generator=generator, device=generator.device) < eps
         return torch.where(explore, sample_random_actions(self.space, n, generator), greedy)
 
     def _explore(self, obs: Tensor) -> Tensor:

@@ -44,7 +44,8 @@ class League:
                 return MAIN
             if not self.snapshots:
                 return MAIN
-            pick = int(torch.randint(len(self.snapshots), (), generator=generator))
+            pick = int(torch.randint(len(self.snapshots), (), generator=generator,
+                                     device=generator.device))
             return self.snapshots[pick]
 
         return policy_for

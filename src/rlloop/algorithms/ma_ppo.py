@@ -26,6 +26,7 @@ from rlloop.algorithms.league import MAIN, League
 from rlloop.algorithms.ppo import PPOConfig, PPOLearner
 from rlloop.data.multi_agent import AgentRollout, masked_gae
 from rlloop.data.rollout import PPOBatch
+from rlloop.devices import build_module, new_generator, resolve_device, set_generator_state
 from rlloop.envs.core import Box
 from rlloop.envs.multi_agent import AgentSpec, PettingZooVecEnv, make_multi_agent_env
 from rlloop.errors import ConfigError
@@ -75,8 +76,9 @@ class MultiAgentPPO:
     def __init__(self, config: MultiAgentPPOConfig, settings: EnvSettings) -> None:
         config.check_batch(settings.num_envs)
         self.config, self.settings = config, settings
+        self.device = resolve_device(settings.device)
         seed_global_rngs(settings.seed)
-        self.generator = torch.Generator().manual_seed(derive_seed(settings.seed, "algorithm"))
+        self.generator = new_generator(self.device, derive_seed(settings.seed, "algorithm"))
         self.env_config: dict[str, Any] = {}
         self.env = self._make_env(settings.num_envs, settings.seed, {})
         self.spec = self.env.spec
@@ -102,7 +104,7 @@ class MultiAgentPPO:
     def _make_env(self, num_envs: int, seed: int, extra: dict[str, Any]) -> PettingZooVecEnv:
         s = self.settings
         return make_multi_agent_env(s.env_id, num_envs, seed=seed,
-                                    env_kwargs={**s.env_kwargs, **extra})
+                                    env_kwargs={**s.env_kwargs, **extra}, device=self.device)
 
     def _plan(self) -> tuple[dict[str, AgentSpec], Any]:
         """The initial modules (id -> the agent spec they are built for) and the mapping."""
@@ -121,18 +123,22 @@ class MultiAgentPPO:
 
     def _make_module(self, spec: AgentSpec) -> nn.Module:
         cfg = self.config
-        if spec.action_mask:
-            return MaskedActorCritic(spec.obs_shape, spec.action_space,  # type: ignore[arg-type]
-                                     spec.action_mask, cfg.hidden, cfg.activation)
-        return ActorCritic(spec.obs_shape, spec.action_space, cfg.hidden, cfg.activation,
-                           cfg.init_log_std)
+
+        def build() -> nn.Module:
+            if spec.action_mask:
+                return MaskedActorCritic(spec.obs_shape, spec.action_space,  # type: ignore[arg-type]
+                                         spec.action_mask, cfg.hidden, cfg.activation)
+            return ActorCritic(spec.obs_shape, spec.action_space, cfg.hidden, cfg.activation,
+                               cfg.init_log_std)
+
+        return build_module(build, self.device)
 
     def _rollout(self, spec: AgentSpec) -> AgentRollout:
         space = spec.action_space
         shape = space.shape if isinstance(space, Box) else ()
         dtype = torch.float32 if isinstance(space, Box) else torch.int64
         return AgentRollout(self.config.rollout_steps, self.env.num_envs, spec.obs_shape,
-                            shape, dtype)
+                            shape, dtype, self.device)
 
     def focal_module(self, agent: str) -> str:
         """The module that plays ``agent`` in evaluations."""
@@ -206,7 +212,7 @@ class MultiAgentPPO:
                 cut = rows & buf.truncated
                 if bool(cut.any()):
                     final_values[cut] = module.value(buf.final_obs[cut])  # type: ignore[operator]
-            last = torch.zeros(self.env.num_envs)
+            last = torch.zeros(self.env.num_envs, device=self.device)
             for m, groups in self.runner.assignment.groups().items():
                 for a, rows in groups:
                     if a == agent and m in learner.modules:
@@ -255,7 +261,7 @@ class MultiAgentPPO:
         opponent = RANDOM if self.config.eval_opponent == "random" else None
         seed = self.settings.seed + EVAL_SEED_OFFSET + self.evals
         # Its own generator: evaluating never shifts the training draws.
-        generator = torch.Generator().manual_seed(derive_seed(seed, "evaluation"))
+        generator = new_generator(self.device, derive_seed(seed, "evaluation"))
         return evaluate_multi_agent(
             self._eval_envs[n], self._policy(deterministic), self.focal_module, opponent,
             episodes, generator, seed=seed)
@@ -288,7 +294,8 @@ class MultiAgentPPO:
     def set_state(self, state: dict[str, Any]) -> None:
         self._restore_league(state)
         self.learner.set_state(state["learner"])
-        self.generator.set_state(state["generator"])
+        set_generator_state(self.generator, state["generator"],
+                            derive_seed(self.settings.seed, "algorithm-resumed"))
         self.evals, self.iterations = int(state["evals"]), int(state["iterations"])
         self.env_config = dict(state.get("env_config", {}))
         self.runner.set_state(state["runner"])

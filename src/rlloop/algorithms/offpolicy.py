@@ -16,6 +16,7 @@ user may register more: ``STEP_PROCESSORS``, ``REPLAY_BUFFERS``, ``EVALUATORS``,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from time import perf_counter as _clock
@@ -32,6 +33,7 @@ from rlloop.data.replay import (
     Transitions,
     TransitionsLike,
 )
+from rlloop.devices import HOST
 from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
 from rlloop.errors import ConfigError, check_finite
 from rlloop.learners.learner import TensorBatch
@@ -81,12 +83,13 @@ class Recorder(Protocol):
 
 @dataclass(frozen=True)
 class ExperienceSpec:
-    """Shapes the step processor and replay buffer are built for."""
+    """Shapes the step processor and replay buffer are built for, and their device."""
 
     num_envs: int
     obs_shape: tuple[int, ...]
     action_shape: tuple[int, ...]
     action_dtype: torch.dtype
+    device: torch.device = HOST
 
 
 class OneStepProcessor:
@@ -97,8 +100,9 @@ class OneStepProcessor:
     overhead is a visible share of an env step at ``N = 1``.
     """
 
-    def __init__(self, num_envs: int, gamma: float) -> None:
-        self._discount = torch.full((num_envs,), gamma, dtype=torch.float32)
+    def __init__(self, num_envs: int, gamma: float, device: torch.device | str = "cpu"
+                 ) -> None:
+        self._discount = torch.full((num_envs,), gamma, dtype=torch.float32, device=device)
 
     def process(self, obs: Tensor, action: Tensor, reward: Tensor, next_obs: Tensor,
                 terminated: Tensor, truncated: Tensor) -> Transitions:
@@ -116,14 +120,15 @@ class OneStepProcessor:
 
 def _nstep(spec: ExperienceSpec, cfg: OffPolicyConfig) -> StepProcessor:
     if cfg.n_step == 1:
-        return OneStepProcessor(spec.num_envs, cfg.gamma)
+        return OneStepProcessor(spec.num_envs, cfg.gamma, spec.device)
     return NStepProcessor(spec.num_envs, cfg.n_step, cfg.gamma, spec.obs_shape,
-                          spec.action_shape, spec.action_dtype)
+                          spec.action_shape, spec.action_dtype, device=spec.device)
 
 
 def _replay(prioritized: bool) -> Callable[[ExperienceSpec, OffPolicyConfig], Replay]:
     def build(spec: ExperienceSpec, cfg: OffPolicyConfig) -> Replay:
-        args = (cfg.buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype)
+        args = (cfg.buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype,
+                spec.device)
         try:
             if prioritized:
                 return PrioritizedReplayBuffer(*args, alpha=cfg.per_alpha, beta=cfg.per_beta)
@@ -332,7 +337,8 @@ class OffPolicyLoop:
         env = runner.env
         shape = action_space.shape if isinstance(action_space, Box) else ()
         dtype = torch.int64 if isinstance(action_space, Discrete) else torch.float32
-        spec = ExperienceSpec(env.num_envs, tuple(env.spec.obs_shape), tuple(shape), dtype)
+        spec = ExperienceSpec(env.num_envs, tuple(env.spec.obs_shape), tuple(shape), dtype,
+                              runner.device)
         self.processor = STEP_PROCESSORS[config.step_processor](spec, config)
         self.replay = REPLAY_BUFFERS[config.replay](spec, config)
         self.env_steps = 0
@@ -419,13 +425,15 @@ def unit_box(space: Box) -> Box:
     return Box((-1.0,) * space.dim, (1.0,) * space.dim, space.shape)
 
 
-def box_rescaler(section: str, space: Box) -> Callable[[Tensor], Tensor]:
-    """Maps actions in ``[-1, 1]`` to ``space``'s bounds (affine; one op per call)."""
-    low = torch.tensor(space.low, dtype=torch.float32)
-    high = torch.tensor(space.high, dtype=torch.float32)
-    if not bool(torch.isfinite(low).all() and torch.isfinite(high).all()):
+def box_rescaler(section: str, space: Box, device: torch.device | str = "cpu"
+                 ) -> Callable[[Tensor], Tensor]:
+    """Maps actions in ``[-1, 1]`` to ``space``'s bounds (affine; one op per call), with
+    the bounds on ``device``."""
+    if not all(math.isfinite(b) for b in (*space.low, *space.high)):
         raise ConfigError(f"{section} needs a bounded action space, but its bounds are "
                           f"{space.low}..{space.high}; wrap the env to rescale its actions")
+    low = torch.tensor(space.low, dtype=torch.float32, device=device)
+    high = torch.tensor(space.high, dtype=torch.float32, device=device)
     half, mid = ((high - low) / 2).reshape(space.shape), ((high + low) / 2).reshape(space.shape)
     return lambda action: torch.addcmul(mid, action, half)
 

@@ -25,10 +25,12 @@ from rlloop.algorithms.offpolicy import (
     box_rescaler,
     check_env_settings,
 )
+from rlloop.devices import new_generator, resolve_device, set_generator_state
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
 from rlloop.learners.lean_step import LeanOptim, gradient_step
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner
+from rlloop.seeding import derive_seed
 
 
 class OffPolicyLearnerBase(Learner[ReplayBatch]):
@@ -109,7 +111,7 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
         check_env_settings(section, env.horizons_per_env_reset)
         super().__init__(env)
         #: Stochastic evaluation's own RNG: evaluating never shifts training's draws.
-        self._eval_generator = torch.Generator().manual_seed(env.seed + EVAL_SEED_OFFSET)
+        self._eval_generator = new_generator(self.device, env.seed + EVAL_SEED_OFFSET)
 
     def _explore(self, obs: Tensor) -> Tensor:
         """The behaviour policy after warm-up: ``obs [N, ...] -> actions [N, ...]``."""
@@ -159,7 +161,8 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
         self.learner.set_state(state["learner"])
         self.loop.set_state(state["offpolicy"])
         self.learner.updates = int(state["updates"])
-        self._eval_generator.set_state(state["eval_generator"])
+        set_generator_state(self._eval_generator, state["eval_generator"],
+                            derive_seed(self.settings.seed, "evaluation-resumed"))
 
 
 def continuous_actions(section: str, env: EnvSettings) -> tuple[Box, Callable[[Tensor], Tensor]]:
@@ -172,4 +175,4 @@ def continuous_actions(section: str, env: EnvSettings) -> tuple[Box, Callable[[T
     if not isinstance(space, Box):
         raise ConfigError(f"{section} needs continuous (Box) actions but {env.env_id} has "
                           "discrete ones; use dqn or ppo")
-    return space, box_rescaler(section, space)
+    return space, box_rescaler(section, space, resolve_device(env.device))

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from rlloop.algorithms.base import AlgorithmBase, EnvSettings
 from rlloop.data.returns import gae
 from rlloop.data.rollout import PPOBatch, RolloutBuffer
+from rlloop.devices import build_module, resolve_device, stats_dtype
 from rlloop.envs.core import Box
 from rlloop.envs.wrappers import discounted_reward_scale
 from rlloop.errors import ConfigError, check_finite
@@ -166,20 +167,25 @@ class PPO(AlgorithmBase):
 
     def __init__(self, config: PPOConfig, env: EnvSettings) -> None:
         config.check_batch(env.num_envs)
-        super().__init__(env, obs_stats=RunningMeanStd(env.spec.obs_shape)
+        device = resolve_device(env.device)
+        super().__init__(env, obs_stats=RunningMeanStd(env.spec.obs_shape, device=device)
                          if config.normalize_obs else None)
         self.config = config
         spec = self.env.spec
-        self.policy = ActorCritic(spec.obs_shape, spec.action_space, config.hidden,
-                                  config.activation, config.init_log_std)
+        self.policy = build_module(lambda: ActorCritic(
+            spec.obs_shape, spec.action_space, config.hidden, config.activation,
+            config.init_log_std), self.device)
         self.learner = PPOLearner({DEFAULT_MODULE_ID: self.policy}, config,
                                   on_nonfinite=env.on_nonfinite)  # type: ignore[arg-type]
         box = isinstance(spec.action_space, Box)
         act_shape = spec.action_space.shape if isinstance(spec.action_space, Box) else ()
         self.buffer = RolloutBuffer(config.rollout_steps, self.env.num_envs, spec.obs_shape,
-                                    act_shape, torch.float32 if box else torch.int64)
-        self.reward_stats = RunningMeanStd() if config.normalize_rewards else None
-        self.reward_running = torch.zeros(self.env.num_envs, dtype=torch.float64)
+                                    act_shape, torch.float32 if box else torch.int64,
+                                    device=self.device)
+        self.reward_stats = RunningMeanStd(device=self.device) \
+            if config.normalize_rewards else None
+        self.reward_running = torch.zeros(self.env.num_envs, dtype=stats_dtype(self.device),
+                                          device=self.device)
 
     def _behaviour(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         return self.policy.act(obs, generator=self.generator)
@@ -205,11 +211,14 @@ class PPO(AlgorithmBase):
     def _batch(self) -> PPOBatch:
         buf, policy, cfg = self.buffer, self.policy, self.config
         t, n = buf.steps, buf.num_envs
-        values_all = policy.value(torch.cat([buf.obs.flatten(0, 1), self.runner.obs]))
+        # One forward over every observation and every stored final one: selecting the
+        # truncated rows first would wait for the device to say how many there are.
+        values_all = policy.value(torch.cat([buf.obs.flatten(0, 1), self.runner.obs,
+                                             buf.next_obs.flatten(0, 1)]))
         values = values_all[: t * n].view(t, n)
-        next_values = values_all[n:].view(t, n).clone()
-        if bool(buf.truncated.any()):
-            next_values[buf.truncated] = policy.value(buf.next_obs[buf.truncated])
+        final_values = values_all[(t + 1) * n:].view(t, n)
+        next_values = torch.where(buf.truncated, final_values, values_all[n: (t + 1) * n]
+                                  .view(t, n))
         rewards = buf.rewards
         if self.reward_stats is not None:
             rewards = discounted_reward_scale(rewards, buf.terminated | buf.truncated,

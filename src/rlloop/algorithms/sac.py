@@ -37,6 +37,7 @@ from rlloop.algorithms.offpolicy_algorithm import (
     OffPolicyLearnerBase,
     continuous_actions,
 )
+from rlloop.devices import build_module
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.learners.mlp_backprop import MLPBackprop, TwinMLPBackprop
@@ -218,7 +219,8 @@ class SAC(OffPolicyAlgorithmBase):
         self.config = config
         self.space = space
         entropy = -float(space.dim) if config.target_entropy is None else config.target_entropy
-        self.module = SACModule(flat_dim(env.spec.obs_shape), space.dim, config)
+        self.module = build_module(lambda: SACModule(flat_dim(env.spec.obs_shape), space.dim,
+                                                     config), self.device)
         self.learner = SACLearner({DEFAULT_MODULE_ID: self.module}, config, entropy,
                                   self.generator, env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env)

@@ -30,6 +30,7 @@ from rlloop.algorithms.offpolicy_algorithm import (
     OffPolicyLearnerBase,
     continuous_actions,
 )
+from rlloop.devices import build_module
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.losses.polyak import polyak_update
@@ -145,7 +146,8 @@ class TD3(OffPolicyAlgorithmBase):
         super().__init__("td3", env)
         self.config = config
         self.space = space
-        self.module = TD3Module(flat_dim(env.spec.obs_shape), space.dim, config.hidden)
+        self.module = build_module(lambda: TD3Module(flat_dim(env.spec.obs_shape), space.dim,
+                                                     config.hidden), self.device)
         self.learner = TD3Learner({DEFAULT_MODULE_ID: self.module}, config, self.generator,
                                   env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env)
@@ -154,7 +156,7 @@ class TD3(OffPolicyAlgorithmBase):
     # ---- acting ----------------------------------------------------------------------
     def _noisy(self, obs: Tensor, generator: torch.Generator) -> Tensor:
         action = self.module.actor(obs)
-        noise = torch.randn(action.shape, generator=generator)
+        noise = torch.randn(action.shape, generator=generator, device=action.device)
         return (action + noise * self.config.exploration_noise).clamp_(-1.0, 1.0)
 
     def _explore(self, obs: Tensor) -> Tensor:

@@ -25,6 +25,9 @@ fsynced, then renamed into place. Replacing swaps old and new in one ``renameat2
 where Linux supports it, else renames the old one aside (``.<name>.old-...``) first; the old one
 is deleted only after the new one is in place. Dot-directories are never checkpoints; those of
 dead processes are removed (or, for an interrupted replace, restored) on the next save.
+A load that loses a race with a replace (its manifest changed while it read) starts over,
+so readers see the old or the new checkpoint, never a mix; each data file is hashed and
+parsed from one read.
 
 The package is split by concern: ``format`` (errors, values <-> JSON skeleton +
 tensors), ``store`` (atomic writes, verified reads), ``manager`` (numbered checkpoints

@@ -55,7 +55,9 @@ class CheckpointManager:
         """Commit a checkpoint, then delete the oldest beyond ``keep_last``."""
         path = self.path_for(name)
         self.root.mkdir(parents=True, exist_ok=True)
-        save_replacing(path, components, metadata=metadata)  # also cleans leftovers in root
+        # Also cleans leftovers in root; a step directory without a manifest (an interrupted
+        # copy of a run) holds nothing loadable, so the new checkpoint takes its place.
+        save_replacing(path, components, metadata=metadata, replace_incomplete=True)
         self._rotate(path)
         return path
 

@@ -32,7 +32,8 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
     missing = {"torch", "numpy", "python"} - state.keys()
     if missing:
         raise ValueError(f"RNG state lacks {sorted(missing)}; pass capture_rng_state()'s output")
-    torch_state = torch.as_tensor(state["torch"], dtype=torch.uint8)  # validate all, then set
+    # validate all, then set; generator states are host tensors whatever the device
+    torch_state = torch.as_tensor(state["torch"], dtype=torch.uint8, device="cpu")
     np_state = dict(state["numpy"])
     np_state["state"] = {**np_state["state"],
                          "key": np.asarray(np_state["state"]["key"], dtype=np.uint32)}
@@ -44,7 +45,8 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
     random.setstate(py_state)
     if cuda:
         if torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all([torch.as_tensor(s, dtype=torch.uint8) for s in cuda])
+            torch.cuda.set_rng_state_all([torch.as_tensor(s, dtype=torch.uint8, device="cpu")
+                                          for s in cuda])
         else:
             _log.warning("checkpoint has CUDA RNG state for %d devices; not restored here",
                          len(cuda))

@@ -8,9 +8,11 @@ import functools
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +29,7 @@ from rlloop.checkpoint.format import (
     FORMAT_VERSION,
     MANIFEST,
     Checkpoint,
+    CheckpointCorruptError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
     CheckpointVersionError,
@@ -89,7 +92,13 @@ def _stage(path: Path, components: Mapping[str, Any], metadata: Mapping[str, Any
             if tensors:
                 # Straight to disk: save() to bytes would hold two extra copies in memory.
                 data = tmp / f"{name}.safetensors"
-                safetensors.torch.save_file(tensors, data, metadata={"format": "pt"})
+                try:
+                    safetensors.torch.save_file(tensors, data, metadata={"format": "pt"})
+                except Exception as e:  # its own error type, also for I/O errors
+                    os_error = _os_error(e, data)
+                    if os_error is None:
+                        raise
+                    raise os_error from e
                 file = {"name": data.name, **_sync_and_hash(data)}
             entries[name] = {"skeleton": skeleton, "file": file}
         body: dict[str, Any] = {
@@ -107,6 +116,15 @@ def _stage(path: Path, components: Mapping[str, Any], metadata: Mapping[str, Any
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return tmp
+
+
+def _os_error(exc: Exception, file: Path) -> OSError | None:
+    """The ``OSError`` (e.g. a full disk) that a safetensors error names as ``(os error N)``."""
+    match = re.search(r"\(os error (\d+)\)", str(exc))
+    if match is None:
+        return None
+    code = int(match[1])
+    return OSError(code, os.strerror(code), str(file))
 
 
 @functools.cache
@@ -152,18 +170,24 @@ def save_checkpoint(
 
 
 def save_replacing(
-    path: str | Path, components: Mapping[str, Any], *, metadata: Mapping[str, Any] | None = None
+    path: str | Path, components: Mapping[str, Any], *, metadata: Mapping[str, Any] | None = None,
+    replace_incomplete: bool = False,
 ) -> Path:
     """Atomically write a checkpoint at ``path``, replacing a checkpoint already there.
 
     For fixed names such as ``<run>/best``. At every instant either the old or the new
-    checkpoint is complete (see the module doc); an existing non-checkpoint is never replaced.
+    checkpoint is complete (see the module doc); an existing non-checkpoint is never replaced,
+    except, with ``replace_incomplete``, a directory without a manifest: what an interrupted
+    copy of a run leaves under a name the caller owns.
     """
     path = Path(path)
     if path.parent.is_dir():
         _clean_leftovers(path.parent)
     if (path.exists() or path.is_symlink()) and not is_checkpoint(path):
-        raise FileExistsError(f"{path} exists and is not a checkpoint; refusing to replace it")
+        incomplete = path.is_dir() and not path.is_symlink() and not (path / MANIFEST).exists()
+        if not (replace_incomplete and incomplete):
+            raise FileExistsError(f"{path} exists and is not a checkpoint; refusing to replace it")
+        _log.warning("replacing %s: it has no %s (an incomplete checkpoint)", path, MANIFEST)
     tmp = _stage(path, components, metadata)
     try:
         if not path.exists():
@@ -206,6 +230,10 @@ def _clean_leftovers(root: Path) -> None:
 
 # ---------------------------------------------------------------- reading
 
+# Reads that lose a race with save_replacing() start over; a writer replacing the same
+# checkpoint more often than a read takes is the only way to use them all up.
+_READ_ATTEMPTS = 20
+
 
 def is_checkpoint(path: str | Path) -> bool:
     """True for a committed checkpoint directory (not a temp dir; manifest present)."""
@@ -230,13 +258,52 @@ def verify_checkpoint(path: str | Path) -> None:
 
 
 def _read(path: Path, expected: Iterable[str] | None, decode: bool) -> Checkpoint:
+    """Read ``path``, again if a concurrent :func:`save_replacing` swapped it mid-read.
+
+    A reader racing a replace can take the manifest from the old checkpoint and a data file
+    from the new one; the hashes catch that, and a manifest that changed under the reader
+    tells it apart from real damage. So a reader sees the old or the new checkpoint, whole.
+    """
+    for attempt in range(1, _READ_ATTEMPTS + 1):
+        seen: list[bytes] = []
+        try:
+            return _read_once(path, expected, decode, seen)
+        except (CheckpointCorruptError, CheckpointNotFoundError):
+            if attempt == _READ_ATTEMPTS or not _replaced_since(path, seen):
+                raise
+            time.sleep(0.001 * attempt)  # a replace without renameat2 is two renames apart
+    raise AssertionError("unreachable")
+
+
+def _replaced_since(path: Path, seen: list[bytes]) -> bool:
+    """Whether ``path`` holds another manifest than ``seen`` (or is being replaced)."""
+    try:
+        now = (path / MANIFEST).read_bytes()
+    except OSError:  # gone: replaced without an exchange, between its two renames
+        return _replace_in_progress(path)
+    return not seen or now != seen[0]
+
+
+def _replace_in_progress(path: Path) -> bool:
+    """A replace without an exchange has moved the old ``path`` aside (``.<name>.old-...``)."""
+    if not path.parent.is_dir():
+        return False
+    for entry in path.parent.iterdir():
+        match = _LEFTOVER_RE.fullmatch(entry.name)
+        if match and match["name"] == path.name and match["kind"] == "old":
+            return True
+    return False
+
+
+def _read_once(path: Path, expected: Iterable[str] | None, decode: bool,
+               seen: list[bytes]) -> Checkpoint:
     if not is_checkpoint(path):
         hint = " (rlloop never loads pickled .pt files)" if path.is_file() else ""
         raise CheckpointNotFoundError(
             f"{path / MANIFEST}: not found; {path} is not a committed rlloop checkpoint "
             f"directory{hint}. Check the path, or use CheckpointManager.latest()."
         )
-    body = _read_manifest(path / MANIFEST)
+    body = _read_manifest(path / MANIFEST, seen)
     entries: dict[str, Any] = body["components"]
     if expected is not None:
         wanted = {expected} if isinstance(expected, str) else set(expected)
@@ -264,9 +331,15 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
-def _read_manifest(file: Path) -> dict[str, Any]:
+def _read_manifest(file: Path, seen: list[bytes] | None = None) -> dict[str, Any]:
     try:
-        body = json.loads(file.read_bytes().decode("utf-8"), parse_constant=_reject_constant)
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{file}: not found; the checkpoint was removed") from None
+    if seen is not None:
+        seen.append(raw)
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise _corrupt(file, f"is not valid JSON ({e})") from e
     version = body.get("format_version") if isinstance(body, dict) else None
@@ -295,19 +368,27 @@ def _read_manifest(file: Path) -> dict[str, Any]:
 
 
 def _read_tensors(file: Path, info: Mapping[str, Any], decode: bool) -> dict[str, torch.Tensor]:
+    # One open file for the size, the hash and the tensors: reopening by name could parse
+    # another file than the one hashed if the checkpoint is replaced in between.
     try:
-        size = file.stat().st_size
+        f = open(file, "rb")  # noqa: SIM115 (closed below; the error must name the file)
     except FileNotFoundError:
         raise _corrupt(file, "is missing (manifest.json lists it)") from None
-    if size != info["bytes"]:
-        raise _corrupt(file, f"has {size} bytes, manifest.json says {info['bytes']} (truncated?)")
-    with open(file, "rb") as f:
-        if hashlib.file_digest(f, "sha256").hexdigest() != info["sha256"]:
-            raise _corrupt(file, "fails its sha256 check (contents changed)")
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size != info["bytes"]:
+            raise _corrupt(file, f"has {size} bytes, manifest.json says {info['bytes']} "
+                           "(truncated?)")
+        if not decode:
+            digest, data = hashlib.file_digest(f, "sha256").hexdigest(), b""
+        else:
+            data = f.read()
+            digest = hashlib.sha256(data).hexdigest()
+    if digest != info["sha256"]:
+        raise _corrupt(file, "fails its sha256 check (contents changed)")
     if not decode:
         return {}
-    try:  # clone: own memory, not a lazily read mapping of a file that may change or go away
-        with safetensors.safe_open(file, framework="pt") as st:
-            return {key: st.get_tensor(key).clone() for key in st.keys()}  # noqa: SIM118 (not a dict)
+    try:  # the tensors own their memory: nothing maps a file that may change or go away
+        return safetensors.torch.load(data)
     except Exception as e:  # safetensors raises its own error type for any malformed input
         raise _corrupt(file, f"is not a valid safetensors file ({e})") from e

@@ -19,6 +19,7 @@ class AgentRollout:
 
     Attributes (shapes):
         obs, final_obs: ``[T, N, *obs]`` observation acted on / last one of an ended episode.
+        All storage is on ``device``.
         actions: ``[T, N, *act]``; log_probs, rewards: ``[T, N]``.
         terminated, truncated: ``[T, N]`` bool, the agent's episode ended after step ``t``.
         active: ``[T, N]`` bool, the agent's action at ``t`` counted (alive, its turn).
@@ -26,17 +27,18 @@ class AgentRollout:
     """
 
     def __init__(self, steps: int, num_envs: int, obs_shape: Sequence[int],
-                 action_shape: Sequence[int], action_dtype: torch.dtype) -> None:
-        t, n = steps, num_envs
-        self.obs = torch.zeros((t, n, *obs_shape))
-        self.final_obs = torch.zeros((t, n, *obs_shape))
-        self.actions = torch.zeros((t, n, *action_shape), dtype=action_dtype)
-        self.log_probs = torch.zeros((t, n))
-        self.rewards = torch.zeros((t, n))
-        self.terminated = torch.zeros((t, n), dtype=torch.bool)
-        self.truncated = torch.zeros((t, n), dtype=torch.bool)
-        self.active = torch.zeros((t, n), dtype=torch.bool)
-        self.module = torch.zeros((t, n), dtype=torch.int64)
+                 action_shape: Sequence[int], action_dtype: torch.dtype,
+                 device: str | torch.device = "cpu") -> None:
+        t, n, d = steps, num_envs, torch.device(device)
+        self.obs = torch.zeros((t, n, *obs_shape), device=d)
+        self.final_obs = torch.zeros((t, n, *obs_shape), device=d)
+        self.actions = torch.zeros((t, n, *action_shape), dtype=action_dtype, device=d)
+        self.log_probs = torch.zeros((t, n), device=d)
+        self.rewards = torch.zeros((t, n), device=d)
+        self.terminated = torch.zeros((t, n), dtype=torch.bool, device=d)
+        self.truncated = torch.zeros((t, n), dtype=torch.bool, device=d)
+        self.active = torch.zeros((t, n), dtype=torch.bool, device=d)
+        self.module = torch.zeros((t, n), dtype=torch.int64, device=d)
 
 
 def masked_gae(

@@ -20,21 +20,26 @@ class RolloutBuffer:
         log_probs: ``[T, N]`` log-probability of the action under the behaviour policy.
         rewards: ``[T, N]``.
         terminated, truncated: ``[T, N]`` bool, the episode ended after step ``t``.
-        next_obs: ``[T, N, *obs]`` observation after the action; for ended episodes the
-            *final* observation (needed to bootstrap truncations), not the reset one.
+        next_obs: ``[T, N, *obs]`` the *final* observation of an episode that ended after
+            step ``t`` (needed to bootstrap truncations), valid only where ``terminated |
+            truncated``: a step in which the env reports that no episode ended is not
+            copied (the next observation is ``obs[t + 1]``, or the runner's for the last).
+
+    All storage is on ``device``.
     """
 
     def __init__(self, steps: int, num_envs: int, obs_shape: Sequence[int],
-                 action_shape: Sequence[int], action_dtype: torch.dtype) -> None:
-        t, n = steps, num_envs
-        self.steps, self.num_envs = steps, num_envs
-        self.obs = torch.zeros((t, n, *obs_shape))
-        self.next_obs = torch.zeros((t, n, *obs_shape))
-        self.actions = torch.zeros((t, n, *action_shape), dtype=action_dtype)
-        self.log_probs = torch.zeros((t, n))
-        self.rewards = torch.zeros((t, n))
-        self.terminated = torch.zeros((t, n), dtype=torch.bool)
-        self.truncated = torch.zeros((t, n), dtype=torch.bool)
+                 action_shape: Sequence[int], action_dtype: torch.dtype,
+                 device: str | torch.device = "cpu") -> None:
+        t, n, d = steps, num_envs, torch.device(device)
+        self.steps, self.num_envs, self.device = steps, num_envs, d
+        self.obs = torch.zeros((t, n, *obs_shape), device=d)
+        self.next_obs = torch.zeros((t, n, *obs_shape), device=d)
+        self.actions = torch.zeros((t, n, *action_shape), dtype=action_dtype, device=d)
+        self.log_probs = torch.zeros((t, n), device=d)
+        self.rewards = torch.zeros((t, n), device=d)
+        self.terminated = torch.zeros((t, n), dtype=torch.bool, device=d)
+        self.truncated = torch.zeros((t, n), dtype=torch.bool, device=d)
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,11 @@ class StepResult(NamedTuple):
         truncated: ``[N]`` bool, episode cut by a time limit (bootstrap from
             ``final_obs``). Never both true for one env.
         final_obs: ``[N, *obs_shape]`` float32, last observation of the episode that
-            ended for envs with ``terminated | truncated``; equals ``obs`` elsewhere.
+            ended for envs with ``terminated | truncated``; equals ``obs`` elsewhere. An
+            env may return ``obs`` itself (the same tensor) when no episode ended.
+
+    All fields are on the env's device. The caller keeps them without copying, so an
+    env never writes into a tensor it has returned.
     """
 
     obs: Tensor
@@ -121,10 +125,12 @@ class VecEnv(Protocol):
 
 
 def sample_random_actions(space: ActionSpace, n: int, generator: torch.Generator) -> Tensor:
-    """``n`` uniformly random actions from ``space`` (for random baselines and warm-up)."""
+    """``n`` uniformly random actions from ``space`` (for random baselines and warm-up),
+    on the generator's device."""
+    device = generator.device
     if isinstance(space, Discrete):
-        return torch.randint(space.n, (n,), generator=generator)
-    low = torch.tensor(space.low, dtype=torch.float32).reshape(space.shape)
-    high = torch.tensor(space.high, dtype=torch.float32).reshape(space.shape)
-    u = torch.rand((n, *space.shape), generator=generator)
+        return torch.randint(space.n, (n,), generator=generator, device=device)
+    low = torch.tensor(space.low, dtype=torch.float32, device=device).reshape(space.shape)
+    high = torch.tensor(space.high, dtype=torch.float32, device=device).reshape(space.shape)
+    u = torch.rand((n, *space.shape), generator=generator, device=device)
     return low + u * (high - low)

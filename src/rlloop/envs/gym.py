@@ -18,10 +18,12 @@ import gymnasium
 import numpy as np
 import torch
 from gymnasium import spaces
-from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from torch import Tensor
 
+from rlloop.devices import arrays_to_device
 from rlloop.envs.core import ActionSpace, Box, Discrete, EnvError, EnvSpec, StepResult
+from rlloop.envs.gym_async import GuardedAsyncVectorEnv
 
 
 def _one_line(space: gymnasium.Space[Any]) -> str:
@@ -157,9 +159,15 @@ class GymVecEnv:
         seed: Used by the first ``reset()`` that gets no seed of its own; sub-env ``i``
             is seeded with ``seed + i``, as in Gymnasium.
         asynchronous: One subprocess per env (``AsyncVectorEnv``); worth it only when a
-            single env step is slow compared with inter-process communication.
+            single env step is slow compared with inter-process communication. A worker
+            that raises, dies or hangs raises ``EnvWorkerError`` and closes the workers;
+            ``get_state`` then returns ``{"lost": why}`` (see
+            :mod:`rlloop.envs.gym_async`).
+        step_timeout: Seconds an async worker may take to answer (``None``: no limit).
         env_kwargs: Keyword arguments for ``gymnasium.make`` (``render_mode``,
             ``max_episode_steps``, env-specific options).
+        device: Where the returned tensors are. The envs step on the host; off the CPU,
+            each step's whole batch crosses in one (pinned, non-blocking) copy.
     """
 
     def __init__(
@@ -169,15 +177,22 @@ class GymVecEnv:
         seed: int | None = None,
         asynchronous: bool = False,
         env_kwargs: dict[str, Any] | None = None,
+        device: str | torch.device = "cpu",
+        step_timeout: float | None = 60.0,
     ) -> None:
         if num_envs < 1:
             raise EnvError(f"num_envs must be >= 1, got {num_envs}")
         kwargs = dict(env_kwargs or {})
-        env_fns = [functools.partial(gymnasium.make, env_id, **kwargs)] * num_envs
-        vec_cls = AsyncVectorEnv if asynchronous else SyncVectorEnv
+        # Async workers start from a forkserver, not from a copy of this process: hand
+        # them the registered spec, so envs registered at run time work there too
+        # ("module:Env-v0" ids import their module in the worker instead).
+        target = gymnasium.registry.get(env_id, env_id) if asynchronous else env_id
+        env_fns = [functools.partial(gymnasium.make, target, **kwargs)] * num_envs
         try:
-            self._vec: SyncVectorEnv | AsyncVectorEnv = vec_cls(
-                env_fns, autoreset_mode=AutoresetMode.SAME_STEP
+            self._vec: SyncVectorEnv | GuardedAsyncVectorEnv = (
+                GuardedAsyncVectorEnv(env_fns, env_id=env_id, step_timeout=step_timeout)
+                if asynchronous
+                else SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
             )
         except TypeError as e:
             if not kwargs:  # then it is a bug in the env, not a user mistake
@@ -188,12 +203,16 @@ class GymVecEnv:
         try:
             obs_space = self._vec.single_observation_space
             act_space = self._vec.single_action_space
-            gym_spec = self._vec.get_attr("spec")[0]
+            if isinstance(self._vec, SyncVectorEnv):
+                gym_spec = self._vec.envs[0].spec
+            else:  # read here: a worker cannot pickle back an entry point pickled by value
+                gym_spec = _made_spec(env_fns[0])
             self.spec = spec_from_gym(env_id, gym_spec, obs_space, act_space)
         except BaseException:
             self._vec.close()
             raise
         self.num_envs = num_envs
+        self.device = torch.device(device)
         self.render_mode: str | None = kwargs.get("render_mode")
         self._pending_seed = seed
         self._obs_space = obs_space
@@ -201,12 +220,16 @@ class GymVecEnv:
 
     # -- conversions ---------------------------------------------------------------
 
-    def _obs_to_tensor(self, obs: Any) -> Tensor:
+    def _obs_array(self, obs: Any) -> np.ndarray:
         """``[B, *obs_shape]`` float32 from a batch of Gymnasium observations."""
         if isinstance(self._obs_space, spaces.Discrete):
-            index = torch.as_tensor(np.asarray(obs, dtype=np.int64) - int(self._obs_space.start))
-            return torch.nn.functional.one_hot(index, int(self._obs_space.n)).float()
-        return torch.from_numpy(np.asarray(obs, dtype=np.float32))
+            index = np.asarray(obs, dtype=np.int64) - int(self._obs_space.start)
+            one_hot: np.ndarray = np.eye(int(self._obs_space.n), dtype=np.float32)[index]
+            return one_hot
+        return np.asarray(obs, dtype=np.float32)
+
+    def _to_tensors(self, *arrays: np.ndarray) -> list[Tensor]:
+        return arrays_to_device(arrays, self.device)
 
     def _to_gym_actions(self, actions: Tensor) -> np.ndarray:
         space = self._act_space
@@ -243,29 +266,33 @@ class GymVecEnv:
             obs, _ = self._vec.reset(seed=seed)
         except Exception as e:
             raise self._env_failed("reset", e) from e
-        return self._obs_to_tensor(obs)
+        return self._to_tensors(self._obs_array(obs))[0]
 
     def step(self, actions: Tensor) -> StepResult:
-        """Step all sub-envs; finished ones are reset in the same call (see module doc)."""
+        """Step all sub-envs; finished ones are reset in the same call (see module doc).
+
+        Where no episode ended, ``final_obs`` is ``obs`` itself (the same tensor): there
+        is nothing else to copy or transfer.
+        """
         gym_actions = self._to_gym_actions(actions)
         try:
             obs, reward, terminated, truncated, infos = self._vec.step(gym_actions)
         except Exception as e:
             raise self._env_failed("step", e) from e
-        obs_t = self._obs_to_tensor(obs)
-        final_obs = obs_t.clone()
+        obs_np = self._obs_array(obs)
+        terminated = np.asarray(terminated, dtype=bool)
+        arrays = [obs_np, np.asarray(reward, dtype=np.float32), terminated,
+                  np.asarray(truncated, dtype=bool) & ~terminated]
         ended = np.flatnonzero(infos.get("_final_obs", ()))
         if ended.size:
-            last = np.stack([np.asarray(infos["final_obs"][i]) for i in ended])
-            final_obs[torch.from_numpy(ended)] = self._obs_to_tensor(last)
-        terminated = np.asarray(terminated, dtype=bool)
-        return StepResult(
-            obs=obs_t,
-            reward=torch.as_tensor(reward, dtype=torch.float32),
-            terminated=torch.from_numpy(terminated),
-            truncated=torch.from_numpy(np.asarray(truncated, dtype=bool) & ~terminated),
-            final_obs=final_obs,
-        )
+            final_np = obs_np.copy()
+            final_np[ended] = self._obs_array(
+                np.stack([np.asarray(infos["final_obs"][i]) for i in ended]))
+            arrays.append(final_np)
+        tensors = self._to_tensors(*arrays)
+        obs_t, reward_t, terminated_t, truncated_t = tensors[:4]
+        return StepResult(obs=obs_t, reward=reward_t, terminated=terminated_t,
+                          truncated=truncated_t, final_obs=tensors[4] if ended.size else obs_t)
 
     def _env_failed(self, method: str, e: Exception) -> EnvError:
         """The env's own code raised: one line naming it (the cause stays chained)."""
@@ -275,7 +302,11 @@ class GymVecEnv:
                         f"reproduces it without rlloop)")
 
     def get_state(self) -> dict[str, Any]:
-        """RNG states, and physics where exposed (see the class docstring)."""
+        """RNG states, and physics where exposed (see the class docstring); only
+        ``{"lost": why}`` once async workers failed (their state died with them)."""
+        failure = getattr(self._vec, "failure", None)
+        if failure is not None:
+            return {"lost": failure}
         state: dict[str, Any] = {
             "env_rngs": [g.bit_generator.state for g in self._vec.get_attr("np_random")],
             "action_space_rng": self._vec.action_space.np_random.bit_generator.state,
@@ -290,18 +321,22 @@ class GymVecEnv:
 
     def _physics(self) -> dict[str, Any] | None:
         """Sub-envs' ``unwrapped.state`` arrays and time-limit counts, if all have them."""
-        try:
-            states = self._vec.get_attr("state")
-            steps = self._vec.get_attr("_elapsed_steps")
-        except AttributeError:
-            return None
+        # Asked first: a failed attribute read ends an async worker.
+        for name in ("state", "_elapsed_steps"):
+            if not all(self._vec.call("has_wrapper_attr", name)):
+                return None
+        states = self._vec.get_attr("state")
+        steps = self._vec.get_attr("_elapsed_steps")
         if not all(isinstance(x, np.ndarray) for x in states) or None in steps:
             return None
         return {"state": [np.array(x, copy=True) for x in states],
                 "elapsed_steps": [int(n) for n in steps]}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Restore the RNG states from ``get_state``; call ``reset()`` next."""
+        """Restore the RNG states from ``get_state``; call ``reset()`` next. A lost state
+        (workers that failed) leaves the envs as they are."""
+        if "lost" in state:
+            return
         env_rngs = state["env_rngs"]
         if len(env_rngs) != self.num_envs:
             raise EnvError(
@@ -336,6 +371,14 @@ class GymVecEnv:
         else:
             frame = self._vec.call("render")[0]
         return np.asarray(frame, dtype=np.uint8)
+
+
+def _made_spec(env_fn: Any) -> gymnasium.envs.registration.EnvSpec | None:
+    env = env_fn()
+    try:
+        return env.spec
+    finally:
+        env.close()
 
 
 def _generator_from_state(state: dict[str, Any]) -> np.random.Generator:

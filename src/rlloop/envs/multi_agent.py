@@ -33,6 +33,7 @@ import torch
 from gymnasium import spaces
 from torch import Tensor
 
+from rlloop.devices import arrays_to_device
 from rlloop.envs.core import ActionSpace, Box, Discrete, EnvError, EnvSpec
 from rlloop.envs.gym import convert_action_space
 
@@ -79,7 +80,9 @@ class MultiAgentStep(NamedTuple):
             terminal state / by a cut; never both.
         final_obs: ``[N, *obs]`` last observation where the episode ended, else ``obs``.
         active: ``[N]`` bool, the agent must act on ``obs`` (alive, and its turn).
-        episode_over: ``[N]`` bool, the env's episode ended and it was reset.
+        episode_over: ``[N]`` bool, the env's episode ended and it was reset. It stays on
+            the host, where the per-episode bookkeeping (who plays whom) happens; every
+            other field is on the env's device.
     """
 
     obs: dict[str, Tensor]
@@ -200,11 +203,12 @@ class PettingZooVecEnv:
     """``num_envs`` copies of a PettingZoo parallel env (see the module docstring).
 
     ``get_state`` saves each copy's ``np_random`` state where it has one, not the game
-    state; resume with ``set_state(s)`` then ``reset()``.
+    state; resume with ``set_state(s)`` then ``reset()``. The games run on the host;
+    each step's tensors cross to ``device`` in one transfer.
     """
 
     def __init__(self, env_fn: ParallelEnvFn, num_envs: int, seed: int | None = None,
-                 env_id: str = "pettingzoo") -> None:
+                 env_id: str = "pettingzoo", device: str | torch.device = "cpu") -> None:
         if num_envs < 1:
             raise EnvError(f"num_envs must be >= 1, got {num_envs}")
         try:
@@ -220,9 +224,10 @@ class PettingZooVecEnv:
                  for a in self.agents}
         self.spec = MultiAgentSpec(env_id, self.agents, specs)
         self.num_envs = num_envs
+        self.device = torch.device(device)
         self._pending_seed = seed
-        self.active: dict[str, Tensor] = {a: torch.zeros(num_envs, dtype=torch.bool)
-                                          for a in self.agents}
+        self.active: dict[str, Tensor] = {
+            a: torch.zeros(num_envs, dtype=torch.bool, device=self.device) for a in self.agents}
 
     def _blank(self) -> dict[str, np.ndarray]:
         return {a: np.zeros((self.num_envs, *s.obs_shape), np.float32)
@@ -249,8 +254,9 @@ class PettingZooVecEnv:
         for i, env in enumerate(self.envs):
             raw, _ = env.reset(seed=None if seed is None else seed + i)
             self._write(obs, active, i, raw)
-        self.active = {a: torch.from_numpy(x) for a, x in active.items()}
-        return {a: torch.from_numpy(o) for a, o in obs.items()}
+        moved = iter(arrays_to_device([*active.values(), *obs.values()], self.device))
+        self.active = {a: next(moved) for a in active}
+        return {a: next(moved) for a in obs}
 
     def _action(self, agent: str, value: np.ndarray) -> Any:
         space = self._act_spaces[agent]
@@ -291,13 +297,12 @@ class PettingZooVecEnv:
         for i, rows in finals:
             for a, row in rows.items():
                 final_obs[a][i] = row
-        self.active = {a: torch.from_numpy(x) for a, x in active.items()}
-        t = torch.from_numpy
-        return MultiAgentStep({a: t(o) for a, o in obs.items()},
-                              {a: t(r) for a, r in reward.items()},
-                              {a: t(x) for a, x in term.items()},
-                              {a: t(x) for a, x in trunc.items()},
-                              {a: t(o) for a, o in final_obs.items()}, self.active, t(over))
+        fields = (obs, reward, term, trunc, final_obs, active)
+        moved = iter(arrays_to_device([x for f in fields for x in f.values()], self.device))
+        obs_t, reward_t, term_t, trunc_t, final_t, self.active = (
+            {a: next(moved) for a in f} for f in fields)
+        return MultiAgentStep(obs_t, reward_t, term_t, trunc_t, final_t, self.active,
+                              torch.from_numpy(over))
 
     def get_state(self) -> dict[str, Any]:
         """RNG states only (see the class docstring)."""
@@ -332,9 +337,11 @@ def _rng_state(env: Any) -> dict[str, Any] | None:
 
 
 def make_multi_agent_env(env_id: str, num_envs: int, seed: int | None = None,
-                         env_kwargs: Mapping[str, Any] | None = None) -> PettingZooVecEnv:
+                         env_kwargs: Mapping[str, Any] | None = None,
+                         device: str | torch.device = "cpu") -> PettingZooVecEnv:
     """``num_envs`` copies of the PettingZoo env ``env_id`` as one batched env."""
-    return PettingZooVecEnv(pettingzoo_factory(env_id, env_kwargs), num_envs, seed, env_id)
+    return PettingZooVecEnv(pettingzoo_factory(env_id, env_kwargs), num_envs, seed, env_id,
+                            device)
 
 
 def multi_agent_spec(env_id: str, env_kwargs: Mapping[str, Any] | None = None
@@ -349,13 +356,15 @@ def multi_agent_spec(env_id: str, env_kwargs: Mapping[str, Any] | None = None
 
 def random_actions(spec: AgentSpec, obs: Tensor, generator: torch.Generator) -> Tensor:
     """Uniformly random actions for ``obs`` ``[B, *obs]``, legal ones only where the agent
-    has an action mask (any action where the mask is empty: the agent is not to move)."""
-    b = obs.shape[0]
+    has an action mask (any action where the mask is empty: the agent is not to move).
+    Drawn on the generator's device, which is ``obs``'s."""
+    b, device = obs.shape[0], generator.device
     if isinstance(spec.action_space, Box):
-        low = torch.tensor(spec.action_space.low).reshape(spec.action_space.shape)
-        high = torch.tensor(spec.action_space.high).reshape(spec.action_space.shape)
-        return low + torch.rand((b, *spec.action_space.shape), generator=generator) * (high - low)
-    noise = torch.rand((b, spec.action_space.n), generator=generator)
+        shape = spec.action_space.shape
+        low = torch.tensor(spec.action_space.low, device=device).reshape(shape)
+        high = torch.tensor(spec.action_space.high, device=device).reshape(shape)
+        return low + torch.rand((b, *shape), generator=generator, device=device) * (high - low)
+    noise = torch.rand((b, spec.action_space.n), generator=generator, device=device)
     if spec.action_mask:
         legal = obs.flatten(1)[:, -spec.action_mask:] > 0
         legal |= ~legal.any(-1, keepdim=True)

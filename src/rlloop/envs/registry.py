@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import gymnasium
+import torch
 
 from rlloop.envs.core import EnvError, EnvSpec, VecEnv
 from rlloop.envs.gym import GymVecEnv, gym_env_spec
@@ -33,7 +34,8 @@ from rlloop.envs.multi_agent import is_pettingzoo_id
 from rlloop.envs.native.cartpole import CartPoleVecEnv
 
 NativeFactory = Callable[..., VecEnv]
-"""Called as ``factory(num_envs=..., seed=..., **env_kwargs)``. A factory that has a
+"""Called as ``factory(num_envs=..., seed=..., **env_kwargs)``, plus ``device=...`` when it
+takes a ``device`` argument (needed for any device but the CPU). A factory that has a
 class-level ``spec: EnvSpec`` (as a ``VecEnv`` class does) lets ``env_spec`` skip
 making an instance."""
 
@@ -178,22 +180,39 @@ def make_env(
     backend: str = "auto",
     seed: int | None = None,
     env_kwargs: dict[str, Any] | None = None,
+    device: str | torch.device = "cpu",
+    step_timeout: float | None = 60.0,
 ) -> VecEnv:
-    """``num_envs`` copies of ``env_id`` as one ``VecEnv`` (see the module docstring)."""
+    """``num_envs`` copies of ``env_id`` as one ``VecEnv`` (see the module docstring) whose
+    tensors are on ``device``: native envs run there, Gymnasium envs step on the host and
+    move each step's batch there.
+
+    ``step_timeout``: seconds a gymnasium-async worker may take to answer (else
+    ``EnvWorkerError``); the other backends step in-process and cannot time out.
+    """
     kwargs = dict(env_kwargs or {})
+    device = torch.device(device)
     if is_pettingzoo_id(env_id):
         raise EnvError(f"{env_id} is a multi-agent PettingZoo env; train it with a multi-agent "
                        f"algorithm: rlloop train ma_ppo --env {env_id}")
     resolved = _resolve_backend(env_id, backend)
     if resolved == "native":
         factory = NATIVE_ENVS[env_id]
+        signature = inspect.signature(factory)
         try:
-            inspect.signature(factory).bind(num_envs=num_envs, seed=seed, **kwargs)
+            signature.bind(num_envs=num_envs, seed=seed, **kwargs)
         except TypeError as e:
             raise EnvError(
                 f"native {env_id!r} does not accept env_kwargs {sorted(kwargs)} ({e}); "
                 "drop them or use backend='gymnasium'"
             ) from None
+        if "device" in signature.parameters:
+            kwargs["device"] = device
+        elif device.type != "cpu":
+            raise EnvError(
+                f"native {env_id!r} takes no device argument, so it cannot run on {device}; "
+                "add one to its factory or use backend='gymnasium'"
+            )
         return factory(num_envs=num_envs, seed=seed, **kwargs)
     try:
         return GymVecEnv(
@@ -202,6 +221,8 @@ def make_env(
             seed=seed,
             asynchronous=resolved == "gymnasium-async",
             env_kwargs=kwargs,
+            device=device,
+            step_timeout=step_timeout,
         )
     except (ImportError, gymnasium.error.UnregisteredEnv) as e:
         raise _module_id_error(env_id, e) from e

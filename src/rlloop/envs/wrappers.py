@@ -35,9 +35,9 @@ class NormalizeObservation:
         res = self.env.step(actions)
         if self.update:
             self.stats.update(res.obs)
-        norm = self.stats.normalize
-        return StepResult(norm(res.obs), res.reward, res.terminated, res.truncated,
-                          norm(res.final_obs))
+        obs = self.stats.normalize(res.obs)
+        final = obs if res.final_obs is res.obs else self.stats.normalize(res.final_obs)
+        return StepResult(obs, res.reward, res.terminated, res.truncated, final)
 
     def get_state(self) -> dict[str, Any]:
         return self.env.get_state()

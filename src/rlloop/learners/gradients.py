@@ -48,7 +48,7 @@ class GradientClip:
 def grad_norm(params: Sequence[Tensor]) -> Tensor:
     """The global L2 norm of the gradients of ``params`` (zero when none has a gradient)."""
     grads = [p.grad for p in params if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    return torch.nn.utils.get_total_norm(grads) if grads else _zero(params)
 
 
 def clip_gradients(params: Sequence[Tensor], clip: GradientClip,
@@ -59,7 +59,7 @@ def clip_gradients(params: Sequence[Tensor], clip: GradientClip,
     """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return torch.zeros(())
+        return _zero(params)
     if norm is None:
         norm = torch.nn.utils.get_total_norm(grads)
     if clip.max is None:
@@ -73,3 +73,8 @@ def clip_gradients(params: Sequence[Tensor], clip: GradientClip,
         for g in grads:
             g.clamp_(-clip.max, clip.max)
     return norm
+
+
+def _zero(params: Sequence[Tensor]) -> Tensor:
+    """A zero norm on the parameters' device."""
+    return torch.zeros((), device=params[0].device if params else "cpu")

@@ -466,7 +466,8 @@ class Learner(Generic[BatchT]):
         for _ in range(num_epochs):
             # Gather each module's batch once per epoch in shuffled order; minibatches are
             # then views (one gather per field per epoch instead of per minibatch).
-            shuffled = {m: batch[m].select(torch.randperm(n, generator=generator))
+            shuffled = {m: batch[m].select(torch.randperm(
+                n, generator=generator, device=_generator_device(generator)))
                         if shuffle else batch[m] for m, n in sizes.items()}
             bounds = {m: _chunk_bounds(n, num_mb) for m, n in sizes.items()}
             for i in range(num_mb):
@@ -606,3 +607,8 @@ def _cloned(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(_cloned(v) for v in value)
     return value
+
+
+def _generator_device(generator: torch.Generator | None) -> torch.device:
+    """Where draws from ``generator`` are made (the CPU without one)."""
+    return generator.device if generator is not None else torch.device("cpu")

@@ -91,8 +91,11 @@ def _seed_from_template(db_path: Path) -> None:
                 MlflowClient(tracking_uri=sqlite_tracking_uri(tmp)).search_experiments()
             tmp.replace(template)
         part = db_path.with_name(f".{db_path.name}.{os.getpid()}.tmp")
-        shutil.copyfile(template, part)
-        part.replace(db_path)
+        try:
+            shutil.copyfile(template, part)
+            part.replace(db_path)
+        finally:
+            part.unlink(missing_ok=True)  # a partial copy, e.g. on a full disk
     except OSError as exc:
         _log.debug("no MLflow store template (%s); creating the schema directly", exc)
 

@@ -52,7 +52,8 @@ class DiagGaussian:
         self.log_std = log_std.expand_as(mean)
 
     def sample(self, generator: torch.Generator | None = None) -> Tensor:
-        noise = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype)
+        noise = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype,
+                            device=self.mean.device)
         return self.mean + noise * self.log_std.exp()
 
     def mode(self) -> Tensor:

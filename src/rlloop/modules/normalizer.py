@@ -8,20 +8,26 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlloop.devices import stats_dtype
+
 
 class RunningMeanStd:
-    """Streaming mean and variance (Chan et al.'s parallel update), float64 for stability."""
+    """Streaming mean and variance (Chan et al.'s parallel update), float64 for stability
+    (float32 on MPS, which has no float64), kept on ``device``."""
 
-    def __init__(self, shape: Sequence[int] = (), clip: float = 10.0, eps: float = 1e-8) -> None:
-        self.mean = torch.zeros(tuple(shape), dtype=torch.float64)
-        self.var = torch.ones(tuple(shape), dtype=torch.float64)
+    def __init__(self, shape: Sequence[int] = (), clip: float = 10.0, eps: float = 1e-8,
+                 device: str | torch.device = "cpu") -> None:
+        device = torch.device(device)
+        self.dtype = stats_dtype(device)
+        self.mean = torch.zeros(tuple(shape), dtype=self.dtype, device=device)
+        self.var = torch.ones(tuple(shape), dtype=self.dtype, device=device)
         self.count = eps
         self.clip = clip
         self.eps = eps
 
     def update(self, x: Tensor) -> None:
         """Fold a batch ``[B, *shape]`` into the statistics."""
-        x = x.reshape(-1, *self.mean.shape).to(torch.float64)
+        x = x.reshape(-1, *self.mean.shape).to(self.dtype)
         b = x.shape[0]
         if b == 0:
             return
@@ -41,6 +47,7 @@ class RunningMeanStd:
         return {"mean": self.mean.clone(), "var": self.var.clone(), "count": self.count}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self.mean = state["mean"].clone().to(torch.float64)
-        self.var = state["var"].clone().to(torch.float64)
+        # to(): onto this normaliser's device, whichever one the state was saved from
+        self.mean = state["mean"].to(self.mean.device, self.dtype, copy=True)
+        self.var = state["var"].to(self.var.device, self.dtype, copy=True)
         self.count = float(state["count"])

@@ -164,7 +164,7 @@ class TanhGaussianActor(nn.Module):
         the action, its log-probability and what :func:`tanh_gaussian_grad` needs."""
         mean, raw_log_std = out.chunk(2, dim=-1)
         log_std = raw_log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
-        eps = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+        eps = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
         std = log_std.exp()
         u = mean + eps * std
         gauss = (-0.5 * eps.square() - log_std).sum(-1) - self.act_dim * _LOG_SQRT_2PI

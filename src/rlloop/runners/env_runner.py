@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from rlloop.data.rollout import RolloutBuffer
+from rlloop.devices import stats_dtype
 from rlloop.envs.core import VecEnv
 
 #: ``policy(obs [N, *obs]) -> (actions, log_probs [N])``, run under inference mode.
@@ -18,49 +18,113 @@ PolicyFn = Callable[[Tensor], tuple[Tensor, Tensor]]
 
 
 class EpisodeTracker:
-    """Running returns and lengths per env; keeps the last ``window`` finished episodes."""
+    """Running return and length per env; keeps the last ``window`` finished episodes.
 
-    def __init__(self, num_envs: int, window: int = 100) -> None:
-        self.returns = torch.zeros(num_envs, dtype=torch.float64)
-        self.lengths = torch.zeros(num_envs, dtype=torch.int64)
-        self.recent_returns: deque[float] = deque(maxlen=window)
-        self.recent_lengths: deque[int] = deque(maxlen=window)
-        self.episodes = 0
+    Everything stays on ``device`` and :meth:`update` never waits for it: each step's
+    running totals and ``done`` flags go into a short log, which is folded into a ring
+    of the last ``window`` episodes every ``log_steps`` steps (or when read), without
+    ever asking how many episodes ended. :meth:`stats` reads the result in one transfer,
+    when a record is written.
+    """
+
+    #: Scratch storage, rewritten before it is read (the log is folded in ``get_state``).
+    transient_attrs: ClassVar[frozenset[str]] = frozenset(
+        {"_increment", "_reward", "_log_totals", "_log_done", "_log_rows"})
+
+    def __init__(self, num_envs: int, window: int = 100, device: str | torch.device = "cpu",
+                 log_steps: int = 64) -> None:
+        d = torch.device(device)
+        self.window, self.log_steps = window, log_steps
+        dtype = stats_dtype(d)
+        # Running (return, length) per env; lengths as floats so one op updates both.
+        self.totals = torch.zeros((2, num_envs), dtype=dtype, device=d)
+        self._increment = torch.ones((2, num_envs), dtype=dtype, device=d)
+        self._reward = self._increment[0]
+        self._log_totals = torch.zeros((log_steps, 2, num_envs), dtype=dtype, device=d)
+        self._log_done = torch.zeros((log_steps, num_envs), dtype=torch.bool, device=d)
+        # Row views made once: at small N, indexing per step costs as much as the copies.
+        self._log_rows = list(zip(self._log_totals.unbind(0), self._log_done.unbind(0),
+                                  strict=True))
+        self._logged = 0
+        # Slot k holds episode number k (mod window); the extra last slot is a discard
+        # target for the log's entries that are not finished episodes.
+        self._ring = torch.zeros((window + 1, 2), dtype=dtype, device=d)
+        self._episodes = torch.zeros((), dtype=torch.int64, device=d)
+        self._slots = torch.arange(window, device=d)
 
     def update(self, reward: Tensor, done: Tensor) -> None:
-        self.returns += reward
-        self.lengths += 1
-        if bool(done.any()):
-            self.recent_returns.extend(self.returns[done].tolist())
-            self.recent_lengths.extend(self.lengths[done].tolist())
-            self.episodes += int(done.sum())
-            self.returns.masked_fill_(done, 0.0)
-            self.lengths.masked_fill_(done, 0)
+        """Add one step's rewards ``[N]``; ``done`` ``[N]`` ends those envs' episodes."""
+        self._reward.copy_(reward)
+        self.totals += self._increment
+        log_totals, log_done = self._log_rows[self._logged]
+        log_totals.copy_(self.totals)
+        log_done.copy_(done)
+        self.totals.masked_fill_(done, 0.0)
+        self._logged += 1
+        if self._logged == self.log_steps:
+            self._fold()
+
+    def restart(self) -> None:
+        """Forget the running episodes (their envs were reset); finished ones are kept."""
+        self.totals.zero_()
+
+    def _fold(self) -> None:
+        """Move the logged finished episodes into the ring, oldest first."""
+        if not self._logged:
+            return
+        done = self._log_done[: self._logged].flatten()
+        totals = self._log_totals[: self._logged].transpose(1, 2).flatten(0, 1)  # [K*N, 2]
+        rank = done.cumsum(0)  # 1 for the first finished episode of the log, ...
+        count = rank[-1]
+        # Only the newest `window` can survive; the others must not share their slots.
+        keep = done & (rank > count - self.window)
+        slot = torch.where(keep, (self._episodes + rank - 1) % self.window, self.window)
+        self._ring.index_copy_(0, slot, totals)
+        self._ring[self.window].zero_()  # the discard slot: keep the ring canonical
+        self._episodes += count
+        self._logged = 0
 
     def stats(self) -> dict[str, float]:
-        if not self.recent_returns:
-            return {"episode/count": float(self.episodes)}
-        r = torch.tensor(list(self.recent_returns), dtype=torch.float64)
-        return {
-            "episode/return_mean": float(r.mean()),
-            "episode/return_max": float(r.max()),
-            "episode/length_mean": sum(self.recent_lengths) / len(self.recent_lengths),
-            "episode/count": float(self.episodes),
-        }
+        """``episode/count`` and, once an episode ended, the mean and max return and the
+        mean length of the last ``window`` (the only host synchronisation)."""
+        self._fold()
+        filled = self._slots < self._episodes
+        n = self._episodes.clamp(1, self.window).to(self._ring.dtype)
+        ring = self._ring[: self.window]
+        returns, lengths = ring[:, 0], ring[:, 1]
+        count, mean, high, length = torch.stack([
+            self._episodes.to(ring.dtype), returns.where(filled, 0.0).sum() / n,
+            returns.where(filled, -torch.inf).max(), lengths.where(filled, 0.0).sum() / n,
+        ]).tolist()
+        if not count:
+            return {"episode/count": count}
+        return {"episode/return_mean": mean, "episode/return_max": high,
+                "episode/length_mean": length, "episode/count": count}
 
     def get_state(self) -> dict[str, Any]:
-        return {"returns": self.returns.clone(), "lengths": self.lengths.clone(),
-                "recent_returns": list(self.recent_returns),
-                "recent_lengths": list(self.recent_lengths), "episodes": self.episodes}
+        self._fold()
+        return {"returns": self.totals[0].clone(), "lengths": self.totals[1].long(),
+                "recent_returns": self._ring[: self.window, 0].clone(),
+                "recent_lengths": self._ring[: self.window, 1].long(),
+                "episodes": int(self._episodes)}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self.returns.copy_(state["returns"])
-        self.lengths.copy_(state["lengths"])
-        self.recent_returns.clear()
-        self.recent_returns.extend(float(x) for x in state["recent_returns"])
-        self.recent_lengths.clear()
-        self.recent_lengths.extend(int(x) for x in state["recent_lengths"])
-        self.episodes = int(state["episodes"])
+        """Restore :meth:`get_state`'s output, or the lists of recent episodes (oldest
+        first) that checkpoints of earlier versions hold."""
+        self._logged = 0
+        self.totals[0].copy_(state["returns"])
+        self.totals[1].copy_(state["lengths"])
+        episodes = int(state["episodes"])
+        self._episodes.fill_(episodes)
+        recent, lengths = state["recent_returns"], state["recent_lengths"]
+        self._ring.zero_()
+        if isinstance(recent, Tensor):
+            self._ring[: self.window, 0].copy_(recent)
+            self._ring[: self.window, 1].copy_(lengths)
+            return
+        for k, (r, n) in enumerate(zip(recent, lengths, strict=True)):
+            slot = (episodes - len(recent) + k) % self.window
+            self._ring[slot, 0], self._ring[slot, 1] = float(r), float(n)
 
 
 class EnvRunner:
@@ -70,18 +134,19 @@ class EnvRunner:
     iterations exactly where it stopped (episodes are not cut at rollout borders).
     """
 
-    def __init__(self, env: VecEnv, seed: int | None = None) -> None:
+    def __init__(self, env: VecEnv, seed: int | None = None,
+                 device: str | torch.device = "cpu") -> None:
         self.env = env
+        self.device = torch.device(device)
         self.obs = env.reset(seed=seed)
-        self.episodes = EpisodeTracker(env.num_envs)
+        self.episodes = EpisodeTracker(env.num_envs, device=self.device)
         self.time_env = 0.0
         self.time_inference = 0.0
 
     def reset(self, seed: int | None = None) -> None:
         """Start fresh episodes in every env (``horizons_per_env_reset``)."""
         self.obs = self.env.reset(seed=seed)
-        self.episodes.returns.zero_()
-        self.episodes.lengths.zero_()
+        self.episodes.restart()
 
     @torch.inference_mode()
     def collect(self, policy: PolicyFn, buf: RolloutBuffer) -> int:
@@ -100,7 +165,8 @@ class EnvRunner:
             buf.rewards[t] = res.reward
             buf.terminated[t] = res.terminated
             buf.truncated[t] = res.truncated
-            buf.next_obs[t] = res.final_obs
+            if res.final_obs is not res.obs:  # else no episode ended: nothing to keep
+                buf.next_obs[t] = res.final_obs
             self.episodes.update(res.reward, res.terminated | res.truncated)
             self.obs = res.obs
             t_inf += t1 - t0
@@ -119,6 +185,6 @@ class EnvRunner:
                 "env": self.env.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self.obs = state["obs"].clone()
+        self.obs = state["obs"].to(self.device, copy=True)
         self.episodes.set_state(state["episodes"])
         self.env.set_state(state["env"])

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from rlloop.devices import stats_dtype
 from rlloop.envs.core import VecEnv
 
 #: ``act(obs [N, *obs]) -> actions`` for evaluation (deterministic or sampled).
@@ -22,11 +23,12 @@ def evaluate(act: ActFn, env: VecEnv, episodes: int, seed: int | None = None,
     does not favour envs whose episodes are short.
     """
     n = env.num_envs
-    quota = torch.tensor([len(range(i, episodes, n)) for i in range(n)])
     obs = env.reset(seed=seed)
-    running = torch.zeros(n, dtype=torch.float64)
-    lengths = torch.zeros(n, dtype=torch.int64)
-    done_count = torch.zeros(n, dtype=torch.int64)
+    device = obs.device  # the env's: all bookkeeping stays beside its tensors
+    quota = torch.tensor([len(range(i, episodes, n)) for i in range(n)], device=device)
+    running = torch.zeros(n, dtype=stats_dtype(device), device=device)
+    lengths = torch.zeros(n, dtype=torch.int64, device=device)
+    done_count = torch.zeros(n, dtype=torch.int64, device=device)
     returns: list[float] = []
     ep_lengths: list[int] = []
     for _ in range(max_steps):
@@ -44,7 +46,7 @@ def evaluate(act: ActFn, env: VecEnv, episodes: int, seed: int | None = None,
         running.masked_fill_(ended, 0.0)
         lengths.masked_fill_(ended, 0)
         obs = res.obs
-    r = torch.tensor(returns, dtype=torch.float64)
+    r = torch.tensor(returns, dtype=torch.float64, device="cpu")
     return {
         "return_mean": float(r.mean()) if len(r) else float("nan"),
         "return_std": float(r.std(unbiased=False)) if len(r) else float("nan"),

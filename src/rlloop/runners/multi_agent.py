@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from rlloop.data.multi_agent import AgentRollout
+from rlloop.devices import stats_dtype
 from rlloop.envs.core import Box
 from rlloop.envs.multi_agent import MultiAgentSpec, PettingZooVecEnv, random_actions
 
@@ -31,8 +32,10 @@ MappingFn = Callable[[str, int], str]
 class Assignment:
     """Which module acts for each ``(agent, env)``, with the row groups per module cached."""
 
-    def __init__(self, agents: Iterable[str], num_envs: int) -> None:
+    def __init__(self, agents: Iterable[str], num_envs: int,
+                 device: str | torch.device = "cpu") -> None:
         self.ids: dict[str, list[str]] = {a: [RANDOM] * num_envs for a in agents}
+        self.device = torch.device(device)
         self._groups: dict[str, list[tuple[str, Tensor]]] | None = None
 
     def set(self, agent: str, env: int, module_id: str) -> None:
@@ -52,7 +55,8 @@ class Assignment:
             groups: dict[str, list[tuple[str, Tensor]]] = {}
             for agent, ids in self.ids.items():
                 for m in dict.fromkeys(ids):
-                    rows = torch.tensor([i for i, x in enumerate(ids) if x == m])
+                    rows = torch.tensor([i for i, x in enumerate(ids) if x == m],
+                                        device=self.device)
                     groups.setdefault(m, []).append((agent, rows))
             self._groups = groups
         return self._groups
@@ -62,13 +66,15 @@ def act_all(obs: Mapping[str, Tensor], assignment: Assignment, policy: PolicyFn,
             spec: MultiAgentSpec, generator: torch.Generator
             ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Actions and log-probabilities ``{agent: [N, ...]}``, one forward call per module."""
-    n = next(iter(obs.values())).shape[0]
+    first = next(iter(obs.values()))
+    n, device = first.shape[0], first.device
     actions: dict[str, Tensor] = {}
-    log_probs = {a: torch.zeros(n) for a in spec.agents}
+    log_probs = {a: torch.zeros(n, device=device) for a in spec.agents}
     for a, s in spec.agent_specs.items():
         box = isinstance(s.action_space, Box)
         shape = (n, *s.action_space.shape) if isinstance(s.action_space, Box) else (n,)
-        actions[a] = torch.zeros(shape, dtype=torch.float32 if box else torch.int64)
+        actions[a] = torch.zeros(shape, dtype=torch.float32 if box else torch.int64,
+                                 device=device)
     for module_id, parts in assignment.groups().items():
         if module_id == RANDOM:
             for a, rows in parts:
@@ -94,6 +100,7 @@ class MultiAgentRunner:
     def __init__(self, env: PettingZooVecEnv, mapping: MappingFn, seed: int | None = None,
                  window: int = 100) -> None:
         self.env = env
+        self.device = env.device
         self.mapping = mapping
         self.window = window
         self.module_table: list[str] = []
@@ -102,14 +109,15 @@ class MultiAgentRunner:
         self.recent: dict[str, deque[float]] = {}
         self.recent_lengths: deque[int] = deque(maxlen=window)
         self.time_env = self.time_inference = 0.0
-        self.assignment = Assignment(env.agents, env.num_envs)
+        self.assignment = Assignment(env.agents, env.num_envs, self.device)
         self._restart(env.reset(seed=seed))
 
     def _restart(self, obs: dict[str, Tensor]) -> None:
         self.obs = obs
-        self.returns = {a: torch.zeros(self.env.num_envs, dtype=torch.float64)
+        dtype, device = stats_dtype(self.device), self.device
+        self.returns = {a: torch.zeros(self.env.num_envs, dtype=dtype, device=device)
                         for a in self.env.agents}
-        self.lengths = torch.zeros(self.env.num_envs, dtype=torch.int64)
+        self.lengths = torch.zeros(self.env.num_envs, dtype=torch.int64, device=device)
         for i in range(self.env.num_envs):
             self._start_episode(i)
 
@@ -148,7 +156,8 @@ class MultiAgentRunner:
                 buf.final_obs[t] = res.final_obs[a]
                 buf.active[t] = active[a]
                 buf.module[t] = torch.tensor([self.module_index(m)
-                                              for m in self.assignment.ids[a]])
+                                              for m in self.assignment.ids[a]],
+                                             device=self.device)
                 self.returns[a] += res.reward[a]
             self.lengths += 1
             for i in res.episode_over.nonzero().flatten().tolist():
@@ -224,10 +233,10 @@ def evaluate_multi_agent(
     agent with ``opponent`` (e.g. :data:`RANDOM`) or, when ``None``, its own ``focal``
     module. Returns ``return_mean`` etc. and ``<module>/return_mean`` per focal module.
     """
-    n, agents = env.num_envs, env.agents
+    n, agents, device = env.num_envs, env.agents, env.device
     quota = [len(range(i, episodes, n)) for i in range(n)]
     done = [0] * n
-    assignment = Assignment(agents, n)
+    assignment = Assignment(agents, n, device)
     focal_agent = [""] * n
 
     def assign(i: int) -> None:
@@ -239,8 +248,8 @@ def evaluate_multi_agent(
     for i in range(n):
         assign(i)
     obs = env.reset(seed=seed)
-    running = {a: torch.zeros(n, dtype=torch.float64) for a in agents}
-    lengths = torch.zeros(n, dtype=torch.int64)
+    running = {a: torch.zeros(n, dtype=stats_dtype(device), device=device) for a in agents}
+    lengths = torch.zeros(n, dtype=torch.int64, device=device)
     results: dict[str, list[float]] = {}
     ep_lengths: list[int] = []
     for _ in range(max_steps):
@@ -262,7 +271,8 @@ def evaluate_multi_agent(
             lengths[i] = 0
             assign(i)
         obs = res.obs
-    every = torch.tensor([r for rs in results.values() for r in rs], dtype=torch.float64)
+    every = torch.tensor([r for rs in results.values() for r in rs], dtype=torch.float64,
+                         device="cpu")
     nan = float("nan")
     out = {
         "return_mean": float(every.mean()) if len(every) else nan,

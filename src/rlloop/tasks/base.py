@@ -17,6 +17,7 @@ collect an epoch -> dataset of clips -> minibatch train steps -> checkpoint.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from rlloop.devices import check_device_name, resolve_device, to_device
 from rlloop.envs.pool import WorkerPool
 from rlloop.errors import ConfigError
 from rlloop.tasks.dataset import TrajectoryDataset, make_dataloader
@@ -102,6 +104,10 @@ class TaskConfig:
     torch_threads: int = 1
     """torch intra-op threads, set when the trainer starts (1 is fastest for small MLPs
     on CPU; more threads than free cores make tiny ops thousands of times slower)."""
+    device: str = "auto"
+    """Where the model, its optimiser and the batches live: auto (CUDA when present, else
+    CPU), cpu, cuda, cuda:N or mps. The envs run on the host; the states of each
+    inference batch and each minibatch cross to the device once."""
 
     def __post_init__(self) -> None:
         positive = ("envs_per_worker", "num_epoch_samples", "min_batch_size",
@@ -120,6 +126,7 @@ class TaskConfig:
             raise ConfigError(f"on_nonfinite must be skip or raise, got {self.on_nonfinite!r}")
         if self.lr <= 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
+        check_device_name(self.device)
         for name in ("max_batch_size", "max_trajectory_length", "num_update_steps"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -140,6 +147,11 @@ class Task(ABC, Generic[ModelT]):
 
     def __init__(self, config: TaskConfig | None = None) -> None:
         self.config = config if config is not None else TaskConfig()
+
+    @functools.cached_property
+    def device(self) -> torch.device:
+        """The device ``config.device`` names on this machine (the model's)."""
+        return resolve_device(self.config.device)
 
     # ---- what a task must say --------------------------------------------------------
     @abstractmethod
@@ -179,8 +191,9 @@ class Task(ABC, Generic[ModelT]):
         return self.get_environment
 
     def stack_states(self, states: list[Any]) -> Any:
-        """Observations of one inference batch -> what :meth:`get_actions` receives."""
-        return torch.as_tensor(np.stack(states))
+        """Observations of one inference batch -> what :meth:`get_actions` receives: one
+        tensor on :attr:`device`."""
+        return to_device(torch.from_numpy(np.stack(states)), self.device)
 
     def get_optimizer(self, model: ModelT) -> torch.optim.Optimizer:
         return torch.optim.Adam(model.parameters(), lr=self.config.lr)
@@ -318,5 +331,5 @@ class Task(ABC, Generic[ModelT]):
             return episode.samples if return_states else None
         if not return_images:
             return episode.samples
-        images = torch.from_numpy(np.stack(frames))
+        images = torch.from_numpy(np.stack(frames))  # frames stay on the host
         return (images, episode.samples) if return_states else images

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler
 from torch.utils.data import default_collate as torch_collate
 
 
@@ -32,7 +32,8 @@ def collate(items: Sequence[Any]) -> Any:
         return type(first)(collate(column) for column in zip(*items, strict=True))
     if isinstance(first, Mapping):
         return {key: collate([item[key] for item in items]) for key in first}
-    return torch_collate(list(items))
+    with torch.device("cpu"):  # batches are built on the host, whatever the default device
+        return torch_collate(list(items))
 
 
 class TrajectoryDataset(Dataset[Any]):
@@ -65,8 +66,31 @@ class TrajectoryDataset(Dataset[Any]):
         return collate(trajectory[start:start + self.num_samples])
 
 
+class HostRandomSampler(RandomSampler):
+    """``RandomSampler``'s order (the same draws from the same generator), with the
+    permutations made on the host explicitly rather than on torch's default device."""
+
+    def __iter__(self) -> Iterator[int]:
+        if self.generator is None or self.replacement:
+            yield from super().__iter__()
+            return
+        n, g = len(self.data_source), self.generator
+        for _ in range(self.num_samples // n):
+            yield from torch.randperm(n, generator=g, device="cpu").tolist()
+        yield from torch.randperm(n, generator=g, device="cpu").tolist()[: self.num_samples % n]
+
+
 def make_dataloader(dataset: Dataset[Any], batch_size: int, *, shuffle: bool = True,
                     generator: torch.Generator | None = None) -> DataLoader[Any]:
-    """Minibatches of ``dataset`` in the main process (clips are already in memory)."""
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=collate,
+    """Minibatches of ``dataset`` in the main process (clips are already in memory),
+    built on the host; ``generator`` (a CPU one) orders them."""
+    sampler = HostRandomSampler(dataset, generator=generator) if shuffle else None  # type: ignore[arg-type]
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate,
                       generator=generator)
+
+
+def host_iter(loader: DataLoader[Any]) -> Iterator[Any]:
+    """``iter(loader)`` with the seed it draws on start made on the host, whatever torch's
+    default device (the sampler and :func:`collate` are explicit already)."""
+    with torch.device("cpu"):
+        return iter(loader)

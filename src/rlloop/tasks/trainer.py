@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from rlloop.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from rlloop.conditions import Condition
+from rlloop.devices import move_to
 from rlloop.envs.pool import WorkerPool
 from rlloop.errors import RunDirError
 from rlloop.learners.learner import GradientClip, NonFiniteError, clip_gradients
@@ -32,7 +33,7 @@ from rlloop.logging import JsonlSink, MultiSink
 from rlloop.logging.sinks import as_sink
 from rlloop.signals import save_due, supervised
 from rlloop.tasks.base import ModelT, Task
-from rlloop.tasks.dataset import TrajectoryDataset
+from rlloop.tasks.dataset import TrajectoryDataset, host_iter
 from rlloop.tasks.sampling import SamplingStats
 from rlloop.trainer import MetricsSink, Stats, Trainer
 
@@ -55,9 +56,10 @@ class TaskTrainer(Generic[ModelT]):
                  on_epoch: Sequence[Callable[[Stats], None]] = ()) -> None:
         cfg = task.config
         torch.set_num_threads(cfg.torch_threads)
-        self.task, self.model = task, model
+        self.task, self.model = task, model.to(task.device)  # before its optimiser exists
         self.optimizer = task.get_optimizer(model)
-        self.generator = torch.Generator().manual_seed(cfg.seed)
+        # On the host: it orders the minibatches (torch's DataLoader wants a CPU one).
+        self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
         self.skipped_updates = 0
         self.restarts = 0
         self.stop_requested: str | None = None
@@ -157,10 +159,11 @@ class TaskTrainer(Generic[ModelT]):
         """One pass over the dataset, or ``num_update_steps`` minibatches (cycling)."""
         loader = self.task.get_dataloader(dataset, generator=self.generator)
         steps = self.task.config.num_update_steps
+        device = self.task.device
         if steps is None:
-            return iter(loader)
-        passes = itertools.chain.from_iterable(iter(loader) for _ in itertools.count())
-        return itertools.islice(passes, steps)
+            return (move_to(b, device) for b in host_iter(loader))
+        passes = itertools.chain.from_iterable(host_iter(loader) for _ in itertools.count())
+        return (move_to(b, device) for b in itertools.islice(passes, steps))
 
     def train_step(self, batch: Any) -> dict[str, float]:
         """One guarded gradient step: run_model -> compute_loss -> backward -> clip -> step."""
@@ -174,7 +177,8 @@ class TaskTrainer(Generic[ModelT]):
         total.backward()  # type: ignore[no-untyped-call]
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         grads = [p.grad for p in params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        norm = torch.nn.utils.get_total_norm(grads) if grads \
+            else torch.zeros((), device=self.task.device)
         if not bool(torch.isfinite(norm)):
             self.optimizer.zero_grad(set_to_none=True)
             return self._skip("gradient")
@@ -224,7 +228,8 @@ class TaskTrainer(Generic[ModelT]):
         self.trainer.state = {k: int(v) for k, v in trainer["counters"].items()}
         self.skipped_updates = int(trainer["skipped_updates"])
         self.restarts = int(trainer["restarts"])
-        self.generator.set_state(torch.as_tensor(trainer["generator"], dtype=torch.uint8))
+        self.generator.set_state(torch.as_tensor(trainer["generator"], dtype=torch.uint8,
+                                                 device="cpu"))
         restore_rng_state(parts["rng"])
 
 

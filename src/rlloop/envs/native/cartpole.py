@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlloop.devices import set_generator_state
 from rlloop.envs.core import Discrete, EnvError, EnvSpec, StepResult
 from rlloop.seeding import derive_seed
 
@@ -208,8 +209,9 @@ class CartPoleVecEnv:
             )
         self._state.copy_(new_state)
         self._steps.copy_(torch.as_tensor(state["steps"], device=self.device))
-        # Generator states are CPU byte tensors whatever the generator's device.
-        self._generator.set_state(torch.as_tensor(state["generator"], dtype=torch.uint8).cpu())
+        # A state saved from another kind of device cannot be set: reseed instead.
+        set_generator_state(self._generator, state["generator"],
+                            derive_seed(self._generator.initial_seed(), "resumed"))
         self._needs_reset = False
 
     def close(self) -> None:

@@ -1,0 +1,139 @@
+"""Where a run's tensors live: the ``device`` setting, host-to-device transfers, generators.
+
+A run names one device (``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``) and everything
+it owns lives there: native envs, rollout and replay storage, modules, optimisers,
+normalisers and random generators. Host-side envs (Gymnasium, PettingZoo) hand their
+batch over once per step through :func:`to_device`.
+
+``auto`` picks CUDA when ``torch.cuda.is_available()``, else the CPU. It never picks MPS:
+MPS has no float64, which rlloop's running statistics use, so ``mps`` is opt-in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rlloop.errors import ConfigError
+
+_log = logging.getLogger(__name__)
+
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
+_DEVICE_RE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
+HOST = torch.device("cpu")
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def check_device_name(name: object) -> str:
+    """``name`` if it is a valid device setting, else a ConfigError naming the choices."""
+    if not isinstance(name, str) or not _DEVICE_RE.fullmatch(name):
+        raise ConfigError(f"device must be one of {DEVICE_CHOICES}, got {name!r}")
+    return name
+
+
+def resolve_device(name: str | torch.device) -> torch.device:
+    """The ``torch.device`` a setting stands for on this machine.
+
+    Raises:
+        ConfigError: a malformed name, or a device this machine does not have.
+    """
+    if isinstance(name, torch.device):
+        name = str(name)
+    check_device_name(name)
+    if name == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else HOST
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {name!r} was asked for but this machine has no CUDA "
+                              "(torch.cuda.is_available() is False); use device=cpu or auto")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"device {name!r} does not exist: this machine has {count} CUDA "
+                              f"device(s), cuda:0..cuda:{count - 1}")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device {name!r} was asked for but MPS is not available here; "
+                          "use device=cpu or auto")
+    return device
+
+
+def stats_dtype(device: torch.device) -> torch.dtype:
+    """Dtype of running statistics (returns, normalisers): float64, or float32 on MPS,
+    which has no float64."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def to_device(x: Tensor, device: torch.device) -> Tensor:
+    """Move a host tensor to ``device``: to CUDA from pinned memory without blocking the
+    host (the caching host allocator keeps the pinned block alive until the copy ran);
+    a no-op when ``device`` is the CPU."""
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
+
+
+def arrays_to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[Tensor]:
+    """Host arrays (float32 or bool) as tensors on ``device``: views of the arrays on the
+    CPU; elsewhere one float32 transfer for all of them, split on the device and cast
+    back, so a host env's step crosses once."""
+    if device.type == "cpu":
+        return [torch.from_numpy(a) for a in arrays]
+    flat = np.concatenate([a.reshape(-1).astype(np.float32, copy=False) for a in arrays])
+    moved = to_device(torch.from_numpy(flat), device)
+    out, start = [], 0
+    for a in arrays:
+        part = moved[start:start + a.size].view(a.shape)
+        out.append(part.bool() if a.dtype == np.bool_ else part)
+        start += a.size
+    return out
+
+
+def move_to(value: Any, device: torch.device) -> Any:
+    """``value`` with every tensor inside it (dataclasses, mappings, lists and tuples are
+    searched) moved to ``device`` by :func:`to_device`; other leaves are kept."""
+    if isinstance(value, Tensor):
+        return value if value.device == device else to_device(value, device)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: move_to(getattr(value, f.name), device)
+                                             for f in dataclasses.fields(value) if f.init})
+    if isinstance(value, Mapping):
+        return {k: move_to(v, device) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple
+        return type(value)(*(move_to(v, device) for v in value))
+    if isinstance(value, list | tuple):
+        return type(value)(move_to(v, device) for v in value)
+    return value
+
+
+def build_module(factory: Callable[[], M], device: torch.device) -> M:
+    """``factory()`` built on the host with torch's CPU generator, then moved to ``device``:
+    one seed gives the same initial weights on every device."""
+    with torch.device(HOST):
+        module = factory()
+    return module.to(device)
+
+
+def new_generator(device: torch.device, seed: int) -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with ``seed``."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def set_generator_state(generator: torch.Generator, state: Any, fallback_seed: int) -> None:
+    """Restore a generator's saved state; if it was saved from another kind of device
+    (CUDA's Philox and the CPU's Mersenne Twister keep states of different sizes), seed
+    ``fallback_seed`` instead, with a warning: the run goes on, no longer bit-exact."""
+    saved = torch.as_tensor(state, dtype=torch.uint8, device=HOST)
+    if saved.numel() == generator.get_state().numel():
+        generator.set_state(saved)
+        return
+    _log.warning("a random generator was saved on another kind of device than %s; it is "
+                 "seeded afresh, so this resume is not bit-exact", generator.device)
+    generator.manual_seed(fallback_seed)

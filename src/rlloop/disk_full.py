@@ -1,0 +1,90 @@
+"""A full disk ends a run with one line: which directory, what is free, what is needed.
+
+Checkpoints are written to a temporary sibling and renamed into place, so a full disk
+never damages the ones already there; the run can continue with ``--resume`` once there
+is room again.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlloop.errors import DiskFullError
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full_cause(exc: BaseException | None) -> OSError | None:
+    """The out-of-space ``OSError`` behind ``exc`` (itself, a cause or a context), else None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def disk_full_error(cause: OSError, run_dir: Path, need: int, resume_hint: str) -> DiskFullError:
+    """One line: the directory that is full, its free space, the space the run needs."""
+    where = run_dir
+    if cause.filename:
+        failed = Path(str(cause.filename)).resolve()
+        if not failed.is_relative_to(run_dir.resolve()):
+            where = failed.parent  # e.g. a cache or temp folder outside the run
+    try:
+        free = f"{_size(shutil.disk_usage(where).free)} free"
+    except OSError:
+        free = "free space unknown"
+    return DiskFullError(
+        f"no space left on device in {where} ({free}; the next checkpoint needs about "
+        f"{_size(need)}); free space there, then {resume_hint}")
+
+
+def checkpoint_bytes(paths: Sequence[Path], algorithm: Any) -> int:
+    """Bytes a checkpoint of this run takes: the first of ``paths`` that can be measured,
+    else the tensors of ``algorithm``'s state."""
+    for path in paths:
+        try:
+            return sum(_disk_bytes(f) for f in path.iterdir() if f.is_file())
+        except OSError:
+            continue
+    try:
+        return _tensor_bytes(algorithm.get_state()) if algorithm is not None else 0
+    except Exception:  # an estimate for a message; never hide the disk-full error behind it
+        return 0
+
+
+def _disk_bytes(file: Path) -> int:
+    """What ``file`` takes on its device: whole blocks, not just its length."""
+    st = file.stat()
+    return max(st.st_size, getattr(st, "st_blocks", 0) * 512)
+
+
+def _tensor_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, Mapping):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def _size(n: float) -> str:
+    if n < 1024:
+        return f"{n:.0f} bytes"
+    units = iter(("KiB", "MiB", "GiB"))
+    unit = next(units)
+    while (n := n / 1024) >= 1024 and unit != "GiB":
+        unit = next(units)
+    return f"{n:.1f} {unit}"

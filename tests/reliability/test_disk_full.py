@@ -1,0 +1,74 @@
+"""A full disk, for real: a small tmpfs mounted under the test's folder (root only; the
+tests skip where mounting is not permitted). The run ends with one line naming the
+directory and the space needed and exit code 3; the checkpoints already written stay
+intact, no temporary file is left, and the run resumes once there is room."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rlloop.checkpoint import CheckpointManager, load_checkpoint, verify_checkpoint
+from rlloop.cli import EXIT_DISK_FULL
+
+from ._cli import one_error_line, run, train_args
+
+
+def _mount(point: Path, size: str) -> None:
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    point = tmp_path / "disk"
+    point.mkdir()
+    _mount(point, "800k")  # room for 4 PPO CartPole checkpoints of ~172 KiB
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def leftovers(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if ".tmp" in p.name]
+
+
+def test_disk_full_ends_the_run_with_one_line(small_disk: Path, tmp_path: Path) -> None:
+    run_dir = small_disk / "run"
+    out = run(train_args(run_dir, 10**9, "--set", "checkpoint_every=1", "--set", "eval_every=1",
+                         "--set", "keep_checkpoints=3"), tmp_path)
+    assert out.returncode == EXIT_DISK_FULL == 3, out.stderr
+    line = one_error_line(out.stderr)
+    assert line.startswith(f"rlloop: error: no space left on device in {run_dir} ("), line
+    assert "the next checkpoint needs about 1" in line and "KiB" in line, line
+    assert f"--resume {run_dir}" in line, line
+
+    manager = CheckpointManager(run_dir / "checkpoints")
+    assert manager.all(), "no checkpoint was written before the disk filled up"
+    for path in [*manager.all(), run_dir / "best"]:
+        verify_checkpoint(path)
+    assert leftovers(run_dir) == []
+
+    # Room again: the run continues from its newest checkpoint.
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)
+    steps = load_checkpoint(manager.latest()).components["trainer"]["counters"]["env/steps"]
+    done = run(["train", "ppo", "--resume", str(run_dir), "--quiet",
+                "--total-env-steps", str(steps + 512)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert load_checkpoint(manager.latest()).components["trainer"]["counters"]["env/steps"] \
+        == steps + 512
+
+
+def test_mlflow_store_on_a_full_disk_leaves_no_partial_copy(small_disk: Path) -> None:
+    from rlloop.logging import MlflowSink, sqlite_tracking_uri
+
+    (small_disk / "filler").write_bytes(b"\0" * 800 * 1024)  # less room than a new store needs
+    with pytest.raises(Exception, match="full"):
+        MlflowSink(sqlite_tracking_uri(small_disk / "mlflow.db"), "exp")
+    assert leftovers(small_disk) == []
