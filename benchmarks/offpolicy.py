@@ -107,17 +107,22 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
-def matmul_peak_flops(seconds: float = 1.0) -> float:
-    """Best fp32 matmul FLOP/s over a few square sizes, one thread."""
+def matmul_peak_flops(seconds: float = 1.0, device: str = "cpu",
+                      sizes: Sequence[int] = (256, 512, 1024)) -> float:
+    """Best fp32 matmul FLOP/s over square ``sizes`` on ``device``, with torch's current
+    thread count (this benchmark sets one)."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     best = 0.0
-    for n in (256, 512, 1024):
-        a, b = torch.randn(n, n), torch.randn(n, n)
+    for n in sizes:
+        a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
         for _ in range(3):
             a @ b
+        sync()
         reps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds / 3:
+        while time.perf_counter() - start < seconds / len(sizes):
             a @ b
             reps += 1
+        sync()  # a GPU queues matmuls: the clock stops when they are done
         best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
     return best
 

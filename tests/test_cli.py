@@ -26,7 +26,7 @@ def test_train_eval_resume(tmp_path, cli_env):
     assert "best eval return" in out.stdout and str(run) in out.stdout
     assert f"mlflow ui --backend-store-uri sqlite:///{run / 'mlflow.db'}" in out.stdout
     for name in ("config.yaml", "metrics.jsonl", "run.json", "mlflow.db", "report.md",
-                 "summary.json", "learning_curve.svg"):
+                 "summary.json", "report.html", "learning_curves.png"):
         assert (run / name).is_file(), name
     assert load_checkpoint(run / "best").metadata["algo"] == "ppo"
     latest = CheckpointManager(run / "checkpoints").latest()

@@ -1,5 +1,27 @@
-"""rlloop: a fast, exact-resume reinforcement-learning trainer on PyTorch."""
+"""rlloop: a fast, exact-resume reinforcement-learning trainer on PyTorch.
+
+``from rlloop import PPO, SAC, DQN, TD3, Callback, load`` is the Python API
+(:mod:`rlloop.api`); it is imported on first use, so ``import rlloop`` stays cheap.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+_API = {"PPO": "rlloop.api", "DQN": "rlloop.api", "SAC": "rlloop.api", "TD3": "rlloop.api",
+        "Model": "rlloop.api", "load": "rlloop.api", "Callback": "rlloop.callbacks"}
+__all__ = ["DQN", "PPO", "SAC", "TD3", "Callback", "Model", "__version__", "load"]
+
+if TYPE_CHECKING:
+    from rlloop.api import DQN, PPO, SAC, TD3, Model, load
+    from rlloop.callbacks import Callback
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: import the API (and torch) only when used
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'rlloop' has no attribute {name!r}")

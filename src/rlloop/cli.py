@@ -1,4 +1,4 @@
-"""``rlloop`` command line: train, resume, evaluate.
+"""``rlloop`` command line: train, resume, evaluate, export, plot.
 
 Exit codes: 0 done; 2 bad input (a flag, config value, env, path or checkpoint that cannot
 work, or a run directory another training process holds), with one line on stderr naming
@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--allow-import", action="store_true", help="with --resume: let the run's "
                    "env id import the module it names (module:Env-v0); off, loading a run "
                    "never runs code it names")
+    t.add_argument("--callback", dest="callbacks", action="append", default=[],
+                   metavar="MODULE:CLASS", help="a rlloop.callbacks.Callback subclass to call "
+                   "on every step, eval and checkpoint (imports MODULE; repeatable)")
 
     e = sub.add_parser("eval", help="evaluate the best policy of a run")
     e.add_argument("run_dir")
@@ -82,15 +85,34 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--video", metavar="OUT.mp4", help="also film one deterministic episode "
                    "of the policy to this mp4")
 
+    x = sub.add_parser("export", help="write a run's deterministic policy (observation "
+                       "normalisation included) as ONNX or TorchScript")
+    x.add_argument("run_dir")
+    x.add_argument("--format", required=True, choices=("onnx", "torchscript"))
+    x.add_argument("-o", "--output", help="output file (default <run>/policy.onnx or "
+                   "<run>/policy.pt)")
+    x.add_argument("--allow-import", action="store_true", help="let the run's env id import "
+                   "the module it names (module:Env-v0)")
+
+    g = sub.add_parser("plot", help="overlay the learning curves of runs (seeds of one "
+                       "setting as mean and min-max band) in one PNG")
+    g.add_argument("run_dirs", nargs="+", metavar="RUN")
+    g.add_argument("-o", "--output", default="runs.png", help="PNG to write (default runs.png)")
+    g.add_argument("--metric", default="eval/return_mean", help="metrics.jsonl key to plot")
+    g.add_argument("--x", default="env/steps", choices=("env/steps", "wall"))
+
     sub.add_parser("algos", help="list algorithms")
     return p
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rlloop.callbacks import load_callback
     from rlloop.config import build_config
     from rlloop.envs.registry import resolve_env_id
     from rlloop.logging import format_number, print_summary
     from rlloop.run import load_run_config, resume, train
+
+    callbacks = [load_callback(spec) for spec in args.callbacks]
 
     flags: dict[str, Any] = {"seed": args.seed, "backend": args.backend,
                              "num_envs": args.num_envs, "total_env_steps": args.total_env_steps,
@@ -103,7 +125,7 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError(f"{args.resume} is a {saved.algo} run, not {args.algo}; "
                               f"use `rlloop train {saved.algo} --resume {args.resume}`")
         result = resume(args.resume, allow_import=args.allow_import, env=args.env,
-                        file=args.config, sets=args.sets,
+                        file=args.config, sets=args.sets, callbacks=callbacks,
                         **{k: v for k, v in flags.items() if v is not None})
     else:
         _check_new_run_dir(args.run_dir)
@@ -111,7 +133,7 @@ def _train(args: argparse.Namespace) -> int:
             resolve_env_id(args.env, allow_import=True, search_cwd=True)
         config = build_config(args.algo, args.env, file=args.config, flags=flags,
                               sets=args.sets)
-        result = train(config, args.run_dir)
+        result = train(config, args.run_dir, callbacks=callbacks)
     best = result.best_eval_return
     lines = {
         "env steps": f"{result.env_steps:,}",
@@ -182,6 +204,22 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from rlloop.export import export_run
+
+    path = export_run(args.run_dir, args.format, args.output, allow_import=args.allow_import)
+    print(f"{args.format}: {path}")
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from rlloop.plot import plot_runs
+
+    drawn = plot_runs(args.run_dirs, args.output, args.metric, args.x)
+    print(f"{args.output}: {sum(drawn.values())} runs in {len(drawn)} curves")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from rlloop.checkpoint import CheckpointError
     from rlloop.envs.core import EnvError
@@ -193,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _train(args)
         if args.command == "eval":
             return _eval(args)
+        if args.command in ("export", "plot"):
+            return _export(args) if args.command == "export" else _plot(args)
         for name, entry in sorted(ALGORITHMS.items()):
             kinds = [k for k, ok in (("discrete", entry.discrete),
                                      ("continuous", entry.continuous)) if ok]

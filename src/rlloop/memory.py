@@ -62,6 +62,14 @@ def _message(need: Need, available: int, total: int | None = None) -> str:
             f"{_gib(available)} of RAM is available; {need.fix}")
 
 
+def suggest_lower(key: str, fits: int) -> str:
+    """``"e.g. --set KEY=N (at most FITS fit)"``, N about half of what fits: the rest of
+    the run needs memory too."""
+    half = max(fits // 2, 1)
+    suggestion = int(str(half)[0]) * 10 ** (len(str(half)) - 1)
+    return f"e.g. --set {key}={suggestion} (at most {fits:,} fit)"
+
+
 def _gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:,.1f} GiB"
 
@@ -83,9 +91,11 @@ def estimate(config: RunConfig, spec: EnvSpec) -> list[Need]:
                           f"lower {hp.section}.rollout_steps or num_envs"))
     if isinstance(hp, OffPolicyConfig):
         per_item = FLOAT * (2 * obs + 2) + act_bytes + 1  # obs, next obs, reward, discount
+        key = f"{hp.section}.buffer_size"
+        fits = int(psutil.virtual_memory().available) // per_item
         needs.append(Need(hp.buffer_size * per_item,
-                          f"the replay buffer of {hp.section}.buffer_size={hp.buffer_size}",
-                          f"lower {hp.section}.buffer_size"))
+                          f"the replay buffer of {key}={hp.buffer_size:,}",
+                          f"lower it, {suggest_lower(key, fits)}"))
     needs += _networks(hp, obs, space.dim if isinstance(space, Box) else space.n)
     return needs
 

@@ -1,26 +1,38 @@
-"""The end-of-run report: summary.json, report.md and a learning-curve SVG.
+"""The end-of-run report: summary.json, report.md, report.html and matplotlib figures.
 
-The SVG is drawn by hand so the report needs no plotting library.
+Figures are drawn on matplotlib's ``Figure`` with the Agg canvas (never pyplot), so no
+display or GUI backend is touched, and matplotlib is imported only when a figure is drawn
+(``rlloop --help`` stays fast). Every file goes through :func:`rlloop.runfiles.write_file`.
 """
 
 from __future__ import annotations
 
+import html
+import io
 import json
 import math
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlloop.runfiles import write_file
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
     from rlloop.config import RunConfig
     from rlloop.run import RunResult
 
-CURVES = (("episode/return_mean", "train return", "#1f77b4"),
-          ("eval/return_mean", "eval return", "#d62728"))
+Row = dict[str, Any]
+#: Diagnostics worth a panel: PPO's trust-region statistics, Q values, SAC's temperature.
+DIAGNOSTICS = ("ppo/approx_kl", "ppo/clip_fraction", "q/mean", "q/target_mean", "alpha/value",
+               "policy/entropy", "dqn/epsilon")
+#: Training phase timers (seconds per logging interval) that steps/s per phase comes from.
+PHASES = ("env", "inference", "learn")
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
+def read_metrics(path: Path) -> list[Row]:
     rows = []
     if path.exists():
         for line in path.read_text().splitlines():
@@ -31,50 +43,191 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def curve(rows: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
-    return [(float(r.get("env/steps", r.get("step", 0))), float(r[key])) for r in rows
-            if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
 
 
-def learning_curve_svg(rows: list[dict[str, Any]], width: int = 640, height: int = 360) -> str:
-    series = [(curve(rows, key), label, color) for key, label, color in CURVES]
-    points = [p for s, _, _ in series for p in s]
-    pad = 50
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" '
-             f'fill="white"/>']
-    if points:
-        x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
-        y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
-        x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
+def _steps(row: Row) -> float:
+    steps: Any = row.get("env/steps", row.get("step"))
+    return float(steps) if _finite(steps) else 0.0
 
-        def sx(x: float) -> float:
-            return pad + (x - x0) / (x1 - x0) * (width - 2 * pad)
 
-        def sy(y: float) -> float:
-            return height - pad - (y - y0) / (y1 - y0) * (height - 2 * pad)
+def curve(rows: list[Row], key: str, x: str = "env/steps") -> list[tuple[float, float]]:
+    """``(x, row[key])`` for the rows that log ``key``; ``x`` is env steps or ``"wall"``:
+    the latest ``time/total_s`` seen (eval rows carry none of their own)."""
+    points, wall = [], 0.0
+    for r in rows:
+        wall = float(r["time/total_s"]) if _finite(r.get("time/total_s")) else wall
+        if _finite(r.get(key)):
+            points.append((wall if x == "wall" else _steps(r), float(r[key])))
+    return points
 
-        parts.append(f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" '
-                     f'y2="{height - pad}" stroke="black"/><line x1="{pad}" y1="{pad}" '
-                     f'x2="{pad}" y2="{height - pad}" stroke="black"/>')
-        parts.append(f'<text x="{pad}" y="{height - pad + 18}">{x0:,.0f}</text>'
-                     f'<text x="{width - pad}" y="{height - pad + 18}" text-anchor="end">'
-                     f'{x1:,.0f} env steps</text><text x="{pad - 4}" y="{sy(y1) + 4}" '
-                     f'text-anchor="end">{y1:.0f}</text><text x="{pad - 4}" y="{sy(y0)}" '
-                     f'text-anchor="end">{y0:.0f}</text>')
-        for i, (pts, label, color) in enumerate(series):
-            if pts:
-                path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-                parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" '
-                             f'points="{path}"/>')
-            parts.append(f'<text x="{width - pad}" y="{pad + 16 * i}" text-anchor="end" '
-                         f'fill="{color}">{label}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+
+def round_number(value: Any) -> Any:
+    """Four significant digits (integers as they are), for tables a person reads."""
+    if isinstance(value, bool) or not isinstance(value, float) or not math.isfinite(value):
+        return value
+    return float(f"{value:.4g}")
+
+
+# ---- figures ----------------------------------------------------------------------------
+def new_figure(panels: int, width: float = 6.0, height: float = 3.4) -> tuple[Figure, list[Axes]]:
+    from matplotlib.figure import Figure
+
+    cols = min(panels, 2)
+    rows = math.ceil(panels / cols)
+    fig = Figure(figsize=(width * cols, height * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel().tolist()
+    for ax in axes[panels:]:
+        ax.set_visible(False)
+    return fig, axes[:panels]
+
+
+def png_bytes(fig: Figure) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)  # Agg whatever backend matplotlib would pick for pyplot
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def _returns_panel(ax: Axes, rows: list[Row], x: str) -> None:
+    train = curve(rows, "episode/return_mean", x)
+    if train:
+        ax.plot(*zip(*train, strict=True), ".-", label="train return", color="tab:blue")
+    mean = curve(rows, "eval/return_mean", x)
+    if mean:
+        xs, ys = zip(*mean, strict=True)
+        std = dict(curve(rows, "eval/return_std", x))
+        spread = [std.get(xv, 0.0) for xv in xs]
+        # Error bars show the spread of a lone eval too, where a band has no width.
+        ax.errorbar(xs, ys, yerr=spread, fmt="o-", capsize=3, color="tab:red",
+                    label="eval return ± std")
+        ax.fill_between(xs, [y - s for y, s in zip(ys, spread, strict=True)],
+                        [y + s for y, s in zip(ys, spread, strict=True)], color="tab:red",
+                        alpha=0.15)
+    ax.set_xlabel("env steps" if x == "env/steps" else "wall time (s)")
+    ax.set_ylabel("episode return")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+
+
+def learning_curves(rows: list[Row]) -> bytes:
+    fig, (by_steps, by_time) = new_figure(2)
+    _returns_panel(by_steps, rows, "env/steps")
+    _returns_panel(by_time, rows, "wall")
+    return png_bytes(fig)
+
+
+def _series_figure(rows: list[Row], keys: Sequence[str]) -> bytes | None:
+    """One panel per key (scales differ too much to share an axis); None when no key is
+    logged."""
+    keys = [k for k in keys if curve(rows, k)]
+    if not keys:
+        return None
+    fig, axes = new_figure(len(keys), height=2.8)
+    for ax, key in zip(axes, keys, strict=True):
+        ax.plot(*zip(*curve(rows, key), strict=True), ".-", color="tab:purple")
+        ax.set_title(key)
+        ax.set_xlabel("env steps")
+        ax.grid(alpha=0.3)
+    return png_bytes(fig)
+
+
+def phase_rates(rows: list[Row]) -> dict[str, float]:
+    """Env steps per second of each phase's own time (env stepping, inference, learning,
+    evaluation): total env steps over the summed seconds of that phase."""
+    steps = max((_steps(r) for r in rows if _finite(r.get("env/steps"))), default=0.0)
+    rates = {}
+    for phase in PHASES:
+        seconds = sum(float(r[f"time/{phase}_s"]) for r in rows
+                      if _finite(r.get(f"time/{phase}_s")))
+        if seconds > 0 and steps > 0:
+            rates[phase] = steps / seconds
+    return rates
+
+
+def throughput(rows: list[Row]) -> bytes | None:
+    rates = phase_rates(rows)
+    overall = next((k for k in ("env/steps_per_s", "env/fps") if curve(rows, k)), None)
+    if not rates and overall is None:
+        return None
+    fig, (bars, line) = new_figure(2, height=3.0)
+    bars.bar(list(rates), list(rates.values()), color="tab:green")
+    bars.set_yscale("log")
+    bars.set_ylabel("env steps / s of the phase's time")
+    bars.set_title("steps/s per phase")
+    if overall is not None:
+        line.plot(*zip(*curve(rows, overall), strict=True), ".-", color="tab:green")
+        line.set_title(overall)
+        line.set_xlabel("env steps")
+    line.grid(alpha=0.3)
+    return png_bytes(fig)
+
+
+def report_figures(rows: list[Row]) -> dict[str, bytes]:
+    """The report's PNG figures by file name (a figure with nothing to show is left out)."""
+    drawers: dict[str, Callable[[list[Row]], bytes | None]] = {
+        "learning_curves.png": learning_curves,
+        "losses.png": lambda r: _series_figure(
+            r, sorted({k for row in r for k in row if k.startswith("losses/")})),
+        "diagnostics.png": lambda r: _series_figure(r, DIAGNOSTICS),
+        "throughput.png": throughput,
+    }
+    figures = {name: draw(rows) for name, draw in drawers.items()}
+    return {name: png for name, png in figures.items() if png}
+
+
+# ---- hyperparameters ---------------------------------------------------------------------
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changed_settings(config: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """``key: (default, value)`` for each setting that differs from the defaults of the
+    run's algorithm and env (the preset included), i.e. what the user chose."""
+    from rlloop.config import build_config
+    from rlloop.errors import ConfigError
+
+    try:
+        defaults = _flatten(build_config(config.algo, config.env).to_dict())
+    except ConfigError:
+        defaults = {}
+    ours = _flatten(config.to_dict())
+    return {k: (defaults.get(k), v) for k, v in ours.items() if defaults.get(k) != v}
+
+
+# ---- the report ----------------------------------------------------------------------------
+def _table(rows: Iterable[Sequence[Any]], header: Sequence[str]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(round_number(c)) for c in row) + " |" for row in rows]
+
+
+def _html(title: str, summary: dict[str, Any], changed: dict[str, tuple[Any, Any]],
+          rates: dict[str, float], figures: Iterable[str]) -> str:
+    def table(rows: Iterable[Sequence[Any]]) -> str:
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(round_number(c)))}</td>"
+                                        for c in row) + "</tr>" for row in rows)
+        return f"<table border='1' cellpadding='4'>{body}</table>"
+
+    parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             f"<h1>{html.escape(title)}</h1>", table(summary.items()),
+             "<h2>Settings that differ from the defaults</h2>",
+             table((k, d, v) for k, (d, v) in changed.items()),
+             "<h2>Env steps per second, by phase</h2>", table(rates.items())]
+    parts += [f"<p><img src='{name}' alt='{name}'></p>" for name in figures]
+    return "\n".join(parts) + "\n"
 
 
 def write_report(run_dir: Path, result: RunResult, config: RunConfig) -> None:
-    """Write summary.json, learning_curve.svg and report.md into ``run_dir``."""
+    """Write summary.json, the figures, report.md and report.html into ``run_dir``."""
     rows = read_metrics(run_dir / "metrics.jsonl")
     last = result.last_stats
     summary = {
@@ -82,13 +235,24 @@ def write_report(run_dir: Path, result: RunResult, config: RunConfig) -> None:
         "env_steps": result.env_steps, "wall_time_s": result.wall_time_s,
         "best_eval_return": result.best_eval_return,
         "last_eval_return": last.get("eval/return_mean"),
+        "last_eval_return_std": last.get("eval/return_std"),
         "stopped_by": result.stopped_by,
         "env_steps_per_s": result.env_steps / max(last.get("time/total_s", 0.0), 1e-9)
         if last.get("time/total_s") else None,
     }
     write_file(run_dir / "summary.json", json.dumps(summary, indent=2))
-    write_file(run_dir / "learning_curve.svg", learning_curve_svg(rows))
-    lines = [f"# {config.algo} on {config.env}", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in summary.items()]
-    lines += ["", "![learning curve](learning_curve.svg)", ""]
+    figures = report_figures(rows)
+    for name, png in figures.items():
+        write_file(run_dir / name, png)
+    changed = changed_settings(config)
+    rates = phase_rates(rows)
+    title = f"{config.algo} on {config.env}"
+    lines = [f"# {title}", "", *_table(summary.items(), ("", "")), "",
+             "## Settings that differ from the defaults", ""]
+    lines += _table(((k, d, v) for k, (d, v) in changed.items()), ("setting", "default",
+                                                                     "this run"))
+    lines += ["", "## Env steps per second, by phase", ""]
+    lines += _table(rates.items(), ("phase", "env steps/s"))
+    lines += ["", *(f"![{name[:-4].replace('_', ' ')}]({name})\n" for name in figures)]
     write_file(run_dir / "report.md", "\n".join(lines))
+    write_file(run_dir / "report.html", _html(title, summary, changed, rates, figures))

@@ -14,7 +14,8 @@ Run directory layout::
     <run>/best/              checkpoint with the best eval return so far
     <run>/mlflow.db          the embedded MLflow store (``mlflow ui`` reads it)
     <run>/video.mp4          one episode of the best policy (``save_video``)
-    <run>/report.md, summary.json, learning_curve.svg
+    <run>/report.md, report.html, summary.json, *.png   the end-of-run report and figures
+    <run>/policy.onnx, policy.pt   written by ``rlloop export``
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ import torch
 import yaml
 
 from rlloop.algorithms import ALGORITHMS, AlgorithmBase, EnvSettings, PPOConfig
+from rlloop.callbacks import Callback, UserCallbacks
 from rlloop.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -51,6 +53,7 @@ from rlloop.devices import resolve_device
 from rlloop.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
 from rlloop.envs.core import Box, Discrete
 from rlloop.envs.imports import check_env_import
+from rlloop.envs.objects import check_object_env
 from rlloop.envs.registry import env_spec, resolve_env_id
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
@@ -153,8 +156,9 @@ class Session:
     """
 
     def __init__(self, config: RunConfig, run_dir: Path, *, resume: bool = False,
-                 console: Any = None) -> None:
+                 console: Any = None, callbacks: Sequence[Callback] = ()) -> None:
         self.lock = RunLock(run_dir)
+        self.user_callbacks = UserCallbacks(callbacks)
         try:
             self._open(config, run_dir, resume=resume, console=console)
         except BaseException as e:
@@ -221,7 +225,8 @@ class Session:
                                    save=lambda _: self.save())
                     if self.off_policy else None)
         self.trainer = Trainer(self.algorithm, sink=self.sink, eval_episodes=config.eval_episodes,
-                               callbacks=[_Checkpoints(self)], schedule=schedule)
+                               callbacks=[_Checkpoints(self), self.user_callbacks],
+                               schedule=schedule)
         if resume:
             self._restore()
 
@@ -245,8 +250,10 @@ class Session:
 
     def save(self, components: dict[str, Any] | None = None) -> Path:
         counter = "algorithm/steps" if self.off_policy else "env/steps"
-        return self.manager.save(self.trainer.state[counter], components or self.components(),
+        path = self.manager.save(self.trainer.state[counter], components or self.components(),
                                  metadata=self.metadata())
+        self.user_callbacks.checkpoint(path)
+        return path
 
     def _restore(self) -> None:
         ckpt = self.manager.load_latest(expected_components=COMPONENTS)
@@ -260,7 +267,8 @@ class Session:
     # ---- the run -------------------------------------------------------------------------
     def stop_conditions(self) -> list[Condition]:
         conditions: list[Condition] = [HitsUpperBound("env/steps", self.config.total_env_steps),
-                                       lambda _: self.stop_requested is not None]
+                                       lambda _: self.stop_requested is not None,
+                                       self.user_callbacks.stop]
         threshold = solve_threshold(self.config)
         if self.config.stop_on_solve and threshold is not None:
             reached = HitsUpperBound("eval/return_mean", threshold)
@@ -342,6 +350,7 @@ class Session:
         result = RunResult(self.run_dir, trainer.state["env/steps"], time.perf_counter() - start,
                            self.best_eval_return, stats, stopped_by, self._mlflow_ui())
         write_report(self.run_dir, result, cfg)
+        self.user_callbacks.train_end(result)
         return result
 
     def _finish(self, status: str) -> None:
@@ -366,11 +375,13 @@ class Session:
     def _stopped_by(self, stats: Stats) -> str:
         if self.stop_requested:
             return f"signal {self.stop_requested}"
+        if self.user_callbacks.stopped_by:
+            return self.user_callbacks.stopped_by
         return "solved" if self.solved else "budget"
 
 
 def train(config: RunConfig, run_dir: str | Path | None = None, *,
-          console: Any = None) -> RunResult:
+          console: Any = None, callbacks: Sequence[Callback] = ()) -> RunResult:
     """Start a new run in ``run_dir`` (default ``runs/<algo>-<env>-<time>``)."""
     path = Path(run_dir) if run_dir else default_run_dir(config)
     if (path / "config.yaml").exists():
@@ -378,7 +389,7 @@ def train(config: RunConfig, run_dir: str | Path | None = None, *,
         if not _has_checkpoint(path):  # then "resume it" would only send the user back here
             raise _no_checkpoint(path)
     _refuse_existing_run(path)
-    return Session(config, path, console=console).run()
+    return Session(config, path, console=console, callbacks=callbacks).run()
 
 
 def _refuse_existing_run(path: Path) -> None:
@@ -424,6 +435,7 @@ def load_run_config(run_dir: str | Path, *, allow_import: bool = False,
     env = saved.get("env")
     if isinstance(env, str):
         check_env_import(env, allow_import=allow_import, source=str(path))
+        check_object_env(env, source=str(path))
         if allow_import:  # consented: import it now (make_env never imports a module:Id)
             resolve_env_id(env, allow_import=True)
     return build_config(saved.get("algo", "ppo"), env, base=saved, flags=flags)
@@ -454,7 +466,8 @@ def resume_config(run_dir: str | Path, *, allow_import: bool = False, env: str |
 
 def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = False,
            env: str | None = None, file: str | Path | None = None,
-           sets: list[str] | None = None, **flags: Any) -> RunResult:
+           sets: list[str] | None = None, callbacks: Sequence[Callback] = (),
+           **flags: Any) -> RunResult:
     """Continue a run from its last checkpoint with its saved config, changed by the
     overrides a resume allows (``flags``, ``--set`` items, a YAML ``file``)."""
     RunLock(check_run_dir(run_dir)).acquire().release()  # fail fast if a trainer holds it
@@ -462,7 +475,8 @@ def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = Fal
                            **flags)
     if not _has_checkpoint(Path(run_dir)):  # before Session starts envs and sinks
         raise _no_checkpoint(Path(run_dir))
-    return Session(config, Path(run_dir), resume=True, console=console).run()
+    return Session(config, Path(run_dir), resume=True, console=console,
+                   callbacks=callbacks).run()
 
 
 def check_run_dir(run_dir: str | Path) -> Path:
@@ -512,20 +526,43 @@ def evaluate_run(run_dir: str | Path, episodes: int = 20, backend: str | None = 
 
     ``notify`` gets one line if a damaged ``best/`` is passed over (see `policy_checkpoint`).
     """
+    algorithm = load_run_policy(run_dir, backend, device, allow_import=allow_import,
+                                notify=notify)
+    try:
+        return algorithm.evaluate(episodes)
+    finally:
+        algorithm.close()
+
+
+def load_run_policy(run_dir: str | Path, backend: str | None = None, device: str | None = None,
+                    *, allow_import: bool = False,
+                    notify: Callable[[str], None] | None = None) -> AlgorithmBase:
+    """A run's algorithm with its best policy loaded, built for acting (one training env);
+    the caller closes it. Arguments as for :func:`evaluate_run`."""
     flags: dict[str, Any] = {"mlflow": False}
     if backend:
         flags["backend"] = backend
     if device:
         flags["device"] = device
-    config = acting_config(load_run_config(run_dir, allow_import=allow_import, **flags))
-    path = policy_checkpoint(Path(run_dir), notify)
-    algorithm = build_algorithm(config)
+    config = load_run_config(run_dir, allow_import=allow_import, **flags)
+    return load_policy(config, Path(run_dir), notify)
+
+
+def load_policy(config: RunConfig, run_dir: Path | None,
+                notify: Callable[[str], None] | None = None) -> AlgorithmBase:
+    """The algorithm of ``config`` built for acting (see `acting_config`), with the policy
+    of ``run_dir``'s `policy_checkpoint` loaded; untrained when ``run_dir`` is None."""
+    algorithm = build_algorithm(acting_config(config))
+    if run_dir is None:
+        return algorithm
     try:
+        path = policy_checkpoint(run_dir, notify)
         state = load_checkpoint(path, expected_components=COMPONENTS).components["algorithm"]
         algorithm.set_policy_state(state)
-        return algorithm.evaluate(episodes)
-    finally:
+    except BaseException:
         algorithm.close()
+        raise
+    return algorithm
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from rlloop.errors import RunDirError
 
 MEMBERS = (
     "config.yaml", "run.json", "metrics.jsonl", "metrics.params.json", "report.md",
-    "summary.json", "learning_curve.svg", "video.mp4", "mlflow.db", "checkpoints", "best",
+    "summary.json", "report.html", "learning_curves.png", "losses.png", "diagnostics.png",
+    "throughput.png", "policy.onnx", "policy.pt", "video.mp4", "mlflow.db", "checkpoints", "best",
     "tensorboard", "artifacts", ".lock",
 )
 """Every name rlloop writes directly inside a run directory."""

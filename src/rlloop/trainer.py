@@ -124,8 +124,8 @@ class Trainer:
         """One iteration of the schedule (collect -> update -> log); returns flat stats."""
         with flushed_denormals(self.flush_denormal):
             stats = self.schedule.step(self, env_config)
-        for cb in self.callbacks:
-            cb.on_step(self, stats)
+            for cb in self.callbacks:
+                cb.on_step(self, stats)
         return stats
 
     def count(self, stats: Stats) -> Stats:

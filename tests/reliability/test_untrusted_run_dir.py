@@ -59,12 +59,13 @@ CASES = [("ppo", "evilrun.payload:Evil-v0"), ("ma_ppo", "pettingzoo:evilrun.payl
 
 
 @pytest.mark.parametrize(("algo", "env_id"), CASES)
-@pytest.mark.parametrize("command", ["eval", "resume"])
+@pytest.mark.parametrize("command", ["eval", "resume", "export"])
 def test_loading_a_run_never_imports_the_module_it_names(tmp_path, cli_env, trained_run, algo,
                                                           env_id, command):
     _, sentinel = _plant_payload(tmp_path, algo, env_id, trained_run)
     # `python -m` puts the working directory on sys.path, so `evilrun.payload` is importable.
-    args = ["eval", "evilrun"] if command == "eval" else ["train", algo, "--resume", "evilrun"]
+    args = {"eval": ["eval", "evilrun"], "resume": ["train", algo, "--resume", "evilrun"],
+            "export": ["export", "evilrun", "--format", "torchscript"]}[command]
     out = _run(args, cli_env, tmp_path)
     assert not sentinel.exists(), "the run directory's module was imported"
     assert out.returncode == 2, out.stderr
@@ -77,14 +78,25 @@ def test_loading_a_run_never_imports_the_module_it_names(tmp_path, cli_env, trai
     assert sentinel.exists()
 
 
+def test_plot_reads_a_run_without_importing_the_module_it_names(tmp_path, cli_env,
+                                                                trained_run):
+    _, sentinel = _plant_payload(tmp_path, "ppo", "evilrun.payload:Evil-v0", trained_run)
+    out = _run(["plot", "evilrun", "-o", "fig.png", "--metric", "episode/return_mean"],
+               cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "fig.png").is_file() and not sentinel.exists()
+
+
 def test_python_api_never_imports_the_module_a_run_names(tmp_path, cli_env, trained_run):
     _, sentinel = _plant_payload(tmp_path, "ppo", "evilrun.payload:Evil-v0", trained_run)
     script = textwrap.dedent("""
         from rlloop.envs.core import EnvError
+        from rlloop.export import export_run
         from rlloop.run import evaluate_run, resume
         from rlloop.video import record_run_video
         for load in (lambda: evaluate_run("evilrun"), lambda: resume("evilrun"),
-                     lambda: record_run_video("evilrun", "clip.mp4")):
+                     lambda: record_run_video("evilrun", "clip.mp4"),
+                     lambda: export_run("evilrun", "torchscript")):
             try:
                 load()
             except EnvError as e:
@@ -98,7 +110,7 @@ def test_python_api_never_imports_the_module_a_run_names(tmp_path, cli_env, trai
     assert not sentinel.exists()
 
 
-@pytest.mark.parametrize("member", ["report.md", "summary.json", "learning_curve.svg",
+@pytest.mark.parametrize("member", ["report.md", "summary.json", "learning_curves.png",
                                     "metrics.jsonl", "config.yaml", "run.json", "mlflow.db",
                                     "checkpoints", "best", ".lock"])
 def test_resume_never_writes_through_a_symlinked_member(tmp_path, cli_env, trained_run,

@@ -140,12 +140,11 @@ def _replay(prioritized: bool) -> Callable[[ExperienceSpec, OffPolicyConfig], Re
 
 
 def _replay_too_big(key: str, value: int, e: ReplayMemoryError) -> str:
-    # Suggest about half of what would fit: the rest of the run needs memory too.
-    half = max(e.fits // 2, 1)
-    suggestion = int(str(half)[0]) * 10 ** (len(str(half)) - 1)
+    from rlloop.memory import suggest_lower  # memory imports this module
+
     return (f"{key}={value:,} needs {e.needed / 2**30:.2f} GiB of replay memory but only "
-            f"{e.available / 2**30:.2f} GiB of {e.where} are left; lower it, e.g. "
-            f"--set {key}={suggestion} (at most {e.fits:,} fit)")
+            f"{e.available / 2**30:.2f} GiB of {e.where} are left; lower it, "
+            f"{suggest_lower(key, e.fits)}")
 
 
 @dataclass(frozen=True)

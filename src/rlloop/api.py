@@ -1,0 +1,230 @@
+"""The Python API: ``PPO("CartPole-v1", lr=3e-4).learn(100_000)``, ``save``, ``load``,
+``predict``, ``evaluate``.
+
+A thin layer on the CLI's code path: ``learn`` runs the same :class:`~rlloop.run.Session`
+(run directory, MLflow run, checkpoints, report), and ``predict`` / ``evaluate`` act with
+the policy ``rlloop eval`` loads (the run's ``best/``, else its latest checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from rlloop.algorithms import ALGORITHMS, AlgorithmBase
+from rlloop.callbacks import Callback
+from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.config import RunConfig, build_config
+from rlloop.envs.core import Box
+from rlloop.envs.objects import env_id_of, is_object_env, register_object_env
+from rlloop.errors import ConfigError, RunDirError
+from rlloop.run import (
+    RunResult,
+    default_run_dir,
+    evaluate_run,
+    load_policy,
+    load_run_config,
+    resume,
+    train,
+)
+
+EnvLike = str | Any
+"""An env id, a ``gymnasium.Env`` instance or a function returning one."""
+_RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig)) - {"algo", "env",
+                                                                            "hparams"}
+
+
+class Model:
+    """One algorithm on one env, trained into one run directory.
+
+    Keyword arguments are run settings (``seed``, ``device``, ``num_envs``, ``mlflow``,
+    ... : the fields of :class:`~rlloop.config.RunConfig`) or the algorithm's
+    hyperparameters (``lr=3e-4`` sets ``ppo.lr``); the preset for (algorithm, env) fills
+    in the rest, as on the command line.
+    """
+
+    algo: ClassVar[str]
+
+    def __init__(self, env: EnvLike = "CartPole-v1", *, run_dir: str | Path | None = None,
+                 **kwargs: Any) -> None:
+        section = {f.name for f in dataclasses.fields(ALGORITHMS[self.algo].config_cls)}
+        unknown = sorted(set(kwargs) - _RUN_FIELDS - section)
+        if unknown:
+            raise ConfigError(f"{type(self).__name__} got unknown settings {unknown}; valid "
+                              f"run settings: {', '.join(sorted(_RUN_FIELDS))}; valid "
+                              f"{self.algo} settings: {', '.join(sorted(section))}")
+        flags = {k: v for k, v in kwargs.items() if k in _RUN_FIELDS}
+        flags[self.algo] = {k: v for k, v in kwargs.items() if k in section}
+        self.config = build_config(self.algo, env_id_of(env), flags=flags)
+        self.run_dir: Path | None = Path(run_dir) if run_dir is not None else None
+        self.allow_import = True  # the env id is the caller's own choice
+        self._overrides: dict[str, Any] = {}  # load()'s flags, for a resumed run too
+        self._actor: AlgorithmBase | None = None
+
+    @classmethod
+    def _from_run(cls, config: RunConfig, run_dir: Path, allow_import: bool,
+                  overrides: dict[str, Any]) -> Model:
+        model = cls.__new__(cls)
+        model.config, model.run_dir, model.allow_import = config, run_dir, allow_import
+        model._overrides = {k: v for k, v in overrides.items() if k != "total_env_steps"}
+        model._actor = None
+        return model
+
+    # ---- training ---------------------------------------------------------------------
+    def learn(self, total_env_steps: int | float,
+              callbacks: Sequence[Callback] = ()) -> RunResult:
+        """Train for ``total_env_steps`` env steps; a later call trains that many more,
+        continuing the same run (and MLflow run) from its last checkpoint."""
+        if isinstance(total_env_steps, float) and total_env_steps.is_integer():
+            total_env_steps = int(total_env_steps)  # learn(1e5), as the CLI takes 1e5
+        if (not isinstance(total_env_steps, int) or isinstance(total_env_steps, bool)
+                or total_env_steps <= 0):
+            raise ConfigError(f"total_env_steps must be an integer > 0, got {total_env_steps!r}")
+        self._drop_actor()
+        latest = _latest(self.run_dir)
+        if self.run_dir is not None and latest is not None:
+            done = int(load_checkpoint(latest).metadata["env_steps"])
+            result = resume(self.run_dir, allow_import=self.allow_import, callbacks=callbacks,
+                            **self._overrides, total_env_steps=done + total_env_steps)
+        else:
+            config = dataclasses.replace(self.config, total_env_steps=total_env_steps)
+            self.run_dir = self.run_dir or default_run_dir(config)
+            result = train(config, self.run_dir, callbacks=callbacks)
+        self.config = load_run_config(self.run_dir, allow_import=self.allow_import,
+                                      **self._overrides)
+        return result
+
+    def save(self, path: str | Path) -> Path:
+        """Copy the run to ``path`` as a run directory that `load`, ``rlloop eval`` and
+        ``rlloop train --resume`` accept (without its MLflow store and identity: a
+        resumed copy starts a new MLflow run)."""
+        if self.run_dir is None or _latest(self.run_dir) is None:
+            raise RunDirError("nothing to save yet: call learn() first")
+        dest = Path(path)
+        if dest.resolve() == self.run_dir.resolve():
+            return dest
+        if dest.exists() and any(dest.iterdir()):
+            raise RunDirError(f"{dest} is not empty; save to a new or empty directory")
+        shutil.copytree(self.run_dir, dest, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(".lock", "run.json", "mlflow.db*"))
+        return dest
+
+    # ---- acting -------------------------------------------------------------------------
+    def predict(self, obs: Any, deterministic: bool = True) -> np.ndarray:
+        """The action for one observation (shaped as the env's), or actions for a batch
+        ``[B, *obs_shape]``; observations are normalised as in evaluation."""
+        actor = self._acting()
+        spec = actor.settings.spec
+        x = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=actor.device)
+        single = tuple(x.shape) == spec.obs_shape
+        if not single and tuple(x.shape[1:]) != spec.obs_shape:
+            raise ConfigError(f"predict expects an observation of shape {spec.obs_shape} or a "
+                              f"batch of shape (B, {', '.join(map(str, spec.obs_shape))}), got "
+                              f"{tuple(x.shape)}")
+        batch = x.unsqueeze(0) if single else x
+        if actor.obs_stats is not None:  # what the eval env's NormalizeObservation does
+            batch = actor.obs_stats.normalize(batch)
+        actions = actor.act(batch, deterministic).cpu().numpy()
+        if isinstance(spec.action_space, Box):  # the env clips them too (GymVecEnv)
+            low = np.asarray(spec.action_space.low, np.float32).reshape(spec.action_space.shape)
+            high = np.asarray(spec.action_space.high, np.float32).reshape(
+                spec.action_space.shape)
+            actions = np.clip(actions, low, high)
+        return actions[0] if single else actions
+
+    def evaluate(self, episodes: int = 20) -> dict[str, float]:
+        """Deterministic returns over ``episodes`` episodes, as ``rlloop eval`` reports them
+        (``return_mean``, ``return_std``, ...)."""
+        if self.run_dir is not None and _latest(self.run_dir) is not None:
+            return evaluate_run(self.run_dir, episodes, device=self.config.device,
+                                allow_import=self.allow_import)
+        return self._acting().evaluate(episodes)
+
+    def _acting(self) -> AlgorithmBase:
+        if self._actor is None:
+            trained = _latest(self.run_dir) is not None
+            config = dataclasses.replace(self.config, mlflow=False)
+            self._actor = load_policy(config, self.run_dir if trained else None)
+        return self._actor
+
+    def _drop_actor(self) -> None:
+        if self._actor is not None:
+            self._actor.close()
+            self._actor = None
+
+    def close(self) -> None:
+        """Close the envs of the acting policy (``predict`` makes them again if called)."""
+        self._drop_actor()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config.env!r}, run_dir={self.run_dir})"
+
+
+class PPO(Model):
+    algo = "ppo"
+
+
+class DQN(Model):
+    algo = "dqn"
+
+
+class SAC(Model):
+    algo = "sac"
+
+
+class TD3(Model):
+    algo = "td3"
+
+
+MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, DQN, SAC, TD3)}
+
+
+def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = None,
+         **flags: Any) -> Model:
+    """The model of a run directory (made by ``learn``, ``save`` or ``rlloop train``),
+    ready to ``predict``, ``evaluate`` or ``learn`` on.
+
+    A run directory is untrusted: an env id in it that imports a module is refused unless
+    ``allow_import``. A run of an env object needs that object again as ``env`` (a
+    factory or an instance; it is registered under the saved id). ``flags`` override saved
+    run settings (e.g. ``device="cpu"``).
+    """
+    run_dir = Path(path)
+    if env is not None:
+        _register_again(run_dir, env)
+    config = load_run_config(run_dir, allow_import=allow_import, **flags)
+    cls = MODELS.get(config.algo)
+    if cls is None:
+        raise ConfigError(f"{run_dir} is a {config.algo} run; the Python API loads "
+                          f"{', '.join(MODELS)} runs (use rlloop.run for others)")
+    return cls._from_run(config, run_dir, allow_import, flags)
+
+
+def _register_again(run_dir: Path, env: EnvLike) -> None:
+    import gymnasium
+    import yaml
+
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text()) if (
+        run_dir / "config.yaml").is_file() else {}
+    env_id = saved.get("env") if isinstance(saved, dict) else None
+    if not isinstance(env_id, str) or not is_object_env(env_id):
+        raise ConfigError(f"{run_dir} was not trained on an env object; load it without env=")
+    if env_id in gymnasium.registry:
+        return
+    if isinstance(env, gymnasium.Env):
+        env = gymnasium.registry[env_id_of(env)].entry_point
+    if not callable(env):
+        raise ConfigError(f"env= must be a gymnasium.Env or a function returning one, got "
+                          f"{type(env).__name__}")
+    register_object_env(env, "", env_id=env_id)
+
+
+def _latest(run_dir: Path | None) -> Path | None:
+    """The newest checkpoint of ``run_dir``; None for no run or a run not trained yet."""
+    return None if run_dir is None else CheckpointManager(run_dir / "checkpoints").latest()

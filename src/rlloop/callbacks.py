@@ -1,0 +1,98 @@
+"""User callbacks on the one loop, for ``Model.learn(callbacks=[...])`` and
+``rlloop train --callback module:Class``.
+
+A :class:`Callback` sees the flat stats of every iteration and every eval, the path of
+every checkpoint written and the run's result. Returning ``False`` from ``on_step`` or
+``on_eval`` stops the run at the end of that iteration (the final checkpoint and the
+report are written as for any other stop); ``None`` or ``True`` goes on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rlloop.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlloop.run import RunResult
+    from rlloop.trainer import Stats, Trainer
+
+
+class Callback:
+    """Override the hooks you need; every hook's default does nothing and goes on."""
+
+    def on_step(self, stats: Stats) -> bool | None:
+        """After every iteration (flat stats such as ``env/steps``); False stops the run."""
+        return None
+
+    def on_eval(self, stats: Stats) -> bool | None:
+        """After every evaluation (``eval/return_mean``, ...); False stops the run."""
+        return None
+
+    def on_checkpoint(self, path: Path) -> None:
+        """After a checkpoint was written to ``path`` (periodic and final ones)."""
+
+    def on_train_end(self, result: RunResult) -> None:
+        """Once the run is over, with what it reports."""
+
+
+class UserCallbacks:
+    """The trainer callback that calls user :class:`Callback`\\ s and remembers a stop."""
+
+    def __init__(self, callbacks: Sequence[Callback]) -> None:
+        self.callbacks = list(callbacks)
+        self.stopped_by: str | None = None
+
+    def on_step(self, trainer: Trainer, stats: Stats) -> None:
+        for cb in self.callbacks:
+            self._check(cb, cb.on_step(stats))
+
+    def on_eval(self, trainer: Trainer, stats: Stats) -> None:
+        for cb in self.callbacks:
+            self._check(cb, cb.on_eval(stats))
+
+    def _check(self, cb: Callback, answer: bool | None) -> None:
+        if answer is False and self.stopped_by is None:
+            self.stopped_by = f"callback {type(cb).__name__}"
+
+    def stop(self, stats: Mapping[str, float]) -> bool:
+        """A stop condition: true once a callback returned False."""
+        return self.stopped_by is not None
+
+    def checkpoint(self, path: Path) -> None:
+        for cb in self.callbacks:
+            cb.on_checkpoint(path)
+
+    def train_end(self, result: RunResult) -> None:
+        for cb in self.callbacks:
+            cb.on_train_end(result)
+
+
+def load_callback(spec: str) -> Callback:
+    """An instance of ``module:Class`` (made with no arguments); imports ``module``.
+
+    Only for names the user typed (``--callback``): importing runs the module's code.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"--callback expects module:Class, got {spec!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: the user's own directory
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"--callback {spec}: cannot import {module_name!r} ({e}); put the "
+                          "module on PYTHONPATH or in the current directory") from None
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise ConfigError(f"--callback {spec}: module {module_name!r} has no {attr!r}")
+    callback = cls()
+    if not isinstance(callback, Callback):
+        raise ConfigError(f"--callback {spec}: {attr} is not a subclass of "
+                          "rlloop.callbacks.Callback")
+    return callback

@@ -1,0 +1,109 @@
+"""``rlloop export``: a run's deterministic policy as ONNX or TorchScript.
+
+The exported graph is the path evaluation takes: the observation normaliser, then the
+algorithm's own ``act(obs, deterministic=True)`` (argmax for discrete actions, the mean or
+``tanh(mean)`` rescaled to the action box for continuous ones), traced once. Input
+``obs`` ``[B, *obs_shape]`` float32; output ``action`` ``[B]`` int64 or ``[B, *act_shape]``
+float32.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from rlloop.algorithms import AlgorithmBase
+from rlloop.errors import ConfigError
+from rlloop.modules.normalizer import RunningMeanStd
+from rlloop.runfiles import write_file
+
+FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
+#: Algorithms whose ``act`` maps one observation batch to one action batch.
+EXPORTABLE = ("ppo", "dqn", "sac", "td3")
+
+
+class ObsNormalizer(nn.Module):
+    """:meth:`RunningMeanStd.normalize` with the statistics frozen as float32 buffers."""
+
+    mean: Tensor
+    var: Tensor
+
+    def __init__(self, stats: RunningMeanStd) -> None:
+        super().__init__()
+        self.register_buffer("mean", stats.mean.to(torch.float32).cpu())
+        self.register_buffer("var", stats.var.to(torch.float32).cpu())
+        self.eps, self.clip = stats.eps, stats.clip
+
+    def forward(self, obs: Tensor) -> Tensor:
+        z = (obs - self.mean) / torch.sqrt(self.var + self.eps)
+        return z.clamp(-self.clip, self.clip)
+
+
+class DeterministicPolicy(nn.Module):
+    """observation -> normalised observation -> deterministic action of ``algorithm``."""
+
+    def __init__(self, algorithm: AlgorithmBase) -> None:
+        super().__init__()
+        if algorithm.name not in EXPORTABLE:
+            raise ConfigError(f"rlloop export supports {', '.join(EXPORTABLE)} runs, not "
+                              f"{algorithm.name}")
+        stats = algorithm.obs_stats
+        self.normalizer: nn.Module = ObsNormalizer(stats) if stats else nn.Identity()
+        # Registered so the weights are the graph's parameters, not anonymous constants.
+        self.networks = nn.ModuleList(m for m in vars(algorithm).values()
+                                      if isinstance(m, nn.Module))
+        self._act: Callable[..., Tensor] = algorithm.act
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self._act(self.normalizer(obs), True)
+
+
+def example_obs(algorithm: AlgorithmBase, batch: int = 4) -> Tensor:
+    shape = algorithm.settings.spec.obs_shape
+    return torch.zeros(batch, *shape, dtype=torch.float32)
+
+
+def export_bytes(policy: DeterministicPolicy, example: Tensor, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    # A trace keeps no no_grad context: without this a loaded policy's actions carry grad.
+    policy.eval().requires_grad_(False)
+    with torch.no_grad(), warnings.catch_warnings():
+        # TorchScript and the ONNX exporter built on it are deprecated in torch 2.9+ but
+        # still the formats other tools load; the dynamo exporter needs onnxscript too.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if fmt == "torchscript":
+            torch.jit.save(torch.jit.trace(policy, example), buf)
+        else:
+            torch.onnx.export(policy, (example,), buf,  # type: ignore[arg-type]
+                              dynamo=False, input_names=["obs"], output_names=["action"],
+                              dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}})
+    return buf.getvalue()
+
+
+def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
+               allow_import: bool = False) -> Path:
+    """Write the deterministic policy of ``run_dir``'s best checkpoint as ``fmt`` (onnx or
+    torchscript) to ``out`` (default ``<run>/policy.onnx`` or ``<run>/policy.pt``)."""
+    from rlloop.run import load_run_policy
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown export format {fmt!r}; choose one of {sorted(FORMATS)}")
+    if fmt == "onnx":
+        try:
+            import onnx  # noqa: F401  (torch.onnx.export needs it)
+        except ImportError:
+            raise ConfigError("--format onnx needs the onnx package; install it with "
+                              "`pip install 'rlloop[export]'`") from None
+    path = Path(out) if out else Path(run_dir) / FORMATS[fmt]
+    algorithm = load_run_policy(run_dir, device="cpu", allow_import=allow_import)
+    try:
+        policy = DeterministicPolicy(algorithm)
+        write_file(path, export_bytes(policy, example_obs(algorithm), fmt))
+    finally:
+        algorithm.close()
+    return path

@@ -1,0 +1,81 @@
+"""``rlloop plot``: overlay the learning curves of several runs in one figure.
+
+Runs whose configs differ only in the seed are seeds of one setting: they are drawn as
+one mean curve with a min-max band, interpolated onto a shared x grid. Only
+``config.yaml`` (as data) and ``metrics.jsonl`` are read, so nothing a run names is
+imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlloop.config import load_yaml
+from rlloop.errors import ConfigError
+from rlloop.report import curve, new_figure, png_bytes, read_metrics
+from rlloop.runfiles import write_file
+
+#: Settings that do not make two runs different settings (seeds of one setting differ here).
+_NOT_A_SETTING = ("seed", "progress", "mlflow", "mlflow_tracking_uri", "tensorboard",
+                  "save_video", "device", "backend")
+
+
+def _group_key(config: dict[str, Any]) -> str:
+    return repr(sorted((k, repr(v)) for k, v in config.items() if k not in _NOT_A_SETTING))
+
+
+def group_runs(run_dirs: Sequence[Path]) -> dict[str, list[Path]]:
+    """Runs by setting (label -> run dirs), in the order given."""
+    from rlloop.run import check_run_dir
+
+    groups: dict[str, list[Path]] = {}
+    labels: dict[str, str] = {}
+    for run in run_dirs:
+        config = load_yaml(check_run_dir(run) / "config.yaml")
+        key = _group_key(config)
+        labels.setdefault(key, f"{config.get('algo')} {config.get('env')} ({run.name})")
+        groups.setdefault(labels[key], []).append(run)
+    return groups
+
+
+def mean_and_band(curves: list[list[tuple[float, float]]], points: int = 200
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """x grid, mean, min and max of ``curves`` on the x range they all cover."""
+    lo = max(c[0][0] for c in curves)
+    hi = min(c[-1][0] for c in curves)
+    grid = np.linspace(lo, hi, points) if hi > lo else np.array([lo])
+    ys = np.stack([np.interp(grid, *np.asarray(c).T) for c in curves])
+    return grid, ys.mean(0), ys.min(0), ys.max(0)
+
+
+def plot_runs(run_dirs: Sequence[str | Path], out: str | Path,
+              metric: str = "eval/return_mean", x: str = "env/steps") -> dict[str, int]:
+    """Write a PNG of ``metric`` against ``x`` ("env/steps" or "wall") for ``run_dirs``;
+    returns the runs drawn per group label."""
+    groups = group_runs([Path(r) for r in run_dirs])
+    fig, (ax,) = new_figure(1, width=8.0, height=4.5)
+    drawn: dict[str, int] = {}
+    for label, runs in groups.items():
+        curves = [c for c in (curve(read_metrics(r / "metrics.jsonl"), metric, x)
+                              for r in runs) if c]
+        if not curves:
+            continue
+        grid, mean, low, high = mean_and_band(curves)
+        seeds = f", {len(curves)} seeds" if len(curves) > 1 else ""
+        (line,) = ax.plot(grid, mean, label=f"{label}{seeds}")
+        if len(curves) > 1:
+            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
+        drawn[label] = len(curves)
+    if not drawn:
+        raise ConfigError(f"none of the runs logged {metric!r} yet; train them first or pick "
+                          "another --metric, e.g. episode/return_mean")
+    ax.set_xlabel("env steps" if x == "env/steps" else "wall time (s)")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    write_file(Path(out), png_bytes(fig))
+    return drawn

@@ -1,0 +1,215 @@
+"""The Python API as a user runs it: plain scripts in subprocesses, real run directories, a
+real MLflow store, the CLI reading what the API wrote and the other way round."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium
+import numpy as np
+import pytest
+from conftest import rlloop_cmd
+from torch import Tensor
+
+from rlloop import DQN, PPO, Callback, load
+from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.envs.core import EnvError, StepResult, VecEnv
+from rlloop.envs.registry import make_env
+from rlloop.envs.wrappers import NormalizeObservation
+from rlloop.errors import ConfigError
+from rlloop.run import COMPONENTS, acting_config, build_algorithm, policy_checkpoint
+from rlloop.runners.evaluation import evaluate
+
+QUIET = {"save_video": False, "progress": False, "mlflow": False}
+
+SCRIPT = """\
+import numpy as np
+from rlloop import PPO
+model = PPO("CartPole-v1", seed=0, run_dir="run", save_video=False)
+model.learn(4096)
+print(model.predict(np.zeros(4, np.float32)))
+"""
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
+
+
+def test_plain_script_without_main_guard_writes_a_cli_run(tmp_path, cli_env):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    out = _run([sys.executable, "train.py"], cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] in ("0", "1")
+    run = tmp_path / "run"
+    for name in ("config.yaml", "metrics.jsonl", "run.json", "mlflow.db", "report.md"):
+        assert (run / name).is_file(), name
+    latest = CheckpointManager(run / "checkpoints").latest()
+    assert latest is not None and load_checkpoint(latest).metadata["env_steps"] == 4096
+
+    from mlflow.tracking import MlflowClient
+
+    run_id = json.loads((run / "run.json").read_text())["mlflow_run_id"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{run / 'mlflow.db'}")
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert client.get_run(run_id).data.params["algo"] == "ppo"
+    assert max(m.value for m in client.get_metric_history(run_id, "env/steps")) == 4096
+
+    # The CLI evaluates the API's run as its own, with the same numbers as the API.
+    ev = _run(rlloop_cmd("eval", str(run), "--episodes", "4", "--json"), cli_env, tmp_path)
+    assert ev.returncode == 0, ev.stderr
+    cli = json.loads(ev.stdout.strip().splitlines()[-1])
+    assert load(run).evaluate(4)["return_mean"] == pytest.approx(cli["mean_return"])
+
+
+class _RecordRaw:
+    """A VecEnv that remembers the raw observations it returns."""
+
+    def __init__(self, env: VecEnv) -> None:
+        self.env, self.num_envs, self.spec = env, env.num_envs, env.spec
+        self.seen: list[Tensor] = []
+
+    def reset(self, seed: int | None = None) -> Tensor:
+        obs = self.env.reset(seed=seed)
+        self.seen.append(obs.clone())
+        return obs
+
+    def step(self, actions: Tensor) -> StepResult:
+        res = self.env.step(actions)
+        self.seen.append(res.obs.clone())
+        return res
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def test_predict_equals_eval_actions_of_the_same_checkpoint(tmp_path):
+    model = PPO("CartPole-v1", seed=1, run_dir=tmp_path / "run", normalize_obs=True, **QUIET)
+    model.learn(2048)
+    # What `rlloop eval` does: the acting config, the policy checkpoint, evaluate() on an
+    # env behind the shared observation normaliser.
+    algo = build_algorithm(acting_config(model.config))
+    state = load_checkpoint(policy_checkpoint(tmp_path / "run"),
+                            expected_components=COMPONENTS).components["algorithm"]
+    algo.set_policy_state(state)
+    assert algo.obs_stats is not None and algo.obs_stats.count > 1  # it normalises for real
+    raw = _RecordRaw(make_env("CartPole-v1", 4, seed=7))
+    actions: list[Tensor] = []
+
+    def act(obs: Tensor) -> Tensor:
+        actions.append(algo.act(obs, deterministic=True))
+        return actions[-1]
+
+    evaluate(act, NormalizeObservation(raw, algo.obs_stats, update=False), 4)
+    algo.close()
+    loaded = load(tmp_path / "run")
+    for obs, taken in zip(raw.seen, actions, strict=False):
+        np.testing.assert_array_equal(loaded.predict(obs.numpy()), taken.numpy())
+    one = loaded.predict(raw.seen[0][0].numpy())
+    assert one.shape == () and one == actions[0][0].item()
+    with pytest.raises(ConfigError, match=r"shape \(4,\)"):
+        loaded.predict(np.zeros(3))
+
+
+class _StopAt(Callback):
+    def __init__(self, steps: int) -> None:
+        self.steps, self.checkpoints, self.evals, self.result = steps, [], 0, None
+
+    def on_step(self, stats):
+        return stats["env/steps"] < self.steps
+
+    def on_eval(self, stats):
+        self.evals += 1
+
+    def on_checkpoint(self, path):
+        self.checkpoints.append(path)
+
+    def on_train_end(self, result):
+        self.result = result
+
+
+def test_callback_stops_training_and_sees_checkpoints(tmp_path):
+    model = PPO("CartPole-v1", seed=0, run_dir=tmp_path / "run", eval_every=1,
+                stop_on_solve=False, **QUIET)
+    stop = _StopAt(1024)
+    result = model.learn(100_000, callbacks=[stop])
+    assert result.env_steps == 1024 and result.stopped_by == "callback _StopAt"
+    assert stop.result is result and stop.evals >= 2
+    assert stop.checkpoints and stop.checkpoints[-1] == CheckpointManager(
+        tmp_path / "run" / "checkpoints").latest()
+    # learn again: the same run continues from its checkpoint for that many more steps
+    assert model.learn(1024).env_steps == 2048
+    # off-policy runs (border's cadence) stop on the same rule
+    dqn = DQN("CartPole-v1", run_dir=tmp_path / "dqn", num_envs=4, **QUIET)
+    result = dqn.learn(100_000, callbacks=[_StopAt(400)])
+    assert result.env_steps == 400 and result.stopped_by == "callback _StopAt"
+
+
+def test_cli_callback_flag(tmp_path, cli_env):
+    (tmp_path / "stopper.py").write_text(
+        "from rlloop import Callback\n"
+        "class Stop(Callback):\n"
+        "    def on_step(self, stats):\n"
+        "        return stats['env/steps'] < 1024\n")
+    out = _run(rlloop_cmd("train", "ppo", "--run-dir", "run", "--total-env-steps", "100000",
+                          "--quiet", "--set", "mlflow=false", "--set", "save_video=false",
+                          "--set", "stop_on_solve=false", "--callback", "stopper:Stop"),
+               cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "callback Stop" in out.stdout
+    bad = _run(rlloop_cmd("train", "ppo", "--callback", "nosuchmodule:Stop"), cli_env, tmp_path)
+    assert bad.returncode == 2 and "cannot import 'nosuchmodule'" in bad.stderr
+
+
+def test_factory_and_instance_envs_train(tmp_path, cli_env):
+    def cartpole() -> gymnasium.Env:
+        return gymnasium.make("CartPole-v1")
+
+    model = PPO(cartpole, seed=0, run_dir=tmp_path / "run", num_envs=4,
+                minibatch_size=64, **QUIET)
+    assert model.learn(1024).env_steps == 1024
+    assert model.predict(np.zeros((2, 4))).shape == (2,)
+    instance = PPO(gymnasium.make("CartPole-v1"), run_dir=tmp_path / "inst", num_envs=2,
+                   minibatch_size=64, **QUIET)
+    assert instance.learn(256).env_steps == 256
+    # Another process has no such env registered: the error says how to load it.
+    ev = _run(rlloop_cmd("eval", str(tmp_path / "run"), "--episodes", "1"), cli_env, tmp_path)
+    assert ev.returncode == 2 and "rlloop.load(run, env=" in ev.stderr
+    script = ("import gymnasium, rlloop, sys\n"
+              "m = rlloop.load(sys.argv[1], env=lambda: gymnasium.make('CartPole-v1'))\n"
+              "print(m.evaluate(2)['episodes'])\n")
+    out = _run([sys.executable, "-c", script, str(tmp_path / "run")], cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2.0"
+
+
+def test_settings_are_checked_and_untrusted_runs_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"lrr.*valid ppo settings: .*lr"):
+        PPO("CartPole-v1", lrr=1e-3)
+    assert PPO("CartPole-v1", lr=1e-4, num_envs=2).config.hparams.lr == 1e-4
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("algo: ppo\nenv: 'evil_payload:Evil-v0'\n")
+    with pytest.raises(EnvError, match="allow_import=True"):
+        load(run)
+
+
+def test_save_then_load_resumes(tmp_path):
+    model = PPO("CartPole-v1", seed=0, run_dir=tmp_path / "run", **QUIET)
+    model.learn(1024)
+    model.save(tmp_path / "copy")
+    with pytest.raises(Exception, match="not empty"):
+        model.save(tmp_path / "copy")
+    copy = load(tmp_path / "copy")
+    obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    np.testing.assert_array_equal(copy.predict(obs), model.predict(obs))
+    assert copy.learn(512).env_steps == 1536
+
+
+def test_import_rlloop_stays_light(cli_env, tmp_path):
+    code = "import sys, rlloop; print(rlloop.__version__, 'torch' in sys.modules)"
+    out = _run([sys.executable, "-c", code], cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "False"

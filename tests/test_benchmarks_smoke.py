@@ -1,0 +1,49 @@
+"""benchmarks/gpu.py keeps running where no GPU is at hand: a tiny budget on the CPU.
+
+rl8 is measured too when this interpreter can import it; otherwise only rlloop is.
+"""
+
+from __future__ import annotations
+
+import re
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+GPU_BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+
+
+def run_gpu_benchmark(monkeypatch: pytest.MonkeyPatch, *args: str) -> None:
+    monkeypatch.setattr(sys, "argv", [str(GPU_BENCHMARK), *args])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script adds its own folder
+    threads = torch.get_num_threads()
+    try:
+        runpy.run_path(str(GPU_BENCHMARK), run_name="__main__")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_gpu_benchmark_on_cpu(monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    run_gpu_benchmark(monkeypatch, "--device", "cpu", "--num-envs", "16", "--steps", "4",
+                      "--iters", "2", "--rounds", "1", "--peak-seconds", "0.05")
+    out = capsys.readouterr().out
+    assert "device: CPU" in out and "matmul peak (fp32)" in out
+    # library, envs, rounds, median env/s, the rounds' env/s, GFLOP/it, share of the peak
+    row = re.search(r"^rlloop\s+16\s+1\s+([\d,]+)\s+[\d,]+\s+([\d.]+)\s+([\d.]+)%$", out,
+                    re.MULTILINE)
+    assert row is not None, out
+    assert float(row[1].replace(",", "")) > 0
+    assert float(row[3]) > 0
+    rl8_measured = re.search(r"^rl8\s+16\s", out, re.MULTILINE) is not None
+    assert rl8_measured == ("measuring rlloop only" not in out)
+    assert ("16 envs: rlloop / rl8 env steps/s" in out) == rl8_measured
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_gpu_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SystemExit, match="no CUDA device is visible; use --device cpu"):
+        run_gpu_benchmark(monkeypatch, "--device", "cuda", "--num-envs", "16")

@@ -1,0 +1,133 @@
+"""``rlloop export``: the ONNX file run in onnxruntime and the TorchScript file run in a
+fresh process act exactly as the run's policy does under ``rlloop eval``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import rlloop_cmd
+from small_runs import train_ppo, train_sac
+
+from rlloop.algorithms import AlgorithmBase
+from rlloop.run import load_run_policy
+
+LOAD_TORCHSCRIPT = """
+import sys, torch
+policy = torch.jit.load(sys.argv[1])
+torch.save(policy(torch.load(sys.argv[2])), sys.argv[3])
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("export")
+    return {"ppo": train_ppo(base / "ppo"), "sac": train_sac(base / "sac")}
+
+
+def _observations(algorithm: AlgorithmBase) -> torch.Tensor:
+    """Raw observations around and well outside the training range, so the normaliser's
+    mean, scale and clip all matter."""
+    gen = torch.Generator().manual_seed(0)
+    shape = algorithm.settings.spec.obs_shape
+    return torch.randn(256, *shape, generator=gen) * 3.0
+
+
+def _eval_actions(algorithm: AlgorithmBase, obs: torch.Tensor) -> torch.Tensor:
+    """What `rlloop eval` does to a raw observation: its eval env normalises, then act."""
+    stats = algorithm.obs_stats
+    return algorithm.act(stats.normalize(obs) if stats else obs, deterministic=True)
+
+
+def _compare(algo: str, got: np.ndarray, want: torch.Tensor) -> None:
+    assert got.shape == tuple(want.shape)
+    if algo == "ppo":  # discrete: the very same actions
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, want.numpy())
+    else:
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _export(run, fmt, cwd, env):
+    out = subprocess.run(rlloop_cmd("export", str(run), "--format", fmt), env=env, cwd=cwd,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    return run / ("policy.onnx" if fmt == "onnx" else "policy.pt")
+
+
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_onnx_export_runs_in_onnxruntime_with_the_eval_actions(runs, algo, tmp_path, cli_env):
+    import onnxruntime
+
+    path = _export(runs[algo], "onnx", tmp_path, cli_env)
+    algorithm = load_run_policy(runs[algo], device="cpu")
+    try:
+        obs = _observations(algorithm)
+        want = _eval_actions(algorithm, obs)
+    finally:
+        algorithm.close()
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (got,) = session.run(["action"], {"obs": obs.numpy()})
+    _compare(algo, got, want)
+    (one,) = session.run(["action"], {"obs": obs[:1].numpy()})  # the batch size is free
+    _compare(algo, one, want[:1])
+
+
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_torchscript_export_loads_in_a_fresh_process_with_the_eval_actions(
+        runs, algo, tmp_path, cli_env):
+    path = _export(runs[algo], "torchscript", tmp_path, cli_env)
+    algorithm = load_run_policy(runs[algo], device="cpu")
+    try:
+        obs = _observations(algorithm)
+        want = _eval_actions(algorithm, obs)
+    finally:
+        algorithm.close()
+    torch.save(obs, tmp_path / "obs.pt")
+    # A bare interpreter (no rlloop on the path): the file must stand on its own.
+    out = subprocess.run([sys.executable, "-c", LOAD_TORCHSCRIPT, str(path),
+                          str(tmp_path / "obs.pt"), str(tmp_path / "actions.pt")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    _compare(algo, torch.load(tmp_path / "actions.pt").numpy(), want)
+
+
+def test_the_export_includes_the_observation_normaliser(runs, tmp_path):
+    from rlloop.export import export_run
+
+    algorithm = load_run_policy(runs["ppo"], device="cpu")
+    try:
+        assert algorithm.obs_stats is not None
+        obs = _observations(algorithm)
+        want = _eval_actions(algorithm, obs)
+        unnormalised = algorithm.act(obs, deterministic=True)
+    finally:
+        algorithm.close()
+    assert not torch.equal(want, unnormalised)  # else this test could not tell
+    path = export_run(runs["ppo"], "torchscript", tmp_path / "p.pt")
+    assert torch.equal(torch.jit.load(str(path))(obs), want)
+
+
+def test_export_replaces_a_linked_output_instead_of_writing_through_it(runs, tmp_path):
+    from rlloop.export import export_run
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    link = tmp_path / "policy.onnx"
+    link.symlink_to(victim)
+    export_run(runs["sac"], "onnx", link)
+    assert victim.read_text() == "keep"
+    assert not link.is_symlink() and link.stat().st_size > 1000
+
+
+def test_export_refuses_an_unknown_format_and_a_directory_that_is_not_a_run(runs, tmp_path,
+                                                                            cli_env):
+    for args in (["export", str(runs["ppo"]), "--format", "tflite"],
+                 ["export", str(tmp_path), "--format", "onnx"]):
+        out = subprocess.run(rlloop_cmd(*args), env=cli_env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.count("\n") == 1 and out.stderr.startswith("rlloop: error:")

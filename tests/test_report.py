@@ -1,0 +1,97 @@
+"""The end-of-run report (matplotlib figures, report.md/html) and ``rlloop plot``, from
+real short training runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+from conftest import rlloop_cmd
+from matplotlib.image import imread
+from small_runs import train_ppo, train_sac
+
+FIGURES = ("learning_curves.png", "losses.png", "diagnostics.png", "throughput.png")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("report")
+    return {"ppo": train_ppo(base / "ppo"), "ppo_seed1": train_ppo(base / "ppo1", seed=1),
+            "sac": train_sac(base / "sac")}
+
+
+def _assert_png(path, min_bytes=5_000):
+    assert path.is_file(), path
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+    assert path.stat().st_size > min_bytes, path
+    image = imread(path)
+    assert image.shape[0] > 100 and image.shape[1] > 100
+    assert image.std() > 0.01, f"{path} is blank"  # something was drawn on the white
+
+
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_report_figures_are_real_images_and_report_md_links_them(runs, algo):
+    run = runs[algo]
+    for name in FIGURES:
+        _assert_png(run / name)
+    report = (run / "report.md").read_text()
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
+    assert sorted(linked) == sorted(FIGURES)
+    html = (run / "report.html").read_text()
+    assert all(f"src='{name}'" in html for name in FIGURES)
+    assert not (run / "learning_curve.svg").exists()
+
+
+def test_report_lists_changed_settings_with_defaults_and_rounds_numbers(runs):
+    report = (runs["ppo"] / "report.md").read_text()
+    section = report.split("## Settings that differ from the defaults")[1].split("##")[0]
+    assert "| ppo.lr | 0.003 | 0.001 |" in section
+    assert "| ppo.normalize_obs | False | True |" in section
+    assert "| total_env_steps | 200000 | 1024 |" in section
+    assert "ppo.gamma" not in section and "clip_coef" not in section  # left at defaults
+    wall = re.search(r"\| wall_time_s \| ([0-9.e+-]+) \|", report)
+    assert wall is not None and len(wall.group(1).replace(".", "").lstrip("0")) <= 4
+    phases = report.split("## Env steps per second, by phase")[1]
+    assert "| env |" in phases and "| learn |" in phases
+
+
+def test_sac_diagnostics_come_from_q_statistics(runs):
+    from rlloop.report import DIAGNOSTICS, read_metrics
+
+    keys = {k for row in read_metrics(runs["sac"] / "metrics.jsonl") for k in row}
+    assert {"q/mean", "alpha/value"} <= keys & set(DIAGNOSTICS)
+
+
+def test_plot_overlays_runs_and_groups_seeds(runs, tmp_path, cli_env):
+    out = tmp_path / "fig.png"
+    res = subprocess.run(rlloop_cmd("plot", str(runs["ppo"]), str(runs["ppo_seed1"]),
+                                    str(runs["sac"]), "-o", str(out)),
+                         env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "3 runs in 2 curves" in res.stdout  # the two PPO seeds are one mean curve
+    _assert_png(out)
+    wall = tmp_path / "wall.png"
+    res = subprocess.run(rlloop_cmd("plot", str(runs["ppo"]), "-o", str(wall), "--x", "wall",
+                                    "--metric", "episode/return_mean"),
+                         env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    _assert_png(wall)
+
+
+def test_plot_refuses_a_directory_that_is_not_a_run(tmp_path, cli_env):
+    res = subprocess.run(rlloop_cmd("plot", str(tmp_path), "-o", str(tmp_path / "f.png")),
+                         env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "not an rlloop run directory" in res.stderr
+    assert not (tmp_path / "f.png").exists()
+
+
+def test_mean_and_band_interpolates_seeds_onto_the_shared_range():
+    from rlloop.plot import mean_and_band
+
+    grid, mean, low, high = mean_and_band([[(0, 0.0), (10, 10.0)], [(2, 4.0), (8, 4.0)]],
+                                          points=4)
+    assert grid.tolist() == [2.0, 4.0, 6.0, 8.0]
+    assert mean.tolist() == [3.0, 4.0, 5.0, 6.0]
+    assert low.tolist() == [2.0, 4.0, 4.0, 4.0] and high.tolist() == [4.0, 4.0, 6.0, 8.0]
