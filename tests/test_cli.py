@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 
@@ -71,6 +72,13 @@ def test_train_eval_resume(tmp_path, cli_env):
         (["train", "ppo", "--resume", "nowhere"], "not an rlloop run directory"),
         (["train", "sac", "--env", "CartPole-v1"], "sac needs continuous (Box) actions"),
         (["train", "dqn", "--env", "Pendulum-v1"], "dqn needs discrete actions"),
+        (["train", "ppo", "--env", "no_such_envs:Env-v0"], "no module named 'no_such_envs'"),
+        pytest.param(["train", "ppo", "--env", "LunarLander-v3"], 'gymnasium[box2d]',
+                     marks=pytest.mark.skipif(importlib.util.find_spec("Box2D") is not None,
+                                              reason="Box2D is installed")),
+        pytest.param(["train", "ppo", "--env", "MiniWorld-OneRoom-v0"], "pip install miniworld",
+                     marks=pytest.mark.skipif(importlib.util.find_spec("miniworld") is not None,
+                                              reason="miniworld is installed")),
     ],
 )
 def test_bad_input_gives_one_line_error(tmp_path, cli_env, args, expected):
@@ -80,3 +88,38 @@ def test_bad_input_gives_one_line_error(tmp_path, cli_env, args, expected):
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("rlloop: error:") and expected in lines[0], lines[0]
     assert not (tmp_path / "runs").exists()  # nothing is created for bad input
+
+
+def test_resume_applies_safe_overrides_and_refuses_the_rest(tmp_path, cli_env):
+    run = tmp_path / "run"
+    quiet = ["--quiet", "--set", "mlflow=false", "--set", "save_video=false"]
+    # Every CartPole episode lasts 8+ steps: solved at the first evaluation.
+    out = _run(["train", "ppo", "--run-dir", str(run), "--total-env-steps", "8192",
+                "--set", "solve_threshold=5", "--set", "eval_every=1", *quiet],
+               cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped_by"] == "solved" and summary["env_steps"] == 512
+
+    out = _run(["train", "ppo", "--resume", str(run), "--total-env-steps", "2048",
+                "--set", "stop_on_solve=false", "--set", "eval_every=2", *quiet],
+               cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped_by"] == "budget" and summary["env_steps"] == 2048
+    saved = (run / "config.yaml").read_text()
+    assert "stop_on_solve: false" in saved and "eval_every: 2" in saved
+
+    # Settings the checkpoints depend on are refused, all named in one line, and the
+    # run is left as it was.
+    out = _run(["train", "ppo", "--resume", str(run), "--env", "Acrobot-v1",
+                "--set", "ppo.hidden=[8]", "--set", "total_env_steps=4096"], cli_env, tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlloop: error: --resume cannot change")
+    assert "env" in lines[0] and "ppo.hidden" in lines[0] and "total_env_steps," not in lines[0]
+    assert CheckpointManager(run / "checkpoints").latest().name == f"{2048:09d}"
+    # Repeating a setting with its saved value is not a change.
+    out = _run(["train", "ppo", "--resume", str(run), "--env", "CartPole-v1",
+                "--total-env-steps", "2560", *quiet], cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr

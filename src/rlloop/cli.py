@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--device", help=f"{DEVICE_CHOICES} (default auto: CUDA when present)")
     t.add_argument("--total-env-steps", type=_integer)
     t.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its last "
-                   "checkpoint with its saved config")
+                   "checkpoint with its saved config (--set and flags may change budgets, "
+                   "stop rules, evaluation and logging)")
     t.add_argument("--quiet", action="store_true", help="no progress line")
     t.add_argument("--allow-import", action="store_true", help="with --resume: let the run's "
                    "env id import the module it names (module:Env-v0); off, loading a run "
@@ -107,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
 def _train(args: argparse.Namespace) -> int:
     from rlloop.callbacks import load_callback
     from rlloop.config import build_config
+    from rlloop.envs.registry import resolve_env_id
     from rlloop.logging import format_number, print_summary
     from rlloop.run import load_run_config, resume, train
 
@@ -122,10 +124,13 @@ def _train(args: argparse.Namespace) -> int:
         if saved.algo != args.algo:
             raise ConfigError(f"{args.resume} is a {saved.algo} run, not {args.algo}; "
                               f"use `rlloop train {saved.algo} --resume {args.resume}`")
-        result = resume(args.resume, allow_import=args.allow_import, callbacks=callbacks,
+        result = resume(args.resume, allow_import=args.allow_import, env=args.env,
+                        file=args.config, sets=args.sets, callbacks=callbacks,
                         **{k: v for k, v in flags.items() if v is not None})
     else:
         _check_new_run_dir(args.run_dir)
+        if args.env:  # typed by the user: its module may be imported (see resolve_env_id)
+            resolve_env_id(args.env, allow_import=True, search_cwd=True)
         config = build_config(args.algo, args.env, file=args.config, flags=flags,
                               sets=args.sets)
         result = train(config, args.run_dir, callbacks=callbacks)

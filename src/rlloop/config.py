@@ -31,6 +31,24 @@ MAX_SEED = 2**32 - 1
 #: More episodes than anyone evaluates on purpose; ``1e9`` would run for days.
 MAX_EVAL_EPISODES = 100_000
 
+#: What a resumed run may change: budgets, stop rules, evaluation, checkpoint and logging
+#: settings, and where it computes (checkpoints load on any device). The rest (env, seed,
+#: networks, batch shapes, the MLflow store) is fixed when a run starts: its checkpoints
+#: and MLflow run are tied to it.
+RESUMABLE_KEYS = frozenset({
+    "total_env_steps", "stop_on_solve", "solve_threshold", "solve_episodes", "eval_every",
+    "eval_episodes", "checkpoint_every", "keep_checkpoints", "torch_threads", "device",
+    "mlflow", "mlflow_interval_s", "tensorboard", "progress", "on_nonfinite", "save_video"})
+#: The same inside an algorithm's section (the off-policy cadence and evaluator).
+RESUMABLE_SECTION_KEYS = frozenset({
+    "eval_interval", "record_interval", "save_interval", "max_opts", "evaluator", "recorder"})
+
+
+def resumable(key: str, algo: str) -> bool:
+    """Whether ``key`` (dotted, as ``--set`` takes it) may change when ``algo``'s run resumes."""
+    section, _, name = key.partition(".")
+    return key in RESUMABLE_KEYS or (section == algo and name in RESUMABLE_SECTION_KEYS)
+
 
 @dataclass
 class RunConfig:
@@ -55,6 +73,9 @@ class RunConfig:
     """Also stop when the eval return reaches solve_threshold."""
     solve_threshold: float | None = None
     """Eval return that counts as solved (default: the env's reward_threshold)."""
+    solve_episodes: int = 100
+    """An evaluation that reaches solve_threshold stops the run only if a fresh evaluation
+    over this many episodes reaches it too (Gym's "solved": a mean over 100 episodes)."""
     eval_every: int = 5
     """Iterations between evaluations (0: only at the end). Off-policy algorithms count
     optimisation steps instead, in their own section (dqn.eval_interval, ...)."""
@@ -108,8 +129,8 @@ class RunConfig:
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; choose one of {list(BACKENDS)}")
         check_device_name(self.device)
-        for name in ("num_envs", "total_env_steps", "eval_episodes", "keep_checkpoints",
-                     "torch_threads"):
+        for name in ("num_envs", "total_env_steps", "eval_episodes", "solve_episodes",
+                     "keep_checkpoints", "torch_threads"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("eval_every", "checkpoint_every", "mlflow_interval_s",

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -47,16 +48,17 @@ from rlloop.checkpoint import (
     verify_checkpoint,
 )
 from rlloop.conditions import Condition, HitsUpperBound
-from rlloop.config import RunConfig, build_config, load_yaml
+from rlloop.config import RunConfig, build_config, load_yaml, resumable
 from rlloop.devices import resolve_device
 from rlloop.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
 from rlloop.envs.core import Box, Discrete
 from rlloop.envs.imports import check_env_import
 from rlloop.envs.objects import check_object_env
-from rlloop.envs.registry import env_spec
+from rlloop.envs.registry import env_spec, resolve_env_id
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
 from rlloop.memory import check_memory
+from rlloop.numerics import flushed_denormals
 from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.report import write_report
 from rlloop.run_lock import RunLock
@@ -101,7 +103,9 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
 
 def default_run_dir(config: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{config.algo}-{config.env}-{stamp}"
+    # One path component whatever the id holds ("ale_py:ALE/Pong-v5" -> ale_py-ALE-Pong-v5).
+    env = re.sub(r"[^\w.-]+", "-", config.env)
+    return Path("runs") / f"{config.algo}-{env}-{stamp}"
 
 
 def solve_threshold(config: RunConfig) -> float | None:
@@ -172,6 +176,7 @@ class Session:
         self.best_eval_return: float | None = None
         self.save_requested = False
         self.stop_requested: str | None = None
+        self.solved = False
         check_members(run_dir)
         torch.set_num_threads(config.torch_threads)
         self.algorithm = build_algorithm(config)
@@ -243,9 +248,9 @@ class Session:
                 "algo": self.config.algo, "env": self.config.env,
                 "device": str(self.algorithm.device)}
 
-    def save(self) -> Path:
+    def save(self, components: dict[str, Any] | None = None) -> Path:
         counter = "algorithm/steps" if self.off_policy else "env/steps"
-        path = self.manager.save(self.trainer.state[counter], self.components(),
+        path = self.manager.save(self.trainer.state[counter], components or self.components(),
                                  metadata=self.metadata())
         self.user_callbacks.checkpoint(path)
         return path
@@ -266,8 +271,26 @@ class Session:
                                        self.user_callbacks.stop]
         threshold = solve_threshold(self.config)
         if self.config.stop_on_solve and threshold is not None:
-            conditions.append(HitsUpperBound("eval/return_mean", threshold))
+            reached = HitsUpperBound("eval/return_mean", threshold)
+            conditions.append(lambda stats: reached(stats) and self._confirm_solved(threshold))
         return conditions
+
+    def _confirm_solved(self, threshold: float) -> bool:
+        """Solved only if a fresh evaluation over ``solve_episodes`` episodes reaches the
+        threshold too: the mean of a few episodes can be lucky (PPO on Acrobot-v1 once
+        "solved" at -79.8 right after evaluations of -500 and -295)."""
+        cfg = self.config
+        if cfg.solve_episodes > cfg.eval_episodes:
+            with flushed_denormals(self.trainer.flush_denormal):
+                result = self.algorithm.evaluate(cfg.solve_episodes)
+            value = float(result["return_mean"])
+            self.sink.log_metrics({"eval/solve_return_mean": value,
+                                   "eval/solve_episodes": float(result["episodes"])},
+                                  self.trainer.state["env/steps"])
+            if value < threshold:
+                return False
+        self.solved = True
+        return True
 
     def run(self) -> RunResult:
         """Train until a stop condition; always writes a final checkpoint and the report.
@@ -299,6 +322,8 @@ class Session:
         trainer, cfg = self.trainer, self.config
         stats: Stats = {}
         start = time.perf_counter()
+        self._start_steps = trainer.state["env/steps"]
+        self._final: dict[str, Any] | None = None
         with supervised(self, self._finish):
             try:
                 if trainer.state["env/steps"] < cfg.total_env_steps:
@@ -306,7 +331,13 @@ class Session:
                     stats = trainer.run(steps_per_eval=every,
                                         stop_conditions=self.stop_conditions())
                 if "eval/return_mean" not in stats:
+                    # The final checkpoint holds the state as training left it: this extra
+                    # evaluation advances eval seeds (and any global RNG the env draws
+                    # from), which a run trained straight through never does.
+                    self._final = self.components()
                     stats = {**stats, **trainer.eval()}
+                    self._final["trainer"].update(latest_eval=dict(trainer.latest_eval),
+                                                  best_eval_return=self.best_eval_return)
             except StopInterrupted:
                 # An env worker did not answer within seconds of a stop signal: stop
                 # without the iteration in flight (its experience is dropped).
@@ -325,8 +356,9 @@ class Session:
     def _finish(self, status: str) -> None:
         """The final checkpoint (whatever ended the run), then the sinks and envs."""
         try:
-            if self.trainer.state["algorithm/steps"] or not self.manager.latest():
-                self.save()
+            # Steps taken (off-policy ones too, before any optimisation step), or a new run.
+            if self.trainer.state["env/steps"] > self._start_steps or not self.manager.latest():
+                self.save(self._final)
         finally:
             # A full disk fails the sinks too (MLflow's store); the one error line says it.
             with _quiet(disk_full_cause(sys.exception()) is not None):
@@ -345,11 +377,7 @@ class Session:
             return f"signal {self.stop_requested}"
         if self.user_callbacks.stopped_by:
             return self.user_callbacks.stopped_by
-        threshold = solve_threshold(self.config)
-        if (self.config.stop_on_solve and threshold is not None
-                and stats.get("eval/return_mean", -math.inf) >= threshold):
-            return "solved"
-        return "budget"
+        return "solved" if self.solved else "budget"
 
 
 def train(config: RunConfig, run_dir: str | Path | None = None, *,
@@ -408,14 +436,43 @@ def load_run_config(run_dir: str | Path, *, allow_import: bool = False,
     if isinstance(env, str):
         check_env_import(env, allow_import=allow_import, source=str(path))
         check_object_env(env, source=str(path))
+        if allow_import:  # consented: import it now (make_env never imports a module:Id)
+            resolve_env_id(env, allow_import=True)
     return build_config(saved.get("algo", "ppo"), env, base=saved, flags=flags)
 
 
+def resume_config(run_dir: str | Path, *, allow_import: bool = False, env: str | None = None,
+                  file: str | Path | None = None, sets: list[str] | None = None,
+                  **flags: Any) -> RunConfig:
+    """A run's saved config with the overrides a resume may apply (see
+    :func:`rlloop.config.resumable`); ``ConfigError`` names any other changed setting."""
+    saved = load_run_config(run_dir, allow_import=allow_import)
+    old = saved.to_dict()
+    config = build_config(saved.algo, env, file=file, flags=flags, sets=sets, base=old)
+    new = config.to_dict()
+    changed = [f"{key}.{sub}" for key, value in new.items()
+               if isinstance(value, dict) and key != "env_kwargs"
+               for sub in value if value[sub] != old[key].get(sub)]
+    changed += [key for key, value in new.items()
+                if not (isinstance(value, dict) and key != "env_kwargs") and value != old[key]]
+    fixed = [key for key in changed if not resumable(key, saved.algo)]
+    if fixed:
+        raise ConfigError(f"--resume cannot change {', '.join(fixed)} (the run's env, "
+                          "networks and data depend on it); drop the override or start a new "
+                          "run. A resume may change budgets, stop rules, evaluation, "
+                          "checkpoint and logging settings")
+    return config
+
+
 def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = False,
-           callbacks: Sequence[Callback] = (), **flags: Any) -> RunResult:
-    """Continue a run from its last checkpoint with its saved config."""
+           env: str | None = None, file: str | Path | None = None,
+           sets: list[str] | None = None, callbacks: Sequence[Callback] = (),
+           **flags: Any) -> RunResult:
+    """Continue a run from its last checkpoint with its saved config, changed by the
+    overrides a resume allows (``flags``, ``--set`` items, a YAML ``file``)."""
     RunLock(check_run_dir(run_dir)).acquire().release()  # fail fast if a trainer holds it
-    config = load_run_config(run_dir, allow_import=allow_import, **flags)
+    config = resume_config(run_dir, allow_import=allow_import, env=env, file=file, sets=sets,
+                           **flags)
     if not _has_checkpoint(Path(run_dir)):  # before Session starts envs and sinks
         raise _no_checkpoint(Path(run_dir))
     return Session(config, Path(run_dir), resume=True, console=console,

@@ -11,6 +11,10 @@ about half of those on Gymnasium's CartPole, whose resets use NumPy's generator)
 from __future__ import annotations
 
 import hashlib
+import random
+
+import numpy as np
+import torch
 
 
 def derive_seed(seed: int, stream: str) -> int:
@@ -18,3 +22,15 @@ def derive_seed(seed: int, stream: str) -> int:
     no structure with ``seed`` itself or with other streams' seeds."""
     digest = hashlib.blake2b(f"{stream}\x00{seed}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def seed_global_rngs(seed: int) -> None:
+    """Seed torch's, NumPy's and Python's global generators from ``seed``.
+
+    rlloop's own draws use its generators; the global ones matter for what it does not
+    control (a user's env drawing from ``np.random``), and a checkpoint saves them, so
+    they must start from the seed for a run to be reproducible and to resume exactly.
+    """
+    torch.manual_seed(seed)
+    np.random.seed(derive_seed(seed, "numpy") % 2**32)
+    random.seed(derive_seed(seed, "python"))

@@ -17,7 +17,7 @@ from rlloop.errors import ConfigError
 from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.runners.env_runner import EnvRunner
 from rlloop.runners.evaluation import evaluate
-from rlloop.seeding import derive_seed
+from rlloop.seeding import derive_seed, seed_global_rngs
 
 if TYPE_CHECKING:
     from rlloop.learners.learner import Learner
@@ -75,7 +75,7 @@ class AlgorithmBase:
     def __init__(self, settings: EnvSettings, obs_stats: RunningMeanStd | None = None) -> None:
         self.settings = settings
         self.device = resolve_device(settings.device)
-        torch.manual_seed(settings.seed)
+        seed_global_rngs(settings.seed)
         self.generator = new_generator(self.device, derive_seed(settings.seed, "algorithm"))
         self.obs_stats = obs_stats
         self.env_config: dict[str, Any] = {}

@@ -34,7 +34,7 @@ from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.masked import MaskedActorCritic
 from rlloop.runners.multi_agent import RANDOM, MultiAgentRunner, evaluate_multi_agent
-from rlloop.seeding import derive_seed
+from rlloop.seeding import derive_seed, seed_global_rngs
 
 
 @dataclass
@@ -77,7 +77,7 @@ class MultiAgentPPO:
         config.check_batch(settings.num_envs)
         self.config, self.settings = config, settings
         self.device = resolve_device(settings.device)
-        torch.manual_seed(settings.seed)
+        seed_global_rngs(settings.seed)
         self.generator = new_generator(self.device, derive_seed(settings.seed, "algorithm"))
         self.env_config: dict[str, Any] = {}
         self.env = self._make_env(settings.num_envs, settings.seed, {})

@@ -118,6 +118,8 @@ def gym_env_spec(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSp
         if not kwargs:  # then it is a bug in the env, not a user mistake
             raise
         raise _kwargs_error(env_id, kwargs, e) from e
+    except gymnasium.error.DependencyNotInstalled as e:
+        raise _dependency_error(env_id, e) from None
     try:
         return spec_from_gym(env_id, env.spec, env.observation_space, env.action_space)
     finally:
@@ -129,6 +131,12 @@ def _kwargs_error(env_id: str, kwargs: dict[str, Any], error: TypeError) -> EnvE
         f"gymnasium.make({env_id!r}) rejected env_kwargs {sorted(kwargs)} ({error}); "
         "check the env's constructor arguments"
     )
+
+
+def _dependency_error(env_id: str, error: Exception) -> EnvError:
+    # Gymnasium's message already names the pip command (e.g. "gymnasium[box2d]").
+    return EnvError(f"{env_id} needs a package that is not installed: "
+                    f"{' '.join(str(error).split())}")
 
 
 #: Raised by rlloop itself around the env (async workers that failed, a stop signal while
@@ -197,6 +205,8 @@ class GymVecEnv:
             if not kwargs:  # then it is a bug in the env, not a user mistake
                 raise
             raise _kwargs_error(env_id, kwargs, e) from e
+        except gymnasium.error.DependencyNotInstalled as e:
+            raise _dependency_error(env_id, e) from None
         try:
             obs_space = self._vec.single_observation_space
             act_space = self._vec.single_action_space

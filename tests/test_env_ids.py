@@ -1,0 +1,98 @@
+"""Env ids: provider packages imported on demand, ``module:Id`` ids, one-line errors.
+
+An id read from a run directory must never import a module of its choosing: only the
+ids a user types (``rlloop train --env``) may, and only from a fixed list of known
+provider packages otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+from conftest import rlloop_cmd
+
+from rlloop.config import build_config
+from rlloop.envs.core import EnvError
+from rlloop.envs.registry import resolve_env_id
+from rlloop.run import default_run_dir
+
+MODULE = """
+import gymnasium
+from pathlib import Path
+
+Path("{marker}").write_text("imported")
+gymnasium.register(id="{env}", entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+                   max_episode_steps=50)
+"""
+
+
+def _write_module(directory, name, env, marker):
+    (directory / f"{name}.py").write_text(MODULE.format(marker=marker, env=env))
+
+
+def test_module_id_is_imported_only_when_allowed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # undo the import path change
+    marker = tmp_path / "imported.txt"
+    _write_module(tmp_path, "rlloop_test_envmod", "RlloopTestCart-v0", marker)
+    env_id = "rlloop_test_envmod:RlloopTestCart-v0"
+
+    # As when loading a run: its config names the module, the user did not type it.
+    with pytest.raises(EnvError, match="imports a module named in an env id only when"):
+        resolve_env_id(env_id)
+    assert not marker.exists() and "rlloop_test_envmod" not in sys.modules
+    assert str(tmp_path) not in sys.path
+
+    # A run's id the user consented to import: the working directory is not searched.
+    with pytest.raises(EnvError, match="no module named 'rlloop_test_envmod'"):
+        resolve_env_id(env_id, allow_import=True)
+    assert not marker.exists() and str(tmp_path) not in sys.path
+
+    # Typed by the user: found in the working directory, as `python -m` would.
+    assert resolve_env_id(env_id, allow_import=True, search_cwd=True) == env_id
+    assert marker.exists()
+    assert resolve_env_id(env_id) == env_id  # imported now: no new code runs
+
+
+def test_console_script_finds_a_module_in_the_working_directory(tmp_path, cli_env):
+    _write_module(tmp_path, "myenvs", "MyCart-v0", tmp_path / "imported.txt")
+    # -P: no working directory on sys.path, exactly like the `rlloop` console script.
+    cmd = [sys.executable, "-P", *rlloop_cmd("train", "ppo")[1:], "--env", "myenvs:MyCart-v0",
+           "--total-env-steps", "512", "--quiet", "--set", "mlflow=false",
+           "--set", "save_video=false", "--set", "stop_on_solve=false"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=cli_env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr
+    (run,) = (tmp_path / "runs").iterdir()  # one directory, not nested by the id
+    assert run.name.startswith("ppo-myenvs-MyCart-v0-") and (run / "summary.json").is_file()
+
+
+def test_run_dir_is_one_component_for_any_id():
+    path = default_run_dir(build_config("dqn", "ale_py:ALE/Pong-v5"))
+    assert path.parent.name == "runs" and path.name.startswith("dqn-ale_py-ALE-Pong-v5-")
+
+
+def _resolve_in_fresh_process(env_id, cli_env):
+    code = ("import sys; from rlloop.envs.registry import env_spec, resolve_env_id; "
+            f"print(resolve_env_id({env_id!r})); print(env_spec({env_id!r}).action_space)")
+    out = subprocess.run([sys.executable, "-c", code], env=cli_env, capture_output=True,
+                         text=True, timeout=120)
+    return out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="needs ale-py")
+def test_ale_ids_import_ale_py_on_demand(cli_env):
+    out = _resolve_in_fresh_process("ALE/Pong-v5", cli_env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[:2] == ["ale_py:ALE/Pong-v5", "Discrete(n=6)"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("minigrid") is None, reason="needs minigrid")
+def test_minigrid_ids_import_minigrid_on_demand(cli_env):
+    out = _resolve_in_fresh_process("MiniGrid-Empty-5x5-v0", cli_env)
+    # Found; MiniGrid's Dict observations are then refused with the fix.
+    assert "unknown env id" not in out.stderr
+    assert "observation space Dict" in out.stderr and "FlattenObservation" in out.stderr
