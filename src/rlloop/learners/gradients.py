@@ -48,7 +48,9 @@ class GradientClip:
 def grad_norm(params: Sequence[Tensor]) -> Tensor:
     """The global L2 norm of the gradients of ``params`` (zero when none has a gradient)."""
     grads = [p.grad for p in params if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    if grads:
+        return torch.nn.utils.get_total_norm(grads)
+    return torch.zeros((), device=params[0].device if params else None)
 
 
 def clip_gradients(params: Sequence[Tensor], clip: GradientClip,
@@ -59,7 +61,7 @@ def clip_gradients(params: Sequence[Tensor], clip: GradientClip,
     """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return torch.zeros(())
+        return torch.zeros((), device=params[0].device if params else None)
     if norm is None:
         norm = torch.nn.utils.get_total_norm(grads)
     if clip.max is None:
