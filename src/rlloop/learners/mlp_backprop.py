@@ -71,7 +71,7 @@ class MLPBackprop:
             torch.mm(g.t(), a, out=w.grad)
             torch.sum(g, 0, out=b.grad)
             if i:  # a is the previous layer's ReLU output: its gradient passes where a > 0
-                g = (g.mm(w)).mul_(a > 0)
+                g = torch.ops.aten.threshold_backward(g.mm(w), a, 0.0)
 
 
 def dqn_loss_grad(
