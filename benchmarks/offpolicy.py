@@ -1,7 +1,8 @@
 """Off-policy training throughput: rlloop vs Stable-Baselines3, in one process, one run.
 
 Run: ``python benchmarks/offpolicy.py [--quick] [--dqn-steps N] [--sac-steps N]
-[--tasks dqn sac] [--seeds 0 1 2] [--jobs N]`` (several seeds add a summary of means and
+[--tasks dqn sac] [--paths autograd compiled manual] [--seeds 0 1 2] [--jobs N]``
+(several seeds add a summary of means and
 of how rlloop's returns compare with SB3's; ``--jobs`` trains that many seeds at once, one
 process each, for machines with more cores than the two this project's is measured on).
 
@@ -12,13 +13,19 @@ rlloop's shipped presets are the same values):
 - DQN on CartPole-v1: lr 2.3e-3, batch 64, buffer 100k, 1000 warm-up steps, train_freq
   256 with 128 gradient steps, target synced every 128 updates (SB3: every 10 env steps,
   which is the same thing at this train_freq), epsilon 1 -> 0.04 over 16% of the budget,
-  [256, 256] ReLU Q-network. SB3 steps Gymnasium's CartPole. rlloop runs three times:
-  its native batched CartPole with 1 env (rl-zoo's setup) and with 4 envs (its preset;
-  every setting counts transitions, so the update-to-data ratio is the same), and
+  [256, 256] ReLU Q-network. SB3 steps Gymnasium's CartPole. rlloop runs on its native
+  batched CartPole with 1 env (rl-zoo's setup) and with 4 envs (its preset; every
+  setting counts transitions, so the update-to-data ratio is the same), and on
   Gymnasium's CartPole with 1 env ("gym": the very env SB3 steps).
 - SAC on Pendulum-v1: lr 1e-3 for actor, critics and alpha, batch 256, 100 warm-up
   steps, one gradient step per env step, [256, 256] networks, tau 0.005, 1 env. Both
   step Gymnasium's Pendulum.
+
+rlloop's gradient paths run side by side on one env (``--paths``): ``autograd`` (the
+default: autograd and ``Adam(fused=True)``, eager), ``compiled`` (the same update
+through ``torch.compile``, ``<algo>.compile=true``; its first updates include the
+compilation) and, for DQN, ``manual`` (the opt-in hand-derived backward pass,
+``dqn.manual_backward=true``). The 4-env and Gymnasium-env runs take the default path.
 
 Budgets (defaults): 40k env steps for DQN and 5k for SAC, which keeps the whole run near
 ten minutes on two cores; rl-zoo trains 50k and 20k (``--dqn-steps``, ``--sac-steps``).
@@ -26,7 +33,9 @@ Neither evaluates while training. The runs alternate every few thousand (DQN) or
 (SAC) env steps inside one process, so all of them see the same machine load; each one's
 clock runs only during its own training. Reported per run:
 
-- ``env/s``: env steps per second of training;
+- ``env/s``: env steps per second of training; ``warm s``: the longest single trainer
+  step (for ``compiled``, the one that compiled the update); ``env/s*``: env steps per
+  second without that step (the steady state);
 - ``upd/s``: gradient updates per second over the same time; ``opt/s``: rlloop's border
   optimisation steps per second (one optimisation step = ``gradient_steps`` updates);
 - ``return``: mean return of the trained policy on 20 deterministic Gymnasium episodes
@@ -41,7 +50,8 @@ clock runs only during its own training. Reported per run:
   share of the machine's compute bound that training reaches.
 
 Everything runs with one torch thread. The machine may be shared: the load average is
-printed with the results.
+printed with the results, and ``--clock cpu`` times training by this process's CPU time
+instead of the wall clock.
 
 Returns at these budgets vary far more between seeds than between the libraries (DQN's
 final return on CartPole ranges from under 100 to 500 in both), so the summary states
@@ -72,6 +82,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 EVAL_EPISODES = 20
 EVAL_SEED = 10_000
+#: The training clocks: wall time, or this process's CPU time (``--clock cpu``, for a
+#: shared machine, where other jobs' load would otherwise fall on whoever runs then).
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]
 
 
 @dataclass
@@ -87,6 +101,7 @@ class Result:
     load: tuple[float, float]
     seed: int = 0
     late_returns: tuple[float, ...] = ()
+    warm_seconds: float = 0.0
 
     @property
     def late_return(self) -> float:
@@ -97,6 +112,10 @@ class Result:
     @property
     def env_sps(self) -> float:
         return self.env_steps / self.seconds
+
+    @property
+    def steady_sps(self) -> float:
+        return self.env_steps / (self.seconds - self.warm_seconds)
 
     @property
     def updates_ps(self) -> float:
@@ -156,7 +175,7 @@ class RlloopRun:
     """rlloop's trainer, advanced in chunks; ``seconds`` counts only its own training."""
 
     def __init__(self, algo: str, env_id: str, steps: int, seed: int, num_envs: int,
-                 backend: str = "auto") -> None:
+                 backend: str = "auto", path: str = "autograd") -> None:
         from rlloop.config import build_config
         from rlloop.offpolicy_trainer import OffPolicyAlgorithm, OffPolicyTrainer
         from rlloop.run import build_algorithm
@@ -167,21 +186,26 @@ class RlloopRun:
                 f"{algo}.save_interval=0"]
         if algo == "dqn":  # SB3's exploration_fraction is relative to the budget
             sets.append(f"dqn.exploration_steps={int(0.16 * steps)}")
+        sets += PATHS[path](algo)
         self.config = build_config(algo, env_id, flags={"seed": seed, "total_env_steps": steps},
                                    sets=sets)
         self.algo, self.env_id, self.num_envs, self.seed = algo, env_id, num_envs, seed
         self.label = (f"rlloop {num_envs} env{'s' if num_envs > 1 else ''}"
-                      + (" gym" if backend == "gymnasium" and algo == "dqn" else ""))
+                      + (" gym" if backend == "gymnasium" and algo == "dqn" else "")
+                      + ("" if path == "autograd" else f" {path}"))
         self.algorithm: Any = build_algorithm(self.config)
         self.trainer = OffPolicyTrainer(cast(OffPolicyAlgorithm, self.algorithm))
         self.seconds = 0.0
+        self.warm_seconds = 0.0  # the longest trainer step
         self.late_returns: list[float] = []
 
     def advance(self, env_steps: int) -> None:
-        start = time.perf_counter()
+        start = clock()
         while self.trainer.state["env/steps"] < env_steps:
+            t0 = clock()
             self.trainer.step()
-        self.seconds += time.perf_counter() - start
+            self.warm_seconds = max(self.warm_seconds, clock() - t0)
+        self.seconds += clock() - start
 
     def act(self, obs: np.ndarray) -> Any:
         action = self.algorithm.act(torch.as_tensor(obs, dtype=torch.float32)[None])[0]
@@ -197,12 +221,15 @@ class RlloopRun:
         batch = ReplayBatch.of(algorithm.loop.replay.sample(
             self.config.hparams.batch_size, torch.Generator().manual_seed(0)))
         final = evaluate_gym(self.env_id, self.act)  # before the FLOP count's extra update
+        hparams = algorithm.learner.config
+        compiled, hparams.compile = hparams.compile, False  # count the same maths, eager
         flops = count_flops(lambda: algorithm.learner.update(batch))
+        hparams.compile = compiled
         result = Result(self.label,
                         f"{self.algo} {self.env_id}", self.trainer.state["env/steps"],
                         self.seconds, algorithm.learner.updates,
                         self.trainer.state["algorithm/steps"], final, flops, load, self.seed,
-                        tuple(self.late_returns))
+                        tuple(self.late_returns), self.warm_seconds)
         algorithm.close()
         return result
 
@@ -221,14 +248,14 @@ def sb3_model(algo: str, env_id: str, seed: int) -> Any:
 
 
 def train_all(algo: str, env_id: str, steps: int, seed: int, chunk: int,
-              rlloop_runs: tuple[tuple[int, str], ...]) -> list[Result]:
-    """Train SB3 and rlloop (once per ``(num_envs, backend)`` of ``rlloop_runs``) on the
-    same budget,
-    alternating every ``chunk`` env steps so that all see the same machine load; each
-    one's time counts only its own work."""
+              rlloop_runs: Sequence[tuple[int, str, str]]) -> list[Result]:
+    """Train SB3 and rlloop (once per ``(num_envs, backend, path)`` of ``rlloop_runs``)
+    on the same budget, alternating every ``chunk`` env steps so that all see the same
+    machine load; each one's time counts only its own work."""
     from stable_baselines3.common.callbacks import BaseCallback
 
-    ours = [RlloopRun(algo, env_id, steps, seed, n, backend) for n, backend in rlloop_runs]
+    ours = [RlloopRun(algo, env_id, steps, seed, n, backend, path)
+            for n, backend, path in rlloop_runs]
     model = sb3_model(algo, env_id, seed)
     late_marks = [-(-int(f * steps) // chunk) * chunk for f in (0.8, 0.9)]  # chunk multiples
     sb3_late: list[float] = []
@@ -244,17 +271,17 @@ def train_all(algo: str, env_id: str, steps: int, seed: int, chunk: int,
                 for run in ours:
                     run.advance(self.num_timesteps)
                 if self.num_timesteps in late_marks:
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     sb3_late.append(evaluate_gym(env_id, sb3_act))
                     for run in ours:
                         run.evaluate_late()
-                    paused[0] += time.perf_counter() - t0
+                    paused[0] += clock() - t0
             return True
 
     load0 = load_average()
-    start = time.perf_counter()
+    start = clock()
     model.learn(total_timesteps=steps, callback=Alternate())
-    sb3_seconds = (time.perf_counter() - start - sum(run.seconds for run in ours)
+    sb3_seconds = (clock() - start - sum(run.seconds for run in ours)
                    - paused[0])
     for run in ours:
         run.advance(steps)
@@ -272,15 +299,16 @@ def train_all(algo: str, env_id: str, steps: int, seed: int, chunk: int,
 
 def report(results: list[Result], peak: float) -> None:
     print(f"\nmatmul peak (1 thread, fp32): {peak / 1e9:.1f} GFLOP/s")
-    head = (f"{'task':20s} {'seed':>4s} {'library':17s} {'env steps':>9s} {'train s':>8s} "
-            f"{'env/s':>8s} {'upd/s':>8s} {'opt/s':>8s} {'return':>8s} {'late':>7s} "
-            f"{'MFLOP/upd':>9s} {'share':>6s} {'load':>9s}")
+    head = (f"{'task':20s} {'seed':>4s} {'library':24s} {'env steps':>9s} {'train s':>8s} "
+            f"{'env/s':>8s} {'warm s':>6s} {'env/s*':>8s} {'upd/s':>8s} {'opt/s':>8s} "
+            f"{'return':>8s} {'late':>7s} {'MFLOP/upd':>9s} {'share':>6s} {'load':>9s}")
     print(head)
     print("-" * len(head))
     for r in results:
         share = r.flops_per_update * r.updates_ps / peak
-        print(f"{r.task:20s} {r.seed:4d} {r.library:17s} {r.env_steps:9d} {r.seconds:8.1f} "
-              f"{r.env_sps:8.1f} {r.updates_ps:8.1f} {r.opt_steps / r.seconds:8.2f} "
+        print(f"{r.task:20s} {r.seed:4d} {r.library:24s} {r.env_steps:9d} {r.seconds:8.1f} "
+              f"{r.env_sps:8.1f} {r.warm_seconds:6.1f} {r.steady_sps:8.1f} "
+              f"{r.updates_ps:8.1f} {r.opt_steps / r.seconds:8.2f} "
               f"{r.eval_return:8.1f} {r.late_return:7.1f} {r.flops_per_update / 1e6:9.1f} "
               f"{share:6.1%} "
               f"{r.load[0]:4.1f}/{r.load[1]:4.1f}")
@@ -290,24 +318,39 @@ def report(results: list[Result], peak: float) -> None:
         theirs = next(r for r in runs if r.library.startswith("sb3"))
         for mine in (r for r in runs if r.library.startswith("rlloop")):
             print(f"{task} seed {seed}: {mine.library} / SB3 env steps/s "
-                  f"{mine.env_sps / theirs.env_sps:.2f}x, updates/s "
+                  f"{mine.env_sps / theirs.env_sps:.2f}x (steady "
+                  f"{mine.steady_sps / theirs.steady_sps:.2f}x), updates/s "
                   f"{mine.updates_ps / theirs.updates_ps:.2f}x, return "
                   f"{mine.eval_return:.1f} vs {theirs.eval_return:.1f}, late "
                   f"{mine.late_return:.1f} vs {theirs.late_return:.1f}")
 
 
-TASKS = {"dqn": ("CartPole-v1", 1024, ((1, "native"), (4, "native"), (1, "gymnasium"))),
-         "sac": ("Pendulum-v1", 100, ((1, "auto"),))}
+#: ``(num_envs, backend, gradient path)`` of every rlloop run, per task.
+TASKS = {"dqn": ("CartPole-v1", 1024, ((1, "native", "autograd"), (1, "native", "compiled"),
+                                       (1, "native", "manual"), (4, "native", "autograd"),
+                                       (1, "gymnasium", "autograd"))),
+         "sac": ("Pendulum-v1", 100, ((1, "auto", "autograd"), (1, "auto", "compiled")))}
+#: The settings of each gradient path.
+PATHS: dict[str, Callable[[str], list[str]]] = {
+    "autograd": lambda algo: [],
+    "compiled": lambda algo: [f"{algo}.compile=true"],
+    "manual": lambda algo: ["dqn.manual_backward=true"],
+}
 
 
-def train_seed(algo: str, steps: int, seed: int) -> list[Result]:
-    """Every contender of ``algo`` on one seed (one torch thread; a worker's entry point)."""
+def train_seed(algo: str, steps: int, seed: int, paths: Sequence[str] = tuple(PATHS),
+               clock_name: str = "wall") -> list[Result]:
+    """Every contender of ``algo`` on one seed (one torch thread; a worker's entry point);
+    rlloop's runs on the gradient ``paths`` only, timed by ``clock_name``."""
+    global clock
+    clock = CLOCKS[clock_name]
     torch.set_num_threads(1)
     env_id, chunk, runs = TASKS[algo]
-    return train_all(algo, env_id, steps, seed, chunk, runs)
+    return train_all(algo, env_id, steps, seed, chunk, [r for r in runs if r[2] in paths])
 
 
-def train_seeds(jobs: Sequence[tuple[str, int, int]], workers: int) -> list[Result]:
+def train_seeds(jobs: Sequence[tuple[str, int, int, Sequence[str], str]],
+                workers: int) -> list[Result]:
     """``train_seed`` for each ``(algo, steps, seed)``, ``workers`` processes at a time
     (in this process when 1); results in job order."""
     if workers <= 1:
@@ -331,6 +374,11 @@ def main() -> None:
     parser.add_argument("--dqn-steps", type=int, default=None)
     parser.add_argument("--sac-steps", type=int, default=None)
     parser.add_argument("--tasks", nargs="+", choices=["dqn", "sac"], default=["dqn", "sac"])
+    parser.add_argument("--paths", nargs="+", choices=list(PATHS), default=list(PATHS),
+                        help="rlloop's gradient paths to run (default: all)")
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help="time training by wall clock (default) or by this process's "
+                             "CPU time (steadier on a machine other jobs load)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="one run of every task per seed; the summary averages them")
     parser.add_argument("--jobs", type=int, default=1,
@@ -343,7 +391,9 @@ def main() -> None:
     steps = {"dqn": args.dqn_steps or (6_000 if args.quick else 40_000),
              "sac": args.sac_steps or (600 if args.quick else 5_000)}
     peak = matmul_peak_flops()
-    jobs = [(algo, steps[algo], seed) for seed in args.seeds for algo in args.tasks]
+    print(f"clock: {args.clock}")
+    jobs = [(algo, steps[algo], seed, tuple(args.paths), args.clock)
+            for seed in args.seeds for algo in args.tasks]
     results = train_seeds(jobs, args.jobs)
     report(results, peak)
     if len(args.seeds) > 1:
@@ -352,7 +402,7 @@ def main() -> None:
 
 def summary(results: list[Result]) -> None:
     """Means over seeds: total env steps / total training time, and mean return."""
-    print(f"\n{'task':20s} {'library':17s} {'env/s':>8s} {'ratio':>6s} {'mean return':>12s} "
+    print(f"\n{'task':20s} {'library':24s} {'env/s':>8s} {'ratio':>6s} {'mean return':>12s} "
           f"{'mean late':>10s} {'seeds':>5s}")
     for task in dict.fromkeys(r.task for r in results):
         runs: dict[str, list[Result]] = {}
@@ -365,13 +415,13 @@ def summary(results: list[Result]) -> None:
             sps = sum(r.env_steps for r in group) / sum(r.seconds for r in group)
             mean = sum(r.eval_return for r in group) / len(group)
             late = sum(r.late_return for r in group) / len(group)
-            print(f"{task:20s} {library:17s} {sps:8.1f} {sps / base:5.2f}x {mean:12.1f} "
+            print(f"{task:20s} {library:24s} {sps:8.1f} {sps / base:5.2f}x {mean:12.1f} "
                   f"{late:10.1f} {len(group):5d}")
         for library, group in runs.items():
             for name, value in (("final", "eval_return"), ("late", "late_return")):
                 ours = [getattr(r, value) for r in group]
                 theirs = [getattr(r, value) for r in sb3]
-                print(f"{task:20s} {library:17s} {name:5s} return vs SB3: "
+                print(f"{task:20s} {library:24s} {name:5s} return vs SB3: "
                       f"{compare_returns(ours, theirs)}")
 
 

@@ -207,5 +207,7 @@ def test_non_finite_loss_skips_or_raises(mode):
             algo.learner.update(bad)
     else:
         algo.learner.update(bad)
-        assert algo.learner.skipped_updates == 1 and algo.learner.updates == 0
+        # Skipped on the device, so the update still counts towards the target cadence
+        # (the host learns of the skip only when the counter is read).
+        assert algo.learner.skipped_updates == 1 and algo.learner.updates == 1
     assert _same(before, _params(algo.learner.module()))

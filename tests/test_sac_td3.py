@@ -1,6 +1,6 @@
 """SAC and TD3 inside the algorithms: one backward pass that gives each optimiser exactly
 its own loss's gradient, target cadences, delayed actor updates, the networks, action
-scaling and the lean optimiser step."""
+scaling."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import cast
 
 import pytest
 import torch
-from torch import nn
 from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy import ReplayBatch, box_rescaler
@@ -18,7 +17,6 @@ from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
 from rlloop.config import build_config
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
-from rlloop.learners.lean_step import LeanOptim, clip_global_norm, gradient_step
 from rlloop.losses.sac import sac_actor_loss, sac_alpha_loss, sac_critic_loss, sac_target
 from rlloop.losses.td3 import td3_actor_loss
 from rlloop.modules.q_networks import TanhGaussianActor, TwinQ
@@ -226,49 +224,3 @@ def test_continuous_algorithms_reject_discrete_envs():
     for algo in ("sac", "td3"):
         with pytest.raises(ConfigError, match="needs continuous"):
             build_algorithm(build_config(algo, "CartPole-v1", sets=QUIET))
-
-
-# ---------------------------------------------------------------- lean optimiser step
-
-
-@pytest.mark.parametrize("max_norm", [None, 0.5])
-def test_lean_step_is_bit_identical_to_adam_and_clip_grad_norm(max_norm):
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 2))
-    twin = copy.deepcopy(net)
-    adam = torch.optim.Adam(net.parameters(), lr=1e-2, fused=True)
-    lean = LeanOptim(torch.optim.Adam(twin.parameters(), lr=1e-2, fused=True),
-                     list(twin.parameters()), max_norm)
-    x = torch.randn(32, 3)
-    for _ in range(4):
-        adam.zero_grad(set_to_none=True)
-        net(x).square().mean().backward()
-        if max_norm is not None:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
-        adam.step()
-        gradient_step(twin(x).square().mean(), [lean])
-    for a, b in zip(net.parameters(), twin.parameters(), strict=True):
-        assert torch.equal(a, b)
-    sa, sb = adam.state_dict()["state"], lean.optimizer.state_dict()["state"]
-    assert all(torch.equal(sa[k][f], sb[k][f]) for k in sa for f in sa[k])
-
-
-def test_lean_step_after_load_state_dict_and_with_missing_grads():
-    net = nn.Linear(3, 2)
-    lean = LeanOptim(torch.optim.Adam(net.parameters(), lr=1e-2, fused=True),
-                     list(net.parameters()))
-    gradient_step(net(torch.randn(4, 3)).sum(), [lean])
-    saved = copy.deepcopy(lean.optimizer.state_dict())
-    gradient_step(net(torch.randn(4, 3)).sum(), [lean])
-    lean.optimizer.load_state_dict(saved)  # replaces the state tensors: the cache follows
-    gradient_step(net(torch.randn(4, 3)).sum(), [lean])
-    assert lean.optimizer.state_dict()["state"][0]["step"].item() == 2
-    before = net.weight.detach().clone()
-    lean.zero_grad()
-    lean.step()  # no gradients at all: nothing moves
-    assert torch.equal(net.weight, before)
-    grads = [torch.full((2, 3), 3.0), torch.full((2,), 4.0)]
-    norm = clip_global_norm(grads, 1.0)
-    assert_close(norm, torch.tensor(math.sqrt(6 * 9 + 2 * 16)))
-    assert_close(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))),
-                 torch.tensor(1.0), rtol=1e-5, atol=1e-5)

@@ -118,6 +118,9 @@ class RunConfig:
     save_video: bool = True
     """At the end of a run, film one episode of the best policy to <run>/video.mp4
     (skipped with a one-line warning if the env cannot render, and after a stop signal)."""
+    compile: bool | None = None
+    """Run the algorithm's gradient updates through torch.compile (sets <algo>.compile;
+    None leaves the algorithm's own setting)."""
     hparams: Any = None
     """The algorithm's config dataclass (YAML section named after the algorithm)."""
 
@@ -146,6 +149,12 @@ class RunConfig:
                               "or < 0 (reset once), not 0")
         if self.hparams is None:
             self.hparams = ALGORITHMS[self.algo].config_cls()
+        if self.compile is not None:
+            if not hasattr(self.hparams, "compile"):
+                raise ConfigError(f"compile: {self.algo} has no compiled update (dqn, sac and "
+                                  "td3 have); drop the setting")
+            self.hparams.compile = self.compile
+            self.hparams.__post_init__()  # re-check the combination (dqn.manual_backward)
 
     def _check_ranges(self) -> None:
         if not isinstance(self.env, str) or not self.env.strip():

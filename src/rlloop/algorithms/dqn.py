@@ -29,12 +29,12 @@ from rlloop.devices import build_module
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip
-from rlloop.learners.mlp_backprop import MLPBackprop
+from rlloop.learners.mlp_backprop import DQNBackprop, dqn_backprop
 from rlloop.learners.schedules import Linear
-from rlloop.losses.dqn import dqn_loss, dqn_loss_grad, dqn_stats, dqn_target, huber_loss
+from rlloop.losses.dqn import dqn_loss, dqn_target
 from rlloop.losses.polyak import hard_update, polyak_update
 from rlloop.modules.networks import flat_dim
-from rlloop.modules.q_networks import MLP, QNetwork
+from rlloop.modules.q_networks import QNetwork
 
 
 @dataclass
@@ -72,10 +72,10 @@ class DQNConfig(OffPolicyConfig):
     """Epsilon after exploration_steps env steps (also used by stochastic evaluation)."""
     exploration_steps: int = 10_000
     """Env steps over which epsilon decays linearly."""
-    fused_update: bool = True
-    """Plain (non-dueling) Q-networks: compute the gradient with a hand-derived backward
-    pass (rlloop.learners.mlp_backprop; same maths, a fraction of autograd's overhead).
-    False: autograd."""
+    manual_backward: bool = False
+    """Opt in: compute the gradient with a hand-derived backward pass instead of autograd
+    (rlloop.learners.mlp_backprop; same maths, faster on one CPU thread). Plain ReLU
+    Q-networks only: any other network warns once and uses autograd."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -91,6 +91,9 @@ class DQNConfig(OffPolicyConfig):
                 raise ConfigError(f"dqn.{name} must be in [0, 1], got {getattr(self, name)}")
         check_hidden("dqn", self.hidden)
         GradientClip(self.max_grad_norm)
+        if self.manual_backward and self.compile:
+            raise ConfigError("dqn.manual_backward and dqn.compile exclude each other (the "
+                              "hand-derived pass is not compiled); set one of them to false")
 
 
 class DQNModule(nn.Module):
@@ -105,9 +108,8 @@ class DQNModule(nn.Module):
 class DQNLearner(OffPolicyLearnerBase):
     """Adam on the online network; Huber TD loss; target updates on a fixed cadence.
 
-    With ``fused_update`` and a plain MLP Q-network (one module), updates skip autograd:
-    :class:`~rlloop.learners.mlp_backprop.MLPBackprop` back-propagates
-    :func:`~rlloop.losses.dqn.dqn_loss_grad` by hand into the parameters' gradients.
+    With ``manual_backward`` and a plain ReLU Q-network (one module), the gradient comes
+    from :class:`~rlloop.learners.mlp_backprop.DQNBackprop` instead of autograd.
     """
 
     transient_attrs = frozenset({"td_errors"})
@@ -115,7 +117,7 @@ class DQNLearner(OffPolicyLearnerBase):
     def __init__(self, modules: Mapping[str, DQNModule], config: DQNConfig,
                  on_nonfinite: str = "skip") -> None:
         self.td_errors: Tensor | None = None  # of the last batch, for prioritized replay
-        self.backprop: MLPBackprop | None = None  # the fused path (see above)
+        self.backprop: DQNBackprop | None = None  # the opt-in hand-derived gradient
         super().__init__(modules, config, on_nonfinite=on_nonfinite)
 
     def module(self, module_id: str = DEFAULT_MODULE_ID) -> DQNModule:
@@ -123,8 +125,8 @@ class DQNLearner(OffPolicyLearnerBase):
 
     def configure_optimizers_for_module(self, module_id: str, config: DQNConfig) -> None:
         online = self.module(module_id).online
-        if config.fused_update and not online.dueling and len(self.modules) == 1:
-            self.backprop = MLPBackprop(cast(MLP, online.net))
+        if config.manual_backward and len(self.modules) == 1:
+            self.backprop = dqn_backprop(online)
         self.add_adam(module_id, "default", list(online.parameters()), config.lr,
                       config.max_grad_norm, config.adam_eps)
 
@@ -145,10 +147,8 @@ class DQNLearner(OffPolicyLearnerBase):
 
     def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
         """One gradient update of the (single) module, then the target cadence."""
-        if self.backprop is not None:
-            return self.update_towards(batch.obs, batch.action,
-                                       self._td_target(self.module(), batch), batch.weights)
-        return super().update(batch)
+        return self.update_towards(batch.obs, batch.action,
+                                   self._td_target(self.module(), batch), batch.weights)
 
     def updates_with_fixed_target(self, limit: int) -> int:
         """How many of the next ``limit`` updates see the current target network.
@@ -174,28 +174,22 @@ class DQNLearner(OffPolicyLearnerBase):
                        ) -> dict[str, Tensor]:
         """One gradient update on a batch whose TD targets were computed already.
 
-        ``stats=False`` lets the fused path skip computing the loss statistics (an
+        ``stats=False`` lets the hand-derived path skip the loss statistics (an
         optimisation step reports its last update's only)."""
         if self.backprop is not None:
-            return self._fused_update(obs, action, target, weights, stats)
-        loss, loss_stats, self.td_errors = dqn_loss(self.module().online(obs), action, target,
-                                                    weights)
-        return self.autograd_step(loss, loss_stats)
+            loss_stats, self.td_errors = self.backprop(obs, action, target, weights, stats)
+            self.step.apply(torch.isfinite(self.td_errors).all())
+        else:
+            loss_stats, self.td_errors = self.compiled(self._loss_step)(obs, action, target,
+                                                                         weights)
+        self.after_update()
+        return loss_stats
 
-    def _fused_update(self, obs: Tensor, action: Tensor, target: Tensor,
-                      weights: Tensor | None, with_stats: bool) -> dict[str, Tensor]:
-        assert self.backprop is not None
-        q_values, inputs = self.backprop.forward(obs.flatten(1))
-        grad, q, td_errors = dqn_loss_grad(q_values, action, target, weights)
-        self.td_errors = td_errors
-        finite = bool(td_errors.isfinite().all())  # else the loss would be non-finite
-        stats = (dqn_stats(huber_loss(td_errors, weights), q, td_errors)
-                 if with_stats or not finite else {})
-        if not finite:
-            return self._skip("loss", stats)
-        self.backprop.backward(inputs, grad)
-        self.step_optimizers()
-        return stats
+    def _loss_step(self, obs: Tensor, action: Tensor, target: Tensor, weights: Tensor | None
+                   ) -> tuple[dict[str, Tensor], Tensor]:
+        loss, stats, td_errors = dqn_loss(self.module().online(obs), action, target, weights)
+        self.step(loss)
+        return stats, td_errors
 
     def target_update_every(self) -> int:
         return int(self.config.target_update_interval)

@@ -158,7 +158,8 @@ class EpisodeEvaluator:
 
 
 class LastRecorder:
-    """A record carries the stats of the optimisation step it is written at (border)."""
+    """A record carries the stats of the optimisation step it is written at (border);
+    non-finite ones (of an update the guard skipped) are left out."""
 
     def __init__(self) -> None:
         self._last: Mapping[str, Tensor | float] = {}
@@ -167,28 +168,35 @@ class LastRecorder:
         self._last = stats
 
     def pop(self) -> Stats:
-        out = {k: float(v) for k, v in self._last.items()}
+        out = {k: x for k, v in self._last.items() if math.isfinite(x := float(v))}
         self._last = {}
         return out
 
 
 class MeanRecorder:
-    """A record carries the mean of each stat over the optimisation steps since the last.
+    """A record carries the mean of each stat over the optimisation steps since the last,
+    over its finite values (an update the guard skipped reports NaN losses).
 
-    Sums stay tensors until the record, so no optimisation step waits on a conversion.
+    Sums and counts stay tensors until the record, so no optimisation step waits on a
+    conversion.
     """
 
     def __init__(self) -> None:
         self._sums: dict[str, Tensor | float] = {}
-        self._counts: dict[str, int] = {}
+        self._counts: dict[str, Tensor | int] = {}
 
     def add(self, stats: Mapping[str, Tensor | float]) -> None:
         for key, value in stats.items():
+            count: Tensor | int = 1
+            if isinstance(value, Tensor) and value.is_floating_point():
+                finite = torch.isfinite(value)
+                value, count = torch.where(finite, value, 0.0), finite.long()
             self._sums[key] = self._sums[key] + value if key in self._sums else value
-            self._counts[key] = self._counts.get(key, 0) + 1
+            self._counts[key] = self._counts[key] + count if key in self._counts else count
 
     def pop(self) -> Stats:
-        out = {k: float(v) / self._counts[k] for k, v in self._sums.items()}
+        out = {k: float(v) / n for k, v in self._sums.items()
+               if (n := int(self._counts[k])) > 0}
         self._sums, self._counts = {}, {}
         return out
 
@@ -256,6 +264,9 @@ class OffPolicyConfig:
     """Evaluator (EVALUATORS): "deterministic" (greedy or mean action) or "stochastic"."""
     recorder: str = "mean"
     """Recorder (RECORDERS): "mean" of the stats since the last record, or "last"."""
+    compile: bool = False
+    """Run each gradient update through torch.compile (compiled on the first updates,
+    which takes a while; the README says when it pays)."""
 
     def __post_init__(self) -> None:
         s = self.section

@@ -28,59 +28,75 @@ from rlloop.algorithms.offpolicy import (
 from rlloop.devices import new_generator, resolve_device, set_generator_state
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
-from rlloop.learners.lean_step import LeanOptim, gradient_step
-from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner
+from rlloop.learners.learner import GradientClip, Learner
+from rlloop.learners.optim_step import GuardedOptim, GuardedStep, adam
 from rlloop.seeding import derive_seed
 
 
 class OffPolicyLearnerBase(Learner[ReplayBatch]):
-    """What DQN's, SAC's and TD3's learners share: fused Adam optimisers stepped through
-    :class:`~rlloop.learners.lean_step.LeanOptim`, the autograd update (one backward
-    pass over the summed losses, skipped when non-finite), the count of gradient
-    updates, and target-network updates every :meth:`target_update_every` of them.
+    """What DQN's, SAC's and TD3's learners share: ``Adam(fused=True)`` optimisers stepped
+    by one :class:`~rlloop.learners.optim_step.GuardedStep` (one backward pass over the
+    summed losses; a non-finite update is skipped on the device, without a host sync),
+    the count of gradient updates, target-network updates every
+    :meth:`target_update_every` of them, and ``compile``.
 
     A subclass implements ``compute_loss_for_module``, ``configure_optimizers_for_module``
-    (calling :meth:`add_adam`), :meth:`target_update_every` and :meth:`update_targets`.
+    (calling :meth:`add_adam`), :meth:`target_update_every` and :meth:`update_targets`, and
+    routes its updates through :meth:`compiled` functions that end in :attr:`step`.
     """
 
     def __init__(self, modules: Mapping[str, nn.Module], config: Any,
                  on_nonfinite: str = "skip") -> None:
+        #: Gradient updates made, skipped ones included: the target and delay cadences
+        #: count them (knowing which were skipped would take a host sync per update).
         self.updates = 0
-        self.lean: list[LeanOptim] = []
+        self.step = GuardedStep()
+        self._compiled: dict[str, Callable[..., Any]] = {}
         super().__init__(modules, config, on_nonfinite=on_nonfinite)  # type: ignore[arg-type]
+
+    @property
+    def skipped_updates(self) -> int:  # type: ignore[override]
+        """Updates skipped for a non-finite loss or gradient (reads the device counter)."""
+        return int(self.skip_count())
+
+    @skipped_updates.setter
+    def skipped_updates(self, value: int) -> None:
+        if self.step.skipped is not None:
+            self.step.skipped.fill_(value)
+
+    def skip_count(self) -> Tensor:
+        """:attr:`skipped_updates` as a new tensor, without a host sync."""
+        return self.step.skipped.clone() if self.step.skipped is not None else torch.zeros(())
 
     def add_adam(self, module_id: str, name: str, params: list[Tensor], lr: float,
                  max_grad_norm: float | None = None, eps: float = 1e-8) -> None:
         """Register ``Adam(fused=True)`` over ``params`` (with global-norm clipping)."""
-        optimizer = torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+        optimizer = adam(params, lr, eps)
         self.register_optimizer(module_id, name, optimizer, params, lr,
                                 GradientClip(max_grad_norm))
-        self.lean.append(LeanOptim(optimizer, params, max_grad_norm))
+        self.step.add(GuardedOptim(optimizer, params, max_grad_norm))
+
+    def compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` through ``torch.compile`` when the config asks for it (built once, on
+        first use), else ``fn``. Compiled functions take tensors, not generators: draw
+        random numbers outside and pass them in."""
+        if not getattr(self.config, "compile", False):
+            return fn
+        name = fn.__name__
+        if name not in self._compiled:
+            self._compiled[name] = torch.compile(fn)
+        return self._compiled[name]
 
     def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
-        """One gradient update of every optimiser (one backward pass), then the targets."""
-        return self.autograd_step(*self.compute_loss_for_module(DEFAULT_MODULE_ID,
-                                                                self.config, batch))
-
-    def autograd_step(self, loss: Tensor, stats: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Back-propagate ``loss`` and step every optimiser, then :meth:`after_update`;
-        a non-finite loss is skipped instead (counted, or raised with
-        ``on_nonfinite=raise``). Returns ``stats``."""
-        if not bool(torch.isfinite(loss)):
-            return self._skip("loss", stats)
-        gradient_step(loss, self.lean)
-        self.after_update()
-        return stats
-
-    def step_optimizers(self) -> None:
-        """Clip and step every optimiser on the gradients set by hand, then
-        :meth:`after_update` (the end of a fused update)."""
-        for optim in self.lean:
-            optim.step()
-        self.after_update()
+        """One gradient update (``compiled``, ending in :attr:`step`), then
+        :meth:`after_update`; returns the update's stats."""
+        raise NotImplementedError
 
     def after_update(self) -> None:
-        """Count the gradient update; update the target networks when one is due."""
+        """Count the gradient update; update the target networks when one is due. With
+        ``on_nonfinite=raise``, read the skip flag (a host sync) and raise if set."""
+        if self.on_nonfinite == "raise" and bool(self.step.flag):
+            raise self.nonfinite_error("loss or gradient")
         self.updates += 1
         if self.updates % self.target_update_every() == 0:
             for module_id in self.modules:
@@ -129,7 +145,7 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
         stats = self._optimize(env_steps)
         self.learner.after_gradient_based_update()
         return {**(stats or {}), **self._extra_stats(env_steps),
-                "guard/skipped_updates": float(self.learner.skipped_updates)}
+                "guard/skipped_updates": self.learner.skip_count()}
 
     def _optimize(self, env_steps: int) -> Mapping[str, Tensor] | None:
         return self.loop.optimize(env_steps, self._update)

@@ -40,19 +40,10 @@ from rlloop.algorithms.offpolicy_algorithm import (
 from rlloop.devices import build_module
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
-from rlloop.learners.mlp_backprop import MLPBackprop, TwinMLPBackprop
 from rlloop.losses.polyak import polyak_update
-from rlloop.losses.sac import (
-    sac_actor_loss,
-    sac_actor_loss_grad,
-    sac_alpha_loss,
-    sac_alpha_loss_grad,
-    sac_critic_loss,
-    sac_critic_loss_grad,
-    sac_target,
-)
+from rlloop.losses.sac import sac_actor_loss, sac_alpha_loss, sac_critic_loss, sac_target
 from rlloop.modules.networks import flat_dim
-from rlloop.modules.q_networks import TanhGaussianActor, TwinQ, tanh_gaussian_grad
+from rlloop.modules.q_networks import TanhGaussianActor, TwinQ, standard_normal
 
 
 @dataclass
@@ -75,9 +66,6 @@ class SACConfig(OffPolicyConfig):
     """Entropy target of the alpha loss (None: -action_dim)."""
     hidden: list[int] = field(default_factory=lambda: [256, 256])
     """Hidden layer sizes of the actor and of each critic (ReLU)."""
-    fused_update: bool = True
-    """Compute the gradients with hand-derived backward passes (rlloop.learners.
-    mlp_backprop; same maths, a fraction of autograd's overhead). False: autograd."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -106,9 +94,8 @@ class SACModule(nn.Module):
 class SACLearner(OffPolicyLearnerBase):
     """Registers ``actor``, ``critic`` and ``alpha`` optimisers; one backward per update.
 
-    With ``fused_update`` (one module) the backward pass is derived by hand: the pure
-    gradient functions of :mod:`rlloop.losses.sac`, :func:`tanh_gaussian_grad` and the
-    backprops of :mod:`rlloop.learners.mlp_backprop`. Same samples, same maths.
+    The policy's noise is drawn from ``generator`` before the losses (next actions first,
+    then the batch's), so a compiled update sees tensors only.
     """
 
     def __init__(self, modules: Mapping[str, SACModule], config: SACConfig,
@@ -116,10 +103,6 @@ class SACLearner(OffPolicyLearnerBase):
                  on_nonfinite: str = "skip") -> None:
         self.target_entropy = target_entropy
         self.generator = generator
-        self.backprop: tuple[MLPBackprop, TwinMLPBackprop] | None = None
-        if config.fused_update and len(modules) == 1:
-            m = next(iter(modules.values()))
-            self.backprop = (MLPBackprop(m.actor.net), TwinMLPBackprop(m.critic))
         super().__init__(modules, config, on_nonfinite=on_nonfinite)
 
     def module(self, module_id: str = DEFAULT_MODULE_ID) -> SACModule:
@@ -134,28 +117,30 @@ class SACLearner(OffPolicyLearnerBase):
         for name, params in groups:
             self.add_adam(module_id, name, params, config.lr)
 
-    def _target(self, m: SACModule, batch: ReplayBatch, alpha: Tensor) -> Tensor:
-        with torch.no_grad():
-            next_action, next_log_prob = m.actor(batch.next_obs, self.generator)
-            next_q = m.critic_target(batch.next_obs, next_action)
-            return sac_target(batch.reward, batch.discount, batch.terminated, next_q[0],
-                              next_q[1], next_log_prob, alpha)
+    def _noise(self, m: SACModule, batch: ReplayBatch) -> tuple[Tensor, Tensor]:
+        """The policy's standard normal draws ``[B, d]`` at ``next_obs`` and at ``obs``."""
+        shape = (len(batch), m.actor.act_dim)
+        return (standard_normal(shape, batch.reward, self.generator),
+                standard_normal(shape, batch.reward, self.generator))
 
     def compute_loss_for_module(self, module_id: str, config: SACConfig,
                                 batch: ReplayBatch, fwd_out: Any = None
                                 ) -> tuple[Tensor, dict[str, Tensor]]:
         m = self.module(module_id)
-        alpha = m.log_alpha.detach().exp()
-        target = self._target(m, batch, alpha)
-        q = m.critic(batch.obs, batch.action)
-        action, log_prob = m.actor(batch.obs, self.generator)
-        q_pi = m.critic(batch.obs, action, detach_params=True)
-        return self._losses(m, q, target, q_pi, log_prob, alpha)
+        return self._loss(m, batch, *self._noise(m, batch))
 
-    def _losses(self, m: SACModule, q: Tensor, target: Tensor, q_pi: Tensor, log_prob: Tensor,
-                alpha: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """Critic + actor (+ alpha) loss and their stats, from the critics at the batch's
-        actions (``q``) and at the policy's (``q_pi``), both ``[2, B]``."""
+    def _loss(self, m: SACModule, batch: ReplayBatch, next_noise: Tensor, noise: Tensor
+              ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Critic + actor (+ alpha) loss and their stats."""
+        alpha = m.log_alpha.detach().exp()
+        with torch.no_grad():
+            next_action, next_log_prob = m.actor(batch.next_obs, noise=next_noise)
+            next_q = m.critic_target(batch.next_obs, next_action)
+            target = sac_target(batch.reward, batch.discount, batch.terminated, next_q[0],
+                                next_q[1], next_log_prob, alpha)
+        q = m.critic(batch.obs, batch.action)
+        action, log_prob = m.actor(batch.obs, noise=noise)
+        q_pi = m.critic(batch.obs, action, detach_params=True)
         loss, stats = sac_critic_loss(q[0], q[1], target)
         actor_loss, actor_stats = sac_actor_loss(q_pi[0], q_pi[1], log_prob, alpha)
         loss = loss + actor_loss
@@ -168,34 +153,15 @@ class SACLearner(OffPolicyLearnerBase):
 
     def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
         """One gradient update of every optimiser (one backward pass), then the targets."""
-        if self.backprop is not None:
-            return self._fused_update(batch)
-        return super().update(batch)
+        m = self.module()
+        stats = self.compiled(self._loss_step)(batch, *self._noise(m, batch))
+        self.after_update()
+        return cast(dict[str, Tensor], stats)
 
-    def _fused_update(self, batch: ReplayBatch) -> dict[str, Tensor]:
-        """``update`` with the gradients derived by hand; the random draws, losses and
-        optimiser steps are those of the autograd path."""
-        assert self.backprop is not None
-        actor_bp, critic_bp = self.backprop
-        m, cfg = self.module(), self.config
-        alpha = m.log_alpha.detach().exp()
-        target = self._target(m, batch, alpha)
-        q, critic_inputs = critic_bp.forward(batch.obs, batch.action)
-        out, actor_inputs = actor_bp.forward(batch.obs.flatten(1))
-        action, log_prob, sample = m.actor.head(out, self.generator)
-        q_pi, pi_inputs = critic_bp.forward(batch.obs, action)
-        loss, stats = self._losses(m, q, target, q_pi, log_prob, alpha)
-        if not bool(torch.isfinite(loss)):
-            return self._skip("loss", stats)
-        grad_q_pi, grad_log_prob = sac_actor_loss_grad(q_pi, alpha)
-        grad_input = critic_bp.backward(pi_inputs, grad_q_pi, params=False, input_grad=True)
-        assert grad_input is not None
-        grad_action = grad_input[:, grad_input.shape[1] - action.shape[1]:]
-        actor_bp.backward(actor_inputs, tanh_gaussian_grad(sample, grad_action, grad_log_prob))
-        critic_bp.backward(critic_inputs, sac_critic_loss_grad(q, target))
-        if cfg.autotune_alpha:
-            m.log_alpha.grad = sac_alpha_loss_grad(log_prob, self.target_entropy)
-        self.step_optimizers()
+    def _loss_step(self, batch: ReplayBatch, next_noise: Tensor, noise: Tensor
+                   ) -> dict[str, Tensor]:
+        loss, stats = self._loss(self.module(), batch, next_noise, noise)
+        self.step(loss)
         return stats
 
     def target_update_every(self) -> int:

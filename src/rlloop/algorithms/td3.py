@@ -36,7 +36,7 @@ from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.td3 import smoothed_target_action, td3_actor_loss, td3_critic_loss, td3_target
 from rlloop.modules.networks import flat_dim
-from rlloop.modules.q_networks import DeterministicActor, TwinQ
+from rlloop.modules.q_networks import DeterministicActor, TwinQ, standard_normal
 
 
 @dataclass
@@ -109,21 +109,44 @@ class TD3Learner(OffPolicyLearnerBase):
                                 batch: ReplayBatch, fwd_out: Any = None
                                 ) -> tuple[Tensor, dict[str, Tensor]]:
         m = self.module(module_id)
+        return self._loss(m, batch, self._noise(m, batch), self.policy_update_due())
+
+    def _noise(self, m: TD3Module, batch: ReplayBatch) -> Tensor:
+        """The target smoothing's standard normal draw ``[B, d]``."""
+        return standard_normal((len(batch), m.actor.act_dim), batch.reward, self.generator)
+
+    def _loss(self, m: TD3Module, batch: ReplayBatch, noise: Tensor, actor: bool
+              ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The critic loss, plus the actor's when ``actor`` (a delayed update)."""
+        cfg = self.config
         with torch.no_grad():
             next_action = smoothed_target_action(
-                m.actor_target(batch.next_obs), config.target_policy_noise,
-                config.target_noise_clip, -1.0, 1.0, self.generator)
+                m.actor_target(batch.next_obs), cfg.target_policy_noise,
+                cfg.target_noise_clip, -1.0, 1.0, noise=noise)
             next_q = m.critic_target(batch.next_obs, next_action)
             target = td3_target(batch.reward, batch.discount, batch.terminated, next_q[0],
                                 next_q[1])
         q = m.critic(batch.obs, batch.action)
         loss, stats = td3_critic_loss(q[0], q[1], target)
-        if self.policy_update_due():
+        if actor:
             q1_pi = m.critic(batch.obs, m.actor(batch.obs), detach_params=True, member=0)[0]
             actor_loss, actor_stats = td3_actor_loss(q1_pi)
             loss = loss + actor_loss
             stats.update(actor_stats)
         return loss, stats
+
+    def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
+        """One critic update (and actor update when due), then the targets when due."""
+        m = self.module()
+        stats = self.compiled(self._loss_step)(batch, self._noise(m, batch),
+                                               self.policy_update_due())
+        self.after_update()
+        return cast(dict[str, Tensor], stats)
+
+    def _loss_step(self, batch: ReplayBatch, noise: Tensor, actor: bool) -> dict[str, Tensor]:
+        loss, stats = self._loss(self.module(), batch, noise, actor)
+        self.step(loss)
+        return stats
 
     def target_update_every(self) -> int:
         return int(self.config.policy_delay)  # after each delayed actor update

@@ -351,17 +351,17 @@ class Learner(Generic[BatchT]):
         mb = {m: batch[m] for m in ids}
         losses, stats = self.compute_losses(mb, {m: self.forward_train(m, mb[m]) for m in ids})
         total = torch.stack(list(losses.values())).sum()
-        if not bool(torch.isfinite(total)):
-            return self._skip("loss", stats)
         optims = [(key, o) for key, o in self._optims.items() if key[0] in ids]
         for _, o in optims:
             o.optimizer.zero_grad(set_to_none=True)
         total.backward()  # type: ignore[no-untyped-call]
         norms = {key: grad_norm(o.params) for key, o in optims}
-        if not all(bool(torch.isfinite(n)) for n in norms.values()):
+        # One host read per minibatch for the loss and every gradient norm together.
+        if not bool(torch.isfinite(torch.stack([total.detach(), *norms.values()])).all()):
             for _, o in optims:
                 o.optimizer.zero_grad(set_to_none=True)
-            return self._skip("gradient", stats)
+            what = "loss" if not bool(torch.isfinite(total)) else "gradient"
+            return self._skip(what, stats)
         for (module_id, name), o in optims:
             clip_gradients(o.params, o.clip, norms[(module_id, name)])
             if o.clip.log_global_norm:
@@ -380,11 +380,15 @@ class Learner(Generic[BatchT]):
     def _skip(self, what: str, stats: dict[str, Tensor]) -> dict[str, Tensor]:
         self.skipped_updates += 1
         if self.on_nonfinite == "raise":
-            raise NonFiniteError(
-                f"non-finite {what} at env step {self.env_steps} (update "
-                f"{self.weights_seq_no}); the update was not applied. Lower the learning rate "
-                "or check the env's observations and rewards, or set on_nonfinite=skip")
+            raise self.nonfinite_error(what)
         return {k: v for k, v in stats.items() if bool(torch.isfinite(v))}
+
+    def nonfinite_error(self, what: str) -> NonFiniteError:
+        """The error ``on_nonfinite="raise"`` raises for a non-finite ``what``."""
+        return NonFiniteError(
+            f"non-finite {what} at env step {self.env_steps} (update "
+            f"{self.weights_seq_no}); the update was not applied. Lower the learning rate "
+            "or check the env's observations and rewards, or set on_nonfinite=skip")
 
     def batch_is_finite(self, batch: MultiBatch[BatchT]) -> bool:
         """True if every float tensor of every module's batch is finite."""

@@ -60,35 +60,6 @@ def dqn_loss(
     return loss, dqn_stats(loss.detach(), q.detach(), td_errors), td_errors
 
 
-def dqn_loss_grad(
-    q_values: Tensor, actions: Tensor, target: Tensor, weights: Tensor | None = None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The gradient of :func:`dqn_loss` with respect to ``q_values``, derived by hand.
-
-    Huber's derivative is ``clamp(Q(s, a) - y, -1, 1)``; the mean over the batch divides
-    it by ``B`` (times the importance weight); other actions' entries are zero.
-
-    Returns:
-        ``(grad [B, A], q [B], td_errors [B])`` with ``q = Q(s, a)`` and
-        ``td_errors = y - Q(s, a)``, as :func:`dqn_loss` returns them.
-    """
-    index = actions.long().unsqueeze(1)
-    q = q_values.gather(1, index).squeeze(1)
-    td_errors = target - q
-    g = td_errors.neg().clamp_(-1.0, 1.0)
-    if weights is not None:
-        g = g.mul_(weights)
-    g = g.div_(q.shape[0])
-    return torch.zeros_like(q_values).scatter_(1, index, g.unsqueeze(1)), q, td_errors
-
-
-def huber_loss(td_errors: Tensor, weights: Tensor | None = None) -> Tensor:
-    """Mean (importance-weighted) Huber loss of ``[B]`` TD errors: :func:`dqn_loss`'s
-    value, from what :func:`dqn_loss_grad` returns."""
-    per_sample = F.smooth_l1_loss(td_errors, torch.zeros_like(td_errors), reduction="none")
-    return per_sample.mean() if weights is None else (weights * per_sample).mean()
-
-
 def dqn_stats(loss: Tensor, q: Tensor, td_errors: Tensor) -> dict[str, Tensor]:
     """The scalar stats of a DQN update: loss, mean ``Q(s, a)`` and mean ``|TD error|``."""
     return {"losses/q": loss, "q/mean": q.mean(), "q/td_abs_mean": td_errors.abs().mean()}

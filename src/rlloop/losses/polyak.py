@@ -26,18 +26,15 @@ def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
     """
     if not 0.0 <= tau <= 1.0:
         raise ValueError(f"tau must be in [0, 1], got {tau}")
-    t_params, s_params = _paired(target, source, "parameters")
-    if t_params:
-        torch._foreach_lerp_(t_params, s_params, tau)
-    t_bufs, s_bufs = _paired(target, source, "buffers")
-    if t_bufs:
-        torch._foreach_copy_(t_bufs, s_bufs)
+    for t, s in zip(*_paired(target, source, "parameters"), strict=True):
+        t.lerp_(s, tau)
+    for t, s in zip(*_paired(target, source, "buffers"), strict=True):
+        t.copy_(s)
 
 
 @torch.no_grad()
 def hard_update(target: nn.Module, source: nn.Module) -> None:
     """Copy every parameter and buffer of ``source`` into ``target``, in place."""
     for kind in ("parameters", "buffers"):
-        t, s = _paired(target, source, kind)
-        if t:
-            torch._foreach_copy_(t, s)
+        for t, s in zip(*_paired(target, source, kind), strict=True):
+            t.copy_(s)

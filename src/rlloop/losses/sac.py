@@ -89,35 +89,3 @@ def sac_alpha_loss(
     loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
     stats = {"losses/alpha": loss.detach(), "alpha/value": log_alpha.detach().exp()}
     return loss, stats
-
-
-# ---- the same gradients, derived by hand (SAC's fused update; tests compare autograd)
-
-
-@torch.no_grad()
-def sac_critic_loss_grad(q: Tensor, target: Tensor) -> Tensor:
-    """``dJ_Q/dQ_i = (Q_i - y) / B`` for the stacked critics ``q`` ``[2, B]``."""
-    return (q - target).div_(q.shape[-1])
-
-
-@torch.no_grad()
-def sac_actor_loss_grad(q_pi: Tensor, alpha: float | Tensor) -> tuple[Tensor, Tensor]:
-    """``dJ_pi/dQ_i`` ``[2, B]`` and ``dJ_pi/d log pi`` ``[B]`` of :func:`sac_actor_loss`.
-
-    ``-min(Q1, Q2)`` sends ``-1/B`` to the smaller critic (half to each on a tie, as
-    ``torch.minimum`` does); ``alpha log pi`` sends ``alpha/B``.
-    """
-    n = q_pi.shape[-1]
-    first = q_pi[0] < q_pi[1]
-    tie = (q_pi[0] == q_pi[1]).to(q_pi.dtype).mul_(0.5)
-    to_first = first.to(q_pi.dtype).add_(tie)
-    grad_q = torch.stack([to_first, 1.0 - to_first]).mul_(-1.0 / n)
-    if isinstance(alpha, Tensor):
-        alpha = alpha.detach()
-    return grad_q, torch.full_like(q_pi[0], 1.0 / n).mul_(alpha)
-
-
-@torch.no_grad()
-def sac_alpha_loss_grad(log_prob: Tensor, target_entropy: float) -> Tensor:
-    """``dJ(alpha)/d log alpha = -E[log pi(a|s) + H_target]`` (0-dim)."""
-    return -(log_prob + target_entropy).mean()

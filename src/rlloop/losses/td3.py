@@ -16,6 +16,7 @@ def smoothed_target_action(
     low: float | Tensor,
     high: float | Tensor,
     generator: torch.Generator | None = None,
+    noise: Tensor | None = None,
 ) -> Tensor:
     """Target policy smoothing ``a' = clip(mu_targ(s') + clip(eps, -c, c), low, high)``
     with ``eps ~ N(0, noise_std^2)``.
@@ -26,14 +27,18 @@ def smoothed_target_action(
             actions in ``[-1, 1]``).
         low, high: Action bounds, floats or ``[act_dim]`` tensors.
         generator: Source of the noise.
+        noise: The standard normal draw ``[B, act_dim]`` (``eps / noise_std``), when
+            the caller drew it (a compiled update does); else drawn from ``generator``.
 
     Returns:
         ``[B, act_dim]`` smoothed actions, without gradient.
     """
     action = target_actor_action
-    gen_device = generator.device if generator is not None else action.device
-    eps = torch.randn(action.shape, generator=generator, device=gen_device, dtype=action.dtype)
-    noise = (eps.to(action.device) * noise_std).clamp(-noise_clip, noise_clip)
+    if noise is None:
+        gen_device = generator.device if generator is not None else action.device
+        noise = torch.randn(action.shape, generator=generator, device=gen_device,
+                            dtype=action.dtype)
+    noise = (noise.to(action.device) * noise_std).clamp(-noise_clip, noise_clip)
     low_t = torch.as_tensor(low, dtype=action.dtype, device=action.device)
     high_t = torch.as_tensor(high, dtype=action.dtype, device=action.device)
     return (action + noise).clamp(low_t, high_t)

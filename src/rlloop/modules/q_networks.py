@@ -7,8 +7,8 @@ replay buffer (as Stable-Baselines3 does), so critics and target smoothing see `
 
 Layers use PyTorch's default ``nn.Linear`` initialisation (as Stable-Baselines3 and
 CleanRL do for these algorithms), and the forward passes call ``F.linear`` directly on
-cached parameters: for batch-256 MLPs on one CPU thread, per-module call overhead is a
-visible share of an update.
+the layers' parameters: for batch-256 MLPs on one CPU thread, per-module call overhead
+is a visible share of an update.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -37,13 +36,9 @@ class MLP(nn.Module):
         dims = [in_dim, *hidden, out_dim]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(dims))
 
-    def forward(self, x: Tensor, inputs: list[Tensor] | None = None) -> Tensor:
-        """The output; each layer's input is appended to ``inputs`` when one is given
-        (what :class:`~rlloop.learners.mlp_backprop.MLPBackprop` back-propagates)."""
+    def forward(self, x: Tensor) -> Tensor:
         last = len(self.layers) - 1
         for i, layer in enumerate(cast(Sequence[nn.Linear], self.layers)):
-            if inputs is not None:
-                inputs.append(x)
             x = F.linear(x, layer.weight, layer.bias)
             if i < last:
                 x = x.relu_()
@@ -97,15 +92,13 @@ class TwinQ(nn.Module):
         self.members = members
 
     def forward(self, obs: Tensor, action: Tensor, *, detach_params: bool = False,
-                member: int | None = None, inputs: list[Tensor] | None = None) -> Tensor:
+                member: int | None = None) -> Tensor:
         """``[members, B]`` Q-values of ``(obs [B, *obs], action [B, *act])``.
 
         ``detach_params`` evaluates the critics as constants: gradients reach ``action``
         (and through it the actor) but not the critic weights. This is how an actor loss
         is added to the critic loss for a single backward pass. ``member`` evaluates only
-        that critic (``[1, B]``). Each layer's input (``[members, B, in]``) is appended to
-        ``inputs`` when one is given (for
-        :class:`~rlloop.learners.mlp_backprop.TwinMLPBackprop`).
+        that critic (``[1, B]``).
         """
         x = torch.cat([obs.flatten(1), action.flatten(1)], 1)
         x = x.expand(self.members if member is None else 1, *x.shape)
@@ -115,29 +108,25 @@ class TwinQ(nn.Module):
                 w, b = w[member : member + 1], b[member : member + 1]
             if detach_params:
                 w, b = w.detach(), b.detach()
-            if inputs is not None:
-                inputs.append(x)
             x = torch.baddbmm(b, x, w)
             if i < last:
                 x = x.relu_()
         return x.squeeze(-1)
 
 
+def standard_normal(shape: Sequence[int], like: Tensor,
+                    generator: torch.Generator | None = None) -> Tensor:
+    """``N(0, 1)`` noise of ``shape`` with ``like``'s dtype, drawn from ``generator`` on
+    the generator's device, then moved to ``like``'s."""
+    device = generator.device if generator is not None else like.device
+    eps = torch.randn(tuple(shape), generator=generator, device=device, dtype=like.dtype)
+    return eps.to(like.device)
+
+
 def tanh_log_det(u: Tensor) -> Tensor:
     """``sum_i log(1 - tanh(u_i)^2)`` over the last dim, computed stably as
     ``2 (log 2 - u - softplus(-2u))`` (SAC paper, appendix C)."""
     return (2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))).sum(-1)
-
-
-@dataclass(frozen=True)
-class TanhGaussianSample:
-    """What the gradient of a tanh-Gaussian sample needs: the raw ``log sigma`` output
-    (before clamping), the noise ``eps``, ``sigma`` and the action ``tanh(u)``."""
-
-    raw_log_std: Tensor
-    eps: Tensor
-    std: Tensor
-    action: Tensor
 
 
 class TanhGaussianActor(nn.Module):
@@ -152,48 +141,22 @@ class TanhGaussianActor(nn.Module):
         self.act_dim = act_dim
         self.net = MLP(obs_dim, hidden, 2 * act_dim)
 
-    def forward(self, obs: Tensor, generator: torch.Generator | None = None
-                ) -> tuple[Tensor, Tensor]:
-        """A reparameterised sample ``[B, d]`` and its log-probability ``[B]``."""
-        action, log_prob, _ = self.head(self.net(obs.flatten(1)), generator)
-        return action, log_prob
+    def forward(self, obs: Tensor, generator: torch.Generator | None = None,
+                noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """A reparameterised sample ``[B, d]`` and its log-probability ``[B]``.
 
-    def head(self, out: Tensor, generator: torch.Generator | None = None
-             ) -> tuple[Tensor, Tensor, TanhGaussianSample]:
-        """Sample from the network's output ``[B, 2d]`` (``mu``, raw ``log sigma``):
-        the action, its log-probability and what :func:`tanh_gaussian_grad` needs."""
-        mean, raw_log_std = out.chunk(2, dim=-1)
+        ``noise`` is the standard normal draw ``[B, d]``; when None it is drawn from
+        ``generator`` (a compiled update draws it outside and passes it in)."""
+        mean, raw_log_std = self.net(obs.flatten(1)).chunk(2, dim=-1)
         log_std = raw_log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
-        eps = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
-        std = log_std.exp()
-        u = mean + eps * std
+        eps = standard_normal(mean.shape, mean, generator) if noise is None else noise
+        u = mean + eps * log_std.exp()
         gauss = (-0.5 * eps.square() - log_std).sum(-1) - self.act_dim * _LOG_SQRT_2PI
-        action = torch.tanh(u)
-        sample = TanhGaussianSample(raw_log_std, eps, std, action.detach())
-        return action, gauss - tanh_log_det(u), sample
+        return torch.tanh(u), gauss - tanh_log_det(u)
 
     def mode(self, obs: Tensor) -> Tensor:
         """The deterministic action ``tanh(mu(s))``."""
         return torch.tanh(self.net(obs.flatten(1))[:, : self.act_dim])
-
-
-@torch.no_grad()
-def tanh_gaussian_grad(sample: TanhGaussianSample, grad_action: Tensor,
-                       grad_log_prob: Tensor) -> Tensor:
-    """The gradient reaching the actor network's output ``[B, 2d]`` from ``dL/da``
-    ``[B, d]`` and ``dL/d log pi`` ``[B]`` of a reparameterised sample (``eps`` fixed).
-
-    With ``u = mu + eps sigma``, ``a = tanh(u)`` and ``log pi = sum(-eps^2/2 - log sigma)
-    - sum log(1 - a^2) + const``: ``da/du = 1 - a^2``, ``d log pi/du = 2a`` and
-    ``d log pi/d log sigma = -1`` besides the path through ``u`` (``du/d log sigma =
-    eps sigma``); the clamp of ``log sigma`` passes gradient only inside its bounds.
-    """
-    a, g_logp = sample.action, grad_log_prob.unsqueeze(-1)
-    g_u = torch.addcmul(grad_action * (1.0 - a.square()), g_logp, a, value=2.0)
-    g_log_std = torch.addcmul(-g_logp, g_u, sample.eps * sample.std)
-    raw = sample.raw_log_std
-    g_log_std = g_log_std.masked_fill_((raw < LOG_STD_MIN) | (raw > LOG_STD_MAX), 0.0)
-    return torch.cat([g_u, g_log_std], dim=-1)
 
 
 class DeterministicActor(nn.Module):
@@ -201,6 +164,7 @@ class DeterministicActor(nn.Module):
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int]) -> None:
         super().__init__()
+        self.act_dim = act_dim
         self.net = MLP(obs_dim, hidden, act_dim)
 
     def forward(self, obs: Tensor) -> Tensor:

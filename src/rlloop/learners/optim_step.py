@@ -1,0 +1,107 @@
+"""One gradient update of an off-policy learner: autograd, clipping and Adam, no host sync.
+
+Off-policy learners make thousands of small updates per second, so an update must not
+wait on the device: :class:`GuardedStep` skips a non-finite update *on the device*. The
+loss's and every clipped gradient norm's finiteness become one flag tensor, which the
+optimisers read as ``found_inf``: the same contract through which
+``torch.amp.GradScaler`` makes ``Adam(fused=True)`` skip a step (parameters, moments and
+step count untouched; ``tests/test_optim_step.py`` pins it). Optimisers without that
+contract (a user's SGD) fall back to reading the flag, one sync per update.
+
+Everything here is public torch API (``Adam(fused=True)``, ``get_total_norm``,
+``clip_grads_with_norm_``, which are ``clip_grad_norm_`` in two halves), so it works
+across the torch versions the package accepts and inside ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.nn.utils import clip_grads_with_norm_, get_total_norm
+
+
+def adam(params: Sequence[Tensor], lr: float, eps: float = 1e-8) -> torch.optim.Adam:
+    """``Adam`` with the fused kernel where the parameters' device has one, else foreach."""
+    try:
+        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+    except RuntimeError:  # a device without the fused kernel
+        return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step()`` honours ``found_inf`` (``Adam``/``AdamW`` fused)."""
+    return type(optimizer) in (torch.optim.Adam, torch.optim.AdamW) and all(
+        g.get("fused") for g in optimizer.param_groups)
+
+
+@dataclass
+class GuardedOptim:
+    """One optimiser of a :class:`GuardedStep` and the global-norm clip of its gradients."""
+
+    optimizer: torch.optim.Optimizer
+    params: list[Tensor]
+    max_grad_norm: float | None = None
+
+
+class GuardedStep:
+    """``backward`` + clip + step of several optimisers as one update that a non-finite
+    loss or gradient norm skips entirely (no optimiser moves), decided on the device.
+
+    Args:
+        optims: The optimisers, each over its own parameters.
+    """
+
+    #: Guard scratch and statistics, not training state (checkpoints leave them out).
+    transient_attrs = frozenset({"flag", "skipped"})
+
+    def __init__(self, optims: Sequence[GuardedOptim] = ()) -> None:
+        self.optims: list[GuardedOptim] = []
+        self._eager = False  # some optimiser cannot skip on the device
+        #: 1.0 if the last update was skipped, else 0.0 (a tensor on the parameters' device).
+        self.flag: Tensor | None = None
+        #: Updates skipped so far, as a tensor on the parameters' device (read it at records).
+        self.skipped: Tensor | None = None
+        for optim in optims:
+            self.add(optim)
+
+    def add(self, optim: GuardedOptim) -> None:
+        if self.flag is None:
+            device = optim.params[0].device
+            self.flag = torch.zeros((), device=device)
+            self.skipped = torch.zeros((), device=device)
+        if skips_on_device(optim.optimizer):
+            # Set once and written in place: no attribute changes per update (compile).
+            optim.optimizer.found_inf = self.flag  # type: ignore[attr-defined]
+            optim.optimizer.grad_scale = None  # type: ignore[attr-defined]
+        else:
+            self._eager = True
+        self.optims.append(optim)
+
+    def __call__(self, loss: Tensor) -> None:
+        """Back-propagate ``loss`` into every optimiser's parameters, then :meth:`apply`."""
+        for o in self.optims:
+            for p in o.params:
+                p.grad = None
+        loss.backward()  # type: ignore[no-untyped-call]
+        self.apply(torch.isfinite(loss.detach()))
+
+    def apply(self, finite: Tensor) -> None:
+        """Clip and step on the gradients in ``.grad``, unless ``finite`` (a 0-dim bool
+        tensor) or a clipped norm says otherwise; counted in :attr:`skipped`."""
+        for o in self.optims:
+            grads = [p.grad for p in o.params if p.grad is not None]
+            if o.max_grad_norm is not None and grads:
+                norm = get_total_norm(grads)
+                clip_grads_with_norm_(o.params, o.max_grad_norm, norm)
+                finite = finite & torch.isfinite(norm)
+        assert self.flag is not None and self.skipped is not None
+        torch.logical_not(finite, out=self.flag)
+        self.skipped.add_(self.flag)
+        if self._eager and bool(self.flag):
+            return
+        for o in self.optims:
+            if any(p.grad is not None for p in o.params):  # e.g. TD3's actor between updates
+                o.optimizer.step()
