@@ -53,7 +53,7 @@ RUNS = {
     "dqn": ("dqn", "CartPole-v1", ["dqn.learning_starts=16", "dqn.batch_size=16"]),
     "dqn-nstep-prioritized": ("dqn", "CartPole-v1", [
         "dqn.learning_starts=16", "dqn.batch_size=16", "dqn.n_step=3",
-        "dqn.replay=prioritized", "dqn.fused_update=false"]),
+        "dqn.replay=prioritized"]),
     "sac": ("sac", "Pendulum-v1", ["sac.learning_starts=16", "sac.batch_size=16"]),
     "td3": ("td3", "Pendulum-v1", ["td3.learning_starts=16", "td3.batch_size=16"]),
     "ma_ppo": ("ma_ppo", "pettingzoo:classic.tictactoe_v3", [
