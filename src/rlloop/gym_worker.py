@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import multiprocessing
-import multiprocessing.connection
-import os
 import signal
 import sys
-import threading
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
+
+from rlloop.worker_loop import exit_with_parent
 
 _PR_SET_PDEATHSIG = 1
 
@@ -103,12 +101,4 @@ def die_with_parent() -> None:
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        os._exit(1)
-
-    threading.Thread(target=watch, name="rlloop-parent-watch", daemon=True).start()
+    exit_with_parent()

@@ -132,11 +132,11 @@ def process_main(conn: multiprocessing.connection.Connection, env_fn: EnvFactory
     """Entry point of a worker process."""
     # Ctrl-C reaches the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with_parent()
+    exit_with_parent()
     serve(conn, env_fn, seeds)
 
 
-def _exit_with_parent() -> None:
+def exit_with_parent() -> None:
     """Exit when the parent dies, even while an env step hangs (the pipe cannot tell us then)."""
     parent = multiprocessing.parent_process()
     if parent is None:
