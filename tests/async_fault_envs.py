@@ -22,6 +22,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+from worker_envs import claim_token
 
 
 class FaultEnv(gymnasium.Env[np.ndarray, int]):
@@ -67,18 +68,6 @@ class FaultEnv(gymnasium.Env[np.ndarray, int]):
             os.kill(os.getpid(), signal.SIGSEGV)
         if self.fault == "hang":
             time.sleep(self.hang_s)
-
-
-def claim_token(token_dir: str | None) -> bool:
-    if token_dir is None:
-        return False
-    for token in sorted(Path(token_dir).glob("*.token")):
-        try:
-            token.unlink()
-            return True
-        except FileNotFoundError:
-            continue  # another worker took it first
-    return False
 
 
 gymnasium.register("Fault-v0", entry_point=FaultEnv)
