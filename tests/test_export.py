@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,6 +43,16 @@ def _eval_actions(algorithm: AlgorithmBase, obs: torch.Tensor) -> torch.Tensor:
     return algorithm.act(stats.normalize(obs) if stats else obs, deterministic=True)
 
 
+def _observations_and_eval_actions(run: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Observations and the actions the run's eval policy takes on them."""
+    algorithm = load_run_policy(run, device="cpu")
+    try:
+        obs = _observations(algorithm)
+        return obs, _eval_actions(algorithm, obs)
+    finally:
+        algorithm.close()
+
+
 def _compare(algo: str, got: np.ndarray, want: torch.Tensor) -> None:
     assert got.shape == tuple(want.shape)
     if algo == "ppo":  # discrete: the very same actions
@@ -63,12 +74,7 @@ def test_onnx_export_runs_in_onnxruntime_with_the_eval_actions(runs, algo, tmp_p
     import onnxruntime
 
     path = _export(runs[algo], "onnx", tmp_path, cli_env)
-    algorithm = load_run_policy(runs[algo], device="cpu")
-    try:
-        obs = _observations(algorithm)
-        want = _eval_actions(algorithm, obs)
-    finally:
-        algorithm.close()
+    obs, want = _observations_and_eval_actions(runs[algo])
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (got,) = session.run(["action"], {"obs": obs.numpy()})
     _compare(algo, got, want)
@@ -80,12 +86,7 @@ def test_onnx_export_runs_in_onnxruntime_with_the_eval_actions(runs, algo, tmp_p
 def test_torchscript_export_loads_in_a_fresh_process_with_the_eval_actions(
         runs, algo, tmp_path, cli_env):
     path = _export(runs[algo], "torchscript", tmp_path, cli_env)
-    algorithm = load_run_policy(runs[algo], device="cpu")
-    try:
-        obs = _observations(algorithm)
-        want = _eval_actions(algorithm, obs)
-    finally:
-        algorithm.close()
+    obs, want = _observations_and_eval_actions(runs[algo])
     torch.save(obs, tmp_path / "obs.pt")
     # A bare interpreter (no rlloop on the path): the file must stand on its own.
     out = subprocess.run([sys.executable, "-c", LOAD_TORCHSCRIPT, str(path),
