@@ -1,70 +1,76 @@
-"""Tuned defaults per (algorithm, env), applied under the user's config.
+"""Tuned settings per (algorithm, env), applied under the user's config.
 
 They play the role of rl-zoo's hyperparameter files: ``rlloop train ppo --env
-CartPole-v1`` should solve the task fast without flags.
+CartPole-v1`` should solve the task fast without flags. They are data, one YAML file per
+env in ``rlloop/presets/`` (the env id with ``/`` and ``:`` written as ``-``)::
+
+    env: CartPole-v1
+    algorithms:
+      ppo: {num_envs: 16, ppo: {lr: 0.003, ...}}   # a config layer, as in a --config file
+    benchmark:                                    # optional: what benchmarks/zoo.py compares
+      ppo: {budget: 100000, zoo_score: 500.0}
+
+Comments in each file say where rlloop's semantics differ from rl-zoo's and how each
+value was translated.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
-PRESETS: dict[tuple[str, str], dict[str, Any]] = {
-    ("ppo", "CartPole-v1"): {
-        "num_envs": 16,
-        "eval_episodes": 32,
-        "total_env_steps": 200_000,
-        "ppo": {"rollout_steps": 32, "num_epochs": 4, "minibatch_size": 256, "lr": 3e-3,
-                "lr_schedule": "linear", "gamma": 0.99, "gae_lambda": 0.95, "ent_coef": 0.0},
-    },
-    ("ppo", "Pendulum-v1"): {
-        "num_envs": 8,
-        "total_env_steps": 200_000,
-        "ppo": {"rollout_steps": 256, "num_epochs": 10, "minibatch_size": 256, "lr": 1e-3,
-                "lr_schedule": "linear", "gamma": 0.95, "gae_lambda": 0.95, "clip_coef": 0.2,
-                "ent_coef": 0.0, "normalize_obs": True, "normalize_rewards": True,
-                "init_log_std": -0.5, "max_grad_norm": 0.5},
-    },
-    # rl-zoo's hyperparameters (hyperparams/{dqn,sac,td3}.yml), with border's cadence
-    # (eval/record/save intervals count optimisation steps). SB3 updates DQN's target
-    # every 10 env steps, so during a 256-step rollout it copies the online net unchanged:
-    # the target is synced once per 128 updates, as here. DQN steps 4 native CartPoles
-    # at once where rl-zoo steps 1: opt_interval, learning_starts and exploration count
-    # transitions, so the update-to-data ratio is rl-zoo's, and one batched step of 4
-    # costs about what one step of 1 does. TD3 starts learning after 1000 steps
-    # (rl-zoo's earlier Pendulum entry) instead of 10000, which would leave only 10000
-    # updates of the 20000-step budget.
-    ("dqn", "CartPole-v1"): {
-        "num_envs": 4,
-        "total_env_steps": 50_000,
-        "eval_episodes": 20,
-        "dqn": {"lr": 2.3e-3, "batch_size": 64, "buffer_size": 100_000, "learning_starts": 1000,
-                "gamma": 0.99, "opt_interval": 256, "gradient_steps": 128,
-                "target_update_interval": 128, "exploration_steps": 8000,
-                "exploration_final_eps": 0.04, "hidden": [256, 256],
-                "eval_interval": 4, "record_interval": 1, "save_interval": 40},
-    },
-    ("sac", "Pendulum-v1"): {
-        "num_envs": 1,
-        "total_env_steps": 20_000,
-        "sac": {"lr": 1e-3, "eval_interval": 1000, "record_interval": 250,
-                "save_interval": 5000},
-    },
-    ("td3", "Pendulum-v1"): {
-        "num_envs": 1,
-        "total_env_steps": 20_000,
-        "td3": {"lr": 1e-3, "gamma": 0.98, "buffer_size": 200_000, "learning_starts": 1000,
-                "exploration_noise": 0.1, "hidden": [400, 300], "eval_interval": 1000,
-                "record_interval": 250, "save_interval": 5000},
-    },
-    ("ma_ppo", "pettingzoo:classic.tictactoe_v3"): {
-        "num_envs": 16,
-        "eval_episodes": 100,
-        "total_env_steps": 100_000,
-        "ma_ppo": {"rollout_steps": 32, "minibatch_size": 256},
-    },
-}
+import yaml
+
+
+@dataclass(frozen=True)
+class PresetFile:
+    """One env's presets: a config layer per algorithm, plus benchmark metadata."""
+
+    env: str
+    algorithms: dict[str, dict[str, Any]]
+    benchmark: dict[str, dict[str, Any]]
+
+
+def file_name(env_id: str) -> str:
+    """The preset file name for ``env_id``."""
+    return env_id.replace("/", "-").replace(":", "-") + ".yaml"
+
+
+def _directory() -> Any:
+    return resources.files("rlloop") / "presets"
+
+
+def _parse(text: str, name: str) -> PresetFile:
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict) or "env" not in data:
+        raise ValueError(f"preset file {name} has no 'env' key")
+    return PresetFile(env=str(data["env"]), algorithms=dict(data.get("algorithms") or {}),
+                      benchmark=dict(data.get("benchmark") or {}))
+
+
+@functools.cache
+def load_file(env_id: str) -> PresetFile | None:
+    """The presets for ``env_id``, or None when no file exists (read once per process)."""
+    path = _directory() / file_name(env_id)
+    if not path.is_file():
+        return None
+    found = _parse(path.read_text(encoding="utf-8"), path.name)
+    return found if found.env == env_id else None
+
+
+def all_files() -> list[PresetFile]:
+    """Every preset file the package ships, sorted by env id."""
+    files = [_parse(p.read_text(encoding="utf-8"), p.name)
+             for p in _directory().iterdir() if p.name.endswith(".yaml")]
+    return sorted(files, key=lambda f: f.env)
 
 
 def preset(algo: str, env_id: str) -> dict[str, Any]:
-    """The preset for ``(algo, env_id)``, or an empty dict."""
-    return PRESETS.get((algo, env_id), {})
+    """The preset layer for ``(algo, env_id)`` (a fresh copy), or an empty dict."""
+    found = load_file(env_id)
+    if found is None:
+        return {}
+    return copy.deepcopy(found.algorithms.get(algo, {}))
