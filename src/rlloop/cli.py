@@ -21,8 +21,9 @@ from typing import Any, NoReturn
 
 from rlloop.algorithms import ALGORITHMS
 from rlloop.config import BACKENDS, MAX_EVAL_EPISODES, parse_int
-from rlloop.devices import DEVICE_CHOICES
-from rlloop.errors import ConfigError, RunDirError
+from rlloop.device_names import DEVICE_CHOICES
+from rlloop.errors import CheckpointError, ConfigError, EnvError, RunDirError
+from rlloop.runfiles import check_run_dir
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -106,6 +107,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.algo not in ALGORITHMS:  # before torch is imported: a typo answers at once
+        raise ConfigError(f"unknown algorithm {args.algo!r}; choose one of {sorted(ALGORITHMS)}")
+    if args.resume:
+        check_run_dir(args.resume)
     from rlloop.callbacks import load_callback
     from rlloop.config import build_config
     from rlloop.envs.registry import resolve_env_id
@@ -176,10 +181,11 @@ def _check_new_run_dir(raw: str | None) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rlloop.run import evaluate_run
-
     if not 0 < args.episodes <= MAX_EVAL_EPISODES:
         raise ConfigError(f"--episodes must be in 1..{MAX_EVAL_EPISODES}, got {args.episodes}")
+    check_run_dir(args.run_dir)  # before torch is imported
+    from rlloop.run import evaluate_run
+
     stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend, args.device,
                          allow_import=args.allow_import,
                          notify=lambda line: print(f"rlloop: warning: {line}", file=sys.stderr))
@@ -221,8 +227,6 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rlloop.checkpoint import CheckpointError
-    from rlloop.envs.core import EnvError
     from rlloop.errors import DiskFullError, RlloopError
 
     try:

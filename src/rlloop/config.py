@@ -22,7 +22,7 @@ import yaml
 
 from rlloop.algorithms import ALGORITHMS
 from rlloop.algorithms.presets import preset
-from rlloop.devices import check_device_name
+from rlloop.device_names import check_device_name
 from rlloop.errors import ConfigError, check_finite
 
 BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -21,22 +20,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rlloop.device_names import DEVICE_CHOICES as DEVICE_CHOICES
+from rlloop.device_names import check_device_name as check_device_name
 from rlloop.errors import ConfigError
 
 _log = logging.getLogger(__name__)
 
-DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
-_DEVICE_RE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
 HOST = torch.device("cpu")
 
 M = TypeVar("M", bound=nn.Module)
-
-
-def check_device_name(name: object) -> str:
-    """``name`` if it is a valid device setting, else a ConfigError naming the choices."""
-    if not isinstance(name, str) or not _DEVICE_RE.fullmatch(name):
-        raise ConfigError(f"device must be one of {DEVICE_CHOICES}, got {name!r}")
-    return name
 
 
 def resolve_device(name: str | torch.device) -> torch.device:

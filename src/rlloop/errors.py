@@ -22,6 +22,16 @@ class DiskFullError(RlloopError, OSError):
     """The device of the run directory is full; the run can resume once there is room."""
 
 
+# The two below are defined here, torch-free, so the CLI can catch them without importing
+# the env and checkpoint packages (and torch); those packages re-export them.
+class EnvError(ValueError):
+    """Bad environment input: unknown id, unsupported space, bad backend."""
+
+
+class CheckpointError(Exception):
+    """Base class; the message names the file, the problem and the fix."""
+
+
 def check_finite(section: str, config: object) -> None:
     """ConfigError for the first NaN or infinite float field of a config dataclass.
 

@@ -62,7 +62,7 @@ from rlloop.numerics import flushed_denormals
 from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.report import write_report
 from rlloop.run_lock import RunLock
-from rlloop.runfiles import check_members, write_file
+from rlloop.runfiles import check_members, check_run_dir, write_file
 from rlloop.signals import StopInterrupted, save_due, supervised
 from rlloop.trainer import Stats, Trainer
 
@@ -477,14 +477,6 @@ def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = Fal
         raise _no_checkpoint(Path(run_dir))
     return Session(config, Path(run_dir), resume=True, console=console,
                    callbacks=callbacks).run()
-
-
-def check_run_dir(run_dir: str | Path) -> Path:
-    path = Path(run_dir)
-    if not (path / "config.yaml").is_file():
-        raise RunDirError(f"{path} is not an rlloop run directory (no config.yaml); pass a "
-                          "directory made by `rlloop train`, e.g. runs/<run-name>")
-    return path
 
 
 def policy_checkpoint(run_dir: Path, notify: Callable[[str], None] | None = None) -> Path:

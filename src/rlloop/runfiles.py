@@ -72,3 +72,12 @@ def open_append(path: Path) -> IO[str]:
                               "in a run directory: remove the link") from None
         raise
     return os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+
+
+def check_run_dir(run_dir: str | Path) -> Path:
+    """``run_dir`` as a Path if it holds a run (its ``config.yaml``), else RunDirError."""
+    path = Path(run_dir)
+    if not (path / "config.yaml").is_file():
+        raise RunDirError(f"{path} is not an rlloop run directory (no config.yaml); pass a "
+                          "directory made by `rlloop train`, e.g. runs/<run-name>")
+    return path

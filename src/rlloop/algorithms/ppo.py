@@ -16,6 +16,7 @@ from rlloop.devices import build_module, resolve_device, stats_dtype
 from rlloop.envs.core import Box
 from rlloop.envs.wrappers import discounted_reward_scale
 from rlloop.errors import ConfigError, check_finite
+from rlloop.learners.adam import Adam
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner, PoliciesToTrain
 from rlloop.learners.schedules import ScheduleError, make_schedule
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss
@@ -134,8 +135,7 @@ class PPOLearner(Learner[PPOBatch]):
             lr = {"type": "linear", "start": config.lr, "end": 0.0,
                   "steps": config.lr_decay_steps}
         self.register_optimizer(module_id, "default",
-                                torch.optim.Adam(params, lr=config.lr, eps=config.adam_eps,
-                                                 fused=True),
+                                Adam(params, lr=config.lr, eps=config.adam_eps, fused=True),
                                 params, lr, GradientClip(config.max_grad_norm,
                                                          config.grad_clip_by))
         self.register_hyperparameter(module_id, "clip_coef", config.clip_coef)

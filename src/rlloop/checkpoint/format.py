@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlloop.errors import CheckpointError as CheckpointError  # defined torch-free, for the CLI
+
 FORMAT_VERSION: int = 1
 MANIFEST = "manifest.json"
 
@@ -30,10 +32,6 @@ _TENSOR_DTYPES = frozenset({
     torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64,
     torch.complex64,
 })  # fmt: skip
-
-
-class CheckpointError(Exception):
-    """Base class; the message names the file, the problem and the fix."""
 
 
 class CheckpointNotFoundError(CheckpointError):

@@ -15,9 +15,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-
-class EnvError(ValueError):
-    """Bad environment input: unknown id, unsupported space, bad backend."""
+from rlloop.errors import EnvError as EnvError  # defined torch-free, for the CLI
 
 
 @dataclass(frozen=True)

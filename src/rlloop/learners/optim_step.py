@@ -22,18 +22,21 @@ import torch
 from torch import Tensor
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
+from rlloop.learners.adam import Adam
+
 
 def adam(params: Sequence[Tensor], lr: float, eps: float = 1e-8) -> torch.optim.Adam:
-    """``Adam`` with the fused kernel where the parameters' device has one, else foreach."""
+    """``Adam`` with the fused kernel where the parameters' device has one, else foreach
+    (rlloop's :class:`~rlloop.learners.adam.Adam`: no ``torch._dynamo`` import in eager use)."""
     try:
-        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+        return Adam(params, lr=lr, eps=eps, fused=True)
     except RuntimeError:  # a device without the fused kernel
-        return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
+        return Adam(params, lr=lr, eps=eps, foreach=True)
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer.step()`` honours ``found_inf`` (``Adam``/``AdamW`` fused)."""
-    return type(optimizer) in (torch.optim.Adam, torch.optim.AdamW) and all(
+    return type(optimizer) in (torch.optim.Adam, torch.optim.AdamW, Adam) and all(
         g.get("fused") for g in optimizer.param_groups)
 
 

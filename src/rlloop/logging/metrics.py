@@ -34,8 +34,9 @@ from typing import Any, Final, Literal, TypeAlias, get_args
 
 import torch
 
+from rlloop.logging.keys import MetricKey, flatten_key, flatten_mapping
+
 Reduce: TypeAlias = Literal["mean", "min", "max", "sum"]
-MetricKey: TypeAlias = str | tuple[Any, ...]
 Value: TypeAlias = float | int | torch.Tensor
 
 STATE_VERSION: Final = 1
@@ -44,30 +45,6 @@ _REDUCES: Final = frozenset(get_args(Reduce))
 # logged every env step but rarely reduced keeps bounded memory.
 _PENDING_LIMIT: Final = 1024
 _MISSING: Final[Any] = object()
-
-
-def flatten_key(key: MetricKey) -> str:
-    """``("a", "b")`` -> ``"a/b"``; a string is returned unchanged."""
-    if isinstance(key, str):
-        if not key:
-            raise ValueError("metric key must be a non-empty string")
-        return key
-    if isinstance(key, tuple) and key:
-        return "/".join(str(part) for part in key)
-    raise TypeError(f"metric key must be a non-empty str or tuple, got {key!r}")
-
-
-def flatten_mapping(mapping: Mapping[Any, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested mappings into ``{"a/b": leaf}``; tuple keys are joined with ``"/"``."""
-    flat: dict[str, Any] = {}
-    for key, value in mapping.items():
-        name = flatten_key(key)
-        name = f"{prefix}/{name}" if prefix else name
-        if isinstance(value, Mapping):
-            flat.update(flatten_mapping(value, name))
-        else:
-            flat[name] = value
-    return flat
 
 
 def _to_floats(values: list[Value]) -> list[float]:

@@ -15,17 +15,19 @@ several sinks (and tests) in one process do not interfere.
 
 from __future__ import annotations
 
+import contextlib
 import logging as pylogging
 import os
 import re
 import shutil
+import subprocess
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from rlloop.logging.metrics import flatten_mapping
+from rlloop.logging.keys import flatten_mapping
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -44,6 +46,11 @@ _END_STATUSES: Final = frozenset({"FINISHED", "FAILED", "KILLED"})
 _SQLITE_PREFIX: Final = "sqlite:///"
 
 _T = TypeVar("_T")
+
+#: What the sink imports, for `ProcessSink`'s ``preload``: ~2 s a child can spend before
+#: it learns where the store is.
+PRELOAD: Final = ("mlflow.entities", "mlflow.exceptions", "mlflow.tracking",
+                  "mlflow.store.tracking.sqlalchemy_store")
 
 
 def sqlite_tracking_uri(db_path: str | Path) -> str:
@@ -100,6 +107,31 @@ def _seed_from_template(db_path: Path) -> None:
         _log.debug("no MLflow store template (%s); creating the schema directly", exc)
 
 
+def _pin_default_experiment(db_path: Path, artifact_root: str) -> None:
+    """Point a new store's ``Default`` experiment at ``artifact_root`` + ``/0``.
+
+    MLflow gives it ``./mlruns/0`` under the working directory of whoever created the
+    schema: for a copy of the cached template, the directory that first built the template.
+    MLflow has no API to move an experiment's artifact location, so its row is updated.
+    """
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db_path)) as db, db:
+        db.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                   (f"{artifact_root}/0",))
+
+
+def git_commit(directory: str | Path) -> str | None:
+    """The commit checked out in the git work tree holding ``directory``, if any."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True,
+                             text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None  # no git, or a directory that is gone
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{40,64}", commit) else None
+
+
 def mlflow_name(name: str) -> str:
     """Make `name` a valid MLflow metric/param key: safe characters, no empty or dot parts."""
     parts = [p for p in _BAD_NAME_CHARS.sub("_", name).split("/") if p]
@@ -132,7 +164,11 @@ class MlflowSink:
             often (and on `flush` / `close`), so the training loop pays no per-call I/O.
         artifact_location: Artifact root of a new experiment. Default for a SQLite store:
             an ``artifacts`` folder next to the database (MLflow's default is ``./mlruns``
-            under the current directory).
+            under the current directory); a store this sink creates gets its ``Default``
+            experiment there too.
+        tags: Set on the run (new or resumed).
+        source_dir: Tag the run with the git commit of the work tree holding this folder
+            (``mlflow.source.git.commit``), when it is in one.
 
     Attributes:
         run_id: The MLflow run being written; store it in checkpoints to resume.
@@ -148,6 +184,8 @@ class MlflowSink:
         *,
         flush_interval_s: float = 2.0,
         artifact_location: str | None = None,
+        tags: Mapping[str, Any] | None = None,
+        source_dir: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # Imported here: `import mlflow` takes ~2 s and most code paths never need it.
@@ -155,9 +193,11 @@ class MlflowSink:
 
         self.tracking_uri = tracking_uri
         db_path = _sqlite_path(tracking_uri)
+        created = False
         if db_path is not None:
             db_path.parent.mkdir(parents=True, exist_ok=True)
             if not db_path.exists():
+                created = True
                 _seed_from_template(db_path)
             if artifact_location is None:
                 artifact_location = (db_path.parent / "artifacts").resolve().as_uri()
@@ -165,11 +205,19 @@ class MlflowSink:
             # MLflow's SQL store setup emits SQLAlchemy deprecation noise users cannot act on.
             warnings.simplefilter("ignore", DeprecationWarning)
             self._client: MlflowClient = MlflowClient(tracking_uri=tracking_uri)
+        all_tags = {k: str(v) for k, v in (tags or {}).items()}
+        commit = git_commit(source_dir) if source_dir else None
+        if commit:
+            all_tags["mlflow.source.git.commit"] = commit
         if run_id is None:
             experiment_id = self._experiment_id(experiment_name, artifact_location)
-            run = self._client.create_run(experiment_id, run_name=run_name)
+            if created and db_path is not None and artifact_location is not None:
+                _pin_default_experiment(db_path, artifact_location)
+            run = self._client.create_run(experiment_id, run_name=run_name, tags=all_tags)
         else:
             run = self._resume(run_id)
+            for key, value in all_tags.items():
+                self._client.set_tag(run.info.run_id, key, value)
         self.run_id: str = run.info.run_id
         self.experiment_id: str = run.info.experiment_id
         self._flush_interval_s = flush_interval_s
@@ -270,6 +318,16 @@ class MlflowSink:
         metrics = [Metric(key, value, ts, step) for key, value, ts, step in rows]
         for chunk in _chunks(metrics, MAX_METRICS_PER_BATCH):
             self._client.log_batch(self.run_id, metrics=chunk)
+
+    def log_artifacts(self, artifacts: Mapping[str, str]) -> None:
+        """Copy each file or folder (``{local path: artifact folder}``, ``""`` for the
+        root) into the run's artifacts; a path that does not exist is skipped."""
+        for local, folder in artifacts.items():
+            path = Path(local)
+            if path.is_dir():
+                self._client.log_artifacts(self.run_id, str(path), folder or None)
+            elif path.is_file():
+                self._client.log_artifact(self.run_id, str(path), folder or None)
 
     def close(self, status: str = "FINISHED") -> None:
         """Flush and mark the run `status` (``FINISHED``, ``FAILED`` or ``KILLED``)."""

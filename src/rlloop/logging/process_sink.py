@@ -19,6 +19,7 @@ is bounded, and rows that do not fit are dropped and counted.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging as pylogging
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -51,6 +52,38 @@ def factory_spec(factory: Callable[..., Any] | str) -> str:
     return f"{module}:{qualname}"
 
 
+#: Children started ahead of their sink (see `prestart`), by the modules they preload.
+_spares: dict[tuple[str, ...], subprocess.Popen[bytes]] = {}
+
+
+def _spawn(preload: Sequence[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-P", "-m", "rlloop.logging.sink_worker", *preload],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(),
+        # Its own session: Ctrl-C and group-wide signals reach only the trainer, which
+        # decides when the child stops (after writing what is queued).
+        start_new_session=True)
+
+
+def prestart(preload: Sequence[str]) -> None:
+    """Start the child of the next `ProcessSink` with this ``preload`` now: it imports
+    those modules (MLflow: ~2 s) on another core while this process does other work (imports
+    torch, builds the run), and the sink made later takes it over. An unused one is killed
+    when this process exits."""
+    key = tuple(preload)
+    if key not in _spares:
+        if not _spares:
+            atexit.register(_kill_spares)
+        _spares[key] = _spawn(key)
+
+
+def _kill_spares() -> None:
+    for proc in _spares.values():
+        proc.kill()
+        _wait(proc, _REAP_S)
+    _spares.clear()
+
+
 class ProcessSink:
     """Run a sink in a child process; `log_params` / `log_metrics` never block.
 
@@ -64,6 +97,8 @@ class ProcessSink:
             it is killed and the rows it did not write are reported in one warning.
         max_queued: Rows held for a child that is behind; more are dropped and counted.
         label: Names the sink in that warning, e.g. ``"MLflow (sqlite:///...)"``.
+        preload: Modules the child imports before it is told which sink to build; with
+            the same ``preload``, a child started by `prestart` is taken over.
         **kwargs: The factory's keyword arguments (JSON data).
 
     Attributes:
@@ -73,7 +108,8 @@ class ProcessSink:
 
     def __init__(self, factory: Callable[..., Any] | str, *, batch_interval_s: float = 1.0,
                  close_timeout_s: float = 5.0, max_queued: int = 10_000,
-                 label: str | None = None, **kwargs: Any) -> None:
+                 label: str | None = None, preload: Sequence[str] = (),
+                 **kwargs: Any) -> None:
         spec = factory_spec(factory)
         self.label = label or spec
         self.close_timeout_s = close_timeout_s
@@ -89,12 +125,8 @@ class ProcessSink:
         self._finished = threading.Event()  # the child replied "closed" / "error" / exited
         # Unbounded queue, bounded by hand in log_metrics so the close message always fits.
         self._queue: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "rlloop.logging.sink_worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(),
-            # Its own session: Ctrl-C and group-wide signals reach only the trainer, which
-            # decides when the child stops (after writing what is queued).
-            start_new_session=True)
+        spare = _spares.pop(tuple(preload), None)
+        self._proc = spare if spare is not None and spare.poll() is None else _spawn(preload)
         assert self._proc.stdin is not None and self._proc.stdout is not None
         header = {"factory": spec, "kwargs": kwargs, "path": [p for p in sys.path if p],
                   "batch_interval_s": batch_interval_s}
@@ -120,6 +152,11 @@ class ProcessSink:
             self._dropped += 1
             return
         self._queue.put({"op": "metrics", "metrics": dict(metrics), "step": int(step)})
+
+    def log_artifacts(self, artifacts: Mapping[str, str]) -> None:
+        """Have the sink copy files or folders (``{local path: artifact folder}``) into its
+        run, after the rows queued before; sinks without ``log_artifacts`` ignore it."""
+        self._queue.put({"op": "artifacts", "artifacts": dict(artifacts)})
 
     def close(self, status: str = "FINISHED", timeout_s: float | None = None) -> None:
         """Let the child write all queued rows and close its sink, waiting while it works;

@@ -4,10 +4,11 @@ Reads JSON lines on stdin. The first names the sink to build::
 
     {"factory": "package.module:Name", "kwargs": {...}, "path": [...], "batch_interval_s": 1.0}
 
-then ``{"op": "params", "params": {...}}``, ``{"op": "metrics", "metrics": {...}, "step": n}``
-and finally ``{"op": "close", "status": "FINISHED"}``. Replies are JSON lines on the
-original stdout: ``{"ready": {"run_id": ...}}`` once the sink is built, ``{"logged": rows,
-"params": n}`` after every write (and every interval when idle), then ``{"closed": {...}}``
+then ``{"op": "params", "params": {...}}``, ``{"op": "metrics", "metrics": {...}, "step": n}``,
+``{"op": "artifacts", "artifacts": {path: folder}}`` and finally ``{"op": "close", "status":
+"FINISHED"}``; modules named as arguments are imported before the first line is read.
+Replies are JSON lines on the original stdout: ``{"ready": {"run_id": ...}}`` once the
+sink is built, ``{"logged": rows, "params": n}`` after every write (and every interval when idle), then ``{"closed": {...}}``
 or ``{"error": "..."}``.
 
 Started as a plain module (not by `multiprocessing`), so the parent's ``__main__`` (a
@@ -64,7 +65,10 @@ class _Replies:
 
 def serve(stdin: IO[bytes], replies: _Replies) -> None:
     """Build the sink named by the first line, then apply messages until close or EOF."""
-    header = json.loads(stdin.readline() or "{}")
+    line = stdin.readline()
+    if not line:  # a child started ahead (ProcessSink.prestart) that was never used
+        return
+    header = json.loads(line)
     for entry in header.get("path", []):
         if entry not in sys.path:
             sys.path.append(entry)  # after our own entries: only to find the factory
@@ -103,6 +107,11 @@ def serve(stdin: IO[bytes], replies: _Replies) -> None:
             pending_values += len(message["metrics"])
             if flush is None or interval <= 0 or pending_values >= _MAX_PENDING_VALUES:
                 write()
+        elif op == "artifacts":
+            write()  # rows first: an artifact may describe them (a report)
+            log_artifacts = getattr(sink, "log_artifacts", None)
+            if log_artifacts is not None:
+                log_artifacts(message["artifacts"])
         elif op == "params":
             sink.log_params(message["params"])
             params += 1
@@ -121,6 +130,10 @@ def main() -> None:
     replies = _Replies(os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8"))
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     try:
+        # Named on the command line (ProcessSink's preload): imported while the parent
+        # still works out which sink to build, e.g. MLflow while it imports torch.
+        for module in sys.argv[1:]:
+            importlib.import_module(module)
         serve(sys.stdin.buffer, replies)
     except Exception as exc:
         replies.send(error=f"{type(exc).__name__}: {exc}")

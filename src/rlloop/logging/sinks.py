@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from rlloop.logging.metrics import flatten_mapping
+from rlloop.logging.keys import flatten_mapping
 from rlloop.runfiles import open_append, write_file
 
 _log = pylogging.getLogger(__name__)

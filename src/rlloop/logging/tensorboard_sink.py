@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlloop.logging.metrics import flatten_mapping
+from rlloop.logging.keys import flatten_mapping
 
 
 def _markdown_table(flat: Mapping[str, Any]) -> str:

@@ -1,0 +1,66 @@
+"""``Adam``: ``torch.optim.Adam`` that does not import ``torch._dynamo`` while it is unused.
+
+Every ``torch.optim.Optimizer`` method is wrapped to keep ``torch.compile`` from tracing
+into it, and the wrappers import ``torch._dynamo`` on their first call: about a second,
+more than the default CartPole run spends training. Nothing can be compiling while
+``torch._dynamo`` has not been imported (``torch.compile`` imports it), so until then these
+methods call the functions torch wrapped, with the same grad mode; once it is imported
+they take torch's own path. The update is torch's own Adam either way.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_DYNAMO = "torch._dynamo"
+
+
+def _unwrapped(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` without torch's wrappers (``functools.wraps`` records what they wrap)."""
+    return inspect.unwrap(method)
+
+
+def _without_profile_hook(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``Adam.step`` as torch wraps it for dynamo, without the step-hook wrapper that
+    ``Optimizer`` puts on its class at the first construction (ours gets its own)."""
+    return inspect.unwrap(method, stop=lambda f: not getattr(f, "hooked", False))
+
+
+class Adam(torch.optim.Adam):
+    """``torch.optim.Adam`` (same arguments, state and results) minus the import of
+    ``torch._dynamo`` in eager use; see the module docstring."""
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
+        if _DYNAMO in sys.modules:
+            return _without_profile_hook(torch.optim.Adam.step)(self, closure)
+        # What torch's wrapper does around the update, minus its graph breaks.
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return _unwrapped(torch.optim.Adam.step)(self, closure)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if _DYNAMO in sys.modules:
+            super().add_param_group(param_group)
+        else:
+            _unwrapped(torch.optim.Adam.add_param_group)(self, param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if _DYNAMO in sys.modules:
+            super().zero_grad(set_to_none)
+        else:
+            _unwrapped(torch.optim.Adam.zero_grad)(self, set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        if _DYNAMO in sys.modules:
+            return super().state_dict()
+        return _unwrapped(torch.optim.Adam.state_dict)(self)  # type: ignore[no-any-return]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if _DYNAMO in sys.modules:
+            super().load_state_dict(state_dict)
+        else:
+            _unwrapped(torch.optim.Adam.load_state_dict)(self, state_dict)
