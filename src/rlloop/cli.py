@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -111,6 +112,14 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError(f"unknown algorithm {args.algo!r}; choose one of {sorted(ALGORITHMS)}")
     if args.resume:
         check_run_dir(args.resume)
+    if not any(item.replace(" ", "").lower() in ("mlflow=false", "mlflow=0")
+               for item in args.sets):
+        from rlloop.logging.mlflow_sink import PRELOAD
+        from rlloop.logging.process_sink import prestart
+
+        # MLflow's import (~2 s) then runs in its child on another core while this process
+        # imports torch and builds the run; unused (mlflow off in a config file), it is killed.
+        prestart(PRELOAD)
     from rlloop.callbacks import load_callback
     from rlloop.config import build_config
     from rlloop.envs.registry import resolve_env_id
@@ -131,6 +140,7 @@ def _train(args: argparse.Namespace) -> int:
                               f"use `rlloop train {saved.algo} --resume {args.resume}`")
         result = resume(args.resume, allow_import=args.allow_import, env=args.env,
                         file=args.config, sets=args.sets, callbacks=callbacks,
+                        started_at=_process_start(),
                         **{k: v for k, v in flags.items() if v is not None})
     else:
         _check_new_run_dir(args.run_dir)
@@ -138,11 +148,12 @@ def _train(args: argparse.Namespace) -> int:
             resolve_env_id(args.env, allow_import=True, search_cwd=True)
         config = build_config(args.algo, args.env, file=args.config, flags=flags,
                               sets=args.sets)
-        result = train(config, args.run_dir, callbacks=callbacks)
+        result = train(config, args.run_dir, callbacks=callbacks, started_at=_process_start())
     best = result.best_eval_return
     lines = {
         "env steps": f"{result.env_steps:,}",
-        "wall time": f"{result.wall_time_s:.1f} s",
+        # The whole command's, start-up and the end-of-run report and video included.
+        "wall time": f"{time.time() - _process_start():.1f} s",
         "best eval return": "n/a" if best is None else format_number(best),
         "stopped by": result.stopped_by,
         "run directory": str(result.run_dir),
@@ -153,6 +164,13 @@ def _train(args: argparse.Namespace) -> int:
         lines["mlflow ui"] = result.mlflow_ui
     print_summary(lines)
     return 0
+
+
+def _process_start() -> float:
+    """When this process started (``time.time()`` scale)."""
+    import psutil
+
+    return float(psutil.Process().create_time())
 
 
 def _check_new_run_dir(raw: str | None) -> None:

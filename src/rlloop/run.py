@@ -64,6 +64,7 @@ from rlloop.report import write_report
 from rlloop.run_lock import RunLock
 from rlloop.runfiles import check_members, check_run_dir, write_file
 from rlloop.signals import StopInterrupted, save_due, supervised
+from rlloop.timing import PhaseTimes, TimedSink
 from rlloop.trainer import Stats, Trainer
 
 COMPONENTS = ("algorithm", "trainer", "rng")
@@ -139,13 +140,16 @@ class _Checkpoints:
             self.session.save()
 
     def on_eval(self, trainer: Trainer, stats: Stats) -> None:
+        self.session.phases.add("eval", stats.get("time/eval_s", 0.0))
         value = stats.get("eval/return_mean", math.nan)
         best = self.session.best_eval_return
         if not math.isnan(value) and (best is None or value > best):
             self.session.best_eval_return = value
             # A policy snapshot: no replay buffer or optimiser state (GBs for big buffers).
-            save_replacing(self.session.run_dir / "best", self.session.components(policy=True),
-                           metadata=self.session.metadata(), replace_incomplete=True)
+            with self.session.phases.timed("checkpoint"):
+                save_replacing(self.session.run_dir / "best",
+                               self.session.components(policy=True),
+                               metadata=self.session.metadata(), replace_incomplete=True)
 
 
 class Session:
@@ -156,7 +160,10 @@ class Session:
     """
 
     def __init__(self, config: RunConfig, run_dir: Path, *, resume: bool = False,
-                 console: Any = None, callbacks: Sequence[Callback] = ()) -> None:
+                 console: Any = None, callbacks: Sequence[Callback] = (),
+                 started_at: float | None = None) -> None:
+        #: Seconds per phase of the whole run (``time/<phase>_s`` in its last metrics row).
+        self.phases = PhaseTimes(started_at)
         self.lock = RunLock(run_dir)
         self.user_callbacks = UserCallbacks(callbacks)
         try:
@@ -194,7 +201,8 @@ class Session:
         self.mlflow: ProcessSink | None = None
         self.mlflow_uri: str | None = None
         if config.mlflow:
-            from rlloop.logging import MlflowSink, sqlite_tracking_uri
+            import rlloop
+            from rlloop.logging.mlflow_sink import PRELOAD, MlflowSink, sqlite_tracking_uri
 
             # In a child process: importing MLflow and writing to its store is seconds of
             # pure-Python work that would otherwise stall the training loop. Every row
@@ -207,13 +215,18 @@ class Session:
                                       close_timeout_s=config.mlflow_close_timeout_s,
                                       tracking_uri=uri, experiment_name=config.experiment,
                                       run_name=run_dir.name,
-                                      run_id=self.identity["mlflow_run_id"])
+                                      run_id=self.identity["mlflow_run_id"], preload=PRELOAD,
+                                      tags={"algo": config.algo, "env": config.env,
+                                            "seed": config.seed,
+                                            "rlloop_version": rlloop.__version__},
+                                      source_dir=str(Path.cwd()))
             sinks.append(self.mlflow)
         if config.tensorboard:
             from rlloop.logging import TensorBoardSink
 
             sinks.append(TensorBoardSink(run_dir / "tensorboard"))
-        self.sink = MultiSink(sinks)
+        self.sink = TimedSink(MultiSink(sinks), self.phases)
+        self._sinks_closed = False
         if not resume:
             self.sink.log_params(config.to_dict())
         _write_json(run_dir / "run.json", self.identity)
@@ -231,6 +244,9 @@ class Session:
             self._restore()
 
     def _close_sinks(self, status: str) -> None:
+        if self._sinks_closed:
+            return
+        self._sinks_closed = True
         self.sink.close(status)
         if self.mlflow is not None and self.mlflow.info.get("run_id"):
             self.identity["mlflow_run_id"] = self.mlflow.info["run_id"]
@@ -250,8 +266,9 @@ class Session:
 
     def save(self, components: dict[str, Any] | None = None) -> Path:
         counter = "algorithm/steps" if self.off_policy else "env/steps"
-        path = self.manager.save(self.trainer.state[counter], components or self.components(),
-                                 metadata=self.metadata())
+        with self.phases.timed("checkpoint"):
+            path = self.manager.save(self.trainer.state[counter],
+                                     components or self.components(), metadata=self.metadata())
         self.user_callbacks.checkpoint(path)
         return path
 
@@ -281,7 +298,7 @@ class Session:
         "solved" at -79.8 right after evaluations of -500 and -295)."""
         cfg = self.config
         if cfg.solve_episodes > cfg.eval_episodes:
-            with flushed_denormals(self.trainer.flush_denormal):
+            with self.phases.timed("eval"), flushed_denormals(self.trainer.flush_denormal):
                 result = self.algorithm.evaluate(cfg.solve_episodes)
             value = float(result["return_mean"])
             self.sink.log_metrics({"eval/solve_return_mean": value,
@@ -319,9 +336,20 @@ class Session:
         return self.manager.latest() if hasattr(self, "manager") else None
 
     def _run(self) -> RunResult:
+        try:
+            result = self._train_and_report()
+        finally:
+            with _quiet(disk_full_cause(sys.exception()) is not None):
+                self._close_sinks("FAILED" if sys.exception() else "FINISHED")
+        result.mlflow_ui = self._mlflow_ui()  # known once the MLflow child has answered
+        self.user_callbacks.train_end(result)
+        return result
+
+    def _train_and_report(self) -> RunResult:
         trainer, cfg = self.trainer, self.config
         stats: Stats = {}
         start = time.perf_counter()
+        self.phases.add("startup", self.phases.elapsed())
         self._start_steps = trainer.state["env/steps"]
         self._final: dict[str, Any] | None = None
         with supervised(self, self._finish):
@@ -342,16 +370,41 @@ class Session:
                 # An env worker did not answer within seconds of a stop signal: stop
                 # without the iteration in flight (its experience is dropped).
                 stats = dict(trainer.latest_eval)
+        # Training is over: the progress display ends here, not after the video and report
+        # (the phase rows below go to the records only).
+        self.console.close("FINISHED")
+        self.console.enabled = False
+        video = None
         if cfg.save_video and not self.stop_requested:  # a stop signal wants a quick exit
             from rlloop.video import save_run_video
 
-            save_run_video(self.run_dir)
+            with self.phases.timed("video"):
+                video = save_run_video(self.run_dir)
         stopped_by = self._stopped_by(stats)
-        result = RunResult(self.run_dir, trainer.state["env/steps"], time.perf_counter() - start,
-                           self.best_eval_return, stats, stopped_by, self._mlflow_ui())
-        write_report(self.run_dir, result, cfg)
-        self.user_callbacks.train_end(result)
+        steps = trainer.state["env/steps"]
+        self.sink.log_metrics(self.phases.stats(), steps)  # before the report, which shows it
+        result = RunResult(self.run_dir, steps, time.perf_counter() - start,
+                           self.best_eval_return, stats, stopped_by)
+        with self.phases.timed("report"):
+            write_report(self.run_dir, result, cfg)
+        self.sink.log_metrics({"time/report_s": self.phases.seconds["report"]}, steps)
+        if self.mlflow is not None:
+            self.mlflow.log_artifacts(self._artifacts(video))
         return result
+
+    def _artifacts(self, video: Path | None) -> dict[str, str]:
+        """The run's files for its MLflow run (``{path: artifact folder}``): the model
+        (``config.yaml`` + ``best/``, what `rlloop.load` reads), the video, the report, its
+        figures and data."""
+        files = {str(self.run_dir / n): "report" for n in
+                 ("report.md", "report.html", "summary.json", "metrics.jsonl")}
+        files.update({str(p): "report" for p in sorted(self.run_dir.glob("*.png"))})
+        if video is not None:
+            files[str(video)] = ""
+        if (self.run_dir / "best").is_dir():
+            files[str(self.run_dir / "config.yaml")] = "model"
+            files[str(self.run_dir / "best")] = "model/best"
+        return files
 
     def _finish(self, status: str) -> None:
         """The final checkpoint (whatever ended the run), then the sinks and envs."""
@@ -360,9 +413,11 @@ class Session:
             if self.trainer.state["env/steps"] > self._start_steps or not self.manager.latest():
                 self.save(self._final)
         finally:
-            # A full disk fails the sinks too (MLflow's store); the one error line says it.
-            with _quiet(disk_full_cause(sys.exception()) is not None):
-                self._close_sinks(status)
+            if status != "FINISHED" or sys.exception() is not None:
+                # A full disk fails the sinks too (MLflow's store); the one error line says it.
+                with _quiet(disk_full_cause(sys.exception()) is not None):
+                    self._close_sinks(status)
+            # Else they stay open for the video, report and artifacts (closed in `_run`).
             self.algorithm.close()
 
     def _mlflow_ui(self) -> str | None:
@@ -381,15 +436,20 @@ class Session:
 
 
 def train(config: RunConfig, run_dir: str | Path | None = None, *,
-          console: Any = None, callbacks: Sequence[Callback] = ()) -> RunResult:
-    """Start a new run in ``run_dir`` (default ``runs/<algo>-<env>-<time>``)."""
+          console: Any = None, callbacks: Sequence[Callback] = (),
+          started_at: float | None = None) -> RunResult:
+    """Start a new run in ``run_dir`` (default ``runs/<algo>-<env>-<time>``).
+
+    ``started_at`` (``time.time()``, default now) is when start-up began (``time/startup_s``),
+    e.g. the process's start for the CLI."""
     path = Path(run_dir) if run_dir else default_run_dir(config)
     if (path / "config.yaml").exists():
         RunLock(path).acquire().release()  # a live trainer holds it: name its PID instead
         if not _has_checkpoint(path):  # then "resume it" would only send the user back here
             raise _no_checkpoint(path)
     _refuse_existing_run(path)
-    return Session(config, path, console=console, callbacks=callbacks).run()
+    return Session(config, path, console=console, callbacks=callbacks,
+                   started_at=started_at).run()
 
 
 def _refuse_existing_run(path: Path) -> None:
@@ -467,16 +527,17 @@ def resume_config(run_dir: str | Path, *, allow_import: bool = False, env: str |
 def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = False,
            env: str | None = None, file: str | Path | None = None,
            sets: list[str] | None = None, callbacks: Sequence[Callback] = (),
-           **flags: Any) -> RunResult:
+           started_at: float | None = None, **flags: Any) -> RunResult:
     """Continue a run from its last checkpoint with its saved config, changed by the
-    overrides a resume allows (``flags``, ``--set`` items, a YAML ``file``)."""
+    overrides a resume allows (``flags``, ``--set`` items, a YAML ``file``); ``started_at``
+    as for `train`."""
     RunLock(check_run_dir(run_dir)).acquire().release()  # fail fast if a trainer holds it
     config = resume_config(run_dir, allow_import=allow_import, env=env, file=file, sets=sets,
                            **flags)
     if not _has_checkpoint(Path(run_dir)):  # before Session starts envs and sinks
         raise _no_checkpoint(Path(run_dir))
     return Session(config, Path(run_dir), resume=True, console=console,
-                   callbacks=callbacks).run()
+                   callbacks=callbacks, started_at=started_at).run()
 
 
 def policy_checkpoint(run_dir: Path, notify: Callable[[str], None] | None = None) -> Path:

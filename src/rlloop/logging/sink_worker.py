@@ -8,8 +8,8 @@ then ``{"op": "params", "params": {...}}``, ``{"op": "metrics", "metrics": {...}
 ``{"op": "artifacts", "artifacts": {path: folder}}`` and finally ``{"op": "close", "status":
 "FINISHED"}``; modules named as arguments are imported before the first line is read.
 Replies are JSON lines on the original stdout: ``{"ready": {"run_id": ...}}`` once the
-sink is built, ``{"logged": rows, "params": n}`` after every write (and every interval when idle), then ``{"closed": {...}}``
-or ``{"error": "..."}``.
+sink is built, ``{"logged": rows, "params": n}`` after every write (and every interval
+when idle), then ``{"closed": {...}}`` or ``{"error": "..."}``.
 
 Started as a plain module (not by `multiprocessing`), so the parent's ``__main__`` (a
 user's script without a main guard, a notebook) is never imported again here.
