@@ -30,6 +30,8 @@ DIAGNOSTICS = ("ppo/approx_kl", "ppo/clip_fraction", "q/mean", "q/target_mean", 
                "policy/entropy", "dqn/epsilon")
 #: Training phase timers (seconds per logging interval) that steps/s per phase comes from.
 PHASES = ("env", "inference", "learn")
+#: Whole-run phase totals (``rlloop.timing``), logged once at the end of a run.
+RUN_PHASES = ("startup", "evals", "checkpoints", "logging", "video", "report", "run")
 
 
 def read_metrics(path: Path) -> list[Row]:
@@ -148,6 +150,16 @@ def phase_rates(rows: list[Row]) -> dict[str, float]:
     return rates
 
 
+def run_phase_times(rows: list[Row]) -> dict[str, float]:
+    """Seconds of each whole-run phase (start-up, evaluations, ...): its last logged total."""
+    times = {}
+    for row in rows:
+        for phase in RUN_PHASES:
+            if _finite(row.get(f"time/{phase}_s")):
+                times[phase] = float(row[f"time/{phase}_s"])
+    return times
+
+
 def throughput(rows: list[Row]) -> bytes | None:
     rates = phase_rates(rows)
     overall = next((k for k in ("env/steps_per_s", "env/fps") if curve(rows, k)), None)
@@ -211,7 +223,7 @@ def _table(rows: Iterable[Sequence[Any]], header: Sequence[str]) -> list[str]:
 
 
 def _html(title: str, summary: dict[str, Any], changed: dict[str, tuple[Any, Any]],
-          rates: dict[str, float], figures: Iterable[str]) -> str:
+          rates: dict[str, float], times: dict[str, float], figures: Iterable[str]) -> str:
     def table(rows: Iterable[Sequence[Any]]) -> str:
         body = "".join("<tr>" + "".join(f"<td>{html.escape(str(round_number(c)))}</td>"
                                         for c in row) + "</tr>" for row in rows)
@@ -221,13 +233,24 @@ def _html(title: str, summary: dict[str, Any], changed: dict[str, tuple[Any, Any
              f"<h1>{html.escape(title)}</h1>", table(summary.items()),
              "<h2>Settings that differ from the defaults</h2>",
              table((k, d, v) for k, (d, v) in changed.items()),
-             "<h2>Env steps per second, by phase</h2>", table(rates.items())]
+             "<h2>Env steps per second, by phase</h2>", table(rates.items()),
+             "<h2>Seconds per phase of the run</h2>", table(times.items())]
     parts += [f"<p><img src='{name}' alt='{name}'></p>" for name in figures]
     return "\n".join(parts) + "\n"
 
 
-def write_report(run_dir: Path, result: RunResult, config: RunConfig) -> None:
-    """Write summary.json, the figures, report.md and report.html into ``run_dir``."""
+def write_figures(run_dir: Path, rows: list[Row]) -> list[str]:
+    """Draw the report's figures into ``run_dir``; their file names."""
+    figures = report_figures(rows)
+    for name, png in figures.items():
+        write_file(run_dir / name, png)
+    return list(figures)
+
+
+def write_report(run_dir: Path, result: RunResult, config: RunConfig,
+                 figures: Sequence[str] | None = None) -> None:
+    """Write summary.json, the figures, report.md and report.html into ``run_dir``
+    (``figures``: names of figures `write_figures` drew already, instead of drawing them)."""
     rows = read_metrics(run_dir / "metrics.jsonl")
     last = result.last_stats
     summary = {
@@ -241,9 +264,8 @@ def write_report(run_dir: Path, result: RunResult, config: RunConfig) -> None:
         if last.get("time/total_s") else None,
     }
     write_file(run_dir / "summary.json", json.dumps(summary, indent=2))
-    figures = report_figures(rows)
-    for name, png in figures.items():
-        write_file(run_dir / name, png)
+    if figures is None:
+        figures = write_figures(run_dir, rows)
     changed = changed_settings(config)
     rates = phase_rates(rows)
     title = f"{config.algo} on {config.env}"
@@ -253,6 +275,9 @@ def write_report(run_dir: Path, result: RunResult, config: RunConfig) -> None:
                                                                      "this run"))
     lines += ["", "## Env steps per second, by phase", ""]
     lines += _table(rates.items(), ("phase", "env steps/s"))
+    times = run_phase_times(rows)
+    lines += ["", "## Seconds per phase of the run", ""]
+    lines += _table(times.items(), ("phase", "seconds"))
     lines += ["", *(f"![{name[:-4].replace('_', ' ')}]({name})\n" for name in figures)]
     write_file(run_dir / "report.md", "\n".join(lines))
-    write_file(run_dir / "report.html", _html(title, summary, changed, rates, figures))
+    write_file(run_dir / "report.html", _html(title, summary, changed, rates, times, figures))

@@ -26,6 +26,7 @@ import logging
 import math
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -60,7 +61,7 @@ from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
 from rlloop.memory import check_memory
 from rlloop.numerics import flushed_denormals
 from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
-from rlloop.report import write_report
+from rlloop.report import read_metrics, write_figures, write_report
 from rlloop.run_lock import RunLock
 from rlloop.runfiles import check_members, check_run_dir, write_file
 from rlloop.signals import StopInterrupted, save_due, supervised
@@ -140,13 +141,13 @@ class _Checkpoints:
             self.session.save()
 
     def on_eval(self, trainer: Trainer, stats: Stats) -> None:
-        self.session.phases.add("eval", stats.get("time/eval_s", 0.0))
+        self.session.phases.add("evals", stats.get("time/eval_s", 0.0))
         value = stats.get("eval/return_mean", math.nan)
         best = self.session.best_eval_return
         if not math.isnan(value) and (best is None or value > best):
             self.session.best_eval_return = value
             # A policy snapshot: no replay buffer or optimiser state (GBs for big buffers).
-            with self.session.phases.timed("checkpoint"):
+            with self.session.phases.timed("checkpoints"):
                 save_replacing(self.session.run_dir / "best",
                                self.session.components(policy=True),
                                metadata=self.session.metadata(), replace_incomplete=True)
@@ -266,7 +267,7 @@ class Session:
 
     def save(self, components: dict[str, Any] | None = None) -> Path:
         counter = "algorithm/steps" if self.off_policy else "env/steps"
-        with self.phases.timed("checkpoint"):
+        with self.phases.timed("checkpoints"):
             path = self.manager.save(self.trainer.state[counter],
                                      components or self.components(), metadata=self.metadata())
         self.user_callbacks.checkpoint(path)
@@ -298,7 +299,7 @@ class Session:
         "solved" at -79.8 right after evaluations of -500 and -295)."""
         cfg = self.config
         if cfg.solve_episodes > cfg.eval_episodes:
-            with self.phases.timed("eval"), flushed_denormals(self.trainer.flush_denormal):
+            with self.phases.timed("evals"), flushed_denormals(self.trainer.flush_denormal):
                 result = self.algorithm.evaluate(cfg.solve_episodes)
             value = float(result["return_mean"])
             self.sink.log_metrics({"eval/solve_return_mean": value,
@@ -374,23 +375,30 @@ class Session:
         # (the phase rows below go to the records only).
         self.console.close("FINISHED")
         self.console.enabled = False
-        video = None
+        # The video (its frames, then ffmpeg encoding in its own process) is made in a
+        # thread while this one draws the report's figures: the two overlap.
+        filming = None
         if cfg.save_video and not self.stop_requested:  # a stop signal wants a quick exit
-            from rlloop.video import save_run_video
-
-            with self.phases.timed("video"):
-                video = save_run_video(self.run_dir)
-        stopped_by = self._stopped_by(stats)
+            filming = _in_thread(self._film)
         steps = trainer.state["env/steps"]
+        with self.phases.timed("report"):
+            figures = write_figures(self.run_dir, read_metrics(self.run_dir / "metrics.jsonl"))
+        video = filming() if filming is not None else None
         self.sink.log_metrics(self.phases.stats(), steps)  # before the report, which shows it
         result = RunResult(self.run_dir, steps, time.perf_counter() - start,
-                           self.best_eval_return, stats, stopped_by)
+                           self.best_eval_return, stats, self._stopped_by(stats))
         with self.phases.timed("report"):
-            write_report(self.run_dir, result, cfg)
+            write_report(self.run_dir, result, cfg, figures=figures)
         self.sink.log_metrics({"time/report_s": self.phases.seconds["report"]}, steps)
         if self.mlflow is not None:
             self.mlflow.log_artifacts(self._artifacts(video))
         return result
+
+    def _film(self) -> Path | None:
+        from rlloop.video import save_run_video
+
+        with self.phases.timed("video"):
+            return save_run_video(self.run_dir)
 
     def _artifacts(self, video: Path | None) -> dict[str, str]:
         """The run's files for its MLflow run (``{path: artifact folder}``): the model
@@ -616,6 +624,29 @@ def load_policy(config: RunConfig, run_dir: Path | None,
         algorithm.close()
         raise
     return algorithm
+
+
+def _in_thread(work: Callable[[], Any]) -> Callable[[], Any]:
+    """Start ``work`` in a thread; the function returned waits for it and returns its
+    result (or raises its exception)."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as e:  # handed to the waiting thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=target, name="rlloop-end-of-run", daemon=True)
+    thread.start()
+
+    def wait() -> Any:
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
+
+    return wait
 
 
 def _read_json(path: Path) -> dict[str, Any]:
