@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--callback", dest="callbacks", action="append", default=[],
                    metavar="MODULE:CLASS", help="a rlloop.callbacks.Callback subclass to call "
                    "on every step, eval and checkpoint (imports MODULE; repeatable)")
+    t.add_argument("--profile", action="store_true", help="run torch.profiler over a few "
+                   "training iterations and write a trace (Perfetto, TensorBoard) to "
+                   "<run>/profile; tune it with --set profile.wait=/warmup=/active=")
 
     e = sub.add_parser("eval", help="evaluate the best policy of a run")
     e.add_argument("run_dir")
@@ -119,6 +122,8 @@ def _train(args: argparse.Namespace) -> int:
                              "device": args.device}
     if args.quiet:
         flags["progress"] = False
+    if args.profile:  # the defaults, under any profile: section the config file has
+        flags["profile"] = {}
     if args.resume:
         saved = load_run_config(args.resume, allow_import=args.allow_import)
         if saved.algo != args.algo:
