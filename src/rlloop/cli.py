@@ -1,4 +1,4 @@
-"""``rlloop`` command line: train, resume, evaluate, export, plot.
+"""``rlloop`` command line: train, resume, evaluate, export, plot, tune.
 
 Exit codes: 0 done; 2 bad input (a flag, config value, env, path or checkpoint that cannot
 work, or a run directory another training process holds), with one line on stderr naming
@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--callback", dest="callbacks", action="append", default=[],
                    metavar="MODULE:CLASS", help="a rlloop.callbacks.Callback subclass to call "
                    "on every step, eval and checkpoint (imports MODULE; repeatable)")
+    t.add_argument("--profile", action="store_true", help="run torch.profiler over a few "
+                   "training iterations and write a trace (Perfetto, TensorBoard) to "
+                   "<run>/profile; tune it with --set profile.wait=/warmup=/active=")
 
     e = sub.add_parser("eval", help="evaluate the best policy of a run")
     e.add_argument("run_dir")
@@ -102,6 +105,34 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("-o", "--output", default="runs.png", help="PNG to write (default runs.png)")
     g.add_argument("--metric", default="eval/return_mean", help="metrics.jsonl key to plot")
     g.add_argument("--x", default="env/steps", choices=("env/steps", "wall"))
+
+    u = sub.add_parser("tune", help="tune hyperparameters with Optuna (TPE, median pruning); "
+                       "every trial is a run; writes the best config as YAML")
+    u.add_argument("algo", nargs="?", help="algorithm (may be left out with --resume)")
+    u.add_argument("--env", help="env id (default: the config's, else CartPole-v1)")
+    u.add_argument("--trials", type=_integer, help="finished trials the study runs to "
+                   "(default 20; with --resume: raise it to run more)")
+    u.add_argument("--jobs", type=_integer, default=1, help="trials run at once, each in its "
+                   "own process (default 1)")
+    u.add_argument("--space", help="search space YAML (key: {low, high, log} or [choices]); "
+                   "default: the algorithm's own")
+    u.add_argument("--config", help="YAML config every trial starts from")
+    u.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value in every trial (repeatable)")
+    u.add_argument("--seed", type=_integer, help="seed of every trial and of the sampler")
+    u.add_argument("--total-env-steps", type=_integer, help="each trial's step budget")
+    u.add_argument("--num-envs", type=_integer)
+    u.add_argument("--backend", choices=BACKENDS)
+    u.add_argument("--device", help=f"{DEVICE_CHOICES} (default auto)")
+    u.add_argument("--startup-trials", type=_integer, default=5, help="trials sampled at "
+                   "random before TPE models the space and before pruning starts (default 5)")
+    u.add_argument("--warmup-evals", type=_integer, default=1, help="evaluations a trial "
+                   "makes before it may be pruned (default 1)")
+    u.add_argument("--run-dir", help="the study's directory (default runs/tune-<algo>-<env>-"
+                   "<time>); one that holds a study continues it")
+    u.add_argument("--resume", metavar="DIR", help="continue the study in DIR (after a kill, "
+                   "or with a higher --trials)")
+    u.add_argument("--quiet", action="store_true", help="no progress line in trials")
 
     sub.add_parser("algos", help="list algorithms")
     return p
@@ -133,6 +164,8 @@ def _train(args: argparse.Namespace) -> int:
                              "device": args.device}
     if args.quiet:
         flags["progress"] = False
+    if args.profile:  # the defaults, under any profile: section the config file has
+        flags["profile"] = {}
     if args.resume:
         saved = load_run_config(args.resume, allow_import=args.allow_import)
         if saved.algo != args.algo:
@@ -171,6 +204,43 @@ def _process_start() -> float:
     import psutil
 
     return float(psutil.Process().create_time())
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from rlloop.envs.registry import resolve_env_id
+    from rlloop.logging import format_number, print_summary
+
+    try:
+        from rlloop.tuning import prepare, tune
+    except ImportError as e:
+        raise ConfigError(f"rlloop tune needs Optuna ({e}); pip install 'rlloop[tune]'") from None
+    if args.startup_trials < 0 or args.warmup_evals < 0:
+        raise ConfigError("--startup-trials and --warmup-evals must be >= 0")
+    if args.env:
+        resolve_env_id(args.env, allow_import=True, search_cwd=True)
+    if not args.resume:
+        _check_new_run_dir(args.run_dir)
+    flags = {k: v for k, v in (("seed", args.seed), ("total_env_steps", args.total_env_steps),
+                               ("num_envs", args.num_envs), ("backend", args.backend),
+                               ("device", args.device)) if v is not None}
+    path, settings = prepare(args.algo, args.env, trials=args.trials, run_dir=args.run_dir,
+                             resume=args.resume, space_file=args.space, config_file=args.config,
+                             sets=args.sets, flags=flags, startup_trials=args.startup_trials,
+                             warmup_evals=args.warmup_evals)
+    result = tune(path, settings, jobs=args.jobs, quiet=args.quiet)
+    counts = result.counts
+    lines = {"trials": f"{counts['complete']} complete, {counts['pruned']} pruned, "
+                       f"{counts['fail']} failed",
+             "best eval return": ("n/a" if result.best_value is None
+                                  else format_number(result.best_value)),
+             **{f"  {k}": v for k, v in result.best_params.items()},
+             "study": str(path / "study.db"),
+             "trial runs": str(path / "trials")}
+    if result.best_config is not None:
+        lines["best config"] = str(result.best_config)
+        lines["train it"] = f"rlloop train {settings.algo} --config {result.best_config}"
+    print_summary(lines)
+    return 0
 
 
 def _check_new_run_dir(raw: str | None) -> None:
@@ -253,6 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _train(args)
         if args.command == "eval":
             return _eval(args)
+        if args.command == "tune":
+            return _tune(args)
         if args.command in ("export", "plot"):
             return _export(args) if args.command == "export" else _plot(args)
         for name, entry in sorted(ALGORITHMS.items()):

@@ -24,6 +24,7 @@ from rlloop.algorithms import ALGORITHMS
 from rlloop.algorithms.presets import preset
 from rlloop.device_names import check_device_name
 from rlloop.errors import ConfigError, check_finite
+from rlloop.profiling import ProfileConfig
 
 BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async")
 #: Seeds are 32-bit, the range every generator a run seeds (torch, NumPy, Gymnasium) accepts.
@@ -38,7 +39,8 @@ MAX_EVAL_EPISODES = 100_000
 RESUMABLE_KEYS = frozenset({
     "total_env_steps", "stop_on_solve", "solve_threshold", "solve_episodes", "eval_every",
     "eval_episodes", "checkpoint_every", "keep_checkpoints", "torch_threads", "device",
-    "mlflow", "mlflow_interval_s", "tensorboard", "progress", "on_nonfinite", "save_video"})
+    "mlflow", "mlflow_interval_s", "tensorboard", "progress", "on_nonfinite", "save_video",
+    "profile", "wandb", "wandb_project"})
 #: The same inside an algorithm's section (the off-policy cadence and evaluator).
 RESUMABLE_SECTION_KEYS = frozenset({
     "eval_interval", "record_interval", "save_interval", "max_opts", "evaluator", "recorder"})
@@ -47,7 +49,8 @@ RESUMABLE_SECTION_KEYS = frozenset({
 def resumable(key: str, algo: str) -> bool:
     """Whether ``key`` (dotted, as ``--set`` takes it) may change when ``algo``'s run resumes."""
     section, _, name = key.partition(".")
-    return key in RESUMABLE_KEYS or (section == algo and name in RESUMABLE_SECTION_KEYS)
+    return (key in RESUMABLE_KEYS or (section == algo and name in RESUMABLE_SECTION_KEYS)
+            or section == "profile")
 
 
 @dataclass
@@ -104,6 +107,15 @@ class RunConfig:
     """MLflow experiment name."""
     tensorboard: bool = False
     """Also write TensorBoard event files under <run>/tensorboard."""
+    wandb: bool = False
+    """Also log params and metrics to Weights & Biases (offline, into <run>/wandb, unless
+    WANDB_MODE says otherwise; ``wandb sync`` uploads an offline run later)."""
+    wandb_project: str = "rlloop"
+    """The W&B project of the run."""
+    profile: ProfileConfig | None = None
+    """Run torch.profiler over a few training iterations and write a trace under
+    <run>/profile (a mapping: wait, warmup, active, record_shapes; ``--profile`` or
+    ``true``: the defaults; null: off)."""
     progress: bool = True
     """Show the live progress line."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -179,10 +191,17 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for YAML; the algorithm section is keyed by the algorithm's name."""
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+        data = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
                 if f.name != "hparams"}
         data[self.algo] = dataclasses.asdict(self.hparams)
         return data
+
+
+def _plain(value: Any) -> Any:
+    """A nested config section (``profile``) as a mapping, anything else as it is."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
 
 
 def build_config(
@@ -304,6 +323,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0])
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a section: true = defaults
+        if isinstance(value, bool):
+            return _build(tp, {}, prefix=f"{key}.") if value else None
+        return _build(tp, value, prefix=f"{key}.")
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{key} must be one of {list(args)}, got {value!r}")

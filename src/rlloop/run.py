@@ -61,6 +61,7 @@ from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
 from rlloop.memory import check_memory
 from rlloop.numerics import flushed_denormals
 from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
+from rlloop.profiling import TraceProfiler
 from rlloop.report import read_metrics, write_figures, write_report
 from rlloop.run_lock import RunLock
 from rlloop.runfiles import check_members, check_run_dir, write_file
@@ -226,6 +227,9 @@ class Session:
             from rlloop.logging import TensorBoardSink
 
             sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+        self.wandb = self._wandb_sink(identity.get("wandb_run_id"))
+        if self.wandb is not None:
+            sinks.append(self.wandb)
         self.sink = TimedSink(MultiSink(sinks), self.phases)
         self._sinks_closed = False
         if not resume:
@@ -238,19 +242,42 @@ class Session:
         schedule = (BorderSchedule(cast(OffPolicyAlgorithm, self.algorithm),
                                    save=lambda _: self.save())
                     if self.off_policy else None)
+        self.profiler: TraceProfiler | None = None
+        if config.profile is not None:
+            self.profiler = TraceProfiler(config.profile, run_dir / "profile")
+            self.profiler.label(self.algorithm, ALGORITHMS[config.algo].kind)
         self.trainer = Trainer(self.algorithm, sink=self.sink, eval_episodes=config.eval_episodes,
-                               callbacks=[_Checkpoints(self), self.user_callbacks],
+                               callbacks=[_Checkpoints(self), self.user_callbacks,
+                                          *([self.profiler] if self.profiler else [])],
                                schedule=schedule)
         if resume:
             self._restore()
+
+    def _wandb_sink(self, run_id: str | None) -> ProcessSink | None:
+        """W&B in a child process (like MLflow): importing it and starting its service take
+        seconds; offline by default (see `rlloop.logging.wandb_sink`)."""
+        config = self.config
+        if not config.wandb:
+            return None
+        from rlloop.logging.wandb_sink import WandbSink
+
+        if run_id is not None:
+            self.identity["wandb_run_id"] = run_id
+        return ProcessSink(WandbSink, label="W&B run", batch_interval_s=config.mlflow_interval_s,
+                           close_timeout_s=config.mlflow_close_timeout_s,
+                           run_dir=str(self.run_dir.resolve()), project=config.wandb_project,
+                           name=self.run_dir.name, run_id=run_id)
 
     def _close_sinks(self, status: str) -> None:
         if self._sinks_closed:
             return
         self._sinks_closed = True
         self.sink.close(status)
-        if self.mlflow is not None and self.mlflow.info.get("run_id"):
-            self.identity["mlflow_run_id"] = self.mlflow.info["run_id"]
+        ids = {key: sink.info["run_id"] for key, sink in (("mlflow_run_id", self.mlflow),
+                                                          ("wandb_run_id", self.wandb))
+               if sink is not None and sink.info.get("run_id")}
+        if ids:
+            self.identity.update(ids)
             _write_json(self.run_dir / "run.json", self.identity)
 
     # ---- checkpoint contents -----------------------------------------------------------
@@ -353,7 +380,7 @@ class Session:
         self.phases.add("startup", self.phases.elapsed())
         self._start_steps = trainer.state["env/steps"]
         self._final: dict[str, Any] | None = None
-        with supervised(self, self._finish):
+        with supervised(self, self._finish), self._profiling():
             try:
                 if trainer.state["env/steps"] < cfg.total_env_steps:
                     every = None if self.off_policy else cfg.eval_every or None
@@ -413,6 +440,18 @@ class Session:
             files[str(self.run_dir / "config.yaml")] = "model"
             files[str(self.run_dir / "best")] = "model/best"
         return files
+
+    @contextmanager
+    def _profiling(self) -> Iterator[None]:
+        """torch.profiler around the training loop and its final evaluation (``--profile``)."""
+        if self.profiler is None:
+            yield
+            return
+        self.profiler.start()
+        try:
+            yield
+        finally:
+            self.profiler.stop()
 
     def _finish(self, status: str) -> None:
         """The final checkpoint (whatever ended the run), then the sinks and envs."""
@@ -520,7 +559,7 @@ def resume_config(run_dir: str | Path, *, allow_import: bool = False, env: str |
     new = config.to_dict()
     changed = [f"{key}.{sub}" for key, value in new.items()
                if isinstance(value, dict) and key != "env_kwargs"
-               for sub in value if value[sub] != old[key].get(sub)]
+               for sub in value if value[sub] != (old.get(key) or {}).get(sub)]
     changed += [key for key, value in new.items()
                 if not (isinstance(value, dict) and key != "env_kwargs") and value != old[key]]
     fixed = [key for key in changed if not resumable(key, saved.algo)]

@@ -1,0 +1,355 @@
+"""``rlloop tune``: an Optuna study over a search space, every trial a full rlloop run.
+
+Tune directory layout::
+
+    <dir>/.lock            held (flock) by the one ``rlloop tune`` process driving the study
+    <dir>/tune.json        the study's settings (algo, env, budgets, base config), for resuming
+    <dir>/base.yaml        the --config file the trials start from (a copy)
+    <dir>/space.yaml       the search space
+    <dir>/study.db         the Optuna study (SQLite): a killed study resumes from it
+    <dir>/trials/trial-NNNN/   each trial's run directory (checkpoints, metrics, MLflow run)
+    <dir>/best.yaml        the best trial's config, for ``rlloop train ALGO --config``
+
+Trials sample with TPE and report every evaluation's return to the median pruner, which
+stops a trial whose return falls below the median of earlier trials at the same evaluation
+(rl-zoo's setup). A trial's value is its last evaluation's mean return. A trial cut short
+by a kill is marked failed when the study resumes, and its parameters are tried again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlloop.algorithms import ALGORITHMS
+from rlloop.callbacks import Callback
+from rlloop.config import RunConfig, build_config
+from rlloop.errors import ConfigError, RunDirError
+from rlloop.run_lock import RunLock
+from rlloop.runfiles import write_file
+from rlloop.tuning.space import Param, as_set, default_space, load_space, parse_space, space_data
+
+STUDY_NAME = "rlloop"
+_SETTINGS = "tune.json"
+
+
+@dataclass
+class TuneSettings:
+    """What a study needs to run (and resume) its trials; saved as ``tune.json``."""
+
+    algo: str
+    env: str
+    trials: int
+    """Finished (complete or pruned) trials the study runs to."""
+    space: dict[str, Any]
+    sets: list[str] = field(default_factory=list)
+    """``--set`` items applied to every trial, before the sampled values."""
+    flags: dict[str, Any] = field(default_factory=dict)
+    """Command-line settings of every trial (seed, total_env_steps, ...)."""
+    startup_trials: int = 5
+    """Trials sampled at random before TPE models the space, and before any pruning."""
+    warmup_evals: int = 1
+    """Evaluations a trial makes before the pruner may stop it."""
+    seed: int = 0
+    """The sampler's seed."""
+
+    def params(self) -> list[Param]:
+        return parse_space(self.space, "space.yaml")
+
+
+@dataclass
+class TuneResult:
+    dir: Path
+    best_value: float | None
+    best_params: dict[str, Any]
+    best_config: Path | None
+    counts: dict[str, int]
+
+
+class OptunaPruning(Callback):
+    """Reports each evaluation's mean return to the trial; stops the run when pruned."""
+
+    def __init__(self, trial: Any) -> None:
+        self.trial = trial
+        self.evals = 0
+        self.pruned_at: int | None = None
+
+    def on_eval(self, stats: dict[str, float]) -> bool | None:
+        value = stats.get("eval/return_mean", math.nan)
+        if not math.isfinite(value):
+            return None
+        self.trial.report(float(value), step=self.evals)
+        self.evals += 1
+        if self.pruned_at is None and self.trial.should_prune():
+            self.pruned_at = self.evals - 1
+            return False
+        return None
+
+
+def default_tune_dir(algo: str, env: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    env = re.sub(r"[^\w.-]+", "-", env)  # one path component, as default_run_dir does
+    return Path("runs") / f"tune-{algo}-{env}-{stamp}"
+
+
+def prepare(algo: str | None, env: str | None, *, trials: int | None, run_dir: str | None,
+            resume: str | None, space_file: str | None, config_file: str | None,
+            sets: Sequence[str], flags: dict[str, Any], startup_trials: int,
+            warmup_evals: int) -> tuple[Path, TuneSettings]:
+    """The tune directory and its settings: saved ones for a study that exists (``resume``,
+    or a ``run_dir`` holding one), else new ones from the arguments. Checks everything a
+    trial will need (config keys, the space, the env) before anything is written."""
+    path = Path(resume or run_dir or default_tune_dir(algo or "ppo", env or "CartPole-v1"))
+    saved = path / _SETTINGS
+    if resume and not saved.is_file():
+        raise RunDirError(f"{path} holds no rlloop study (no {_SETTINGS}); pass a directory "
+                          "made by `rlloop tune`, or start one with --run-dir")
+    if saved.is_file():
+        settings = TuneSettings(**json.loads(saved.read_text(encoding="utf-8")))
+        if algo and algo != settings.algo:
+            raise ConfigError(f"{path} is a {settings.algo} study, not {algo}; use "
+                              f"`rlloop tune --resume {path}` or another --run-dir")
+        if (env and env != settings.env) or space_file or config_file or sets:
+            raise ConfigError(f"{path} already holds a study of {settings.algo} on "
+                              f"{settings.env}; continue it with `rlloop tune --resume {path}` "
+                              "(only --trials may change) or pick another --run-dir")
+        if trials is not None:
+            settings.trials = trials
+        return path, settings
+    if algo is None:
+        raise ConfigError("tune needs an algorithm, e.g. `rlloop tune ppo --env CartPole-v1` "
+                          "(or --resume DIR)")
+    if algo not in ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGORITHMS)}")
+    space = load_space(space_file) if space_file else default_space(algo)
+    env_id = env or build_config(algo, None, file=config_file).env
+    settings = TuneSettings(algo, env_id, trials if trials is not None else 20,
+                            space_data(space), list(sets), dict(flags), startup_trials,
+                            warmup_evals, int(flags.get("seed") or 0))
+    _check(settings, config_file)
+    path.mkdir(parents=True, exist_ok=True)
+    if config_file:
+        shutil.copyfile(config_file, path / "base.yaml")
+    return path, settings
+
+
+def _check(settings: TuneSettings, config_file: str | None) -> None:
+    """The base config and one point of the space build; ``ConfigError`` names the key."""
+    if settings.trials <= 0:
+        raise ConfigError(f"--trials must be > 0, got {settings.trials}")
+    build_config(settings.algo, settings.env, file=config_file, flags=settings.flags,
+                 sets=settings.sets)
+    for param in settings.params():
+        try:
+            build_config(settings.algo, settings.env, file=config_file, flags=settings.flags,
+                         sets=[*settings.sets, as_set(param.key, param.example())])
+        except ConfigError as e:
+            raise ConfigError(f"search space key {param.key}: {e}") from None
+
+
+class Study:
+    """An Optuna study in a tune directory, and the trials it runs as rlloop runs."""
+
+    def __init__(self, path: Path, settings: TuneSettings, *, quiet: bool = False,
+                 say: Callable[[str], None] = print) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.ERROR)  # one line per trial is ours
+        self.path = path
+        self.settings = settings
+        self.quiet = quiet
+        self.say = say
+        self.space = settings.params()
+        self.storage = optuna.storages.RDBStorage(f"sqlite:///{(path / 'study.db').resolve()}")
+        self.study = optuna.create_study(
+            study_name=STUDY_NAME, storage=self.storage, direction="maximize",
+            load_if_exists=True,
+            sampler=optuna.samplers.TPESampler(n_startup_trials=settings.startup_trials,
+                                               seed=settings.seed),
+            pruner=optuna.pruners.MedianPruner(n_startup_trials=settings.startup_trials,
+                                               n_warmup_steps=settings.warmup_evals))
+
+    # ---- bookkeeping ------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        from optuna.trial import TrialState
+
+        trials = self.study.get_trials(deepcopy=False)
+        return {state.name.lower(): sum(t.state == state for t in trials)
+                for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL,
+                              TrialState.RUNNING, TrialState.WAITING)}
+
+    def finished(self) -> int:
+        counts = self.counts()
+        return counts["complete"] + counts["pruned"]
+
+    def recover(self) -> None:
+        """Trials left running by a killed study: marked failed, their parameters queued
+        again. Only called by the lock holder, so no other process is running them."""
+        from optuna.trial import TrialState
+
+        study_id = self.storage.get_study_id_from_name(STUDY_NAME)
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id,
+                                                                            trial.number)
+            self.storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+            self.say(f"trial {trial.number} was cut short (the study was killed); its "
+                     "parameters are tried again")
+
+    # ---- running trials -----------------------------------------------------------------
+    def optimize(self) -> None:
+        """Run trials one at a time until the study holds ``trials`` finished ones (with
+        workers beside this process, the running ones count too)."""
+        from optuna.trial import TrialState
+
+        failures = 0
+        while True:
+            counts = self.counts()
+            if counts["complete"] + counts["pruned"] + counts["running"] >= self.settings.trials:
+                return
+            self.study.optimize(self._objective, n_trials=1, catch=(ConfigError,),
+                                callbacks=[self._report])
+            last = self.study.get_trials(deepcopy=False)[-1]
+            failures = failures + 1 if last.state == TrialState.FAIL else 0
+            if failures >= 5:
+                raise ConfigError(f"5 trials in a row failed (last: "
+                                  f"{last.user_attrs.get('error', 'see its run directory')}); "
+                                  "fix the search space or base config")
+
+    def trial_config(self, sets: Sequence[str]) -> RunConfig:
+        s = self.settings
+        base = self.path / "base.yaml"
+        file = base if base.is_file() else None
+        flags = dict(s.flags)
+        if self.quiet:
+            flags["progress"] = False
+        mentioned = " ".join(s.sets) + (base.read_text(encoding="utf-8") if file else "")
+        if "save_video" not in mentioned:  # a film of every trial costs seconds each
+            flags["save_video"] = False
+        config = build_config(s.algo, s.env, file=file, flags=flags, sets=[*s.sets, *sets])
+        return _fit_batch(config)
+
+    def _objective(self, trial: Any) -> float:
+        import optuna
+
+        from rlloop.run import train
+
+        values = {p.key: p.suggest(trial) for p in self.space}
+        sets = [as_set(k, v) for k, v in values.items()]
+        run_dir = self.path / "trials" / f"trial-{trial.number:04d}"
+        trial.set_user_attr("run_dir", str(run_dir))
+        trial.set_user_attr("sets", sets)
+        try:
+            config = self.trial_config(sets)
+        except ConfigError as e:
+            trial.set_user_attr("error", str(e))
+            raise
+        pruning = OptunaPruning(trial)
+        result = train(config, run_dir, callbacks=[pruning])
+        if result.stopped_by.startswith("signal"):
+            # Stopped by the user: not a result. The next `--resume` tries it again.
+            self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+            raise KeyboardInterrupt
+        trial.set_user_attr("env_steps", result.env_steps)
+        if pruning.pruned_at is not None:
+            raise optuna.TrialPruned(f"pruned at evaluation {pruning.pruned_at}")
+        value = result.last_stats.get("eval/return_mean", result.best_eval_return)
+        return float("nan" if value is None else value)
+
+    def _report(self, study: Any, trial: Any) -> None:
+        values = " ".join(s.replace("=", "=", 1) for s in trial.user_attrs.get("sets", []))
+        if trial.state.name == "COMPLETE":
+            what = f"return {trial.value:.4g}"
+        elif trial.state.name == "PRUNED":
+            last = trial.last_step
+            what = (f"pruned at evaluation {last} (return "
+                    f"{trial.intermediate_values.get(last, math.nan):.4g})")
+        else:
+            what = f"failed ({trial.user_attrs.get('error', 'see its run directory')})"
+        done = self.finished()
+        self.say(f"trial {trial.number} [{done}/{self.settings.trials}]: {what}  {values}")
+
+    # ---- the result ---------------------------------------------------------------------
+    def write_best(self) -> TuneResult:
+        """``best.yaml``: the best complete trial's config as ``rlloop train --config``
+        reads it (without tune's own settings: trials skip the video)."""
+        from optuna.trial import TrialState
+
+        counts = self.counts()
+        complete = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        scored = [t for t in complete if t.value is not None and math.isfinite(t.value)]
+        if not scored:
+            return TuneResult(self.path, None, {}, None, counts)
+        best = max(scored, key=lambda t: float(t.value))  # type: ignore[arg-type]
+        s = self.settings
+        base = self.path / "base.yaml"
+        sets = [*s.sets, *best.user_attrs["sets"]]
+        config = _fit_batch(build_config(s.algo, s.env, file=base if base.is_file() else None,
+                                         flags=s.flags, sets=sets))
+        header = (f"# rlloop tune: trial {best.number} of {self.path}, last eval return "
+                  f"{best.value:.6g}\n# train it: rlloop train {s.algo} --config "
+                  f"{self.path / 'best.yaml'}\n")
+        out = self.path / "best.yaml"
+        write_file(out, header + yaml.safe_dump(config.to_dict(), sort_keys=False))
+        params = {k: v for k, _, v in (item.partition("=") for item in best.user_attrs["sets"])}
+        return TuneResult(self.path, float(best.value), params, out, counts)  # type: ignore[arg-type]
+
+
+def _fit_batch(config: RunConfig) -> RunConfig:
+    """A PPO minibatch larger than the rollout batch becomes the batch (as rl-zoo clamps
+    batch_size to n_steps), so sampled combinations of the two always train."""
+    hp = config.hparams
+    if hasattr(hp, "minibatch_size") and hasattr(hp, "rollout_steps"):
+        hp.minibatch_size = min(hp.minibatch_size, hp.rollout_steps * config.num_envs)
+    return config
+
+
+def tune(path: Path, settings: TuneSettings, *, jobs: int = 1, quiet: bool = False,
+         say: Callable[[str], None] = print) -> TuneResult:
+    """Run (or continue) the study in ``path`` until it holds ``settings.trials`` finished
+    trials, ``jobs`` trials at a time, then write ``best.yaml``."""
+    if jobs <= 0:
+        raise ConfigError(f"--jobs must be > 0, got {jobs}")
+    with RunLock(path):
+        write_file(path / _SETTINGS, json.dumps(asdict(settings), indent=2))
+        write_file(path / "space.yaml", yaml.safe_dump(settings.space, sort_keys=False))
+        study = Study(path, settings, quiet=quiet or jobs > 1, say=say)
+        study.recover()
+        if jobs == 1:
+            study.optimize()
+        else:
+            _run_workers(path, jobs)
+        return study.write_best()
+
+
+def _run_workers(path: Path, jobs: int) -> None:
+    """``jobs`` worker processes sharing the study (Optuna's SQLite storage is safe across
+    processes); each runs whole trials in its own main thread, as a single run does."""
+    cmd = [sys.executable, "-m", "rlloop.tuning.worker", str(path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH"))
+        if p)}
+    workers = [subprocess.Popen(cmd, env=env) for _ in range(jobs)]
+    try:
+        codes = [w.wait() for w in workers]
+    except BaseException:
+        for w in workers:  # Ctrl-C reached them too; give them time to save their trials
+            try:
+                w.wait(60)
+            except subprocess.TimeoutExpired:
+                w.kill()
+        raise
+    if any(codes):
+        raise RuntimeError(f"tune workers exited with {codes}; see their messages above")

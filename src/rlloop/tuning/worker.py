@@ -1,0 +1,27 @@
+"""``python -m rlloop.tuning.worker DIR``: one of ``rlloop tune --jobs J``'s processes.
+
+It runs trials of the study in DIR until the study holds its number of finished trials;
+the ``rlloop tune`` process that started it holds the directory's lock.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from rlloop.tuning.study import Study, TuneSettings
+
+
+def main(argv: list[str]) -> int:
+    path = Path(argv[0])
+    settings = TuneSettings(**json.loads((path / "tune.json").read_text(encoding="utf-8")))
+    try:
+        Study(path, settings, quiet=True).optimize()
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

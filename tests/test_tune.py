@@ -1,0 +1,123 @@
+"""``rlloop tune``: Optuna studies whose trials are rlloop runs (tiny budgets, CartPole)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import yaml
+from conftest import rlloop_cmd
+
+from rlloop.cli import main
+
+optuna = pytest.importorskip("optuna")
+
+TINY = ["--env", "CartPole-v1", "--quiet", "--set", "num_envs=4", "--set", "eval_every=1",
+        "--set", "eval_episodes=2", "--set", "solve_episodes=2"]
+NO_MLFLOW = ["--set", "mlflow=false"]
+
+
+def _study(path):
+    return optuna.load_study(study_name="rlloop", storage=f"sqlite:///{path / 'study.db'}")
+
+
+def _states(path) -> list[str]:
+    return [t.state.name for t in _study(path).trials]
+
+
+def test_four_trials_each_a_run_and_the_best_config_trains(tmp_path):
+    study = tmp_path / "study"
+    assert main(["tune", "ppo", *TINY, "--trials", "4", "--total-env-steps", "512",
+                 "--run-dir", str(study)]) == 0
+    trials = _study(study).trials
+    assert len(trials) == 4 and all(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
+    mlflow_ids = set()
+    for t in trials:  # its own run directory, holding the sampled values, and MLflow run
+        run = study / "trials" / f"trial-{t.number:04d}"
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        assert config["ppo"]["lr"] == t.params["ppo.lr"]
+        assert config["ppo"]["gamma"] == t.params["ppo.gamma"]
+        mlflow_ids.add(json.loads((run / "run.json").read_text())["mlflow_run_id"])
+    assert None not in mlflow_ids and len(mlflow_ids) == 4
+
+    best = study / "best.yaml"
+    best_trial = _study(study).best_trial
+    assert yaml.safe_load(best.read_text())["ppo"]["lr"] == best_trial.params["ppo.lr"]
+    run = tmp_path / "from-best"
+    assert main(["train", "ppo", "--config", str(best), "--total-env-steps", "256", "--quiet",
+                 *NO_MLFLOW, "--run-dir", str(run)]) == 0
+    trained = yaml.safe_load((run / "config.yaml").read_text())
+    assert trained["ppo"] == yaml.safe_load(best.read_text())["ppo"]
+
+
+def test_a_rigged_space_prunes_the_trials_below_the_median(tmp_path):
+    # An eval return equal to the episode cap (CartPole cannot fall in under 9 steps), so
+    # trials after a cap-8 trial with a lower cap fall below the median at every
+    # evaluation. With this sampler seed TPE draws caps 8, 8, 5, 2.
+    space = tmp_path / "space.yaml"
+    space.write_text("env_kwargs.max_episode_steps: {low: 2, high: 8}\n")
+    study = tmp_path / "study"
+    assert main(["tune", "ppo", *TINY, *NO_MLFLOW, "--backend", "gymnasium", "--seed", "4",
+                 "--trials", "4", "--startup-trials", "1", "--space", str(space),
+                 "--total-env-steps", "768", "--set", "ppo.rollout_steps=64",
+                 "--set", "ppo.minibatch_size=64", "--run-dir", str(study)]) == 0
+    trials = _study(study).trials
+    assert "PRUNED" in [t.state.name for t in trials]
+    for t in trials:
+        if t.state.name == "PRUNED":  # stopped early: fewer env steps than the budget
+            assert t.user_attrs["env_steps"] < 768
+    assert yaml.safe_load((study / "best.yaml").read_text())["env_kwargs"] == {
+        "max_episode_steps": 8}
+
+
+def test_a_killed_study_resumes_and_retries_the_cut_trial(tmp_path, cli_env):
+    study = tmp_path / "study"
+    proc = subprocess.Popen(
+        rlloop_cmd("tune", "ppo", *TINY, *NO_MLFLOW, "--trials", "3", "--total-env-steps",
+                   "1024", "--run-dir", str(study)),
+        cwd=tmp_path, env=cli_env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not (study / "trials" / "trial-0001" / "config.yaml").exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the study, in the middle of trial 1
+        proc.wait()
+    assert _states(study) == ["COMPLETE", "RUNNING"] or _states(study) == ["PRUNED", "RUNNING"]
+
+    assert main(["tune", "--resume", str(study)]) == 0
+    trials = _study(study).trials
+    assert trials[1].state.name == "FAIL"
+    retry = next(t for t in trials if t.user_attrs.get("retry_of") == 1)
+    assert retry.params == trials[1].params
+    assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) == 3
+    assert (study / "best.yaml").is_file()
+
+
+@pytest.mark.parametrize(("space", "expected"), [
+    ("ppo.lrr: {low: 0.001, high: 0.01}",
+     "search space key ppo.lrr: unknown config key 'ppo.lrr'; did you mean ppo.lr?"),
+    ("ppo.lr: {low: 0.01, high: 0.001}", "low must be below high"),
+    ("ppo.lr: {low: 0, high: 0.1, log: true}", "a log range needs low > 0"),
+    ("ppo.gamma: []", "the list of choices is empty"),
+    ("ppo.lr: 0.01", "expected a list of choices or a mapping"),
+    ("ppo.lr: {lo: 0.001, high: 0.01}", "a range takes low, high"),
+])
+def test_a_bad_search_space_is_one_line_exit_2(tmp_path, capsys, space, expected):
+    file = tmp_path / "space.yaml"
+    file.write_text(space + "\n")
+    assert main(["tune", "ppo", "--space", str(file), "--run-dir", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and err.count("\n") == 1
+    assert not (tmp_path / "s").exists()
+
+
+def test_resume_of_a_directory_without_a_study_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["tune", "--resume", str(tmp_path)]) == 2
+    assert "holds no rlloop study" in capsys.readouterr().err
