@@ -144,7 +144,8 @@ def test_ppo_with_two_runners_solves_cartpole(ray_instance: None, tmp_path: Path
 
 @pytest.mark.slow
 def test_offpolicy_runners_fill_replay_and_learn(ray_instance: None, tmp_path: Path) -> None:
-    cfg = config("num_env_runners=2", "num_envs=2", "total_env_steps=30000", algo="dqn")
+    cfg = config("num_env_runners=2", "num_envs=2", "total_env_steps=30000",
+                 "solve_threshold=200", "solve_episodes=20", algo="dqn")
     session = Session(cfg, tmp_path / "run")
     algorithm: Any = session.algorithm
     result = session.run()
