@@ -24,6 +24,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
     (["num_envs_per_runner=0"], "num_envs_per_runner must be > 0"),
     (["ray.address=''"], "ray.address is empty"),
     (["ray.num_cpus_per_runner=-1"], "ray.num_cpus_per_runner must be >= 0"),
+    (["ray.num_cpus=0"], "ray.num_cpus must be > 0"),
     (["ray.port=1"], "unknown config key 'ray.port'"),
     (["num_env_runners=2", "ppo.normalize_obs=true"], "normalize_obs is not supported"),
     (["num_env_runners=2", "fragment_steps=8"], "set that instead"),
@@ -39,7 +40,8 @@ def test_ray_section_round_trips_through_yaml() -> None:
         "num_env_runners=4", "ray.address=auto", "ray.dashboard=true", "fragment_steps=16"])
     assert (config.ray.address, config.ray.dashboard) == ("auto", True)
     data = yaml.safe_load(yaml.safe_dump(config.to_dict()))
-    assert data["ray"] == {"address": "auto", "dashboard": True, "num_cpus_per_runner": 1.0}
+    assert data["ray"] == {"address": "auto", "dashboard": True, "num_cpus_per_runner": 1.0,
+                           "num_cpus": None}
     again = from_dict(data)
     assert again.ray == config.ray and again.num_env_runners == 4
     assert again.fragment_steps == 16
@@ -90,3 +92,12 @@ def test_fragment_sampler_sends_the_in_process_rollout() -> None:
         assert frag.obs.equal(algorithm.buffer.obs)  # a copy of what the runner wrote
     finally:
         algorithm.close()
+
+
+def test_weights_lag_counts_the_versions_published_since() -> None:
+    # Importing the runners module needs Ray; the lag rule itself is plain arithmetic.
+    pytest.importorskip("ray")
+    from rlloop.runners.ray_runners import weights_lag
+
+    published = [0, 1, 5, 9]  # weights_seq_no of each broadcast
+    assert [weights_lag(published, s) for s in (9, 5, 1, 0)] == [0, 1, 2, 3]

@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 import rlloop.envs.slow  # noqa: E402, F401  (registers SlowCartPole-v1, as --env would)
 from rlloop.cli import main as cli_main  # noqa: E402
 from rlloop.config import RunConfig, build_config  # noqa: E402
-from rlloop.ray_cluster import _single_machine  # noqa: E402
+from rlloop.ray_cluster import RayConfig, connect, disconnect  # noqa: E402
 from rlloop.run import Session, build_algorithm  # noqa: E402
 from rlloop.trainer import Trainer  # noqa: E402
 
@@ -30,17 +30,17 @@ SLOW_ENV = "rlloop.envs.slow:SlowCartPole-v1"
 
 @pytest.fixture(scope="module")
 def ray_instance() -> Iterator[None]:
-    """A local Ray instance as rlloop starts one (loopback only, no dashboard); runners
-    can import this folder's env modules."""
+    """A local Ray instance of 2 CPUs, started by rlloop's own code (loopback only, no
+    dashboard); runners can import this folder's env modules."""
     path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), path) if p)
     try:
-        with _single_machine():
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        started = connect(RayConfig(num_cpus=2), num_runners=2)
     finally:
         os.environ["PYTHONPATH"] = path
+    assert started
     yield
-    ray.shutdown()
+    disconnect(started)
 
 
 def config(*sets: str, algo: str = "ppo", env: str = "CartPole-v1") -> RunConfig:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,11 +40,16 @@ class RayConfig:
     """Start Ray's dashboard (a local instance only; it listens on 127.0.0.1:8265)."""
     num_cpus_per_runner: float = 1.0
     """CPUs each runner actor reserves on the cluster (Ray spreads the actors over nodes)."""
+    num_cpus: int | None = None
+    """CPUs a local instance offers (None: this machine's count, or enough for every runner
+    when that is more: a runner that waits on a slow env needs no core of its own)."""
 
     def __post_init__(self) -> None:
         if self.address is not None and not self.address.strip():
             raise ConfigError("ray.address is empty; pass a cluster address such as auto or "
                               "host:6379, or null for a local instance")
+        if self.num_cpus is not None and self.num_cpus <= 0:
+            raise ConfigError(f"ray.num_cpus must be > 0 (or null), got {self.num_cpus}")
         if not self.num_cpus_per_runner >= 0:
             raise ConfigError(f"ray.num_cpus_per_runner must be >= 0, got "
                               f"{self.num_cpus_per_runner}")
@@ -92,7 +98,8 @@ def connect(config: RayConfig, num_runners: int) -> bool:
         return True
     # Enough CPUs for every runner to be placed, even beyond the cores: the user asked
     # for that many (a sleep-bound env scales past the core count).
-    cpus = max(os.cpu_count() or 1, int(num_runners * config.num_cpus_per_runner + 0.999))
+    cpus = config.num_cpus or max(os.cpu_count() or 1,
+                                  math.ceil(num_runners * config.num_cpus_per_runner))
     with _single_machine():
         ray.init(num_cpus=cpus, include_dashboard=config.dashboard,
                  dashboard_host="127.0.0.1", **common)

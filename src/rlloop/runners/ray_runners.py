@@ -120,6 +120,11 @@ class EnvRunnerActor:
         return self.weights_seq_no
 
 
+def weights_lag(published: list[int], weights_seq_no: int) -> int:
+    """Weight versions in ``published`` (ascending) newer than ``weights_seq_no``."""
+    return len(published) - bisect.bisect_right(published, weights_seq_no)
+
+
 class FragmentEpisodes:
     """Episode statistics of the runners' envs, from the fragments' rewards and ends:
     the same keys as :class:`~rlloop.runners.env_runner.EpisodeTracker`."""
@@ -250,20 +255,23 @@ class RayEnvRunnerGroup:
         loop = getattr(self.algorithm, "loop", None)
         return int(loop.env_steps) if loop is not None else 0
 
-    def lag(self, frag: Fragment) -> int:
-        """Weight versions published after the ones that sampled ``frag``."""
-        return len(self._published) - bisect.bisect_right(self._published, frag.weights_seq_no)
-
-    def take(self, count: int) -> list[Fragment]:
-        """``count`` fragments, in the order they arrive, fresh enough to use."""
+    def take(self, count: int, extra: bool = False) -> list[Fragment]:
+        """``count`` fragments, in the order they arrive, fresh enough to use; with
+        ``extra``, also those that arrived meanwhile (they would only grow older)."""
         self._weights()  # publish the newest weights: lags count from them
         for runner in range(self.num_runners):
             if runner not in self._inflight.values():
                 self._launch(runner)
         out: list[Fragment] = []
         t0 = time.perf_counter()
-        while len(out) < count:
-            [ref], _ = ray.wait(list(self._inflight), num_returns=1)
+        while len(out) < count or extra:
+            if len(out) < count:
+                [ref], _ = ray.wait(list(self._inflight), num_returns=1)
+            else:
+                ready, _ = ray.wait(list(self._inflight), num_returns=1, timeout=0)
+                if not ready:
+                    break
+                ref = ready[0]
             runner = self._inflight.pop(ref)
             try:
                 frag: Fragment = ray.get(ref)
@@ -272,7 +280,7 @@ class RayEnvRunnerGroup:
                 self._launch(runner)
                 continue
             self._check_instance(frag)
-            lag = self.lag(frag)
+            lag = weights_lag(self._published, frag.weights_seq_no)
             if lag > self.config.max_weight_lag:
                 self.dropped += 1
                 self._launch(runner)
@@ -285,6 +293,7 @@ class RayEnvRunnerGroup:
             out.append(frag)
             if self.asynchronous:  # sample ahead with the weights at hand
                 self._launch(runner)
+                extra = extra and len(out) < self.num_runners
         self._wait_s += time.perf_counter() - t0
         return sorted(out, key=lambda f: f.runner)
 
@@ -405,12 +414,13 @@ class RemoteOffPolicyLoop(OffPolicyLoop):
         self.processors: list[StepProcessor] = [
             STEP_PROCESSORS[self.config.step_processor](spec, self.config)
             for _ in range(group.num_runners)]
-        # Sampling ahead: one fragment per env step; else one from every runner.
+        # Sampling ahead: at least one fragment per env step (those that are ready);
+        # synchronous: one from every runner.
         self._per_step = 1 if group.asynchronous else group.num_runners
 
     def env_step(self, explore: Any) -> int:
         steps = 0
-        for frag in self.group.take(self._per_step):
+        for frag in self.group.take(self._per_step, extra=self.group.asynchronous):
             for runner in self.group.pop_restarted():  # its envs started over
                 self.processors[runner].reset()
             processor = self.processors[frag.runner]
