@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--num-envs", type=_integer)
     t.add_argument("--device", help=f"{DEVICE_CHOICES} (default auto: CUDA when present)")
     t.add_argument("--total-env-steps", type=_integer)
+    t.add_argument("--ray-address", help="Ray cluster for env runners (auto, host:6379, "
+                   "ray://host:10001; default: a local instance on 127.0.0.1)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its last "
                    "checkpoint with its saved config (--set and flags may change budgets, "
                    "stop rules, evaluation and logging)")
@@ -158,6 +160,8 @@ def _train(args: argparse.Namespace) -> int:
     from rlloop.run import load_run_config, resume, train
 
     callbacks = [load_callback(spec) for spec in args.callbacks]
+    if args.ray_address is not None:  # before --set: an explicit ray.address wins
+        args.sets.insert(0, f"ray.address={json.dumps(args.ray_address)}")
 
     flags: dict[str, Any] = {"seed": args.seed, "backend": args.backend,
                              "num_envs": args.num_envs, "total_env_steps": args.total_env_steps,

@@ -25,6 +25,7 @@ from rlloop.algorithms.presets import preset
 from rlloop.device_names import check_device_name
 from rlloop.errors import ConfigError, check_finite
 from rlloop.profiling import ProfileConfig
+from rlloop.ray_cluster import RayConfig, check_env_runners
 
 BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async")
 #: Seeds are 32-bit, the range every generator a run seeds (torch, NumPy, Gymnasium) accepts.
@@ -40,7 +41,9 @@ RESUMABLE_KEYS = frozenset({
     "total_env_steps", "stop_on_solve", "solve_threshold", "solve_episodes", "eval_every",
     "eval_episodes", "checkpoint_every", "keep_checkpoints", "torch_threads", "device",
     "mlflow", "mlflow_interval_s", "tensorboard", "progress", "on_nonfinite", "save_video",
-    "profile", "wandb", "wandb_project"})
+    "profile", "wandb", "wandb_project",
+    "max_weight_lag", "restart_failed_env_runners", "max_restarts", "ray.address",
+    "ray.dashboard", "ray.num_cpus_per_runner"})
 #: The same inside an algorithm's section (the off-policy cadence and evaluator).
 RESUMABLE_SECTION_KEYS = frozenset({
     "eval_interval", "record_interval", "save_interval", "max_opts", "evaluator", "recorder"})
@@ -133,6 +136,25 @@ class RunConfig:
     compile: bool | None = None
     """Run the algorithm's gradient updates through torch.compile (sets <algo>.compile;
     None leaves the algorithm's own setting)."""
+    num_env_runners: int = 0
+    """Ray actors that step the envs, each with its own envs and policy copy (0: the envs
+    run in this process and Ray is not imported)."""
+    num_envs_per_runner: int | None = None
+    """Envs per env runner (None: num_envs split over the runners, rounded up)."""
+    fragment_steps: int | None = None
+    """Steps per env in one fragment an off-policy runner sends (None: 32); PPO's
+    fragments are ppo.rollout_steps long."""
+    max_weight_lag: int = 1
+    """Weight versions a runner's fragment may lag the learner's and still be used (older
+    ones are dropped). >= 1 lets runners sample while the learner updates; 0 samples
+    every fragment with the newest weights."""
+    restart_failed_env_runners: bool = True
+    """Restart an env runner that dies or whose env raises (its fragment is lost); false
+    stops the run with the runner's error."""
+    max_restarts: int = 10
+    """Restarts allowed per env runner before the run stops with its error."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """Ray settings (ray.address, ray.dashboard, ray.num_cpus_per_runner)."""
     hparams: Any = None
     """The algorithm's config dataclass (YAML section named after the algorithm)."""
 
@@ -167,6 +189,7 @@ class RunConfig:
                                   "td3 have); drop the setting")
             self.hparams.compile = self.compile
             self.hparams.__post_init__()  # re-check the combination (dqn.manual_backward)
+        check_env_runners(self)
 
     def _check_ranges(self) -> None:
         if not isinstance(self.env, str) or not self.env.strip():
@@ -313,6 +336,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     args = typing.get_args(tp)
     if tp is Any:
         return value
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _build(tp, value, prefix=f"{key}.")
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None

@@ -79,9 +79,15 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     Checks that need no env run first, so bad sizes fail before any env is created, and
     settings whose memory cannot fit fail before anything is allocated.
     """
+    # With env runners the batch holds every runner's envs: num_env_runners x M.
+    num_envs = config.num_envs
+    if config.num_env_runners:
+        from rlloop.runners.ray_runners import envs_per_runner
+
+        num_envs = config.num_env_runners * envs_per_runner(config)
     check = getattr(config.hparams, "check_batch", None)
     if check is not None:
-        check(config.num_envs)
+        check(num_envs)
     spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
     entry = ALGORITHMS[config.algo]
     space = spec.action_space
@@ -96,12 +102,21 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
                           f"{config.algo} has MLPs only, no pixel encoder; use vector "
                           "observations, e.g. --set env_kwargs.obs_type=ram for Atari")
     check_memory(config, spec)
-    settings = EnvSettings(config.env, spec, config.num_envs, config.backend, config.seed,
+    settings = EnvSettings(config.env, spec, num_envs, config.backend, config.seed,
                            config.total_env_steps, config.horizons_per_env_reset,
                            dict(config.env_kwargs), config.on_nonfinite,
                            resolve_device(config.device),
                            step_timeout=config.step_timeout)
-    return entry.build(config.hparams, settings)
+    algorithm = entry.build(config.hparams, settings)
+    if config.num_env_runners:
+        from rlloop.runners.ray_runners import attach_env_runners
+
+        try:
+            attach_env_runners(algorithm, config)
+        except BaseException:
+            algorithm.close()
+            raise
+    return algorithm
 
 
 def default_run_dir(config: RunConfig) -> Path:
@@ -527,7 +542,7 @@ def acting_config(config: RunConfig) -> RunConfig:
     if isinstance(hparams, PPOConfig):
         hparams = dataclasses.replace(
             hparams, minibatch_size=min(hparams.minibatch_size, hparams.rollout_steps))
-    return dataclasses.replace(config, num_envs=1, hparams=hparams)
+    return dataclasses.replace(config, num_envs=1, num_env_runners=0, hparams=hparams)
 
 
 def load_run_config(run_dir: str | Path, *, allow_import: bool = False,

@@ -1,0 +1,130 @@
+"""Ray settings and the connection to a Ray cluster, local or remote.
+
+Nothing here imports Ray at module level: a run without env runners never loads it.
+
+A local instance (no ``ray.address``) is started bound to the loopback interface: Ray's
+servers bind to the node IP, and on Linux Ray picks the address that routes to the
+internet unless told that this is a single-machine instance
+(``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which makes the node IP 127.0.0.1). The
+dashboard (an HTTP server) is started only with ``ray.dashboard=true``, on 127.0.0.1 too.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from rlloop.errors import ConfigError
+
+#: The algorithms whose sampling env runners can take over.
+RUNNER_ALGOS = ("ppo", "dqn", "sac", "td3")
+#: Ray reads this (``ray_constants.ENABLE_RAY_CLUSTER``) to decide whether a node's IP
+#: is the routable one (a cluster) or the loopback address (one machine).
+_SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@dataclass
+class RayConfig:
+    """Where env runners run (section ``ray``, used only with ``num_env_runners > 0``)."""
+
+    address: str | None = None
+    """An existing cluster ("auto", "host:6379", "ray://host:10001"); None starts a local
+    instance bound to 127.0.0.1 that ends with the run."""
+    dashboard: bool = False
+    """Start Ray's dashboard (a local instance only; it listens on 127.0.0.1:8265)."""
+    num_cpus_per_runner: float = 1.0
+    """CPUs each runner actor reserves on the cluster (Ray spreads the actors over nodes)."""
+    num_cpus: int | None = None
+    """CPUs a local instance offers (None: this machine's count, or enough for every runner
+    when that is more: a runner that waits on a slow env needs no core of its own)."""
+
+    def __post_init__(self) -> None:
+        if self.address is not None and not self.address.strip():
+            raise ConfigError("ray.address is empty; pass a cluster address such as auto or "
+                              "host:6379, or null for a local instance")
+        if self.num_cpus is not None and self.num_cpus <= 0:
+            raise ConfigError(f"ray.num_cpus must be > 0 (or null), got {self.num_cpus}")
+        if not self.num_cpus_per_runner >= 0:
+            raise ConfigError(f"ray.num_cpus_per_runner must be >= 0, got "
+                              f"{self.num_cpus_per_runner}")
+
+
+@contextmanager
+def _single_machine() -> Iterator[None]:
+    """Ray started inside this block takes 127.0.0.1 as its node IP: the processes it
+    starts read the variable, and this one reads the constant Ray derived from it when
+    it was imported (Ray 2.x: ``ray._private.ray_constants.ENABLE_RAY_CLUSTER``)."""
+    from ray._private import ray_constants
+
+    old = os.environ.get(_SINGLE_MACHINE_ENV)
+    old_constant = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    os.environ[_SINGLE_MACHINE_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old_constant
+        if old is None:
+            os.environ.pop(_SINGLE_MACHINE_ENV, None)
+        else:
+            os.environ[_SINGLE_MACHINE_ENV] = old
+
+
+def connect(config: RayConfig, num_runners: int) -> bool:
+    """Make sure this process is connected to Ray; returns whether it started Ray itself
+    (then :func:`disconnect` stops it). A process already connected (a test's instance, a
+    user's script) is used as it is."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    common: dict[str, Any] = {"log_to_driver": False, "configure_logging": True,
+                              "logging_level": logging.WARNING}
+    if config.address is not None:
+        ray.init(address=config.address, **common)
+        return True
+    # Enough CPUs for every runner to be placed, even beyond the cores: the user asked
+    # for that many (a sleep-bound env scales past the core count).
+    cpus = config.num_cpus or max(os.cpu_count() or 1,
+                                  math.ceil(num_runners * config.num_cpus_per_runner))
+    with _single_machine():
+        ray.init(num_cpus=cpus, include_dashboard=config.dashboard,
+                 dashboard_host="127.0.0.1", **common)
+    return True
+
+
+def disconnect(started: bool) -> None:
+    """Stop Ray if :func:`connect` started it."""
+    if started:
+        import ray
+
+        ray.shutdown()
+
+
+def check_env_runners(config: Any) -> None:
+    """ConfigError for env-runner settings (of a ``RunConfig``) that cannot work."""
+    for name in ("num_env_runners", "max_weight_lag", "max_restarts"):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{name} must be >= 0, got {getattr(config, name)}")
+    for name in ("num_envs_per_runner", "fragment_steps"):
+        value = getattr(config, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{name} must be > 0 (or null), got {value}")
+    if not config.num_env_runners:
+        return
+    section = config.algo
+    if getattr(config.hparams, "normalize_obs", False):
+        raise ConfigError(f"{section}.normalize_obs is not supported with env runners (each "
+                          f"would keep its own statistics); set {section}.normalize_obs=false "
+                          "or num_env_runners=0")
+    if config.fragment_steps is not None and hasattr(config.hparams, "rollout_steps"):
+        raise ConfigError(f"fragment_steps applies to off-policy runners; {section}'s "
+                          f"fragments are {section}.rollout_steps long, set that instead")
+    if section not in RUNNER_ALGOS:
+        raise ConfigError(f"{section} does not support env runners (only "
+                          f"{', '.join(RUNNER_ALGOS)} do); use num_env_runners=0")

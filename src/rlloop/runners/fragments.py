@@ -1,0 +1,111 @@
+"""Fixed-length fragments of experience, what an env runner sends to the learner.
+
+A runner holds M envs and a copy of the algorithm (its policy, its in-process
+:class:`~rlloop.runners.env_runner.EnvRunner`); each call samples T steps per env and
+returns them as a :class:`Fragment` tagged with the ``weights_seq_no`` of the weights that
+acted. Episodes are cut at fragment borders and continue in the next fragment, so one
+long episode never holds the others back. Nothing here imports Ray: the same code runs
+inside a Ray actor and, in tests, in this process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlloop.algorithms.base import AlgorithmBase
+from rlloop.envs.core import sample_random_actions
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """T steps of M envs (``[T, M, ...]``), in the order they were taken.
+
+    ``next_obs[t]`` is the observation after step t (the final one where an episode
+    ended); ``last_obs`` ``[M, ...]`` is where the next fragment starts (PPO bootstraps
+    from it). ``log_probs`` are the behaviour log-probabilities (PPO), None off-policy.
+    """
+
+    obs: Tensor
+    actions: Tensor
+    rewards: Tensor
+    next_obs: Tensor
+    terminated: Tensor
+    truncated: Tensor
+    last_obs: Tensor
+    log_probs: Tensor | None
+    weights_seq_no: int
+    runner: int
+    env_s: float = 0.0
+    inference_s: float = 0.0
+    instance: int = 0
+    """Which life of the runner sampled it: a restarted runner gets a new number."""
+
+    @property
+    def steps(self) -> int:
+        return self.rewards.numel()
+
+    def tagged(self, weights_seq_no: int, runner: int, instance: int) -> Fragment:
+        return replace(self, weights_seq_no=weights_seq_no, runner=runner, instance=instance)
+
+
+class FragmentSampler:
+    """Samples fragments from an algorithm built for one runner (M envs, no env runners).
+
+    On-policy (PPO): the algorithm's own runner and rollout buffer, exactly as in
+    process. Off-policy (DQN, SAC, TD3): T batched steps of its behaviour policy (uniform
+    random actions while the learner's env-step count is below ``learning_starts``), as
+    raw transitions; the learner's step processor turns them into replay entries.
+    """
+
+    def __init__(self, algorithm: AlgorithmBase, fragment_steps: int) -> None:
+        self.algorithm = algorithm
+        self.steps = fragment_steps
+        self.on_policy = hasattr(algorithm, "buffer")
+
+    def sample(self, env_steps: int) -> Fragment:
+        """One fragment; ``env_steps`` is the learner's count (warm-up, exploration)."""
+        if self.on_policy:
+            return self._rollout()
+        return self._transitions(env_steps)
+
+    def _rollout(self) -> Fragment:
+        algo: Any = self.algorithm
+        runner, buf = algo.runner, algo.buffer
+        runner.collect(algo._behaviour, buf)
+        times = runner.pop_times()
+        # Only where an episode ended does the in-process runner write next_obs.
+        return Fragment(buf.obs.clone(), buf.actions.clone(), buf.rewards.clone(),
+                        buf.next_obs.clone(), buf.terminated.clone(), buf.truncated.clone(),
+                        runner.obs.clone(), buf.log_probs.clone(), -1, -1,
+                        times["time/env_s"], times["time/inference_s"])
+
+    @torch.inference_mode()
+    def _transitions(self, env_steps: int) -> Fragment:
+        algo: Any = self.algorithm
+        runner, loop = algo.runner, algo.loop
+        # The learner's count drives the exploration schedule (DQN's epsilon).
+        loop.env_steps = env_steps
+        n = runner.env.num_envs
+        obs, actions, rewards, next_obs, terminated, truncated = [], [], [], [], [], []
+        for _ in range(self.steps):
+            if loop.env_steps < loop.config.learning_starts:
+                action = sample_random_actions(loop.action_space, n, algo.generator)
+            else:
+                action = algo._explore(runner.obs)
+            res = runner.env.step(action if loop.to_env is None else loop.to_env(action))
+            # Clones: a batched env may hand out the same tensors at every step.
+            obs.append(runner.obs.clone())
+            actions.append(action)
+            rewards.append(res.reward.clone())
+            next_obs.append(res.final_obs.clone())
+            terminated.append(res.terminated.clone())
+            truncated.append(res.truncated.clone())
+            runner.obs = res.obs
+            loop.env_steps += n
+        return Fragment(torch.stack(obs), torch.stack(actions), torch.stack(rewards),
+                        torch.stack(next_obs), torch.stack(terminated), torch.stack(truncated),
+                        runner.obs.clone(), None, -1, -1)

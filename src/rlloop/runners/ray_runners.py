@@ -1,0 +1,455 @@
+"""Env runners as Ray actors: K actors, each with M envs and a copy of the policy.
+
+:func:`attach_env_runners` swaps an algorithm's in-process runner for a
+:class:`RayEnvRunnerGroup` with the same interface (``collect``, ``obs``, ``episodes``,
+``pop_times``, ``get_state``): PPO's collect concatenates K fragments into the rollout it
+trains on; an off-policy algorithm's env step (:class:`RemoteOffPolicyLoop`) puts the
+transitions of each fragment into its replay buffer.
+
+Weights travel through Ray's object store: one ``ray.put`` per new ``weights_seq_no``,
+handed by reference to every runner, which fetches it only when its copy is older.
+With ``max_weight_lag >= 1`` runners sample ahead (each always has one fragment in
+flight, started with the newest weights at hand), so sampling overlaps learning; a
+fragment whose weights are more than ``max_weight_lag`` versions behind is dropped. With
+0 every fragment is sampled with the newest weights (synchronous).
+
+A runner that fails (its process dies, its env raises) is restarted by Ray up to
+``max_restarts`` times; the fragment it was sampling is lost, ``env_runners/restarts``
+counts it, and the others go on. ``restart_failed_env_runners=false`` raises
+:class:`EnvRunnerError` instead.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import math
+import secrets
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import ray
+import torch
+from ray.exceptions import RayActorError, RayError, RayTaskError
+from torch import Tensor
+
+from rlloop.algorithms.offpolicy import (
+    STEP_PROCESSORS,
+    ExperienceSpec,
+    OffPolicyLoop,
+    StepProcessor,
+)
+from rlloop.data.rollout import RolloutBuffer
+from rlloop.envs.core import Box, Discrete, EnvSpec, StepResult
+from rlloop.errors import RlloopError
+from rlloop.ray_cluster import connect, disconnect
+from rlloop.runners.fragments import Fragment, FragmentSampler
+from rlloop.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from rlloop.algorithms.base import AlgorithmBase
+    from rlloop.config import RunConfig
+
+#: Fragment length of off-policy runners when ``fragment_steps`` is not set.
+OFF_POLICY_FRAGMENT_STEPS = 32
+
+
+class EnvRunnerError(RlloopError, RuntimeError):
+    """An env runner failed and may not (or can no longer) be restarted."""
+
+
+def envs_per_runner(config: RunConfig) -> int:
+    """M: ``num_envs_per_runner``, else ``num_envs`` split over the runners (rounded up)."""
+    if config.num_envs_per_runner is not None:
+        return int(config.num_envs_per_runner)
+    return max(1, math.ceil(config.num_envs / config.num_env_runners))
+
+
+def fragment_steps(config: RunConfig) -> int:
+    """T: PPO's ``rollout_steps``; off-policy ``fragment_steps`` (default 32)."""
+    rollout = getattr(config.hparams, "rollout_steps", None)
+    if rollout is not None:
+        return int(rollout)
+    return int(config.fragment_steps or OFF_POLICY_FRAGMENT_STEPS)
+
+
+def runner_config(config: RunConfig, index: int) -> RunConfig:
+    """The config runner ``index`` builds its algorithm from: its M envs, its own seed,
+    no runners of its own, no tracking, and a replay buffer of one fragment (it keeps no
+    transitions: the learner's buffer does)."""
+    hparams = config.hparams
+    if hasattr(hparams, "buffer_size"):
+        hparams = dataclasses.replace(hparams, buffer_size=max(
+            fragment_steps(config) * envs_per_runner(config), hparams.batch_size))
+    seed = derive_seed(config.seed, f"env-runner-{index}") % 2**32
+    return dataclasses.replace(config, num_env_runners=0, num_envs=envs_per_runner(config),
+                               seed=seed, mlflow=False, tensorboard=False, hparams=hparams)
+
+
+class EnvRunnerActor:
+    """One runner (a Ray actor): an algorithm built for M envs that samples fragments."""
+
+    def __init__(self, config: RunConfig, index: int) -> None:
+        from rlloop.envs.registry import resolve_env_id
+        from rlloop.run import build_algorithm  # run imports this module's caller
+
+        torch.set_num_threads(1)
+        self.index = index
+        self.instance = secrets.randbits(62)
+        # The learner accepted this id (typed by the user, or allowed for a resumed run):
+        # import its module here too.
+        resolve_env_id(config.env, allow_import=True)
+        self.algorithm = build_algorithm(runner_config(config, index))
+        self.sampler = FragmentSampler(self.algorithm, fragment_steps(config))
+        self.weights_seq_no = -1
+
+    def sample(self, weights: list[Any], weights_seq_no: int, env_steps: int) -> Fragment:
+        """One fragment with the weights numbered ``weights_seq_no`` (``weights`` holds
+        their object reference, fetched only if this runner's copy is older)."""
+        if weights_seq_no != self.weights_seq_no:
+            self.algorithm.set_policy_state(ray.get(weights[0]))
+            self.weights_seq_no = weights_seq_no
+        return self.sampler.sample(env_steps).tagged(weights_seq_no, self.index, self.instance)
+
+    def reset(self, seed: int) -> None:
+        self.algorithm.runner.reset(seed=seed)
+
+    def current_weights_seq_no(self) -> int:
+        return self.weights_seq_no
+
+
+def weights_lag(published: list[int], weights_seq_no: int) -> int:
+    """Weight versions in ``published`` (ascending) newer than ``weights_seq_no``."""
+    return len(published) - bisect.bisect_right(published, weights_seq_no)
+
+
+class FragmentEpisodes:
+    """Episode statistics of the runners' envs, from the fragments' rewards and ends:
+    the same keys as :class:`~rlloop.runners.env_runner.EpisodeTracker`."""
+
+    def __init__(self, num_runners: int, envs: int, window: int = 100) -> None:
+        self.totals = torch.zeros((2, num_runners, envs), dtype=torch.float64)
+        self.recent: deque[tuple[float, float]] = deque(maxlen=window)
+        self.count = 0
+
+    def add(self, frag: Fragment) -> None:
+        totals = self.totals[:, frag.runner]
+        done = (frag.terminated | frag.truncated).cpu()
+        rewards = frag.rewards.detach().cpu().double()
+        for t in range(rewards.shape[0]):
+            totals[0] += rewards[t]
+            totals[1] += 1
+            if done[t].any():
+                for k in done[t].nonzero().flatten().tolist():
+                    self.recent.append((float(totals[0, k]), float(totals[1, k])))
+                    self.count += 1
+                totals[:, done[t]] = 0.0
+
+    def restart(self, runner: int | None = None) -> None:
+        """Forget running episodes (all, or one runner's: its envs start over)."""
+        if runner is None:
+            self.totals.zero_()
+        else:
+            self.totals[:, runner] = 0.0
+
+    def stats(self) -> dict[str, float]:
+        if not self.recent:
+            return {"episode/count": float(self.count)}
+        returns = [r for r, _ in self.recent]
+        return {"episode/return_mean": sum(returns) / len(returns),
+                "episode/return_max": max(returns),
+                "episode/length_mean": sum(n for _, n in self.recent) / len(self.recent),
+                "episode/count": float(self.count)}
+
+    def get_state(self) -> dict[str, Any]:
+        return {"recent_returns": [r for r, _ in self.recent],
+                "recent_lengths": [n for _, n in self.recent], "episodes": self.count}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.count = int(state.get("episodes", 0))
+        self.recent.clear()
+        self.recent.extend(zip(map(float, state.get("recent_returns", [])),
+                               map(float, state.get("recent_lengths", [])), strict=True))
+
+
+class RemoteEnvs:
+    """The learner's view of the runners' envs: their spec and count; closing it stops
+    the runners. They are stepped only inside the runners."""
+
+    def __init__(self, spec: EnvSpec, num_envs: int, group: RayEnvRunnerGroup) -> None:
+        self.spec, self.num_envs, self.group = spec, num_envs, group
+
+    def reset(self, seed: int | None = None) -> Tensor:
+        self.group.reset(seed)
+        return self.group.obs
+
+    def step(self, actions: Tensor) -> StepResult:
+        raise RuntimeError("the envs run inside Ray env runners; they are stepped there")
+
+    def get_state(self) -> dict[str, Any]:
+        return {}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        self.group.close()
+
+
+class RayEnvRunnerGroup:
+    """K runner actors behind the in-process runner's interface (see the module doc).
+
+    Args:
+        config: The run config (``num_env_runners``, ``max_weight_lag``, restarts, ``ray``).
+        algorithm: The learner's algorithm: its policy state is what runners act with.
+    """
+
+    def __init__(self, config: RunConfig, algorithm: AlgorithmBase) -> None:
+        self.config, self.algorithm = config, algorithm
+        self.num_runners, self.envs = config.num_env_runners, envs_per_runner(config)
+        self.device = algorithm.device
+        self.asynchronous = config.max_weight_lag > 0
+        self._closed = False
+        self._started_ray = connect(config.ray, self.num_runners)
+        actor_cls = ray.remote(EnvRunnerActor).options(  # type: ignore[attr-defined]
+            max_restarts=config.max_restarts if config.restart_failed_env_runners else 0,
+            max_task_retries=0,
+            num_cpus=config.ray.num_cpus_per_runner, scheduling_strategy="SPREAD")
+        # Handles, typed loosely: Ray's stubs do not know the actor's remote methods.
+        self.actors: list[Any] = [actor_cls.remote(config, i) for i in range(self.num_runners)]
+        spec = algorithm.env.spec
+        self.env = RemoteEnvs(spec, self.num_runners * self.envs, self)
+        self.obs = torch.zeros((self.env.num_envs, *spec.obs_shape), device=self.device)
+        self.episodes = FragmentEpisodes(self.num_runners, self.envs)
+        self._inflight: dict[Any, int] = {}  # object ref -> runner index
+        self._published: list[int] = []  # weights_seq_no of each broadcast, ascending
+        self._weights_ref: Any = None
+        self.restarts = self.dropped = 0
+        self.restarted: set[int] = set()  # restarted since pop_restarted
+        self._failures = [0] * self.num_runners
+        self._instances: list[int | None] = [None] * self.num_runners
+        self._wait_s = self._lag_sum = 0.0
+        self._taken = 0
+        self.time_env = self.time_inference = 0.0
+
+    # ---- sampling ----------------------------------------------------------------------
+    def _weights(self) -> int:
+        """The learner's weights_seq_no, its weights in the object store (once each)."""
+        seq = int(self.algorithm.learner.weights_seq_no)
+        if not self._published or self._published[-1] != seq:
+            self._weights_ref = ray.put(self.algorithm.get_policy_state())
+            self._published.append(seq)
+            del self._published[:-1000]
+        return seq
+
+    def _launch(self, runner: int) -> None:
+        seq = self._weights()
+        ref = self.actors[runner].sample.remote([self._weights_ref], seq, self.env_steps)
+        self._inflight[ref] = runner
+
+    @property
+    def env_steps(self) -> int:
+        """The learner's env-step count, which off-policy runners explore by."""
+        loop = getattr(self.algorithm, "loop", None)
+        return int(loop.env_steps) if loop is not None else 0
+
+    def take(self, count: int, extra: bool = False) -> list[Fragment]:
+        """``count`` fragments, in the order they arrive, fresh enough to use; with
+        ``extra``, also those that arrived meanwhile (they would only grow older)."""
+        self._weights()  # publish the newest weights: lags count from them
+        for runner in range(self.num_runners):
+            if runner not in self._inflight.values():
+                self._launch(runner)
+        out: list[Fragment] = []
+        t0 = time.perf_counter()
+        while len(out) < count or extra:
+            if len(out) < count:
+                [ref], _ = ray.wait(list(self._inflight), num_returns=1)
+            else:
+                ready, _ = ray.wait(list(self._inflight), num_returns=1, timeout=0)
+                if not ready:
+                    break
+                ref = ready[0]
+            runner = self._inflight.pop(ref)
+            try:
+                frag: Fragment = ray.get(ref)
+            except RayError as e:
+                self._failed(runner, e)
+                self._launch(runner)
+                continue
+            self._check_instance(frag)
+            lag = weights_lag(self._published, frag.weights_seq_no)
+            if lag > self.config.max_weight_lag:
+                self.dropped += 1
+                self._launch(runner)
+                continue
+            self._lag_sum += lag
+            self._taken += 1
+            self.time_env += frag.env_s
+            self.time_inference += frag.inference_s
+            self.episodes.add(frag)
+            out.append(frag)
+            if self.asynchronous:  # sample ahead with the weights at hand
+                self._launch(runner)
+                extra = extra and len(out) < self.num_runners
+        self._wait_s += time.perf_counter() - t0
+        return sorted(out, key=lambda f: f.runner)
+
+    def _failed(self, runner: int, error: RayError) -> None:
+        """A runner's call failed: drop its fragment and let it restart, or raise when
+        that is not allowed."""
+        cfg = self.config
+        self._failures[runner] += 1
+        cause = _one_line(error)
+        if not cfg.restart_failed_env_runners:
+            raise EnvRunnerError(f"env runner {runner} failed: {cause}; "
+                                 "set restart_failed_env_runners=true to restart it")
+        if self._failures[runner] > cfg.max_restarts:
+            raise EnvRunnerError(f"env runner {runner} failed {self._failures[runner]} times, "
+                                 f"more than max_restarts={cfg.max_restarts}: {cause}; fix the "
+                                 "env or raise max_restarts")
+        if not isinstance(error, RayActorError):  # its env raised: start it afresh
+            ray.kill(self.actors[runner], no_restart=False)
+        self._restarted(runner)
+        self._instances[runner] = None  # its next life is expected, not counted again
+
+    def _check_instance(self, frag: Fragment) -> None:
+        """Count a restart no failed call showed (the runner died between calls): it
+        answers from a new life, its envs started over."""
+        known = self._instances[frag.runner]
+        self._instances[frag.runner] = frag.instance
+        if known is not None and known != frag.instance:
+            self._restarted(frag.runner)
+
+    def _restarted(self, runner: int) -> None:
+        self.restarts += 1
+        self.restarted.add(runner)
+        self.episodes.restart(runner)
+
+    def pop_restarted(self) -> set[int]:
+        """The runners restarted since the last call (their envs started over)."""
+        out, self.restarted = self.restarted, set()
+        return out
+
+    def collect(self, policy: Any, buf: RolloutBuffer) -> int:
+        """Fill ``buf`` ``[T, K*M]`` with K fragments (``policy`` acts in the runners, with
+        the learner's weights); returns the env steps taken."""
+        m = self.envs
+        for slot, frag in enumerate(self.take(self.num_runners)):
+            cols = slice(slot * m, (slot + 1) * m)
+            buf.obs[:, cols] = frag.obs
+            buf.actions[:, cols] = frag.actions
+            assert frag.log_probs is not None
+            buf.log_probs[:, cols] = frag.log_probs
+            buf.rewards[:, cols] = frag.rewards
+            buf.terminated[:, cols] = frag.terminated
+            buf.truncated[:, cols] = frag.truncated
+            buf.next_obs[:, cols] = frag.next_obs
+            self.obs[cols] = frag.last_obs
+        return buf.steps * buf.num_envs
+
+    def reset(self, seed: int | None = None) -> None:
+        """Start fresh episodes in every runner (``horizons_per_env_reset``); fragments
+        in flight are dropped."""
+        self._drain()
+        base = 0 if seed is None else seed
+        ray.get([actor.reset.remote(base + i * self.envs) for i, actor in
+                 enumerate(self.actors)])
+        self.episodes.restart()
+
+    def _drain(self) -> None:
+        refs, self._inflight = list(self._inflight), {}
+        for ref in refs:
+            with contextlib.suppress(RayError):
+                ray.get(ref)
+
+    def pop_times(self) -> dict[str, float]:
+        out = {"time/env_s": self.time_env, "time/inference_s": self.time_inference,
+               "time/sample_wait_s": self._wait_s,
+               "env_runners/restarts": float(self.restarts),
+               "env_runners/dropped_fragments": float(self.dropped),
+               "env_runners/weights_lag": self._lag_sum / max(self._taken, 1)}
+        self.time_env = self.time_inference = self._wait_s = self._lag_sum = 0.0
+        self._taken = 0
+        return out
+
+    def get_state(self) -> dict[str, Any]:
+        """What the learner knows of the runners: the episode statistics and restarts.
+        The envs' own state stays in the runners; a resumed run starts new episodes."""
+        return {"obs": self.obs.clone(), "episodes": self.episodes.get_state(), "env": {},
+                "restarts": self.restarts}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.episodes.set_state(state["episodes"])
+        self.restarts = int(state.get("restarts", 0))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for actor in self.actors:
+            ray.kill(actor)
+        disconnect(self._started_ray)
+
+
+class RemoteOffPolicyLoop(OffPolicyLoop):
+    """An off-policy loop whose env step takes fragments from the runners: their
+    transitions go through one step processor per runner into the replay buffer.
+
+    It adopts the parts of the loop the algorithm built (replay buffer, config, RNG,
+    schedules), so checkpoints hold the same state.
+    """
+
+    def __init__(self, loop: OffPolicyLoop, group: RayEnvRunnerGroup) -> None:
+        self.__dict__.update(loop.__dict__)
+        self.runner: Any = group
+        self.group = group
+        space = loop.action_space
+        spec = ExperienceSpec(group.envs, tuple(group.env.spec.obs_shape),
+                              tuple(space.shape) if isinstance(space, Box) else (),
+                              torch.int64 if isinstance(space, Discrete) else torch.float32,
+                              group.device)
+        self.processors: list[StepProcessor] = [
+            STEP_PROCESSORS[self.config.step_processor](spec, self.config)
+            for _ in range(group.num_runners)]
+        # Sampling ahead: at least one fragment per env step (those that are ready);
+        # synchronous: one from every runner.
+        self._per_step = 1 if group.asynchronous else group.num_runners
+
+    def env_step(self, explore: Any) -> int:
+        steps = 0
+        for frag in self.group.take(self._per_step, extra=self.group.asynchronous):
+            for runner in self.group.pop_restarted():  # its envs started over
+                self.processors[runner].reset()
+            processor = self.processors[frag.runner]
+            for t in range(frag.rewards.shape[0]):
+                self.replay.add(processor.process(
+                    frag.obs[t], frag.actions[t], frag.rewards[t], frag.next_obs[t],
+                    frag.terminated[t], frag.truncated[t]))
+            steps += frag.steps
+        self.env_steps += steps
+        return steps
+
+
+def attach_env_runners(algorithm: AlgorithmBase, config: RunConfig) -> RayEnvRunnerGroup:
+    """Replace ``algorithm``'s in-process runner with ``config.num_env_runners`` Ray
+    actors; the envs it built for its spaces are closed."""
+    group = RayEnvRunnerGroup(config, algorithm)
+    algorithm.env.close()
+    algorithm.env = group.env  # type: ignore[assignment]
+    algorithm.runner = group  # type: ignore[assignment]
+    loop = getattr(algorithm, "loop", None)
+    if isinstance(loop, OffPolicyLoop):
+        algorithm.loop = RemoteOffPolicyLoop(loop, group)  # type: ignore[attr-defined]
+    return group
+
+
+def _one_line(error: RayError) -> str:
+    """The cause of a runner's failure in one line: the env's exception, or Ray's reason."""
+    if isinstance(error, RayTaskError) and error.cause is not None:
+        cause = error.cause
+        return f"{type(cause).__name__}: {' '.join(str(cause).split())}"
+    text = " ".join(str(error).split())
+    return text[:300]

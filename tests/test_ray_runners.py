@@ -1,0 +1,164 @@
+"""Env runners on a real local Ray instance: one instance for the whole module (starting
+Ray takes seconds), two CPUs, no mocks. Faults are injected for real: ``ray.kill`` of a
+runner mid-fragment, an env that raises inside a runner."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import rlloop.envs.slow  # noqa: E402, F401  (registers SlowCartPole-v1, as --env would)
+from rlloop.cli import main as cli_main  # noqa: E402
+from rlloop.config import RunConfig, build_config  # noqa: E402
+from rlloop.ray_cluster import RayConfig, connect, disconnect  # noqa: E402
+from rlloop.run import Session, build_algorithm  # noqa: E402
+from rlloop.trainer import Trainer  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+QUIET = ["mlflow=false", "progress=false", "save_video=false"]
+SLOW_ENV = "rlloop.envs.slow:SlowCartPole-v1"
+
+
+@pytest.fixture(scope="module")
+def ray_instance() -> Iterator[None]:
+    """A local Ray instance of 2 CPUs, started by rlloop's own code (loopback only, no
+    dashboard); runners can import this folder's env modules."""
+    path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), path) if p)
+    try:
+        started = connect(RayConfig(num_cpus=2), num_runners=2)
+    finally:
+        os.environ["PYTHONPATH"] = path
+    assert started
+    yield
+    disconnect(started)
+
+
+def config(*sets: str, algo: str = "ppo", env: str = "CartPole-v1") -> RunConfig:
+    return build_config(algo, env, sets=[*QUIET, *sets])
+
+
+def test_ray_listens_on_loopback_only(ray_instance: None) -> None:
+    procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
+    pids = {p.pid for p in procs}
+    listening = [c for c in psutil.net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN and c.pid in pids]
+    assert listening, "found no listening socket of Ray's processes"
+    public = [c.laddr for c in listening
+              if c.laddr.ip not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
+    assert not public, f"Ray listens on a public interface: {public}"
+
+
+def test_runners_sample_like_in_process_with_the_learners_weights(ray_instance: None) -> None:
+    """2 runners x 2 envs give the rollout 4 in-process envs give; every fragment was
+    sampled with the learner's newest weights (max_weight_lag=0), whose number advances."""
+    base = config("num_envs=4", "ppo.rollout_steps=16", "ppo.minibatch_size=32")
+    local = build_algorithm(base)
+    remote = build_algorithm(dataclasses.replace(base, num_env_runners=2, max_weight_lag=0))
+    try:
+        group: Any = remote.runner
+        for it in range(3):
+            seq = remote.learner.weights_seq_no
+            assert seq == it
+            steps = local.collect()["env/steps"], remote.collect()["env/steps"]
+            assert steps == (64.0, 64.0)
+            assert remote.buffer.rewards.shape == local.buffer.rewards.shape == (16, 4)
+            assert remote.buffer.rewards.eq(1.0).all()  # CartPole pays 1 per step
+            assert remote.buffer.log_probs.le(0).all() and remote.buffer.obs.isfinite().all()
+            local.update(64 * (it + 1))
+            remote.update(64 * (it + 1))
+            assert remote.learner.weights_seq_no == seq + 1
+        seqs = ray.get([a.current_weights_seq_no.remote() for a in group.actors])
+        assert seqs == [2, 2]  # the weights of the third collect, after two updates
+        stats = group.pop_times()
+        assert stats["env_runners/weights_lag"] == 0.0
+        assert stats["env_runners/restarts"] == 0.0
+        assert remote.runner.episodes.stats()["episode/count"] > 0
+    finally:
+        local.close()
+        remote.close()
+
+
+class _KillRunner:
+    """A trainer callback that kills runner 0 with ``ray.kill`` after step ``at``, while
+    its next fragment is being sampled (runners sample ahead, the env is slow)."""
+
+    def __init__(self, session: Session, at: int) -> None:
+        self.session, self.at, self.steps = session, at, 0
+
+    def on_step(self, trainer: Trainer, stats: dict[str, float]) -> None:
+        self.steps += 1
+        if self.steps == self.at:
+            group: Any = self.session.algorithm.runner
+            assert group._inflight, "no fragment in flight to interrupt"
+            ray.kill(group.actors[0], no_restart=False)
+
+    def on_eval(self, trainer: Trainer, stats: dict[str, float]) -> None:
+        pass
+
+
+def test_killed_runner_is_restarted_and_training_finishes(ray_instance: None,
+                                                          tmp_path: Path) -> None:
+    cfg = build_config("ppo", SLOW_ENV, sets=[
+        *QUIET, "num_env_runners=2", "num_envs=2", "ppo.rollout_steps=32",
+        "ppo.minibatch_size=32", "total_env_steps=640", "eval_every=0", "eval_episodes=1",
+        "env_kwargs.sleep_s=0.002", "env_kwargs.max_episode_steps=50"])
+    session = Session(cfg, tmp_path / "run")
+    session.trainer.callbacks.append(_KillRunner(session, at=2))
+    result = session.run()
+    assert result.env_steps == 640
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    restarts = [r["env_runners/restarts"] for r in rows if "env_runners/restarts" in r]
+    assert restarts[-1] >= 1, restarts
+
+
+def test_failed_runner_without_restart_stops_with_its_error(
+        ray_instance: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli_main(["train", "ppo", "--env", "raising_env:RaisingCartPole-v0", "--run-dir",
+                     str(tmp_path / "run"), "--quiet", "--set", "env_kwargs.after=20",
+                     "--set", "num_env_runners=1", "--set", "restart_failed_env_runners=false",
+                     "--set", "num_envs=2", "--set", "ppo.minibatch_size=32",
+                     *[arg for s in QUIET for arg in ("--set", s)]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("rlloop: error: env runner 0 failed: "), err
+    assert "raised RuntimeError in step(): simulated bug at step 21" in err[0]
+    assert err[0].endswith("set restart_failed_env_runners=true to restart it")
+
+
+@pytest.mark.slow
+def test_ppo_with_two_runners_solves_cartpole(ray_instance: None, tmp_path: Path) -> None:
+    cfg = config("num_env_runners=2", "eval_episodes=32")
+    result = Session(cfg, tmp_path / "run").run()
+    assert result.stopped_by == "solved", result.last_stats
+
+
+@pytest.mark.slow
+def test_offpolicy_runners_fill_replay_and_learn(ray_instance: None, tmp_path: Path) -> None:
+    cfg = config("num_env_runners=2", "num_envs=2", "total_env_steps=30000",
+                 "solve_threshold=200", "solve_episodes=20", algo="dqn")
+    session = Session(cfg, tmp_path / "run")
+    algorithm: Any = session.algorithm
+    result = session.run()
+    assert len(algorithm.loop.replay) == result.env_steps
+    assert result.best_eval_return is not None and result.best_eval_return >= 200, \
+        result.last_stats
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_sac_with_two_runners_learns_pendulum(ray_instance: None, tmp_path: Path) -> None:
+    cfg = config("num_env_runners=2", "num_envs=2", "total_env_steps=20000",
+                 "sac.eval_interval=2000", algo="sac", env="Pendulum-v1")
+    result = Session(cfg, tmp_path / "run").run()
+    assert result.best_eval_return is not None and result.best_eval_return >= -200, \
+        result.last_stats
