@@ -171,9 +171,14 @@ def start_group(spec: LearnerSpec, world_size: int, device: torch.device,
         return group, link, lambda learner: serve_commands(learner)
     sock = listen_loopback()
     port = int(sock.getsockname()[1])
+    fd = sock.detach()  # the store owns the descriptor from here and closes it
+    try:
+        store = make_store(0, world_size, port, fd)
+    except BaseException:
+        os.close(fd)
+        raise
     members: list[Any] = []
     try:
-        store = make_store(0, world_size, port, sock.fileno())
         ctx = multiprocessing.get_context("spawn")
         for rank in range(1, world_size):
             proc = ctx.Process(target=serve, args=(rank, world_size, port, spec),
@@ -190,8 +195,6 @@ def start_group(spec: LearnerSpec, world_size: int, device: torch.device,
             proc.join(timeout=10)
         destroy_group()
         raise
-    finally:
-        sock.close()
     return group, link, serve_commands
 
 
