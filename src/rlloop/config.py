@@ -43,7 +43,9 @@ RESUMABLE_KEYS = frozenset({
     "mlflow", "mlflow_interval_s", "tensorboard", "progress", "on_nonfinite", "save_video",
     "profile", "wandb", "wandb_project",
     "max_weight_lag", "restart_failed_env_runners", "max_restarts", "ray.address",
-    "ray.dashboard", "ray.num_cpus_per_runner"})
+    "ray.dashboard", "ray.num_cpus_per_runner", "num_learners", "max_learner_restarts"})
+#: Algorithms whose learner can run as several processes (``num_learners > 1``).
+DISTRIBUTED_ALGOS = ("ppo", "sac")
 #: The same inside an algorithm's section (the off-policy cadence and evaluator).
 RESUMABLE_SECTION_KEYS = frozenset({
     "eval_interval", "record_interval", "save_interval", "max_opts", "evaluator", "recorder"})
@@ -155,6 +157,13 @@ class RunConfig:
     """Restarts allowed per env runner before the run stops with its error."""
     ray: RayConfig = field(default_factory=RayConfig)
     """Ray settings (ray.address, ray.dashboard, ray.num_cpus_per_runner)."""
+    num_learners: int = 1
+    """Learner processes sharing every update (ppo and sac): each computes the gradient of
+    its shard of every minibatch and the gradients are all-reduced over torch.distributed
+    (gloo on CPU, NCCL with one GPU per learner on CUDA). 1: one learner, in process."""
+    max_learner_restarts: int = 0
+    """Times a run whose learner group broke (a learner process died) restarts the group
+    from its newest checkpoint and goes on; 0: stop with an error instead."""
     hparams: Any = None
     """The algorithm's config dataclass (YAML section named after the algorithm)."""
 
@@ -174,6 +183,7 @@ class RunConfig:
                      "mlflow_close_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        self._check_learners()
         if self.step_timeout is not None and self.step_timeout <= 0:
             raise ConfigError(f"step_timeout must be > 0 (seconds) or null (no limit), got "
                               f"{self.step_timeout}")
@@ -190,6 +200,16 @@ class RunConfig:
             self.hparams.compile = self.compile
             self.hparams.__post_init__()  # re-check the combination (dqn.manual_backward)
         check_env_runners(self)
+
+    def _check_learners(self) -> None:
+        if self.num_learners < 1:
+            raise ConfigError(f"num_learners must be >= 1, got {self.num_learners}")
+        if self.num_learners > 1 and self.algo not in DISTRIBUTED_ALGOS:
+            raise ConfigError(f"num_learners={self.num_learners} needs one of "
+                              f"{list(DISTRIBUTED_ALGOS)}, not {self.algo}; use num_learners=1")
+        if self.max_learner_restarts < 0:
+            raise ConfigError(f"max_learner_restarts must be >= 0, got "
+                              f"{self.max_learner_restarts}")
 
     def _check_ranges(self) -> None:
         if not isinstance(self.env, str) or not self.env.strip():

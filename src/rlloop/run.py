@@ -57,6 +57,7 @@ from rlloop.envs.imports import check_env_import
 from rlloop.envs.objects import check_object_env
 from rlloop.envs.registry import env_spec, resolve_env_id
 from rlloop.errors import ConfigError, RunDirError
+from rlloop.learners.distributed import LearnerGroupError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
 from rlloop.memory import check_memory
 from rlloop.numerics import flushed_denormals
@@ -204,6 +205,10 @@ class Session:
         check_members(run_dir)
         torch.set_num_threads(config.torch_threads)
         self.algorithm = build_algorithm(config)
+        if config.num_learners > 1:
+            from rlloop.algorithms.distributed import start_learners
+
+            start_learners(self.algorithm, config)  # the other learner ranks
         self.lock.acquire()  # before the first write; it creates run_dir
         if not resume:
             _refuse_existing_run(run_dir)  # again: another trainer may have just finished it
@@ -471,8 +476,11 @@ class Session:
     def _finish(self, status: str) -> None:
         """The final checkpoint (whatever ended the run), then the sinks and envs."""
         try:
-            # Steps taken (off-policy ones too, before any optimisation step), or a new run.
-            if self.trainer.state["env/steps"] > self._start_steps or not self.manager.latest():
+            # Steps taken (off-policy ones too, before any optimisation step), or a new run;
+            # not after a learner rank died: its update may be half applied on rank 0.
+            broken = isinstance(sys.exception(), LearnerGroupError)
+            if not broken and (self.trainer.state["env/steps"] > self._start_steps
+                               or not self.manager.latest()):
                 self.save(self._final)
         finally:
             if status != "FINISHED" or sys.exception() is not None:
@@ -510,8 +518,27 @@ def train(config: RunConfig, run_dir: str | Path | None = None, *,
         if not _has_checkpoint(path):  # then "resume it" would only send the user back here
             raise _no_checkpoint(path)
     _refuse_existing_run(path)
-    return Session(config, path, console=console, callbacks=callbacks,
-                   started_at=started_at).run()
+    return _run_session(config, path, resume=False, console=console, callbacks=callbacks,
+                        started_at=started_at)
+
+
+def _run_session(config: RunConfig, path: Path, *, resume: bool, console: Any,
+                 callbacks: Sequence[Callback], started_at: float | None) -> RunResult:
+    """A session; when its learner group breaks, again from the newest checkpoint, up to
+    ``max_learner_restarts`` times."""
+    restarts = 0
+    while True:
+        try:
+            return Session(config, path, resume=resume, console=console,
+                           callbacks=callbacks, started_at=started_at).run()
+        except LearnerGroupError as e:
+            if restarts >= config.max_learner_restarts or not _has_checkpoint(path):
+                raise
+            restarts += 1
+            resume = True
+            _log.warning("%s; restarting the learners from the newest checkpoint (restart "
+                         "%d of %d)", str(e).split(";")[0], restarts,
+                         config.max_learner_restarts)
 
 
 def _refuse_existing_run(path: Path) -> None:
@@ -598,8 +625,8 @@ def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = Fal
                            **flags)
     if not _has_checkpoint(Path(run_dir)):  # before Session starts envs and sinks
         raise _no_checkpoint(Path(run_dir))
-    return Session(config, Path(run_dir), resume=True, console=console,
-                   callbacks=callbacks, started_at=started_at).run()
+    return _run_session(config, Path(run_dir), resume=True, console=console,
+                        callbacks=callbacks, started_at=started_at)
 
 
 def policy_checkpoint(run_dir: Path, notify: Callable[[str], None] | None = None) -> Path:

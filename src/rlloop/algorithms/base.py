@@ -179,6 +179,9 @@ class AlgorithmBase:
             self.obs_stats.set_state(state["obs_norm"])
 
     def close(self) -> None:
+        learner = getattr(self, "learner", None)
+        if learner is not None:
+            learner.close()  # other learner ranks, if any
         self.env.close()
         for env in self._eval_envs.values():
             env.close()

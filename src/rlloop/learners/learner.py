@@ -338,6 +338,13 @@ class Learner(Generic[BatchT]):
     def after_gradient_based_update(self) -> None:
         self.weights_seq_no += 1
 
+    def reduce_gradients(self) -> None:
+        """Combine the gradients in ``.grad`` with other learners' before they are clipped
+        (:mod:`rlloop.learners.distributed`); one learner has nothing to do."""
+
+    def close(self) -> None:
+        """Release the processes or process group the learner uses (none here)."""
+
     def update_minibatch(self, batch: MultiBatch[BatchT]) -> dict[str, Tensor]:
         """One gradient step on every module to be updated that has data in ``batch``.
 
@@ -355,6 +362,7 @@ class Learner(Generic[BatchT]):
         for _, o in optims:
             o.optimizer.zero_grad(set_to_none=True)
         total.backward()  # type: ignore[no-untyped-call]
+        self.reduce_gradients()
         norms = {key: grad_norm(o.params) for key, o in optims}
         # One host read per minibatch for the loss and every gradient norm together.
         if not bool(torch.isfinite(torch.stack([total.detach(), *norms.values()])).all()):

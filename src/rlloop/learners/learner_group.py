@@ -1,0 +1,236 @@
+"""The learner ranks as processes: started, watched and stopped by rank 0.
+
+Rank 0 is the training process. Without a launcher it starts ranks 1..L-1 itself
+(``multiprocessing`` spawn) and serves their rendezvous on 127.0.0.1; under ``torchrun``
+every rank is already running and the group forms from the launcher's variables. A rank
+that dies fails the collective rank 0 is in (or the liveness check before the next
+command): :class:`~rlloop.learners.distributed.LearnerGroupError` names the rank and its
+exit, and every other rank is stopped, so nothing is left running.
+
+Other launchers (Ray actors) fit the same shape: something that runs :func:`serve` for
+ranks 1..L-1 and hands rank 0 handles with ``exitcode``, ``pid``, ``join`` and ``kill``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from rlloop.learners.distributed import (
+    DataParallel,
+    GroupInfo,
+    LearnerGroupError,
+    Link,
+    backend_for,
+    broadcast_message,
+    destroy_group,
+    init_group,
+    listen_loopback,
+    make_store,
+)
+from rlloop.worker_loop import exit_with_parent
+
+#: Seconds rank 0 waits for the other ranks to start (importing torch takes seconds on a
+#: loaded machine).
+START_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    """What a rank needs to build its learner; sent once to a spawned rank (picklable).
+
+    Attributes:
+        build: A module-level function ``build(spec, group, device, link)`` returning the
+            rank's :class:`DataParallel` learner (``link`` is None on ranks > 0).
+        config: The algorithm's config.
+        env_spec: The env's spaces.
+    """
+
+    build: Callable[..., DataParallel]
+    config: Any
+    env_spec: Any
+    device: str
+    on_nonfinite: str
+    seed: int
+    torch_threads: int
+
+
+class Member(Protocol):
+    """A rank > 0 as rank 0 sees it (a ``multiprocessing.Process``, or a wrapped actor)."""
+
+    @property
+    def exitcode(self) -> int | None: ...
+    @property
+    def pid(self) -> int | None: ...
+    def join(self, timeout: float | None = None) -> None: ...
+    def kill(self) -> None: ...
+
+
+def rank_device(device: str, rank: int) -> torch.device:
+    """Rank ``rank``'s device: one GPU per rank on CUDA (``cuda:rank`` modulo the count)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return dev
+
+
+def _exit_words(code: int | None) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class ProcessLink(Link):
+    """Rank 0's side of the group: commands out, members watched, everything stopped."""
+
+    def __init__(self, members: Sequence[Member], comm_device: torch.device) -> None:
+        self.members = list(members)
+        self.comm_device = comm_device
+        self.broken = False
+
+    def send(self, op: str, payload: Mapping[str, Any]) -> None:
+        self._raise_if_dead()
+        broadcast_message({"op": op, **payload}, self.comm_device)
+
+    def _dead(self) -> list[tuple[int, Member]]:
+        return [(r, m) for r, m in enumerate(self.members, 1) if m.exitcode is not None]
+
+    def _raise_if_dead(self, wait_s: float = 0.0) -> None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = self._dead()
+            if dead or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        if dead:
+            rank, member = dead[0]
+            raise LearnerGroupError(
+                f"learner rank {rank} (pid {member.pid}) {_exit_words(member.exitcode)}; "
+                "the learner group is stopped. Resume from the newest checkpoint with "
+                "--resume, or set max_learner_restarts to do that by itself")
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        try:
+            yield
+        except LearnerGroupError:
+            self.broken = True
+            self.close()
+            raise
+        except RuntimeError as e:  # gloo and NCCL raise RuntimeError subclasses
+            if not isinstance(e, dist.DistError) and not self._dead():
+                raise
+            self.broken = True
+            try:
+                self._raise_if_dead(wait_s=5.0)  # the dead rank's exit code may lag
+                raise LearnerGroupError(f"the learner group broke: {str(e).splitlines()[0]}; "
+                                        "resume from the newest checkpoint") from e
+            finally:
+                self.close()
+
+    def close(self) -> None:
+        """Stop every rank (asking first, killing what does not stop) and leave the group."""
+        if not self.broken and not self._dead() and dist.is_initialized():
+            with contextlib.suppress(RuntimeError):
+                broadcast_message({"op": "close"}, self.comm_device)
+        for member in self.members:
+            member.join(timeout=0 if self.broken else 10)
+            if member.exitcode is None:
+                member.kill()
+                member.join(timeout=10)
+        self.members = []
+        destroy_group()
+
+
+def start_group(spec: LearnerSpec, world_size: int, device: torch.device,
+                ) -> tuple[GroupInfo, ProcessLink | None, Callable[[DataParallel], None]]:
+    """Form the group from rank 0 (this process). Returns the group, rank 0's link (None on
+    a rank > 0 under ``torchrun``) and ``serve`` for a rank > 0 to run until told to stop."""
+    from rlloop.learners.distributed import torchrun_rank
+
+    backend = backend_for(device)
+    launched = torchrun_rank()
+    if launched is not None:
+        group = init_group(launched.rank, launched.world_size, backend, None)
+        comm = rank_device(spec.device, group.rank) if backend == "nccl" else torch.device("cpu")
+        link = ProcessLink([], comm) if group.rank == 0 else None
+        return group, link, lambda learner: serve_commands(learner)
+    sock = listen_loopback()
+    port = int(sock.getsockname()[1])
+    fd = sock.detach()  # the store owns the descriptor from here and closes it
+    try:
+        store = make_store(0, world_size, port, fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    members: list[Any] = []
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        for rank in range(1, world_size):
+            proc = ctx.Process(target=serve, args=(rank, world_size, port, spec),
+                               name=f"rlloop-learner-{rank}", daemon=True)
+            proc.start()
+            members.append(proc)
+        link = ProcessLink(members, rank_device(spec.device, 0) if backend == "nccl"
+                           else torch.device("cpu"))
+        _wait_ready(store, link, world_size)
+        group = init_group(0, world_size, backend, store)
+    except BaseException:
+        for proc in members:
+            proc.kill()
+            proc.join(timeout=10)
+        destroy_group()
+        raise
+    return group, link, serve_commands
+
+
+def _wait_ready(store: dist.Store, link: ProcessLink, world_size: int) -> None:
+    keys = [f"ready/{r}" for r in range(1, world_size)]
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not store.check(keys):
+        link._raise_if_dead()
+        if time.monotonic() > deadline:
+            raise LearnerGroupError(f"the learner ranks did not start within "
+                                    f"{START_TIMEOUT_S:.0f} s")
+        time.sleep(0.02)
+
+
+def serve(rank: int, world_size: int, port: int, spec: LearnerSpec) -> None:
+    """A spawned rank: join the group, build the learner, run rank 0's commands."""
+    exit_with_parent()
+    torch.set_num_threads(spec.torch_threads)
+    device = rank_device(spec.device, rank)
+    backend = backend_for(device)
+    store = make_store(rank, world_size, port)
+    store.set(f"ready/{rank}", "1")
+    group = init_group(rank, world_size, backend, store)
+    learner = spec.build(spec, group, device, None)
+    serve_commands(learner)
+    destroy_group()
+    # Tearing the interpreter and torch down takes seconds on a loaded machine, and rank 0
+    # waits for this process to end: nothing is left to flush.
+    os._exit(0)
+
+
+def serve_commands(learner: DataParallel) -> None:
+    """Run rank 0's commands until it says ``close``."""
+    while True:
+        message = broadcast_message(None, learner.comm_device)
+        op = message.pop("op")
+        if op == "close":
+            return
+        learner.handle(op, message)

@@ -1,0 +1,221 @@
+"""``num_learners=2``: real gloo process groups on 127.0.0.1, one rank in this process and
+one spawned, as a run makes them. No mocks: what is checked is what the group computes."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from conftest import rlloop_cmd
+from proc_utils import live_children
+
+from rlloop.algorithms.distributed import build_rank_learner
+from rlloop.algorithms.offpolicy import ReplayBatch
+from rlloop.algorithms.ppo import PPOConfig, PPOLearner
+from rlloop.algorithms.sac import SACConfig, SACLearner, SACModule
+from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.cli import main
+from rlloop.config import build_config
+from rlloop.data.rollout import PPOBatch
+from rlloop.devices import new_generator
+from rlloop.envs.core import Box, Discrete, EnvSpec
+from rlloop.learners.distributed import DataParallel
+from rlloop.learners.learner import DEFAULT_MODULE_ID
+from rlloop.learners.learner_group import LearnerSpec, start_group
+from rlloop.modules.actor_critic import ActorCritic
+from rlloop.run import resume, train
+
+CPU = torch.device("cpu")
+QUIET = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false"]
+
+
+def _rank0(config, env_spec, module, generator=None) -> DataParallel:
+    spec = LearnerSpec(build_rank_learner, config, env_spec, "cpu", "skip", 0, 1)
+    group, link, _ = start_group(spec, 2, CPU)
+    learner = build_rank_learner(spec, group, CPU, link, module, generator)
+    learner.broadcast_state()
+    return learner
+
+
+def _assert_close(a: dict, b: dict, atol: float) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=k)
+
+
+def _assert_ranks_equal(learner: DataParallel) -> None:
+    mine = learner.get_state(components="module")["module"][DEFAULT_MODULE_ID]
+    theirs = learner.state_of_rank(1)["module"][DEFAULT_MODULE_ID]
+    for k in mine:
+        assert torch.equal(mine[k], theirs[k]), k
+
+
+def test_two_ppo_learners_make_one_learners_update():
+    """Advantages standardised over the whole minibatch, global-norm clipping on the reduced
+    gradient, 2 epochs of 2 uneven minibatches (75 rows: shards of 18/19 rows), stats reduced."""
+    torch.manual_seed(0)
+    cfg = PPOConfig(minibatch_size=38, max_grad_norm=0.3, ent_coef=0.01, clip_vf=0.2)
+    module = ActorCritic((4,), Discrete(2), cfg.hidden, cfg.activation, 0.0)
+    one = PPOLearner({DEFAULT_MODULE_ID: copy.deepcopy(module)}, cfg)
+    g = torch.Generator().manual_seed(1)
+    n = 75
+    batch = PPOBatch(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g),
+                     -torch.rand(n, generator=g) - 0.5, 3 * torch.randn(n, generator=g) + 1,
+                     torch.randn(n, generator=g), torch.randn(n, generator=g))
+    kwargs = {"num_epochs": 2, "minibatch_size": 38, "env_steps": 1000}
+    expected = one.update_from_batch({DEFAULT_MODULE_ID: batch},
+                                     generator=torch.Generator().manual_seed(5), **kwargs)
+    two = _rank0(cfg, EnvSpec("t", (4,), Discrete(2)), module)
+    try:
+        got = two.update_from_batch({DEFAULT_MODULE_ID: batch}, stop=lambda s: False,
+                                    generator=torch.Generator().manual_seed(5), **kwargs)
+        _assert_close(two.modules.state_dict(), one.modules.state_dict(), atol=1e-6)
+        for key in ("losses/policy", "losses/value", "ppo/approx_kl", "losses/total",
+                    "default_policy/gradients_default_global_norm"):
+            assert got[key] == pytest.approx(expected[key], rel=1e-5), key
+        _assert_ranks_equal(two)
+        # Every rank restores: a state set on rank 0 reaches rank 1.
+        two.set_state(one.get_state())
+        _assert_close(two.modules.state_dict(), one.modules.state_dict(), atol=0)
+        _assert_ranks_equal(two)
+    finally:
+        two.close()
+    assert not live_children()
+
+
+def test_two_sac_learners_make_one_learners_update():
+    """Three updates on 15-row batches (shards of 7/8 rows): critics, Polyak targets, actor,
+    alpha and Adam moments stay within float rounding of one learner's."""
+    torch.manual_seed(0)
+    cfg = SACConfig(hidden=[32, 32], batch_size=15)
+    module = SACModule(3, 1, cfg)
+    one = SACLearner({DEFAULT_MODULE_ID: copy.deepcopy(module)}, cfg, -1.0,
+                     new_generator(CPU, 7))
+    two = _rank0(cfg, EnvSpec("p", (3,), Box((-2.0,), (2.0,), (1,))), module,
+                 new_generator(CPU, 7))
+    g = torch.Generator().manual_seed(2)
+    try:
+        for _ in range(3):
+            n = 15
+            batch = ReplayBatch(torch.randn(n, 3, generator=g), torch.rand(n, 1, generator=g),
+                                torch.randn(n, generator=g), torch.randn(n, 3, generator=g),
+                                torch.rand(n, generator=g) < 0.2, torch.full((n,), 0.99))
+            expected = one.update(batch)
+            got = two.update(batch)
+            for key in ("losses/critic", "losses/actor", "losses/alpha", "q/mean"):
+                torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-6)
+        _assert_close(two.modules.state_dict(), one.modules.state_dict(), atol=1e-6)
+        _assert_ranks_equal(two)
+    finally:
+        two.close()
+    assert not live_children()
+
+
+def _ppo_config(steps: int, *extra: str):
+    return build_config("ppo", "CartPole-v1", flags={"seed": 1, "total_env_steps": steps},
+                        sets=[*QUIET, "num_learners=2", "num_envs=4", "ppo.rollout_steps=32",
+                              "ppo.minibatch_size=64", "checkpoint_every=2",
+                              "keep_checkpoints=10", "eval_every=0", "eval_episodes=2",
+                              *extra])
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path).components["algorithm"]["learner"]["module"][DEFAULT_MODULE_ID]
+
+
+def test_checkpoint_and_exact_resume_with_two_learners(tmp_path):
+    """1024 env steps straight, or the same run's checkpoint at 512 resumed in a new group to
+    1024: bit-identical weights (rank 0 wrote the checkpoint; rank 1 restored it)."""
+    straight = tmp_path / "straight"
+    train(_ppo_config(1024), straight)
+    half = tmp_path / "half"
+    shutil.copytree(straight, half)
+    for ckpt in (half / "checkpoints").iterdir():
+        if ckpt.name.isdigit() and int(ckpt.name) > 512:
+            shutil.rmtree(ckpt)
+    assert int(CheckpointManager(half / "checkpoints").latest().name) == 512
+    resume(half, total_env_steps=1024)
+    a = _weights(CheckpointManager(straight / "checkpoints").latest())
+    b = _weights(CheckpointManager(half / "checkpoints").latest())
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert not live_children()
+
+
+def _tagged_processes(tag: str) -> list[int]:
+    """Pids of live processes whose environment carries ``tag`` (a run's whole tree,
+    orphans included)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("RLLOOP_TEST_TAG") == tag and \
+                    proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def _train_and_kill(tmp_path: Path, cli_env: dict[str, str], *sets: str):
+    env = {**cli_env, "RLLOOP_TEST_TAG": uuid.uuid4().hex,
+           "RLLOOP_TEST_KILL_MARKER": str(tmp_path / "killed"),
+           "PYTHONPATH": str(Path(__file__).parent) + os.pathsep + cli_env["PYTHONPATH"]}
+    args = ["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(tmp_path / "run"),
+            "--total-env-steps", "1536", "--callback", "learner_killer:KillLearnerRank"]
+    for item in (*QUIET, "num_learners=2", "num_envs=4", "ppo.rollout_steps=64",
+                 "ppo.minibatch_size=64", "checkpoint_every=2", "eval_every=0",
+                 "eval_episodes=2", *sets):
+        args += ["--set", item]
+    out = subprocess.run(rlloop_cmd(*args), env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=240)
+    assert (tmp_path / "killed").is_file(), out.stderr  # the rank was killed mid-training
+    return out, env["RLLOOP_TEST_TAG"]
+
+
+def test_killed_learner_rank_stops_the_run_cleanly(tmp_path, cli_env):
+    out, tag = _train_and_kill(tmp_path, cli_env)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("rlloop: error: learner rank 1 (pid ") and "SIGKILL" in lines[0]
+    assert not _tagged_processes(tag)  # no learner rank, no gloo peer left behind
+    # The newest checkpoint is one written before the failure: resumable.
+    latest = CheckpointManager(tmp_path / "run" / "checkpoints").latest()
+    assert load_checkpoint(latest).components["trainer"]["counters"]["env/steps"] <= 512
+
+
+def test_killed_learner_rank_restarts_from_the_newest_checkpoint(tmp_path, cli_env):
+    out, tag = _train_and_kill(tmp_path, cli_env, "max_learner_restarts=1")
+    assert out.returncode == 0, out.stderr
+    assert "restarting the learners from the newest checkpoint" in out.stderr
+    latest = CheckpointManager(tmp_path / "run" / "checkpoints").latest()
+    assert load_checkpoint(latest).components["trainer"]["counters"]["env/steps"] == 1536
+    assert not _tagged_processes(tag)
+
+
+@pytest.mark.parametrize(("algo", "value", "message"), [
+    ("ppo", "0", "num_learners must be >= 1, got 0"),
+    ("dqn", "2", "num_learners=2 needs one of ['ppo', 'sac'], not dqn; use num_learners=1"),
+])
+def test_bad_learner_settings_are_one_line_errors(algo, value, message, capsys):
+    code = main(["train", algo, "--env", "CartPole-v1", "--set", f"num_learners={value}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"rlloop: error: {message}"]
+
+
+@pytest.mark.slow
+def test_ppo_with_two_learners_solves_cartpole(tmp_path):
+    config = build_config("ppo", "CartPole-v1", flags={"seed": 0, "total_env_steps": 100_000},
+                          sets=["mlflow=false", "progress=false", "save_video=false",
+                                "num_learners=2"])
+    result = train(config, tmp_path / "run")
+    assert result.stopped_by == "solved", result
+    assert not live_children()
