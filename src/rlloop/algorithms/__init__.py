@@ -10,6 +10,7 @@ from rlloop.algorithms.base import AlgorithmBase, EnvSettings
 from rlloop.algorithms.dqn import DQN, DQNConfig
 from rlloop.algorithms.ma_ppo import MultiAgentPPO, MultiAgentPPOConfig
 from rlloop.algorithms.ppo import PPO, PPOConfig
+from rlloop.algorithms.recurrent_ppo import build_ppo
 from rlloop.algorithms.sac import SAC, SACConfig
 from rlloop.algorithms.td3 import TD3, TD3Config
 
@@ -32,7 +33,7 @@ class AlgorithmEntry:
 
 
 ALGORITHMS: dict[str, AlgorithmEntry] = {
-    "ppo": AlgorithmEntry("ppo", PPOConfig, PPO),
+    "ppo": AlgorithmEntry("ppo", PPOConfig, build_ppo),  # RecurrentPPO with ppo.recurrent
     "dqn": AlgorithmEntry("dqn", DQNConfig, DQN, continuous=False, kind="off_policy"),
     "sac": AlgorithmEntry("sac", SACConfig, SAC, discrete=False, kind="off_policy"),
     "td3": AlgorithmEntry("td3", TD3Config, TD3, discrete=False, kind="off_policy"),
