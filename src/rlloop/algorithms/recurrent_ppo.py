@@ -41,7 +41,7 @@ class RecurrentPPOLearner(PPOLearner):
         assert isinstance(module, RecurrentActorCritic)
         feats, _ = module.unroll(batch.obs, batch.state, batch.starts)
         feats = feats.flatten(0, 1)
-        return module.heads.dist(feats), module.heads.value(feats)
+        return module.dist(feats), module.value(feats)
 
     def compute_loss_for_module(self, module_id: str, config: PPOConfig,  # type: ignore[override]
                                 batch: SequenceBatch,
@@ -101,7 +101,7 @@ class RecurrentPPO(PPO):
         self.rollout_starts[t] = starts
         feats, self.state = self.policy.step(obs, self.state, starts)
         self._t = t + 1
-        return self.policy.heads.act(feats, generator=self.generator)
+        return self.policy.act(feats, generator=self.generator)
 
     def collect(self) -> dict[str, float]:
         self._t = 0
@@ -136,7 +136,7 @@ class RecurrentPPO(PPO):
         last, _ = policy.step(self.runner.obs, self.state, self.starts)
         # A truncated episode's final observation continues from the state its step left.
         final, _ = policy.step(buf.next_obs.transpose(0, 1).flatten(0, 1), after.flatten(0, 1))
-        values_all = policy.heads.value(torch.cat([feats.flatten(0, 1), last, final]))
+        values_all = policy.value(torch.cat([feats.flatten(0, 1), last, final]))
         values = values_all[: n * t].view(n, t).T
         next_values = torch.cat([values[1:], values_all[n * t: n * (t + 1)].unsqueeze(0)])
         next_values = torch.where(buf.truncated, values_all[n * (t + 1):].view(n, t).T,
@@ -163,7 +163,7 @@ class RecurrentPPO(PPO):
             self._act_state = self.policy.initial_state(obs.shape[0], self.device)
         feats, self._act_state = self.policy.step(obs, self._act_state, self._act_starts)
         self._act_starts = None
-        return self.policy.heads.act(feats, deterministic=deterministic,
+        return self.policy.act(feats, deterministic=deterministic,
                                      generator=self.generator)[0]
 
     # ---- state -----------------------------------------------------------------------
