@@ -87,8 +87,9 @@ class RecurrentPPO(PPO):
 
     def _policy_factory(self) -> Callable[[], nn.Module]:
         spec, cfg = self.env.spec, self.config
-        assert cfg.recurrent is not None
-        return lambda: RecurrentActorCritic(spec.obs_shape, spec.action_space, cfg.recurrent,
+        kind = cfg.recurrent
+        assert kind is not None
+        return lambda: RecurrentActorCritic(spec.obs_shape, spec.action_space, kind,
                                             cfg.recurrent_hidden, cfg.hidden, cfg.activation,
                                             cfg.init_log_std)
 
