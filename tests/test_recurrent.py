@@ -183,6 +183,28 @@ def test_training_state_is_checkpointed_and_reloaded(tmp_path):
         second.close()
 
 
+def test_every_stateful_part_of_recurrent_ppo_round_trips(tmp_path):
+    from reliability.test_completeness import _equal, stateful_parts
+
+    from rlloop.checkpoint import load_checkpoint, save_checkpoint
+
+    first, second = _algo("seed=1"), _algo("seed=2")
+    try:
+        for algo in (first, second):
+            Trainer(algo).step()
+        Trainer(first).step()
+        save_checkpoint(tmp_path / "ckpt", {"algorithm": first.get_state()})
+        second.set_state(load_checkpoint(tmp_path / "ckpt").components["algorithm"])
+        a, b = stateful_parts(first), stateful_parts(second)
+        assert "algo.state" in a and "algo.starts" in a
+        assert a.keys() == b.keys()
+        missing = [k for k in a if not _equal(a[k], b[k])]
+        assert not missing, f"not restored from the checkpoint: {missing}"
+    finally:
+        first.close()
+        second.close()
+
+
 def _checkpoint_leaves(run):
     from rlloop.checkpoint import CheckpointManager, load_checkpoint
 
