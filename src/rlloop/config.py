@@ -321,12 +321,28 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
     if algo not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGORITHMS)}")
     section = data.pop(algo, None) or {}
+    _check_recurrent(algo, section)
     other_algos = [k for k in data if k in ALGORITHMS]
     for key in other_algos:
         data.pop(key)
     hparams = _build(ALGORITHMS[algo].config_cls, section, prefix=f"{algo}.")
     run = _build(RunConfig, {**data, "hparams": hparams}, prefix="")
     return run  # type: ignore[no-any-return]
+
+
+#: Settings of recurrent policies, which only these algorithms have.
+RECURRENT_KEYS = ("recurrent", "recurrent_hidden", "seq_len")
+RECURRENT_ALGOS = ("ppo",)
+
+
+def _check_recurrent(algo: str, section: Any) -> None:
+    if algo in RECURRENT_ALGOS or not isinstance(section, dict):
+        return
+    key = next((k for k in RECURRENT_KEYS if k in section), None)
+    if key is not None:
+        raise ConfigError(f"{algo}.{key}: {algo} has no recurrent policy; use "
+                          f"rlloop train ppo --set ppo.recurrent=lstm (or gru), or drop the "
+                          "setting")
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
@@ -447,6 +463,8 @@ def _merge(into: dict[str, Any], layer: dict[str, Any] | None) -> None:
 
 def _assign(data: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
+    if len(parts) > 1 and parts[0] == "env":  # env is the id; env.X sets an env option
+        parts[0] = "env_kwargs"
     node = data
     for part in parts[:-1]:
         child = node.setdefault(part, {})

@@ -52,6 +52,9 @@ class DeterministicPolicy(nn.Module):
         if algorithm.name not in EXPORTABLE:
             raise ConfigError(f"rlloop export supports {', '.join(EXPORTABLE)} runs, not "
                               f"{algorithm.name}")
+        if getattr(getattr(algorithm, "config", None), "recurrent", None):
+            raise ConfigError("rlloop export writes feed-forward policies; this run's policy is "
+                              "recurrent (ppo.recurrent) and needs its state as an input")
         stats = algorithm.obs_stats
         self.normalizer: nn.Module = ObsNormalizer(stats) if stats else nn.Identity()
         # Registered so the weights are the graph's parameters, not anonymous constants.

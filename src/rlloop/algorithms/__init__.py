@@ -49,7 +49,8 @@ class AlgorithmEntry:
 
 
 ALGORITHMS: dict[str, AlgorithmEntry] = {
-    "ppo": AlgorithmEntry("ppo", "rlloop.algorithms.ppo", "PPOConfig", "PPO"),
+    # build_ppo makes a RecurrentPPO when ppo.recurrent is set.
+    "ppo": AlgorithmEntry("ppo", "rlloop.algorithms.recurrent_ppo", "PPOConfig", "build_ppo"),
     "dqn": AlgorithmEntry("dqn", "rlloop.algorithms.dqn", "DQNConfig", "DQN",
                           continuous=False, kind="off_policy"),
     "sac": AlgorithmEntry("sac", "rlloop.algorithms.sac", "SACConfig", "SAC",

@@ -118,7 +118,8 @@ class AlgorithmBase:
         env = self._eval_env(env_config or {}, min(episodes, 32))
         self.evals += 1
         seed = self.settings.seed + EVAL_SEED_OFFSET + self.evals
-        return evaluate(lambda obs: self.act(obs, deterministic), env, episodes, seed=seed)
+        return evaluate(lambda obs: self.act(obs, deterministic), env, episodes, seed=seed,
+                        begin_episodes=self.begin_episodes)
 
     def _eval_env(self, env_config: dict[str, Any], num_envs: int) -> VecEnv:
         key = json.dumps([env_config, num_envs], sort_keys=True, default=str)
@@ -140,6 +141,10 @@ class AlgorithmBase:
 
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
         raise NotImplementedError
+
+    def begin_episodes(self, starts: Tensor) -> None:
+        """Envs ``starts`` (``[N]`` bool) of the acting batch begin new episodes: a policy
+        with memory forgets theirs before the next :meth:`act`. Nothing to do by default."""
 
     def pop_times(self) -> dict[str, float]:
         return self.runner.pop_times()

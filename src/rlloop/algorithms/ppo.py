@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -77,10 +77,19 @@ class PPOConfig:
     """Standardise observations with running statistics."""
     normalize_rewards: bool = False
     """Scale rewards by the running std of the discounted return."""
+    recurrent: Literal["lstm", "gru"] | None = None
+    """A recurrent policy (memory for partially observed envs): an LSTM or GRU cell between
+    the observation and the actor and critic MLPs (null: feed-forward)."""
+    recurrent_hidden: int = 64
+    """Width of the recurrent cell."""
+    seq_len: int = 16
+    """Steps per training sequence (truncated backpropagation through time); minibatches
+    hold minibatch_size // seq_len whole sequences."""
 
     def __post_init__(self) -> None:
         check_finite(self.section, self)
-        for name in ("rollout_steps", "num_epochs", "minibatch_size", "lr_decay_steps"):
+        for name in ("rollout_steps", "num_epochs", "minibatch_size", "lr_decay_steps",
+                     "recurrent_hidden", "seq_len"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ppo.{name} must be > 0, got {getattr(self, name)}")
         if self.lr <= 0:
@@ -162,6 +171,8 @@ class PPO(AlgorithmBase):
     """Collect ``rollout_steps`` x ``num_envs`` steps, then ``num_epochs`` of minibatch PPO."""
 
     name = "ppo"
+    learner_cls: ClassVar[type[PPOLearner]] = PPOLearner
+    policy: Any  # ActorCritic here, RecurrentActorCritic in RecurrentPPO
     #: Scratch storage, fully rewritten by every collect before it is read: not state.
     transient_attrs: ClassVar[frozenset[str]] = frozenset({"buffer"})
 
@@ -172,11 +183,9 @@ class PPO(AlgorithmBase):
                          if config.normalize_obs else None)
         self.config = config
         spec = self.env.spec
-        self.policy = build_module(lambda: ActorCritic(
-            spec.obs_shape, spec.action_space, config.hidden, config.activation,
-            config.init_log_std), self.device)
-        self.learner = PPOLearner({DEFAULT_MODULE_ID: self.policy}, config,
-                                  on_nonfinite=env.on_nonfinite)  # type: ignore[arg-type]
+        self.policy = build_module(self._policy_factory(), self.device)
+        self.learner = self.learner_cls({DEFAULT_MODULE_ID: self.policy}, config,
+                                        on_nonfinite=env.on_nonfinite)  # type: ignore[arg-type]
         box = isinstance(spec.action_space, Box)
         act_shape = spec.action_space.shape if isinstance(spec.action_space, Box) else ()
         self.buffer = RolloutBuffer(config.rollout_steps, self.env.num_envs, spec.obs_shape,
@@ -186,6 +195,11 @@ class PPO(AlgorithmBase):
             if config.normalize_rewards else None
         self.reward_running = torch.zeros(self.env.num_envs, dtype=stats_dtype(self.device),
                                           device=self.device)
+
+    def _policy_factory(self) -> Callable[[], nn.Module]:
+        spec, config = self.env.spec, self.config
+        return lambda: ActorCritic(spec.obs_shape, spec.action_space, config.hidden,
+                                   config.activation, config.init_log_std)
 
     def _behaviour(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         return self.policy.act(obs, generator=self.generator)
@@ -209,7 +223,7 @@ class PPO(AlgorithmBase):
 
     @torch.no_grad()
     def _batch(self) -> PPOBatch:
-        buf, policy, cfg = self.buffer, self.policy, self.config
+        buf, policy = self.buffer, self.policy
         t, n = buf.steps, buf.num_envs
         # One forward over every observation and every stored final one: selecting the
         # truncated rows first would wait for the device to say how many there are.
@@ -219,14 +233,20 @@ class PPO(AlgorithmBase):
         final_values = values_all[(t + 1) * n:].view(t, n)
         next_values = torch.where(buf.truncated, final_values, values_all[n: (t + 1) * n]
                                   .view(t, n))
+        adv, ret = self._advantages(values, next_values)
+        return PPOBatch(buf.obs.flatten(0, 1), buf.actions.flatten(0, 1),
+                        buf.log_probs.flatten(), adv.flatten(), ret.flatten(), values.flatten())
+
+    def _advantages(self, values: Tensor, next_values: Tensor) -> tuple[Tensor, Tensor]:
+        """GAE advantages and returns ``[T, N]`` of the buffer's rewards (scaled when
+        normalize_rewards is on) for ``values`` and the bootstrap ``next_values``."""
+        buf, cfg = self.buffer, self.config
         rewards = buf.rewards
         if self.reward_stats is not None:
             rewards = discounted_reward_scale(rewards, buf.terminated | buf.truncated,
                                               self.reward_running, self.reward_stats, cfg.gamma)
-        adv, ret = gae(rewards, values, next_values, buf.terminated, buf.truncated,
-                       cfg.gamma, cfg.gae_lambda)
-        return PPOBatch(buf.obs.flatten(0, 1), buf.actions.flatten(0, 1),
-                        buf.log_probs.flatten(), adv.flatten(), ret.flatten(), values.flatten())
+        return gae(rewards, values, next_values, buf.terminated, buf.truncated,
+                   cfg.gamma, cfg.gae_lambda)
 
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:

@@ -174,6 +174,20 @@ def _module_id_error(env_id: str, e: Exception) -> EnvError:
                     "must be importable and register the env")
 
 
+def _native_signature(env_id: str, factory: NativeFactory, num_envs: int, seed: int | None,
+                      kwargs: dict[str, Any]) -> inspect.Signature:
+    """The factory's signature, once ``kwargs`` are known to fit it (else ``EnvError``)."""
+    signature = inspect.signature(factory)
+    try:
+        signature.bind(num_envs=num_envs, seed=seed, **kwargs)
+    except TypeError as e:
+        raise EnvError(
+            f"native {env_id!r} does not accept env_kwargs {sorted(kwargs)} ({e}); "
+            "drop them or use backend='gymnasium'"
+        ) from None
+    return signature
+
+
 def make_env(
     env_id: str,
     num_envs: int = 1,
@@ -198,14 +212,7 @@ def make_env(
     resolved = _resolve_backend(env_id, backend)
     if resolved == "native":
         factory = NATIVE_ENVS[env_id]
-        signature = inspect.signature(factory)
-        try:
-            signature.bind(num_envs=num_envs, seed=seed, **kwargs)
-        except TypeError as e:
-            raise EnvError(
-                f"native {env_id!r} does not accept env_kwargs {sorted(kwargs)} ({e}); "
-                "drop them or use backend='gymnasium'"
-            ) from None
+        signature = _native_signature(env_id, factory, num_envs, seed, kwargs)
         if "device" in signature.parameters:
             kwargs["device"] = device
         elif device.type != "cpu":
@@ -248,9 +255,11 @@ def env_spec(
             raise _module_id_error(env_id, e) from e
     factory = NATIVE_ENVS[env_id]
     spec = getattr(factory, "spec", None)
-    if isinstance(spec, EnvSpec):
+    if isinstance(spec, EnvSpec) and not env_kwargs:  # kwargs may change it (mask_velocity)
         return spec
-    env = factory(num_envs=1, seed=0, **(env_kwargs or {}))
+    kwargs = env_kwargs or {}
+    _native_signature(env_id, factory, 1, 0, kwargs)
+    env = factory(num_envs=1, seed=0, **kwargs)
     try:
         return env.spec
     finally:

@@ -36,35 +36,50 @@ def ppo_loss(
     returns: Tensor,
     entropy: Tensor,
     cfg: PPOLossConfig,
+    mask: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped-surrogate PPO loss over a minibatch of ``B`` samples (all tensors ``[B]``).
+
+    ``mask`` ``[B]`` bool (recurrent PPO's padded sequences) leaves out the samples where it
+    is False: every mean, and the advantage standardisation, runs over the others only.
 
     Returns the scalar loss to minimise and detached statistics:
     ``losses/policy``, ``losses/value``, ``losses/entropy``, ``ppo/approx_kl``
     (the low-variance ``(r - 1) - log r`` estimator) and ``ppo/clip_fraction``.
     """
+    def mean(x: Tensor) -> Tensor:
+        if mask is None:
+            return x.mean()
+        return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)
+
     if cfg.normalize_advantages and advantages.numel() > 1:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        if mask is None:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        else:
+            centred = advantages - mean(advantages)
+            n = mask.sum().clamp(min=2)
+            std = (mean(centred.pow(2)) * n / (n - 1)).sqrt()  # unbiased, as Tensor.std
+            advantages = centred / (std + 1e-8)
     log_ratio = log_prob - old_log_prob
     ratio = log_ratio.exp()
     surrogate = ratio * advantages
     clipped = ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef) * advantages
-    policy_loss = -torch.min(surrogate, clipped).mean()
+    policy_loss = -mean(torch.min(surrogate, clipped))
 
     value_err = (values - returns).pow(2)
     if cfg.clip_vf is not None:
         v_clipped = old_values + (values - old_values).clamp(-cfg.clip_vf, cfg.clip_vf)
         value_err = torch.max(value_err, (v_clipped - returns).pow(2))
-    value_loss = 0.5 * value_err.mean()
+    value_loss = 0.5 * mean(value_err)
 
-    entropy_mean = entropy.mean()
+    entropy_mean = mean(entropy)
     loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy_mean
     with torch.no_grad():
         stats = {
             "losses/policy": policy_loss.detach(),
             "losses/value": value_loss.detach(),
             "losses/entropy": entropy_mean.detach(),
-            "ppo/approx_kl": ((ratio - 1) - log_ratio).mean(),
-            "ppo/clip_fraction": ((ratio - 1).abs() > cfg.clip_coef).float().mean(),
+            "ppo/approx_kl": mean((ratio - 1) - log_ratio),
+            "ppo/clip_fraction": mean(((ratio - 1).abs() > cfg.clip_coef).float()),
         }
     return loss, stats

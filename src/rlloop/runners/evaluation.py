@@ -16,15 +16,20 @@ ActFn = Callable[[Tensor], Tensor]
 
 @torch.inference_mode()
 def evaluate(act: ActFn, env: VecEnv, episodes: int, seed: int | None = None,
-             max_steps: int = 1_000_000) -> dict[str, float]:
+             max_steps: int = 1_000_000,
+             begin_episodes: Callable[[Tensor], None] | None = None) -> dict[str, float]:
     """Mean/std/min/max return and mean length over exactly ``episodes`` episodes.
 
     Env ``i`` contributes its first ``ceil((episodes - i) / N)`` episodes, so the result
-    does not favour envs whose episodes are short.
+    does not favour envs whose episodes are short. ``begin_episodes`` (for policies with
+    memory) hears ``[N]`` bool flags of the envs whose next observation begins an episode,
+    before ``act`` sees it: all of them after the reset, then those that just ended.
     """
     n = env.num_envs
     obs = env.reset(seed=seed)
     device = obs.device  # the env's: all bookkeeping stays beside its tensors
+    if begin_episodes is not None:
+        begin_episodes(torch.ones(n, dtype=torch.bool, device=device))
     quota = torch.tensor([len(range(i, episodes, n)) for i in range(n)], device=device)
     running = torch.zeros(n, dtype=stats_dtype(device), device=device)
     lengths = torch.zeros(n, dtype=torch.int64, device=device)
@@ -46,6 +51,8 @@ def evaluate(act: ActFn, env: VecEnv, episodes: int, seed: int | None = None,
         running.masked_fill_(ended, 0.0)
         lengths.masked_fill_(ended, 0)
         obs = res.obs
+        if begin_episodes is not None:
+            begin_episodes(ended)
     r = torch.tensor(returns, dtype=torch.float64, device="cpu")
     return {
         "return_mean": float(r.mean()) if len(r) else float("nan"),

@@ -19,6 +19,7 @@ Two deliberate differences from Gymnasium:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, ClassVar, Final
@@ -52,6 +53,9 @@ CARTPOLE_SPEC: Final = EnvSpec(
     max_episode_steps=MAX_EPISODE_STEPS,
     reward_threshold=475.0,
 )
+
+#: ``mask_velocity=True``: observations are ``(x, theta)``.
+MASKED_CARTPOLE_SPEC: Final = dataclasses.replace(CARTPOLE_SPEC, obs_shape=(2,))
 
 
 @functools.cache
@@ -122,6 +126,9 @@ class CartPoleVecEnv:
         device: Where the state lives; all returned tensors are on this device.
         render_mode: Accepted so that Gymnasium-style ``env_kwargs`` work with the
             native backend; ``render_rgb`` works whatever its value.
+        mask_velocity: Observe only the cart position and the pole angle ``[N, 2]`` (the
+            velocities are hidden: a partially observed task that needs memory, the
+            standard test of recurrent policies). The dynamics are unchanged.
     """
 
     spec: EnvSpec = CARTPOLE_SPEC
@@ -134,6 +141,7 @@ class CartPoleVecEnv:
         seed: int | None = None,
         device: str | torch.device = "cpu",
         render_mode: str | None = None,
+        mask_velocity: bool = False,
     ) -> None:
         if num_envs < 1:
             raise EnvError(f"num_envs must be >= 1, got {num_envs}")
@@ -142,6 +150,9 @@ class CartPoleVecEnv:
                 f"CartPoleVecEnv supports render_mode None or 'rgb_array', got {render_mode!r}"
             )
         self.num_envs = num_envs
+        self.mask_velocity = mask_velocity
+        if mask_velocity:
+            self.spec = MASKED_CARTPOLE_SPEC
         self.device = torch.device(device)
         self.render_mode = render_mode
         self._generator = torch.Generator(self.device)
@@ -165,7 +176,11 @@ class CartPoleVecEnv:
         self._state.uniform_(-RESET_BOUND, RESET_BOUND, generator=self._generator)
         self._steps.zero_()
         self._needs_reset = False
-        return self._state.clone()
+        return self._observe(self._state)
+
+    def _observe(self, state: Tensor) -> Tensor:
+        """A new tensor: the state, or its positions (x, theta) with mask_velocity."""
+        return state[:, 0::2].clone() if self.mask_velocity else state.clone()
 
     def step(self, actions: Tensor) -> StepResult:
         """Advance every env one step with ``actions`` (``[N]`` ints in {0, 1})."""
@@ -189,7 +204,8 @@ class CartPoleVecEnv:
         torch.where(done.unsqueeze(1), self._fresh, final_obs, out=self._state)
         self._steps.masked_fill_(done, 0)
         reward = torch.ones(self.num_envs, device=self.device)  # +1 on every step, terminal too
-        return StepResult(self._state.clone(), reward, terminated, truncated, final_obs)
+        return StepResult(self._observe(self._state), reward, terminated, truncated,
+                          self._observe(final_obs) if self.mask_velocity else final_obs)
 
     def get_state(self) -> dict[str, Any]:
         """Physics state, episode step counters and generator state: enough to resume exactly."""

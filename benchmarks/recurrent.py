@@ -1,0 +1,201 @@
+"""Recurrent PPO on masked-velocity CartPole: rlloop vs sb3-contrib's RecurrentPPO.
+
+Run: ``python benchmarks/recurrent.py [--seeds 0 1 2] [--budget 200000]``
+
+The task is CartPole-v1 with the velocities hidden (position and angle only), which a
+feed-forward policy cannot solve: rlloop trains on its native env with
+``env.mask_velocity=true``, sb3-contrib on the Gymnasium wrapper
+``rlloop.envs.masked_velocity.MaskVelocity`` (the same observations).
+
+For each contender and seed, training runs until a deterministic evaluation of
+``--eval-episodes`` episodes, every ``--eval-every`` env steps, reaches 475. Reported
+per contender (median over seeds): ``solve_s`` (training wall time to the solving
+evaluation, evaluations excluded), ``solve_total_s`` (with them), ``solve_steps`` and
+``train_sps`` (env steps per second of training).
+
+sb3-contrib uses rl-zoo's ``ppo_lstm`` hyperparameters for CartPoleNoVel-v1 (LSTM 64,
+separate critic LSTM, 8 envs x 32 steps, 20 epochs, VecNormalize); rlloop uses its
+CartPole-v1 preset plus ``ppo.recurrent=gru`` (cell width 64, sequences of 16 steps).
+Both run with one torch thread, in the same process, one after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+THRESHOLD = 475.0
+RLLOOP_SETS = ["mlflow=false", "progress=false", "env.mask_velocity=true",
+               "ppo.recurrent=gru"]
+
+
+@dataclass
+class Outcome:
+    solved: bool
+    solve_steps: int
+    solve_s: float
+    solve_total_s: float
+    train_sps: float
+    final_eval: float
+
+
+def run_rlloop(seed: int, budget: int, eval_every: int, episodes: int,
+               extra: list[str]) -> Outcome:
+    from rlloop.config import build_config
+    from rlloop.run import build_algorithm
+    from rlloop.trainer import Trainer
+
+    config = build_config("ppo", "CartPole-v1", flags={"seed": seed},
+                          sets=[*RLLOOP_SETS, *extra])
+    algo = build_algorithm(config)
+    trainer = Trainer(algo, eval_episodes=episodes)
+    train_s = eval_s = 0.0
+    next_eval = eval_every
+    score = float("-inf")
+    try:
+        while trainer.state["env/steps"] < budget:
+            t0 = time.perf_counter()
+            trainer.step()
+            train_s += time.perf_counter() - t0
+            if trainer.state["env/steps"] >= next_eval:
+                next_eval += eval_every
+                t0 = time.perf_counter()
+                score = trainer.eval()["eval/return_mean"]
+                eval_s += time.perf_counter() - t0
+                if score >= THRESHOLD:
+                    break
+    finally:
+        algo.close()
+    steps = trainer.state["env/steps"]
+    return Outcome(score >= THRESHOLD, steps, train_s, train_s + eval_s, steps / train_s, score)
+
+
+def run_sb3_contrib(seed: int, budget: int, eval_every: int, episodes: int) -> Outcome:
+    import gymnasium
+    import numpy as np
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+    from torch import nn
+
+    from rlloop.envs.masked_velocity import ENV_ID
+
+    def linear(start: float) -> Callable[[float], float]:
+        return lambda progress_remaining: progress_remaining * start
+
+    assert ENV_ID in gymnasium.registry  # registered by the import above
+    env = VecNormalize(make_vec_env(ENV_ID, n_envs=8, seed=seed))
+    eval_env = VecNormalize(make_vec_env(ENV_ID, n_envs=1, seed=seed + 1000),
+                            training=False, norm_reward=False)
+    # rl-zoo's hyperparams/ppo_lstm.yml for CartPoleNoVel-v1
+    model = RecurrentPPO(
+        "MlpLstmPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98,
+        n_epochs=20, ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2),
+        policy_kwargs={"ortho_init": False, "activation_fn": nn.ReLU, "lstm_hidden_size": 64,
+                       "enable_critic_lstm": True, "net_arch": {"pi": [64], "vf": [64]}},
+        seed=seed, device="cpu", verbose=0)
+
+    def evaluate() -> float:
+        """Whole deterministic episodes, the LSTM state carried and reset per episode."""
+        eval_env.obs_rms = env.obs_rms
+        returns: list[float] = []
+        for _ in range(episodes):
+            obs = eval_env.reset()
+            state, start, total, done = None, np.ones((1,), dtype=bool), 0.0, False
+            while not done:
+                action, state = model.predict(obs, state=state, episode_start=start,
+                                              deterministic=True)
+                obs, reward, dones, _ = eval_env.step(action)
+                total += float(reward[0])
+                done = bool(dones[0])
+                start = dones
+            returns.append(total)
+        return float(np.mean(returns))
+
+    class Evaluate(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_eval = eval_every
+            self.eval_s = 0.0
+            self.score = float("-inf")
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps < self.next_eval:
+                return True
+            self.next_eval += eval_every
+            t0 = time.perf_counter()
+            self.score = evaluate()
+            self.eval_s += time.perf_counter() - t0
+            return self.score < THRESHOLD
+
+    cb = Evaluate()
+    t0 = time.perf_counter()
+    model.learn(total_timesteps=budget, callback=cb)
+    total = time.perf_counter() - t0
+    train_s = total - cb.eval_s
+    steps = model.num_timesteps
+    env.close()
+    eval_env.close()
+    return Outcome(cb.score >= THRESHOLD, steps, train_s, total, steps / train_s, cb.score)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--budget", type=int, default=200_000)
+    parser.add_argument("--eval-every", type=int, default=2560)
+    parser.add_argument("--eval-episodes", type=int, default=20)
+    parser.add_argument("--only", choices=["rlloop", "sb3-contrib", "rlloop-ff"],
+                        nargs="+", default=["rlloop", "sb3-contrib"],
+                        help="contenders (rlloop-ff: feed-forward rlloop PPO, as a control)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    contenders: dict[str, Callable[[int], Outcome]] = {
+        "rlloop": lambda s: run_rlloop(s, args.budget, args.eval_every, args.eval_episodes,
+                                       []),
+        "rlloop-ff": lambda s: run_rlloop(s, args.budget, args.eval_every, args.eval_episodes,
+                                          ["ppo.recurrent=null"]),
+        "sb3-contrib": lambda s: run_sb3_contrib(s, args.budget, args.eval_every,
+                                                 args.eval_episodes),
+    }
+    results: dict[str, list[Outcome]] = {}
+    for name in args.only:
+        results[name] = []
+        for seed in args.seeds:
+            out = contenders[name](seed)
+            results[name].append(out)
+            print(f"  {name:12s} seed {seed}: solved={out.solved} steps={out.solve_steps:,} "
+                  f"train {out.solve_s:.1f}s (+eval {out.solve_total_s:.1f}s) "
+                  f"{out.train_sps:,.0f} steps/s eval={out.final_eval:.1f}", flush=True)
+
+    def med(name: str, field: str) -> float:
+        return statistics.median(getattr(o, field) for o in results[name])
+
+    print(f"\nRecurrent PPO, masked-velocity CartPole, median over seeds {args.seeds} "
+          f"(threshold {THRESHOLD:.0f}, {args.eval_episodes} deterministic episodes every "
+          f"{args.eval_every} steps, budget {args.budget:,})")
+    print(f"{'contender':12s} {'solved':>7s} {'solve_steps':>11s} {'solve_s':>8s} "
+          f"{'total_s':>8s} {'train_sps':>10s}")
+    for name, outs in results.items():
+        solved = sum(o.solved for o in outs)
+        print(f"{name:12s} {solved:>4d}/{len(outs):<2d} {med(name, 'solve_steps'):>11,.0f} "
+              f"{med(name, 'solve_s'):>8.1f} {med(name, 'solve_total_s'):>8.1f} "
+              f"{med(name, 'train_sps'):>10,.0f}")
+    if "rlloop" in results and "sb3-contrib" in results:
+        def ratio(field: str, num: str = "sb3-contrib", den: str = "rlloop") -> float:
+            return med(num, field) / med(den, field)
+
+        print(f"\nrlloop vs sb3-contrib: solve time {ratio('solve_s'):.1f}x sooner, with "
+              f"evaluations {ratio('solve_total_s'):.1f}x, train steps/s "
+              f"{ratio('train_sps', 'rlloop', 'sb3-contrib'):.1f}x")
+
+
+if __name__ == "__main__":
+    main()
