@@ -78,10 +78,9 @@ def test_presets_command_lists_and_prints_a_config_layer(tmp_path, cli_env):
 ])
 def test_presets_command_bad_input_is_one_line(tmp_path, cli_env, args, expected):
     out = _run(args, cli_env, tmp_path)
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [f"rlloop: error: {out.stderr.split(': ', 2)[2]}"
-                                               .strip()]
-    assert expected in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert lines[0].startswith("rlloop: error: ") and expected in lines[0]
 
 
 def test_presets_command_does_not_import_torch(tmp_path, cli_env):
