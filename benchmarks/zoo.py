@@ -123,7 +123,8 @@ def table(all_rows: list[Row], results: list[dict[str, Any]]) -> str:
         if not mine:
             continue
         fraction = max(r["fraction"] for r in mine)  # the largest budget measured
-        scores = [r["return_mean"] for r in mine if r["fraction"] == fraction]
+        used = [r for r in mine if r["fraction"] == fraction]
+        scores = [r["return_mean"] for r in used]
         mean = statistics.fmean(scores)
         std = statistics.pstdev(scores) if len(scores) > 1 else 0.0
         r_ = ratio(mean, row.zoo_score)
@@ -133,6 +134,7 @@ def table(all_rows: list[Row], results: list[dict[str, Any]]) -> str:
         notes = [] if fraction == 1 else [f"{fraction:g} of rl-zoo's {row.budget:,}"]
         if len(scores) < 3:
             notes.append(f"{len(scores)} seed{'s' if len(scores) > 1 else ''}")
+        notes += sorted({r["note"] for r in used if r.get("note")})
         if mean < row.zoo_score and row.name in REASONS:
             notes.append(REASONS[row.name])
         lines.append(f"| {row.env} | {row.algo} | {budget} | {mean:.1f} ± {std:.1f} "
@@ -150,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="train this fraction of rl-zoo's budget (default 1)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     p.add_argument("--eval-episodes", type=int, default=20)
-    p.add_argument("--results", default="zoo_results.jsonl", help="JSONL of measured seeds")
+    p.add_argument("--results", default=str(Path(__file__).with_name("zoo_results.jsonl")),
+                   help="JSONL of measured seeds (default: the one beside this script)")
     p.add_argument("--runs-dir", help="where runs go (default: a temporary directory)")
     p.add_argument("--table", help="also write the Markdown table to this file")
     p.add_argument("--table-only", action="store_true", help="train nothing; print the table")

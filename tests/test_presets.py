@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import rlloop_cmd
@@ -91,3 +92,21 @@ def test_presets_command_does_not_import_torch(tmp_path, cli_env):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1]) is False
+
+
+def test_zoo_benchmark_resumes_and_writes_the_table(tmp_path, cli_env):
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo.py"
+    results, table = tmp_path / "zoo.jsonl", tmp_path / "table.md"
+    args = [sys.executable, str(script), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
+            "--seeds", "1", "--eval-episodes", "2", "--results", str(results),
+            "--table", str(table)]
+    first = subprocess.run(args, capture_output=True, text=True, timeout=300, env=cli_env)
+    assert first.returncode == 0, first.stderr
+    row = json.loads(results.read_text())
+    assert (row["env"], row["algo"], row["seed"], row["env_steps"]) == ("CartPole-v1", "ppo",
+                                                                        0, 2048)
+    again = subprocess.run(args, capture_output=True, text=True, timeout=300, env=cli_env)
+    assert again.returncode == 0, again.stderr
+    assert "seed 0:" not in again.stdout  # measured already: skipped, not trained again
+    assert len(results.read_text().splitlines()) == 1
+    assert "| CartPole-v1 | ppo | 2,000 |" in table.read_text()
