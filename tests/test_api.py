@@ -61,7 +61,7 @@ def test_plain_script_without_main_guard_writes_a_cli_run(tmp_path, cli_env):
     ev = _run(rlloop_cmd("eval", str(run), "--episodes", "4", "--json"), cli_env, tmp_path)
     assert ev.returncode == 0, ev.stderr
     cli = json.loads(ev.stdout.strip().splitlines()[-1])
-    assert load(run).evaluate(4)["return_mean"] == pytest.approx(cli["mean_return"])
+    assert load(run).evaluate(4)["return_mean"] == pytest.approx(cli["return_mean"])
 
 
 class _RecordRaw:

@@ -10,6 +10,7 @@ import pytest
 from conftest import rlloop_cmd
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.cli import EVAL_KEYS
 
 
 def _run(args, env, cwd, timeout=240):
@@ -49,7 +50,11 @@ def test_train_eval_resume(tmp_path, cli_env):
     ev = _run(["eval", str(run), "--episodes", "4", "--json"], cli_env, tmp_path)
     assert ev.returncode == 0, ev.stderr
     result = json.loads(ev.stdout.strip().splitlines()[-1])
-    assert result["episodes"] == 4 and result["mean_return"] > 0 and "std_return" in result
+    assert result["episodes"] == 4 and result["return_mean"] > 0 and "return_std" in result
+    # One name per number: eval --json prints the keys metrics.jsonl logs under eval/.
+    assert set(result) == {*EVAL_KEYS, "episodes"}
+    logged = {key for r in rows for key in r if key.startswith("eval/")}
+    assert {f"eval/{key}" for key in EVAL_KEYS} <= logged
 
     res = _run(["train", "ppo", "--resume", str(run), "--total-env-steps", "4096"],
                cli_env, tmp_path)

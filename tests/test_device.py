@@ -276,9 +276,8 @@ def _eval_cli(cwd: Path, env: dict[str, str], run: str, *args: str) -> dict[str,
 
 def _eval(run_dir: Path, device: str | None = None) -> dict[str, float]:
     stats = evaluate_run(run_dir, 3, device=device)
-    return {"mean_return": stats["return_mean"], "std_return": stats["return_std"],
-            "min_return": stats["return_min"], "max_return": stats["return_max"],
-            "mean_length": stats["length_mean"]}
+    return {k: stats[k] for k in ("return_mean", "return_std", "return_min", "return_max",
+                                  "length_mean")}
 
 
 def _as_if_saved_on_cuda(run_dir: Path) -> None:
@@ -327,11 +326,11 @@ def test_a_cuda_run_evaluates_and_resumes_on_cpu_and_back(tmp_path, cli_env):
     _train(run, "cuda")
     latest = CheckpointManager(run / "checkpoints").latest()
     assert load_checkpoint(latest).metadata["device"] == "cuda"
-    assert _eval_cli(tmp_path, cli_env, "run", "--device", "cpu")["mean_length"] > 0
+    assert _eval_cli(tmp_path, cli_env, "run", "--device", "cpu")["length_mean"] > 0
     resume(run, device="cpu", total_env_steps=1024)
     assert load_checkpoint(CheckpointManager(run / "checkpoints").latest()
                            ).metadata["device"] == "cpu"
-    assert _eval(run, "cuda")["mean_length"] > 0
+    assert _eval(run, "cuda")["length_mean"] > 0
 
 
 @CUDA

@@ -21,8 +21,8 @@ from rlloop.run import train
 
 ENV_ID = "rlloop-test/NaNCartPole-v0"
 SETS = ["mlflow=false", "progress=false", "stop_on_solve=false", "eval_every=0",
-        "save_video=false", "num_envs=8", "total_env_steps=8192", "ppo.minibatch_size=256",
-        "eval_episodes=2"]
+        "save_video=false", "num_envs=8", "total_env_steps=8192", "ppo.rollout_steps=32",
+        "ppo.num_epochs=4", "ppo.minibatch_size=256", "eval_episodes=2"]
 
 
 class PoisonEvery(gymnasium.Wrapper):

@@ -26,6 +26,10 @@ from rlloop.device_names import DEVICE_CHOICES
 from rlloop.errors import CheckpointError, ConfigError, EnvError, RunDirError
 from rlloop.runfiles import check_run_dir
 
+#: What ``rlloop eval --json`` prints besides ``episodes``: the evaluation's own names, also
+#: logged as ``eval/<name>`` in metrics.jsonl and returned by the API's ``evaluate()``.
+EVAL_KEYS = ("return_mean", "return_std", "return_min", "return_max", "length_mean")
+
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_DISK_FULL = 3
@@ -44,6 +48,8 @@ def _integer(text: str) -> int:
         return parse_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
@@ -137,7 +143,33 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--quiet", action="store_true", help="no progress line in trials")
 
     sub.add_parser("algos", help="list algorithms")
+    _add_presets_parser(sub)
     return p
+
+
+def _add_presets_parser(sub: Any) -> None:
+    s = sub.add_parser("presets", help="list the tuned presets (env, algorithm, rl-zoo budget "
+                       "and score), or print one as YAML for --config")
+    s.add_argument("algo", nargs="?", help="only this algorithm's presets")
+    s.add_argument("--env", help="only this env's presets; with ALGO, print that preset as a "
+                   "YAML config layer")
+
+
+def _presets(args: argparse.Namespace) -> int:
+    from rlloop.presets import listing, preset_yaml
+
+    if args.algo and args.env:
+        print(preset_yaml(args.algo, args.env), end="")
+        return 0
+    rows = listing(args.algo, args.env)
+    width = max(len(row.env) for row in rows)
+    print(f"{'env':{width}s}  {'algo':6s} {'budget':>10s}  rl-zoo score (at its budget)")
+    for row in rows:
+        budget = f"{row.budget:,}" if row.budget else "-"
+        zoo = "-" if row.zoo_score is None else f"{row.zoo_score:g} +- {row.zoo_std:g}"
+        print(f"{row.env:{width}s}  {row.algo:6s} {budget:>10s}  {zoo}")
+    print("print one as YAML: rlloop presets ALGO --env ENV (use it with --config)")
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -281,10 +313,9 @@ def _eval(args: argparse.Namespace) -> int:
     stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend, args.device,
                          allow_import=args.allow_import,
                          notify=lambda line: print(f"rlloop: warning: {line}", file=sys.stderr))
-    out: dict[str, Any] = {
-        "mean_return": stats["return_mean"], "std_return": stats["return_std"],
-        "min_return": stats["return_min"], "max_return": stats["return_max"],
-        "mean_length": stats["length_mean"], "episodes": int(stats["episodes"])}
+    # The names of metrics.jsonl's eval/ keys and of the API's evaluate(): one name per number.
+    out: dict[str, Any] = {key: stats[key] for key in EVAL_KEYS}
+    out["episodes"] = int(stats["episodes"])
     if args.video:
         from rlloop.video import record_run_video
 
@@ -294,9 +325,9 @@ def _eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"{out['episodes']} episodes: mean return {out['mean_return']:.2f} "
-              f"+- {out['std_return']:.2f} (min {out['min_return']:.1f}, "
-              f"max {out['max_return']:.1f})")
+        print(f"{out['episodes']} episodes: return_mean {out['return_mean']:.2f} "
+              f"+- {out['return_std']:.2f} (return_min {out['return_min']:.1f}, "
+              f"return_max {out['return_max']:.1f})")
         if args.video:
             print(f"video: {out['video']} ({out['video_frames']} frames)")
     return 0
@@ -329,6 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _eval(args)
         if args.command == "tune":
             return _tune(args)
+        if args.command == "presets":
+            return _presets(args)
         if args.command in ("export", "plot"):
             return _export(args) if args.command == "export" else _plot(args)
         for name, entry in sorted(ALGORITHMS.items()):

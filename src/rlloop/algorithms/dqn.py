@@ -39,7 +39,7 @@ from rlloop.modules.q_networks import QNetwork
 
 @dataclass
 class DQNConfig(OffPolicyConfig):
-    """DQN hyperparameters (defaults: Stable-Baselines3's DQN defaults)."""
+    """DQN hyperparameters (defaults: Stable-Baselines3's DQN defaults, in rlloop's units)."""
 
     section: ClassVar[str] = "dqn"
     supports_prioritized: ClassVar[bool] = True
@@ -62,16 +62,18 @@ class DQNConfig(OffPolicyConfig):
     """Dueling head: Q = V + A - mean(A)."""
     double_q: bool = False
     """Double-DQN target: the online network picks the next action, the target rates it."""
-    target_update_interval: int = 10_000
-    """Gradient updates between target-network updates."""
+    target_update_interval: int = 2_500
+    """Gradient updates between target-network updates (SB3 counts env steps: its 10,000
+    at one update per 4 env steps is 2,500 updates)."""
     tau: float = 1.0
     """Target update: 1 copies the online network (hard), < 1 averages (Polyak)."""
     exploration_initial_eps: float = 1.0
     """Epsilon at env step 0."""
     exploration_final_eps: float = 0.05
     """Epsilon after exploration_steps env steps (also used by stochastic evaluation)."""
-    exploration_steps: int = 10_000
-    """Env steps over which epsilon decays linearly."""
+    exploration_steps: int = 20_000
+    """Env steps over which epsilon decays linearly (SB3's exploration_fraction=0.1 of the
+    default 200k-step budget; a fraction would move with the budget, breaking resume)."""
     manual_backward: bool = False
     """Opt in: compute the gradient with a hand-derived backward pass instead of autograd
     (rlloop.learners.mlp_backprop; same maths, faster on one CPU thread). Plain ReLU

@@ -27,19 +27,24 @@ from rlloop.modules.normalizer import RunningMeanStd
 
 @dataclass
 class PPOConfig:
-    """PPO hyperparameters (defaults are rlloop's fast CartPole settings)."""
+    """PPO hyperparameters.
+
+Defaults are Stable-Baselines3's PPO defaults in rlloop's units, a robust start for an env
+without a preset: SB3's 2048-step rollout of one env is 16 envs x 128 steps here (with the
+default num_envs), and SB3's ``vf_coef=0.5`` is 1.0 here (rlloop's value loss carries a
+factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."""
 
     section: ClassVar[str] = "ppo"
 
-    rollout_steps: int = 32
+    rollout_steps: int = 128
     """Env steps per env per iteration (T); the batch is T * num_envs samples."""
-    num_epochs: int = 4
+    num_epochs: int = 10
     """Passes over each batch."""
-    minibatch_size: int = 512
+    minibatch_size: int = 64
     """Samples per gradient step; must not exceed T * num_envs."""
-    lr: float = 3e-3
+    lr: float = 3e-4
     """Adam learning rate (start value when lr_schedule is linear)."""
-    lr_schedule: Literal["constant", "linear"] = "linear"
+    lr_schedule: Literal["constant", "linear"] = "constant"
     """"linear" decays lr to 0 over lr_decay_steps env steps; "constant" keeps it."""
     lr_decay_steps: int = 200_000
     """Env steps of the linear decay. Deliberately not tied to total_env_steps, so a run
@@ -53,8 +58,8 @@ class PPOConfig:
     clip_coef: float | dict[str, Any] = 0.2
     """Surrogate clipping epsilon: a number, or a schedule on the env-step timeline such as
     {type: linear, start: 0.2, end: 0.05, steps: 200000}."""
-    vf_coef: float = 0.5
-    """Value loss weight."""
+    vf_coef: float = 1.0
+    """Value loss weight (the loss is 1/2 (V - R)^2: twice SB3's vf_coef is the same update)."""
     ent_coef: float | dict[str, Any] = 0.0
     """Entropy bonus weight: a number or a schedule (as for clip_coef)."""
     clip_vf: float | None = None

@@ -1,0 +1,191 @@
+"""rlloop's presets against rl-zoo's published scores, one row per (env, algorithm).
+
+Run: ``python benchmarks/zoo.py [--only ENV/ALGO ...] [--fraction F] [--seeds 3]
+[--results zoo.jsonl] [--table table.md]``
+
+Each preset with a ``benchmark:`` entry (rl-zoo's budget and score) trains for
+``F x budget`` env steps on each seed, one seed after another, with rlloop's stop-on-solve
+rule off (rl-zoo trains the whole budget). The best policy of the run (``<run>/best``, the
+one ``rlloop eval`` loads) is then evaluated afresh on ``--eval-episodes`` deterministic
+episodes with seeds the training never saw. rl-zoo's scores are one run each, also
+deterministic.
+
+Resumable: every measured seed is one line of the ``--results`` JSONL file, and a
+(env, algo, seed, fraction) already there is not trained again, so the table fills over
+several sittings. ``--table-only`` prints (and with ``--table`` writes) the Markdown table
+from the file without training. The ratio is rlloop / rl-zoo for positive scores and
+rl-zoo / rlloop for negative ones: >= 1 means rlloop scored at least rl-zoo's score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+QUIET = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false"]
+
+#: Why a row falls short, when it is known (shown in the table's last column).
+REASONS: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One (env, algo) preset with rl-zoo's budget and score."""
+
+    env: str
+    algo: str
+    budget: int
+    zoo_score: float
+    zoo_std: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.env}/{self.algo}"
+
+
+def rows(only: list[str]) -> list[Row]:
+    from rlloop.presets import all_files
+
+    found = [Row(f.env, algo, int(b["budget"]), float(b["zoo_score"]),
+                 float(b.get("zoo_std", 0.0)))
+             for f in all_files() for algo, b in sorted(f.benchmark.items())
+             if algo in f.algorithms]
+    if only:
+        unknown = set(only) - {r.name for r in found}
+        if unknown:
+            raise SystemExit(f"--only {sorted(unknown)}: no preset with a benchmark entry; "
+                             f"choose from {[r.name for r in found]}")
+        found = [r for r in found if r.name in only]
+    return found
+
+
+def load_results(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a killed sitting
+                continue
+    return out
+
+
+def measured(results: list[dict[str, Any]], row: Row, seed: int, fraction: float) -> bool:
+    return any(r["env"] == row.env and r["algo"] == row.algo and r["seed"] == seed
+               and r["fraction"] == fraction for r in results)
+
+
+def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
+              ) -> dict[str, Any]:
+    from rlloop.config import build_config
+    from rlloop.run import evaluate_run, train
+
+    steps = max(1, round(row.budget * fraction))
+    config = build_config(row.algo, row.env, flags={"seed": seed, "total_env_steps": steps},
+                          sets=QUIET)
+    start, load = time.perf_counter(), os.getloadavg()[0]
+    result = train(config, runs / f"{row.env}-{row.algo}-{seed}-{fraction:g}")
+    wall = time.perf_counter() - start
+    ev = evaluate_run(result.run_dir, episodes=episodes)
+    return {"env": row.env, "algo": row.algo, "seed": seed, "fraction": fraction,
+            "budget": row.budget, "env_steps": result.env_steps,
+            "return_mean": ev["return_mean"], "return_std": ev["return_std"],
+            "episodes": episodes, "best_training_eval": result.best_eval_return,
+            "wall_s": round(wall, 1), "load_before": round(load, 2),
+            "load_after": round(os.getloadavg()[0], 2)}
+
+
+def ratio(ours: float, zoo: float) -> float:
+    """>= 1 when ``ours`` is at least ``zoo`` (for negative scores: zoo / ours)."""
+    if zoo > 0:
+        return ours / zoo
+    if zoo < 0:
+        return zoo / ours if ours < 0 else float("inf")
+    return float("inf") if ours >= 0 else 0.0
+
+
+def table(all_rows: list[Row], results: list[dict[str, Any]]) -> str:
+    lines = ["| env | algo | budget (env steps) | rlloop mean ± std | rl-zoo | ratio | note |",
+             "|---|---|---|---|---|---|---|"]
+    met = total = 0
+    for row in all_rows:
+        mine = [r for r in results if r["env"] == row.env and r["algo"] == row.algo]
+        if not mine:
+            continue
+        fraction = max(r["fraction"] for r in mine)  # the largest budget measured
+        used = [r for r in mine if r["fraction"] == fraction]
+        scores = [r["return_mean"] for r in used]
+        mean = statistics.fmean(scores)
+        std = statistics.pstdev(scores) if len(scores) > 1 else 0.0
+        r_ = ratio(mean, row.zoo_score)
+        total += 1
+        met += mean >= row.zoo_score
+        budget = f"{round(row.budget * fraction):,}"
+        notes = [] if fraction == 1 else [f"{fraction:g} of rl-zoo's {row.budget:,}"]
+        if len(scores) < 3:
+            notes.append(f"{len(scores)} seed{'s' if len(scores) > 1 else ''}")
+        notes += sorted({r["note"] for r in used if r.get("note")})
+        if mean < row.zoo_score and row.name in REASONS:
+            notes.append(REASONS[row.name])
+        lines.append(f"| {row.env} | {row.algo} | {budget} | {mean:.1f} ± {std:.1f} "
+                     f"| {row.zoo_score:g} ± {row.zoo_std:g} | {r_:.2f} | {'; '.join(notes)} |")
+    lines.append("")
+    lines.append(f"{met} of {total} rows at or above rl-zoo's score.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", action="append", default=[], metavar="ENV/ALGO",
+                   help="only this row (repeatable), e.g. LunarLander-v3/ppo")
+    p.add_argument("--fraction", type=float, default=1.0,
+                   help="train this fraction of rl-zoo's budget (default 1)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
+    p.add_argument("--eval-episodes", type=int, default=20)
+    p.add_argument("--results", default=str(Path(__file__).with_name("zoo_results.jsonl")),
+                   help="JSONL of measured seeds (default: the one beside this script)")
+    p.add_argument("--runs-dir", help="where runs go (default: a temporary directory)")
+    p.add_argument("--table", help="also write the Markdown table to this file")
+    p.add_argument("--table-only", action="store_true", help="train nothing; print the table")
+    args = p.parse_args(argv)
+    if not 0 < args.fraction <= 1 or args.seeds < 1:
+        raise SystemExit("--fraction must be in (0, 1] and --seeds >= 1")
+    import torch
+
+    torch.set_num_threads(1)
+    selected = rows(args.only)
+    results_path = Path(args.results)
+    results = load_results(results_path)
+    if not args.table_only:
+        with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
+            runs = Path(args.runs_dir or tmp)
+            for row in selected:
+                for seed in range(args.seeds):
+                    if measured(results, row, seed, args.fraction):
+                        continue
+                    out = train_one(row, seed, args.fraction, args.eval_episodes, runs)
+                    results.append(out)
+                    with results_path.open("a", encoding="utf-8") as f:
+                        f.write(json.dumps(out) + "\n")
+                    print(f"{row.name} seed {seed}: {out['return_mean']:.1f} "
+                          f"({out['env_steps']:,} steps, {out['wall_s']:.0f} s, "
+                          f"load {out['load_before']})", flush=True)
+    text = table(selected, results)
+    print(text, end="")
+    if args.table:
+        Path(args.table).write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Presets: every shipped file builds a valid config, `rlloop presets` lists and prints them
+without torch, and an env without a preset gets SB3-like defaults, not CartPole's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import rlloop_cmd
+
+from rlloop.algorithms import ALGORITHMS
+from rlloop.algorithms.ppo import PPOConfig
+from rlloop.config import RunConfig, build_config
+from rlloop.presets import all_files, file_name
+
+ZOO_ENVS = {"CartPole-v1": {"ppo", "dqn"}, "Acrobot-v1": {"ppo", "dqn"},
+            "MountainCar-v0": {"ppo", "dqn"}, "Pendulum-v1": {"ppo", "sac", "td3"},
+            "LunarLander-v3": {"ppo", "dqn"},
+            "LunarLanderContinuous-v3": {"ppo", "sac", "td3"},
+            "BipedalWalker-v3": {"ppo", "sac", "td3"}}
+
+
+def _run(args, env, cwd):
+    return subprocess.run(rlloop_cmd(*args), env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("env_id", sorted(ZOO_ENVS))
+def test_classic_and_box2d_presets_cover_every_fitting_algorithm(env_id):
+    found = next(f for f in all_files() if f.env == env_id)
+    assert set(found.algorithms) == ZOO_ENVS[env_id]
+    for algo in found.algorithms:
+        config = build_config(algo, env_id)  # every key is a real, valid setting
+        assert config.total_env_steps >= 1
+        bench = found.benchmark[algo]
+        assert bench["budget"] > 0 and isinstance(bench["zoo_score"], float)
+
+
+def test_every_file_is_named_after_its_env_and_builds():
+    for found in all_files():
+        assert file_name(found.env)
+        for algo in found.algorithms:
+            assert algo in ALGORITHMS, (found.env, algo)
+
+
+def test_defaults_are_sb3s_in_rlloop_units_and_the_cartpole_preset_keeps_its_own():
+    ppo = PPOConfig()
+    batch = ppo.rollout_steps * RunConfig.num_envs
+    assert (batch, ppo.minibatch_size, ppo.num_epochs) == (2048, 64, 10)
+    assert (ppo.lr, ppo.lr_schedule, ppo.vf_coef, ppo.ent_coef) == (3e-4, "constant", 1.0, 0.0)
+    # An env without a preset trains with these; CartPole keeps its fast settings.
+    assert build_config("ppo", "Blackjack-v1").hparams == ppo
+    cartpole = build_config("ppo", "CartPole-v1").hparams
+    assert (cartpole.lr, cartpole.num_epochs, cartpole.vf_coef) == (3e-3, 4, 0.5)
+
+
+def test_presets_command_lists_and_prints_a_config_layer(tmp_path, cli_env):
+    out = _run(["presets"], cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert any(line.split()[:4] == ["LunarLander-v3", "ppo", "1,000,000", "242.1"]
+               for line in out.stdout.splitlines()), out.stdout
+    only = _run(["presets", "dqn"], cli_env, tmp_path).stdout
+    assert "Acrobot-v1" in only and "Pendulum-v1" not in only
+
+    printed = _run(["presets", "ppo", "--env", "LunarLander-v3"], cli_env, tmp_path)
+    assert printed.returncode == 0, printed.stderr
+    (tmp_path / "ll.yaml").write_text(printed.stdout)
+    from_file = build_config("ppo", file=tmp_path / "ll.yaml", sets=["ppo.lr=0.001"])
+    preset = build_config("ppo", "LunarLander-v3", sets=["ppo.lr=0.001"])
+    assert from_file.to_dict() == preset.to_dict()
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["presets", "a2c"], "no presets for algorithm 'a2c'"),
+    (["presets", "ppo", "--env", "Nowhere-v0"], "no ppo preset for Nowhere-v0"),
+])
+def test_presets_command_bad_input_is_one_line(tmp_path, cli_env, args, expected):
+    out = _run(args, cli_env, tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert lines[0].startswith("rlloop: error: ") and expected in lines[0]
+
+
+def test_presets_command_does_not_import_torch(tmp_path, cli_env):
+    code = ("import json, sys; from rlloop.cli import main; main(['presets']); "
+            "main(['presets', 'sac', '--env', 'Pendulum-v1']); "
+            "print(json.dumps('torch' in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], env=cli_env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) is False
+
+
+def test_zoo_benchmark_resumes_and_writes_the_table(tmp_path, cli_env):
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo.py"
+    results, table = tmp_path / "zoo.jsonl", tmp_path / "table.md"
+    args = [sys.executable, str(script), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
+            "--seeds", "1", "--eval-episodes", "2", "--results", str(results),
+            "--table", str(table)]
+    first = subprocess.run(args, capture_output=True, text=True, timeout=300, env=cli_env)
+    assert first.returncode == 0, first.stderr
+    row = json.loads(results.read_text())
+    assert (row["env"], row["algo"], row["seed"], row["env_steps"]) == ("CartPole-v1", "ppo",
+                                                                        0, 2048)
+    again = subprocess.run(args, capture_output=True, text=True, timeout=300, env=cli_env)
+    assert again.returncode == 0, again.stderr
+    assert "seed 0:" not in again.stdout  # measured already: skipped, not trained again
+    assert len(results.read_text().splitlines()) == 1
+    assert "| CartPole-v1 | ppo | 2,000 |" in table.read_text()
