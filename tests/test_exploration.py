@@ -115,7 +115,8 @@ def test_exploration_state_resumes_exactly(tmp_path, algo, sets):
 def test_bad_noise_settings_are_refused():
     for sets, match in ((["td3.action_noise=pink"], "td3.action_noise must be one of"),
                         (["td3.ou_dt=0"], "td3.ou_dt must be > 0"),
-                        (["sac.sde_sample_freq=0"], "sac.sde_sample_freq must be > 0 or -1")):
+                        (["sac.sde_sample_freq=0"], "sac.sde_sample_freq must be > 0 or -1"),
+                        (["ma_ppo.use_sde=true"], "ma_ppo supports neither gSDE")):
         algo = sets[0].split(".")[0]
         with pytest.raises(ConfigError, match=match):
             build_config(algo, "Pendulum-v1", sets=sets)
