@@ -191,16 +191,17 @@ class PPO(AlgorithmBase):
 
     def __init__(self, config: PPOConfig, env: EnvSettings) -> None:
         config.check_batch(env.num_envs)
+        box = isinstance(env.spec.action_space, Box)
+        if config.use_sde and not box:
+            raise ConfigError(f"ppo.use_sde needs continuous (Box) actions but {env.env_id} "
+                              "has discrete ones; drop ppo.use_sde")
+        # Resolved before any env is made: a bad path fails fast.
+        features = resolve_net(config.net, "ppo.net") if config.net else None
         device = resolve_device(env.device)
         super().__init__(env, obs_stats=RunningMeanStd(env.spec.obs_shape, device=device)
                          if config.normalize_obs else None)
         self.config = config
         spec = self.env.spec
-        box = isinstance(spec.action_space, Box)
-        if config.use_sde and not box:
-            raise ConfigError(f"ppo.use_sde needs continuous (Box) actions but {env.env_id} "
-                              "has discrete ones; drop ppo.use_sde")
-        features = resolve_net(config.net, "ppo.net") if config.net else None
         self.policy = build_module(lambda: ActorCritic(
             spec.obs_shape, spec.action_space, config.hidden, config.activation,
             config.init_log_std, sde=(config.full_std, config.use_expln) if config.use_sde
