@@ -212,7 +212,7 @@ def test_td3_actor_loss_reads_q1_with_frozen_critic():
         ("sac", ["sac.tau=2"], "sac.tau must be in"),
         ("sac", ["sac.replay=prioritized"], "supported by dqn only"),
         ("td3", ["td3.policy_delay=0"], "td3.policy_delay must be > 0"),
-        ("td3", ["td3.exploration_noise=-1"], "td3.exploration_noise must be >= 0"),
+        ("td3", ["td3.action_noise_std=-1"], "td3.action_noise_std must be >= 0"),
     ],
 )
 def test_bad_config_is_a_config_error(algo, sets, message):

@@ -24,6 +24,7 @@ from rlloop.config import RunConfig, build_config
 from rlloop.envs.core import Box
 from rlloop.envs.objects import env_id_of, is_object_env, register_object_env
 from rlloop.errors import ConfigError, RunDirError
+from rlloop.modules.custom import NetFactory, net_path
 from rlloop.run import (
     RunResult,
     default_run_dir,
@@ -47,13 +48,22 @@ class Model:
     ... : the fields of :class:`~rlloop.config.RunConfig`) or the algorithm's
     hyperparameters (``lr=3e-4`` sets ``ppo.lr``); the preset for (algorithm, env) fills
     in the rest, as on the command line.
+
+    ``policy`` is a custom network for PPO's actor and critic (see
+    :mod:`rlloop.modules.custom`): a class or factory ``f(obs_shape) -> nn.Module`` whose
+    module has a ``features_dim`` attribute, or its ``"module:Class"`` path.
     """
 
     algo: ClassVar[str]
 
     def __init__(self, env: EnvLike = "CartPole-v1", *, run_dir: str | Path | None = None,
-                 **kwargs: Any) -> None:
+                 policy: NetFactory | str | None = None, **kwargs: Any) -> None:
         section = {f.name for f in dataclasses.fields(ALGORITHMS[self.algo].config_cls)}
+        if policy is not None:
+            if "net" not in section:
+                raise ConfigError(f"policy= (a custom network) is supported by PPO, not "
+                                  f"{self.algo}; drop it")
+            kwargs["net"] = net_path(policy)
         unknown = sorted(set(kwargs) - _RUN_FIELDS - section)
         if unknown:
             raise ConfigError(f"{type(self).__name__} got unknown settings {unknown}; valid "

@@ -76,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
                    "stop rules, evaluation and logging)")
     t.add_argument("--quiet", action="store_true", help="no progress line")
     t.add_argument("--allow-import", action="store_true", help="with --resume: let the run's "
-                   "env id import the module it names (module:Env-v0); off, loading a run "
+                   "env id or network import the module it names (module:Env-v0, "
+                   "ppo.net=module:Class); off, loading a run "
                    "never runs code it names")
     t.add_argument("--callback", dest="callbacks", action="append", default=[],
                    metavar="MODULE:CLASS", help="a rlloop.callbacks.Callback subclass to call "
@@ -92,9 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--device", help=f"{DEVICE_CHOICES} (default: the run's own setting); a "
                    "run trained on one device evaluates on any other")
     e.add_argument("--json", action="store_true", help="print one JSON object")
-    e.add_argument("--allow-import", action="store_true", help="let the run's env id import "
-                   "the module it names (module:Env-v0); off, loading a run never runs code "
-                   "it names")
+    e.add_argument("--allow-import", action="store_true", help="let the run's env id or "
+                   "network import the module it names (module:Env-v0, "
+                   "ppo.net=module:Class); off, loading a run never runs code it names")
     e.add_argument("--video", metavar="OUT.mp4", help="also film one deterministic episode "
                    "of the policy to this mp4")
 
@@ -104,8 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--format", required=True, choices=("onnx", "torchscript"))
     x.add_argument("-o", "--output", help="output file (default <run>/policy.onnx or "
                    "<run>/policy.pt)")
-    x.add_argument("--allow-import", action="store_true", help="let the run's env id import "
-                   "the module it names (module:Env-v0)")
+    x.add_argument("--allow-import", action="store_true", help="let the run's env id or "
+                   "network import the module it names (module:Env-v0, ppo.net=module:Class)")
 
     g = sub.add_parser("plot", help="overlay the learning curves of runs (seeds of one "
                        "setting as mean and min-max band) in one PNG")

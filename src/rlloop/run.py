@@ -53,7 +53,7 @@ from rlloop.config import RunConfig, build_config, load_yaml, resumable
 from rlloop.devices import resolve_device
 from rlloop.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
 from rlloop.envs.core import Box, Discrete
-from rlloop.envs.imports import check_env_import
+from rlloop.envs.imports import check_env_import, check_net_import
 from rlloop.envs.objects import check_object_env
 from rlloop.envs.registry import env_spec, resolve_env_id
 from rlloop.errors import ConfigError, RunDirError
@@ -587,6 +587,11 @@ def load_run_config(run_dir: str | Path, *, allow_import: bool = False,
         check_object_env(env, source=str(path))
         if allow_import:  # consented: import it now (make_env never imports a module:Id)
             resolve_env_id(env, allow_import=True)
+    algo = saved.get("algo", "ppo")
+    section = saved.get(algo)
+    net = section.get("net") if isinstance(section, dict) else None
+    if isinstance(net, str):
+        check_net_import(net, allow_import=allow_import, source=str(path), key=f"{algo}.net")
     return build_config(saved.get("algo", "ppo"), env, base=saved, flags=flags)
 
 

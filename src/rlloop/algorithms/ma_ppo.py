@@ -61,6 +61,9 @@ class MultiAgentPPOConfig(PPOConfig):
             raise ConfigError(f"ma_ppo.league_every must be >= 0, got {self.league_every}")
         if self.league_size < 1:
             raise ConfigError(f"ma_ppo.league_size must be >= 1, got {self.league_size}")
+        if self.use_sde or self.net is not None:
+            raise ConfigError("ma_ppo supports neither gSDE nor custom networks; drop "
+                              "ma_ppo.use_sde and ma_ppo.net")
         if self.normalize_obs or self.normalize_rewards:
             raise ConfigError("ma_ppo does not normalise observations or rewards; set "
                               "ma_ppo.normalize_obs=false and ma_ppo.normalize_rewards=false")

@@ -336,14 +336,22 @@ class OffPolicyLoop:
             warm-up actions are drawn from it, and it sets the replay's action shape.
         generator: The algorithm's generator (warm-up actions, replay sampling).
         to_env: Maps stored actions to env actions (continuous actions are rescaled).
+        on_done: Called after every env step with its ``done`` flags ``[N]`` (on the
+            device): exploration noise restarts there.
+        random_warmup: Warm-up acts uniformly at random; False uses the behaviour
+            policy from the first step (SB3's ``use_sde_at_warmup``).
     """
 
     def __init__(self, runner: EnvRunner, config: OffPolicyConfig, action_space: ActionSpace,
                  generator: torch.Generator,
-                 to_env: Callable[[Tensor], Tensor] | None = None) -> None:
+                 to_env: Callable[[Tensor], Tensor] | None = None,
+                 on_done: Callable[[Tensor], None] | None = None,
+                 random_warmup: bool = True) -> None:
         self.runner, self.config, self.generator = runner, config, generator
         self.action_space = action_space
         self.to_env = to_env
+        self.on_done = on_done
+        self.random_warmup = random_warmup
         env = runner.env
         shape = action_space.shape if isinstance(action_space, Box) else ()
         dtype = torch.int64 if isinstance(action_space, Discrete) else torch.float32
@@ -360,7 +368,7 @@ class OffPolicyLoop:
         runner, clock = self.runner, _clock
         obs, n = runner.obs, runner.env.num_envs
         t0 = clock()
-        if self.env_steps < self.config.learning_starts:
+        if self.random_warmup and self.env_steps < self.config.learning_starts:
             action = sample_random_actions(self.action_space, n, self.generator)
         else:
             with torch.inference_mode():
@@ -370,7 +378,10 @@ class OffPolicyLoop:
         t2 = clock()
         self.replay.add(self.processor.process(obs, action, res.reward, res.final_obs,
                                                res.terminated, res.truncated))
-        runner.episodes.update(res.reward, res.terminated | res.truncated)
+        done = res.terminated | res.truncated
+        runner.episodes.update(res.reward, done)
+        if self.on_done is not None:
+            self.on_done(done)
         runner.obs = res.obs
         runner.time_inference += t1 - t0
         runner.time_env += t2 - t1

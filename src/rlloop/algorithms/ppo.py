@@ -21,6 +21,7 @@ from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner, Po
 from rlloop.learners.schedules import ScheduleError, make_schedule
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss
 from rlloop.modules.actor_critic import ActorCritic
+from rlloop.modules.custom import check_net_path, resolve_net
 from rlloop.modules.distributions import ActionDist
 from rlloop.modules.normalizer import RunningMeanStd
 
@@ -77,7 +78,24 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
     activation: Literal["tanh", "relu", "elu"] = "tanh"
     """Hidden activation."""
     init_log_std: float = 0.0
-    """Initial log standard deviation of the Gaussian policy (Box actions)."""
+    """Initial log standard deviation of the Gaussian policy (Box actions; with gSDE of
+    the noise matrix entries: SB3's log_std_init)."""
+    use_sde: bool = False
+    """Box actions: explore with gSDE (a noise matrix on the actor's last hidden
+    features, held for sde_sample_freq steps) instead of independent Gaussian noise."""
+    sde_sample_freq: int = -1
+    """gSDE: env steps (per env) between new noise matrices; -1: only at the start of
+    each rollout."""
+    full_std: bool = True
+    """gSDE: one std per (feature, action) pair; false: one per feature."""
+    use_expln: bool = False
+    """gSDE: std = expln(log_std) (exp below 0, log1p + 1 above) instead of exp."""
+    ortho_init: bool = True
+    """Orthogonal initialisation of the layers (false: PyTorch's default)."""
+    net: str | None = None
+    """A custom network for the actor and the critic bodies as module:Class, called as
+    Class(obs_shape) and returning an nn.Module with a features_dim attribute
+    (None: MLPs of `hidden` units)."""
     normalize_obs: bool = False
     """Standardise observations with running statistics."""
     normalize_rewards: bool = False
@@ -110,6 +128,11 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
         if not self.hidden or any(h <= 0 for h in self.hidden):
             raise ConfigError(
                 f"ppo.hidden must be a non-empty list of sizes > 0, got {self.hidden}")
+        if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
+            raise ConfigError(f"{self.section}.sde_sample_freq must be > 0 or -1 (once per "
+                              f"rollout), got {self.sde_sample_freq}")
+        if self.net is not None:
+            check_net_path(self.net, f"{self.section}.net")
         GradientClip(self.max_grad_norm, self.grad_clip_by)
 
     def check_batch(self, num_envs: int) -> None:
@@ -178,20 +201,29 @@ class PPO(AlgorithmBase):
     name = "ppo"
     learner_cls: ClassVar[type[PPOLearner]] = PPOLearner
     policy: Any  # ActorCritic here, RecurrentActorCritic in RecurrentPPO
-    #: Scratch storage, fully rewritten by every collect before it is read: not state.
-    transient_attrs: ClassVar[frozenset[str]] = frozenset({"buffer"})
+    #: Scratch storage, fully rewritten by every collect before it is read: not state
+    #: (gSDE's noise matrices are drawn afresh when a collect starts).
+    transient_attrs: ClassVar[frozenset[str]] = frozenset({"buffer", "_sde_eps"})
 
     def __init__(self, config: PPOConfig, env: EnvSettings) -> None:
         config.check_batch(env.num_envs)
+        box = isinstance(env.spec.action_space, Box)
+        if config.use_sde and not box:
+            raise ConfigError(f"ppo.use_sde needs continuous (Box) actions but {env.env_id} "
+                              "has discrete ones; drop ppo.use_sde")
+        # Resolved before any env is made: a bad path fails fast.
+        features = resolve_net(config.net, "ppo.net") if config.net else None
         device = resolve_device(env.device)
         super().__init__(env, obs_stats=RunningMeanStd(env.spec.obs_shape, device=device)
                          if config.normalize_obs else None)
         self.config = config
         spec = self.env.spec
+        self._features = features
         self.policy = build_module(self._policy_factory(), self.device)
+        self._sde_eps: Tensor | None = None
+        self._sde_age = 0
         self.learner = self.learner_cls({DEFAULT_MODULE_ID: self.policy}, config,
                                         on_nonfinite=env.on_nonfinite)  # type: ignore[arg-type]
-        box = isinstance(spec.action_space, Box)
         act_shape = spec.action_space.shape if isinstance(spec.action_space, Box) else ()
         self.buffer = RolloutBuffer(config.rollout_steps, self.env.num_envs, spec.obs_shape,
                                     act_shape, torch.float32 if box else torch.int64,
@@ -203,13 +235,24 @@ class PPO(AlgorithmBase):
 
     def _policy_factory(self) -> Callable[[], nn.Module]:
         spec, config = self.env.spec, self.config
-        return lambda: ActorCritic(spec.obs_shape, spec.action_space, config.hidden,
-                                   config.activation, config.init_log_std)
+        features = self._features
+        return lambda: ActorCritic(
+            spec.obs_shape, spec.action_space, config.hidden, config.activation,
+            config.init_log_std, sde=(config.full_std, config.use_expln) if config.use_sde
+            else None, ortho_init=config.ortho_init, features=features)
 
     def _behaviour(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        return self.policy.act(obs, generator=self.generator)
+        sde = self.policy.sde
+        if sde is None:
+            return self.policy.act(obs, generator=self.generator)
+        freq = self.config.sde_sample_freq
+        if self._sde_eps is None or self._sde_age == 0 or (freq > 0 and self._sde_age % freq == 0):
+            self._sde_eps = sde.sample_eps((len(obs),), self.generator, obs)
+        self._sde_age += 1
+        return self.policy.act(obs, sde_eps=self._sde_eps)
 
     def collect(self) -> dict[str, float]:
+        self._sde_age = 0  # gSDE: a rollout starts with new noise matrices
         steps = self.runner.collect(self._behaviour, self.buffer)
         return {"env/steps": float(steps), **self.runner.episodes.stats()}
 

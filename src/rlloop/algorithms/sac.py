@@ -11,6 +11,12 @@ is exact, not an approximation: the actor loss reads the critics with detached w
 the alpha and actor losses detach each other's inputs, so every optimiser receives the
 gradient of its own loss only (``tests/test_sac_td3.py`` checks it). All three losses
 see the parameters from before the update, as in the paper's simultaneous updates.
+
+With ``use_sde`` the actor explores by generalised state-dependent exploration
+(:mod:`rlloop.modules.gsde`): each env keeps a noise matrix, drawn afresh at the start
+of every rollout (the env steps between two optimisation steps) and every
+``sde_sample_freq`` env steps; each gradient update draws one matrix for its batch, as
+Stable-Baselines3 does.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.sac import sac_actor_loss, sac_alpha_loss, sac_critic_loss, sac_target
+from rlloop.modules.gsde import TanhGSDEActor
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import TanhGaussianActor, TwinQ, standard_normal
 
@@ -66,6 +73,19 @@ class SACConfig(OffPolicyConfig):
     """Entropy target of the alpha loss (None: -action_dim)."""
     hidden: list[int] = field(default_factory=lambda: [256, 256])
     """Hidden layer sizes of the actor and of each critic (ReLU)."""
+    use_sde: bool = False
+    """Explore with gSDE (state-dependent noise matrices) instead of independent noise."""
+    sde_sample_freq: int = -1
+    """gSDE: env steps (per env) between new noise matrices; -1: only at the start of
+    each rollout (after each optimisation step)."""
+    init_log_std: float = -3.0
+    """gSDE: initial log std of the noise matrix entries (SB3's log_std_init)."""
+    full_std: bool = True
+    """gSDE: one std per (feature, action) pair; false: one per feature."""
+    use_expln: bool = False
+    """gSDE: std = expln(log_std) (exp below 0, log1p + 1 above) instead of exp."""
+    use_sde_at_warmup: bool = False
+    """gSDE: act with the policy during warm-up instead of uniformly at random."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -76,6 +96,9 @@ class SACConfig(OffPolicyConfig):
             raise ConfigError(f"sac.tau must be in (0, 1], got {self.tau}")
         if self.target_update_interval <= 0:
             raise ConfigError("sac.target_update_interval must be > 0")
+        if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
+            raise ConfigError(f"sac.sde_sample_freq must be > 0 or -1 (once per rollout), "
+                              f"got {self.sde_sample_freq}")
         check_hidden("sac", self.hidden)
 
 
@@ -84,7 +107,10 @@ class SACModule(nn.Module):
 
     def __init__(self, obs_dim: int, act_dim: int, config: SACConfig) -> None:
         super().__init__()
-        self.actor = TanhGaussianActor(obs_dim, act_dim, config.hidden)
+        self.actor: TanhGaussianActor | TanhGSDEActor = (
+            TanhGSDEActor(obs_dim, act_dim, config.hidden, config.init_log_std,
+                          config.full_std, config.use_expln) if config.use_sde
+            else TanhGaussianActor(obs_dim, act_dim, config.hidden))
         self.critic = TwinQ(obs_dim, act_dim, config.hidden)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(config.init_alpha)),
@@ -118,7 +144,11 @@ class SACLearner(OffPolicyLearnerBase):
             self.add_adam(module_id, name, params, config.lr)
 
     def _noise(self, m: SACModule, batch: ReplayBatch) -> tuple[Tensor, Tensor]:
-        """The policy's standard normal draws ``[B, d]`` at ``next_obs`` and at ``obs``."""
+        """The policy's standard normal draws ``[B, d]`` at ``next_obs`` and at ``obs``;
+        with gSDE one noise matrix ``[latent, d]`` serves both (as in SB3)."""
+        if isinstance(m.actor, TanhGSDEActor):
+            eps = m.actor.sde.sample_eps((), self.generator, batch.reward)
+            return eps, eps
         shape = (len(batch), m.actor.act_dim)
         return (standard_normal(shape, batch.reward, self.generator),
                 standard_normal(shape, batch.reward, self.generator))
@@ -189,12 +219,33 @@ class SAC(OffPolicyAlgorithmBase):
                                                      config), self.device)
         self.learner = SACLearner({DEFAULT_MODULE_ID: self.module}, config, entropy,
                                   self.generator, env.on_nonfinite)
-        self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env)
+        self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env,
+                                  random_warmup=not (config.use_sde and config.use_sde_at_warmup))
         self.to_env = to_env
+        actor = self.module.actor
+        #: gSDE: each env's noise matrix (standard normal, scaled by sigma when used), and
+        #: the explore steps since the rollout began.
+        self._sde_eps = (torch.zeros(env.num_envs, actor.sde.latent_dim, space.dim,
+                                     device=self.device)
+                         if isinstance(actor, TanhGSDEActor) else None)
+        self._sde_age = 0
 
     # ---- acting ----------------------------------------------------------------------
     def _explore(self, obs: Tensor) -> Tensor:
-        return self.module.actor(obs, self.generator)[0].view(-1, *self.space.shape)
+        actor = self.module.actor
+        if not isinstance(actor, TanhGSDEActor):
+            return actor(obs, self.generator)[0].view(-1, *self.space.shape)
+        freq = self.config.sde_sample_freq
+        if self._sde_age == 0 or (freq > 0 and self._sde_age % freq == 0):
+            self._sde_eps = actor.sde.sample_eps((len(obs),), self.generator, obs)
+        self._sde_age += 1
+        return actor(obs, noise=self._sde_eps)[0].view(-1, *self.space.shape)
+
+    def optimize(self, env_steps: int) -> dict[str, Tensor | float] | None:
+        """As the base class; with gSDE the next env step starts a new rollout."""
+        stats = super().optimize(env_steps)
+        self._sde_age = 0
+        return stats
 
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
@@ -202,3 +253,15 @@ class SAC(OffPolicyAlgorithmBase):
         actor = self.module.actor
         action = actor.mode(obs) if deterministic else actor(obs, self._eval_generator)[0]
         return self.to_env(action.view(-1, *self.space.shape))
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self._sde_eps is not None:
+            state["sde"] = {"eps": self._sde_eps.clone(), "age": self._sde_age}
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        if self._sde_eps is not None and "sde" in state:
+            self._sde_eps = state["sde"]["eps"].to(self.device, copy=True)
+            self._sde_age = int(state["sde"]["age"])

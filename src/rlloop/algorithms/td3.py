@@ -3,8 +3,9 @@ target policy smoothing; the losses are the pure functions of :mod:`rlloop.losse
 
 Every ``policy_delay``-th update also updates the actor (on ``Q1`` read with detached
 critic weights, so one backward pass serves both optimisers) and Polyak-averages the
-actor and critic targets. Exploration adds Gaussian noise to ``mu(s)`` in the
-normalised action box ``[-1, 1]``.
+actor and critic targets. Exploration adds action noise (Gaussian, Ornstein-Uhlenbeck or
+none: :mod:`rlloop.modules.action_noise`) to ``mu(s)`` in the normalised action box
+``[-1, 1]``, clipped to it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +36,7 @@ from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.td3 import smoothed_target_action, td3_actor_loss, td3_critic_loss, td3_target
+from rlloop.modules.action_noise import make_action_noise
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import DeterministicActor, TwinQ, standard_normal
 
@@ -55,8 +57,16 @@ class TD3Config(OffPolicyConfig):
     """Std of the target smoothing noise (normalised action units)."""
     target_noise_clip: float = 0.5
     """Clip of the target smoothing noise."""
-    exploration_noise: float = 0.1
-    """Std of the Gaussian exploration noise (normalised action units)."""
+    action_noise: Literal["normal", "ornstein_uhlenbeck", "none"] = "normal"
+    """Exploration noise added to mu(s): independent Gaussian, an Ornstein-Uhlenbeck
+    process per env (restarted at each episode end), or none."""
+    action_noise_std: float = 0.1
+    """Std of the Gaussian noise, or the OU process's sigma (normalised action units)."""
+    ou_theta: float = 0.15
+    """OU mean-reversion rate theta (Stable-Baselines3's default)."""
+    ou_dt: float = 1e-2
+    """OU time step dt (Stable-Baselines3's default): each step adds
+    sigma * sqrt(dt) * N(0, 1) and pulls back by theta * dt."""
     hidden: list[int] = field(default_factory=lambda: [400, 300])
     """Hidden layer sizes of the actor and of each critic (ReLU)."""
 
@@ -67,9 +77,12 @@ class TD3Config(OffPolicyConfig):
                               f"{self.policy_delay}")
         if not 0 < self.tau <= 1:
             raise ConfigError(f"td3.tau must be in (0, 1], got {self.tau}")
-        for name in ("target_policy_noise", "target_noise_clip", "exploration_noise"):
+        for name in ("target_policy_noise", "target_noise_clip", "action_noise_std",
+                     "ou_theta"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"td3.{name} must be >= 0, got {getattr(self, name)}")
+        if self.ou_dt <= 0:
+            raise ConfigError(f"td3.ou_dt must be > 0, got {self.ou_dt}")
         check_hidden("td3", self.hidden)
 
 
@@ -173,21 +186,32 @@ class TD3(OffPolicyAlgorithmBase):
                                                      config.hidden), self.device)
         self.learner = TD3Learner({DEFAULT_MODULE_ID: self.module}, config, self.generator,
                                   env.on_nonfinite)
-        self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env)
+        self.noise = make_action_noise(config.action_noise, env.num_envs, space.dim,
+                                       config.action_noise_std, self.generator,
+                                       config.ou_theta, config.ou_dt)
+        self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env,
+                                  on_done=self.noise.episode_end)
         self.to_env = to_env
 
     # ---- acting ----------------------------------------------------------------------
-    def _noisy(self, obs: Tensor, generator: torch.Generator) -> Tensor:
-        action = self.module.actor(obs)
-        noise = torch.randn(action.shape, generator=generator, device=action.device)
-        return (action + noise * self.config.exploration_noise).clamp_(-1.0, 1.0)
-
     def _explore(self, obs: Tensor) -> Tensor:
-        return self._noisy(obs, self.generator).view(-1, *self.space.shape)
+        action = (self.module.actor(obs) + self.noise.sample()).clamp_(-1.0, 1.0)
+        return action.view(-1, *self.space.shape)
 
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
-        """Env-scaled actions: ``mu(s)``, or with exploration noise (an eval-only RNG)."""
-        action = (self.module.actor(obs) if deterministic
-                  else self._noisy(obs, self._eval_generator))
+        """Env-scaled actions: ``mu(s)``, or with Gaussian noise of ``action_noise_std``
+        (from an eval-only RNG, so evaluating never moves the training noise)."""
+        action = self.module.actor(obs)
+        if not deterministic:
+            noise = torch.randn(action.shape, generator=self._eval_generator,
+                                device=action.device)
+            action = (action + noise * self.config.action_noise_std).clamp_(-1.0, 1.0)
         return self.to_env(action.view(-1, *self.space.shape))
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "action_noise": self.noise.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.noise.set_state(state.get("action_noise", {}))

@@ -53,6 +53,19 @@ def check_env_import(env_id: str, *, allow_import: bool, source: str) -> None:
     )
 
 
+def check_net_import(path: str, *, allow_import: bool, source: str, key: str) -> None:
+    """Refuse a network ``module:Class`` from ``source`` (a run directory's config) whose
+    module is not imported yet, unless ``allow_import``: as for env ids."""
+    module = path.partition(":")[0]
+    if not module or module in sys.modules or allow_import:
+        return
+    raise EnvError(
+        f"{source} names network {key}={path!r}, which would import module {module!r}; "
+        "loading a run never imports code it names: if you trust that module, pass "
+        "--allow-import (Python: allow_import=True)"
+    )
+
+
 def _is_pettingzoo_module(name: str) -> bool:
     if not name or name.startswith("."):
         return False

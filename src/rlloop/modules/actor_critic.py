@@ -1,22 +1,32 @@
-"""The actor-critic module used by PPO: separate MLPs for policy and value."""
+"""The actor-critic module used by PPO: separate networks for policy and value."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
 from rlloop.envs.core import ActionSpace, Box, Discrete
+from rlloop.errors import ConfigError
 from rlloop.modules.distributions import ActionDist, Categorical, DiagGaussian
-from rlloop.modules.networks import flat_dim, mlp
+from rlloop.modules.gsde import StateDependentNoise
+from rlloop.modules.networks import _init, flat_dim, mlp
+
+#: ``factory(obs_shape) -> nn.Module`` with a ``features_dim`` attribute: a user network
+#: mapping observations ``[B, *obs_shape]`` to features ``[B, features_dim]``.
+FeaturesFactory = Callable[[tuple[int, ...]], nn.Module]
 
 
 class ActorCritic(nn.Module):
     """Policy ``pi(a|s)`` and value ``V(s)`` for a Discrete or Box action space.
 
-    Observations ``[B, *obs_shape]`` are flattened. Box actions use a state-independent
-    learned ``log_std``; the environment adapter clips actions to the bounds.
+    Each of actor and critic is a body (an MLP on the flattened observation, or a user
+    network from ``features``, which sees observations as they come) and a linear head.
+    Box actions use a state-independent learned ``log_std``, or with ``sde`` (gSDE) a
+    noise matrix on the actor's last hidden features; the environment adapter clips
+    actions to the bounds.
     """
 
     def __init__(
@@ -26,34 +36,88 @@ class ActorCritic(nn.Module):
         hidden: Sequence[int] = (64, 64),
         activation: str = "tanh",
         init_log_std: float = 0.0,
+        *,
+        sde: tuple[bool, bool] | None = None,
+        ortho_init: bool = True,
+        features: FeaturesFactory | None = None,
     ) -> None:
+        """``sde`` is ``(full_std, use_expln)`` to explore with gSDE (Box actions)."""
         super().__init__()
         self.obs_dim = flat_dim(obs_shape)
         self.action_space = action_space
+        self.sde: StateDependentNoise | None = None
         if isinstance(action_space, Discrete):
             out = action_space.n
         elif isinstance(action_space, Box):
             out = action_space.dim
-            self.log_std = nn.Parameter(torch.full((out,), float(init_log_std)))
         else:  # pragma: no cover - the env layer rejects other spaces first
             raise TypeError(f"unsupported action space {action_space!r}")
-        self.actor = mlp(self.obs_dim, hidden, out, activation=activation, out_gain=0.01)
-        self.critic = mlp(self.obs_dim, hidden, 1, activation=activation, out_gain=1.0)
+        self.flatten = features is None
+        if features is None:
+            self.actor = mlp(self.obs_dim, hidden, out, activation=activation, out_gain=0.01,
+                             ortho_init=ortho_init)
+            self.critic = mlp(self.obs_dim, hidden, 1, activation=activation, out_gain=1.0,
+                              ortho_init=ortho_init)
+        else:
+            self.actor = _with_head(features(tuple(obs_shape)), out, 0.01, ortho_init)
+            self.critic = _with_head(features(tuple(obs_shape)), 1, 1.0, ortho_init)
+        if isinstance(action_space, Box):
+            if sde is None:
+                self.log_std = nn.Parameter(torch.full((out,), float(init_log_std)))
+            else:
+                latent = cast(nn.Linear, self.actor[-1]).in_features
+                self.sde = StateDependentNoise(latent, out, init_log_std, *sde)
+
+    def _input(self, obs: Tensor) -> Tensor:
+        return obs.flatten(1) if self.flatten else obs
+
+    def _latent_mean(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        latent = self.actor[:-1](self._input(obs))
+        return latent, self.actor[-1](latent)
 
     def dist(self, obs: Tensor) -> ActionDist:
-        out = self.actor(obs.flatten(1))
+        if self.sde is not None:
+            latent, mean = self._latent_mean(obs)
+            return DiagGaussian(mean, self.sde.log_std_of(latent))
+        out = self.actor(self._input(obs))
         if isinstance(self.action_space, Discrete):
             return Categorical(out)
         return DiagGaussian(out, self.log_std)
 
     def value(self, obs: Tensor) -> Tensor:
-        return self.critic(obs.flatten(1)).squeeze(-1)
+        return self.critic(self._input(obs)).squeeze(-1)
 
     def act(self, obs: Tensor, deterministic: bool = False,
-            generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """Actions and their log-probabilities for ``obs`` ``[B, *obs]``."""
-        d = self.dist(obs)
-        actions = d.mode() if deterministic else d.sample(generator)
+            generator: torch.Generator | None = None,
+            sde_eps: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Actions and their log-probabilities for ``obs`` ``[B, *obs]``.
+
+        With gSDE, ``sde_eps`` holds each row's noise matrix ``[B, latent, act]``
+        (standard normal; one matrix is drawn from ``generator`` when None)."""
+        d: ActionDist
+        if self.sde is not None:
+            latent, mean = self._latent_mean(obs)
+            d = DiagGaussian(mean, self.sde.log_std_of(latent))
+            if deterministic:
+                actions = mean
+            else:
+                eps = self.sde.sample_eps((), generator, mean) if sde_eps is None else sde_eps
+                actions = mean + self.sde.noise(latent, eps)
+        else:
+            d = self.dist(obs)
+            actions = d.mode() if deterministic else d.sample(generator)
         if isinstance(self.action_space, Box):
             actions = actions.reshape(-1, *self.action_space.shape)
         return actions, d.log_prob(actions.flatten(1) if actions.dim() > 1 else actions)
+
+
+def _with_head(body: nn.Module, out: int, gain: float, ortho_init: bool) -> nn.Sequential:
+    """``body`` followed by a linear head of ``out`` units on its ``features_dim``."""
+    if not isinstance(body, nn.Module):
+        raise ConfigError(f"a custom network must be a torch.nn.Module, got "
+                          f"{type(body).__name__}")
+    dim = getattr(body, "features_dim", None)
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+        raise ConfigError(f"network {type(body).__name__} must set features_dim (an int > 0: "
+                          f"the size of its output features), got {dim!r}")
+    return nn.Sequential(body, _init(nn.Linear(dim, out), gain, ortho_init))

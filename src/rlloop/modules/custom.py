@@ -1,0 +1,90 @@
+"""User networks: ``policy=`` in the Python API, ``--set ppo.net=module:Class`` on the CLI.
+
+A network is a class or factory called as ``factory(obs_shape)`` that returns a
+``torch.nn.Module`` mapping observations ``[B, *obs_shape]`` (float32, not flattened) to
+features ``[B, features_dim]``, with an int attribute ``features_dim``. rlloop builds one
+for the actor and one for the critic and puts the heads on them (action logits or means,
+the value; gSDE's noise acts on the actor's features).
+
+The config names it as ``module:QualName`` so that a run's checkpoints load again. A
+class defined in the running script (``__main__``) is remembered in this process; a
+class in an importable module loads anywhere. Loading a saved run imports a module its
+config names only with ``allow_import`` (as for env ids: ``rlloop.envs.imports``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from rlloop.errors import ConfigError
+
+NetFactory = Callable[[tuple[int, ...]], nn.Module]
+#: Factories handed to the Python API in this process, by their ``module:QualName``.
+_REGISTERED: dict[str, NetFactory] = {}
+
+
+def net_path(factory: NetFactory | str) -> str:
+    """The ``module:QualName`` of ``factory`` (remembered for :func:`resolve_net`)."""
+    if isinstance(factory, str):
+        return factory
+    if not callable(factory):
+        raise ConfigError(f"policy= must be a network class, a factory or 'module:Class', got "
+                          f"{type(factory).__name__}")
+    path = f"{factory.__module__}:{factory.__qualname__}"
+    _REGISTERED[path] = factory
+    return path
+
+
+def check_net_path(path: str, key: str) -> None:
+    """``ConfigError`` unless ``path`` has the form ``module:QualName``."""
+    module, sep, name = path.partition(":")
+    if not sep or not module.strip() or not name.strip() or "<" in name:
+        raise ConfigError(f"{key} must name a network as module:Class (e.g. mynets:Encoder), "
+                          f"got {path!r}")
+
+
+def resolve_net(path: str, key: str) -> NetFactory:
+    """The factory ``path`` names, importing its module (the caller has checked that a
+    path read from a run directory may be imported)."""
+    check_net_path(path, key)
+    if path in _REGISTERED:
+        return _REGISTERED[path]
+    module, _, name = path.partition(":")
+    obj: Any = _import(module, path, key)
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{key}={path!r}: module {module!r} has no {name!r}; check the "
+                              "class name")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"{key}={path!r} is a {type(obj).__name__}, not a network class "
+                          "or factory")
+    return obj  # type: ignore[no-any-return]
+
+
+def _import(module: str, path: str, key: str) -> Any:
+    if module not in sys.modules and os.getcwd() not in sys.path:
+        # Console scripts, unlike ``python -m``, do not search the working directory,
+        # where a user's network module usually is. Appended: it never shadows a package.
+        sys.path.append(os.getcwd())
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (e.name == module or module.startswith(e.name + ".")):
+            raise ConfigError(f"{key}={path!r}: no module named {module!r}; put it on "
+                              "PYTHONPATH or run from the directory that holds it") from None
+        raise ConfigError(f"{key}={path!r}: importing {module!r} failed ({_line(e)}); "
+                          "install what it needs") from None
+    except Exception as e:  # the user's module raised while importing
+        raise ConfigError(f"{key}={path!r}: importing {module!r} raised "
+                          f"{type(e).__name__}: {_line(e)}; fix the module") from None
+
+
+def _line(e: BaseException) -> str:
+    return " ".join(str(e).split())

@@ -1,0 +1,103 @@
+"""Custom networks: ``policy=`` in the Python API and ``--set ppo.net=module:Class`` on the
+CLI. rlloop puts its heads on the user's bodies; a bad class path is one line and exit
+2; a saved run names its network and loads again, importing that module only with
+--allow-import."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import rlloop_cmd
+from custom_nets import TinyEncoder
+
+from rlloop import PPO, SAC, load
+from rlloop.config import build_config
+from rlloop.envs.core import Box, Discrete
+from rlloop.errors import ConfigError
+from rlloop.modules.actor_critic import ActorCritic
+from rlloop.run import build_algorithm, train
+
+QUIET = {"save_video": False, "progress": False, "mlflow": False}
+NETS = Path(__file__).with_name("custom_nets.py")
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(rlloop_cmd(*args), env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=240)
+
+
+def test_user_bodies_get_rlloop_heads_for_the_action_space():
+    discrete = ActorCritic((4,), Discrete(3), features=TinyEncoder)
+    assert isinstance(discrete.actor[0], TinyEncoder) and isinstance(discrete.critic[0],
+                                                                     TinyEncoder)
+    assert discrete.actor[0] is not discrete.critic[0]  # separate bodies, as the MLPs
+    assert discrete.actor[-1].out_features == 3 and discrete.critic[-1].out_features == 1
+    obs = torch.randn(5, 4)
+    assert discrete.act(obs)[0].shape == (5,) and discrete.value(obs).shape == (5,)
+    box = ActorCritic((2, 3), Box((-1.0,) * 2, (1.0,) * 2, (2,)), features=TinyEncoder,
+                      sde=(True, False))
+    assert box.sde is not None and box.sde.latent_dim == 64  # gSDE acts on its features
+    assert box.act(torch.randn(5, 2, 3))[0].shape == (5, 2)  # it sees unflattened obs
+
+
+@pytest.mark.parametrize("net,match", [
+    ("justaname", r"ppo\.net must name a network as module:Class"),
+    ("custom_nets:Missing", r"module 'custom_nets' has no 'Missing'"),
+    ("custom_nets:NoFeaturesDim", r"NoFeaturesDim must set features_dim"),
+])
+def test_bad_networks_are_config_errors(net, match):
+    with pytest.raises(ConfigError, match=match):
+        build_algorithm(build_config("ppo", "CartPole-v1", sets=[
+            "mlflow=false", "num_envs=2", "ppo.minibatch_size=64", f"ppo.net={net}"]))
+
+
+def test_policy_is_refused_where_unsupported():
+    with pytest.raises(ConfigError, match="supported by PPO, not sac"):
+        SAC("Pendulum-v1", policy=TinyEncoder)
+
+
+def test_cli_bad_class_path_is_one_line_exit_2(tmp_path, cli_env):
+    out = _run(["train", "ppo", "--env", "CartPole-v1", "--quiet", "--set",
+                "ppo.net=no_such_module:Net", "--run-dir", "run"], cli_env, tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("rlloop: error: ppo.net='no_such_module:Net': no module named "
+                               "'no_such_module'"), lines
+
+
+def test_network_run_loads_again_and_imports_only_when_allowed(tmp_path, cli_env,
+                                                                monkeypatch):
+    shutil.copy(NETS, tmp_path / "my_nets.py")  # the user's module, in the working dir
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = build_config("ppo", "CartPole-v1", sets=[
+        "ppo.net=my_nets:TinyEncoder", "total_env_steps=512", "eval_every=0",
+        *(f"{k}={str(v).lower()}" for k, v in QUIET.items())])
+    train(config, tmp_path / "run")
+    assert "net: my_nets:TinyEncoder" in (tmp_path / "run" / "config.yaml").read_text()
+    # A fresh process has not imported my_nets: the run's config may not import it...
+    refused = _run(["eval", "run", "--episodes", "2"], cli_env, tmp_path)
+    assert refused.returncode == 2
+    assert "would import module 'my_nets'" in refused.stderr
+    assert "--allow-import" in refused.stderr
+    # ...unless the user allows it; then the checkpoint loads into the same network.
+    allowed = _run(["eval", "run", "--episodes", "2", "--json", "--allow-import"], cli_env,
+                   tmp_path)
+    assert allowed.returncode == 0, allowed.stderr
+
+
+@pytest.mark.slow
+def test_custom_network_trains_cartpole_from_the_python_api(tmp_path):
+    model = PPO("CartPole-v1", policy=TinyEncoder, seed=0, run_dir=tmp_path / "run",
+                **QUIET)
+    assert model.config.hparams.net == "custom_nets:TinyEncoder"
+    model.learn(100_000)
+    assert model.evaluate(20)["return_mean"] >= 475
+    loaded = load(tmp_path / "run")  # the class is found again by its path
+    obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs), model.predict(obs))
