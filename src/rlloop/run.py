@@ -88,10 +88,6 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     if isinstance(space, Box) and not entry.continuous:
         raise ConfigError(f"{config.algo} needs discrete actions but {config.env} has "
                           "continuous ones; use ppo, sac or td3 for this env")
-    if spec.image_obs:  # an MLP on raw pixels trains, slowly and badly, without a word
-        raise ConfigError(f"{config.env} has image observations (uint8 {spec.obs_shape}) but "
-                          f"{config.algo} has MLPs only, no pixel encoder; use vector "
-                          "observations, e.g. --set env_kwargs.obs_type=ram for Atari")
     check_memory(config, spec)
     settings = EnvSettings(config.env, spec, config.num_envs, config.backend, config.seed,
                            config.total_env_steps, config.horizons_per_env_reset,

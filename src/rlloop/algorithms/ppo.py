@@ -21,6 +21,7 @@ from rlloop.learners.schedules import ScheduleError, make_schedule
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.distributions import ActionDist
+from rlloop.modules.encoders import ENCODERS, build_encoder
 from rlloop.modules.normalizer import RunningMeanStd
 
 
@@ -72,8 +73,15 @@ class PPOConfig:
     """Hidden activation."""
     init_log_std: float = 0.0
     """Initial log standard deviation of the Gaussian policy (Box actions)."""
+    encoder: str = "auto"
+    """Observation encoder: "auto" (Nature CNN for image observations, else the MLP),
+    "mlp" (flattened observations, pixels too) or "nature_cnn". With the CNN the policy
+    and value heads are linear on its shared 512 features (hidden is unused)."""
     normalize_obs: bool = False
     """Standardise observations with running statistics."""
+    clip_rewards: bool = False
+    """Learn from the sign of each reward (Atari's convention); episode returns are still
+    logged unclipped."""
     normalize_rewards: bool = False
     """Scale rewards by the running std of the discounted return."""
 
@@ -96,6 +104,9 @@ class PPOConfig:
             raise ConfigError(
                 f"ppo.hidden must be a non-empty list of sizes > 0, got {self.hidden}")
         GradientClip(self.max_grad_norm, self.grad_clip_by)
+        if self.encoder not in ENCODERS:
+            raise ConfigError(f"{self.section}.encoder must be one of {list(ENCODERS)}, "
+                              f"got {self.encoder!r}")
 
     def check_batch(self, num_envs: int) -> None:
         batch = self.rollout_steps * num_envs
@@ -144,7 +155,7 @@ class PPOLearner(Learner[PPOBatch]):
     def forward_train(self, module_id: str, batch: PPOBatch) -> tuple[ActionDist, Tensor]:
         module = self.modules[module_id]
         assert isinstance(module, ActorCritic)
-        return module.dist(batch.obs), module.value(batch.obs)
+        return module.dist_value(batch.obs)
 
     def compute_loss_for_module(self, module_id: str, config: PPOConfig, batch: PPOBatch,
                                 fwd_out: tuple[ActionDist, Tensor] | None = None,
@@ -174,14 +185,15 @@ class PPO(AlgorithmBase):
         spec = self.env.spec
         self.policy = build_module(lambda: ActorCritic(
             spec.obs_shape, spec.action_space, config.hidden, config.activation,
-            config.init_log_std), self.device)
+            config.init_log_std, build_encoder(config.section, config.encoder,
+                                               spec.obs_shape, spec.image_obs)), self.device)
         self.learner = PPOLearner({DEFAULT_MODULE_ID: self.policy}, config,
                                   on_nonfinite=env.on_nonfinite)  # type: ignore[arg-type]
         box = isinstance(spec.action_space, Box)
         act_shape = spec.action_space.shape if isinstance(spec.action_space, Box) else ()
         self.buffer = RolloutBuffer(config.rollout_steps, self.env.num_envs, spec.obs_shape,
                                     act_shape, torch.float32 if box else torch.int64,
-                                    device=self.device)
+                                    device=self.device, obs_dtype=spec.obs_dtype)
         self.reward_stats = RunningMeanStd(device=self.device) \
             if config.normalize_rewards else None
         self.reward_running = torch.zeros(self.env.num_envs, dtype=stats_dtype(self.device),
@@ -219,7 +231,7 @@ class PPO(AlgorithmBase):
         final_values = values_all[(t + 1) * n:].view(t, n)
         next_values = torch.where(buf.truncated, final_values, values_all[n: (t + 1) * n]
                                   .view(t, n))
-        rewards = buf.rewards
+        rewards = buf.rewards.sign() if cfg.clip_rewards else buf.rewards
         if self.reward_stats is not None:
             rewards = discounted_reward_scale(rewards, buf.terminated | buf.truncated,
                                               self.reward_running, self.reward_stats, cfg.gamma)

@@ -56,8 +56,8 @@ class EnvSpec:
         action_space: ``Discrete`` or ``Box``.
         max_episode_steps: Time limit after which episodes are truncated, if any.
         reward_threshold: Return at which the task counts as solved, if known.
-        image_obs: Observations are images (a uint8 Box of 2 or 3 dims): rlloop's MLPs
-            refuse them until it has pixel encoders.
+        image_obs: Observations are images (a uint8 Box of 2 or 3 dims): they arrive and
+            are stored as uint8, and the algorithms' encoders pick a CNN for them.
     """
 
     env_id: str
@@ -67,12 +67,18 @@ class EnvSpec:
     reward_threshold: float | None = None
     image_obs: bool = False
 
+    @property
+    def obs_dtype(self) -> torch.dtype:
+        """dtype of observations as the env returns them (uint8 pixels, else float32)."""
+        return torch.uint8 if self.image_obs else torch.float32
+
 
 class StepResult(NamedTuple):
     """One batched env step. Shapes use ``N = num_envs``.
 
     Attributes:
-        obs: ``[N, *obs_shape]`` float32, next observation; for envs whose episode
+        obs: ``[N, *obs_shape]`` ``spec.obs_dtype`` (float32, uint8 for images), next
+            observation; for envs whose episode
             just ended this is already the first observation of the next episode.
         reward: ``[N]`` float32.
         terminated: ``[N]`` bool, episode ended in a terminal state (no bootstrap).

@@ -9,14 +9,18 @@ from torch import Tensor, nn
 
 from rlloop.envs.core import ActionSpace, Box, Discrete
 from rlloop.modules.distributions import ActionDist, Categorical, DiagGaussian
+from rlloop.modules.encoders import NatureCNN
 from rlloop.modules.networks import flat_dim, mlp
 
 
 class ActorCritic(nn.Module):
     """Policy ``pi(a|s)`` and value ``V(s)`` for a Discrete or Box action space.
 
-    Observations ``[B, *obs_shape]`` are flattened. Box actions use a state-independent
-    learned ``log_std``; the environment adapter clips actions to the bounds.
+    Observations ``[B, *obs_shape]`` are flattened, or go through ``encoder`` (a CNN for
+    pixels, shared by policy and value as in Stable-Baselines3's ``CnnPolicy``; the heads
+    are then linear on its features and ``hidden`` is unused). Box actions use a
+    state-independent learned ``log_std``; the environment adapter clips actions to the
+    bounds.
     """
 
     def __init__(
@@ -26,9 +30,13 @@ class ActorCritic(nn.Module):
         hidden: Sequence[int] = (64, 64),
         activation: str = "tanh",
         init_log_std: float = 0.0,
+        encoder: NatureCNN | None = None,
     ) -> None:
         super().__init__()
-        self.obs_dim = flat_dim(obs_shape)
+        self.encoder = encoder
+        self.obs_dim = flat_dim(obs_shape) if encoder is None else encoder.out_dim
+        if encoder is not None:
+            hidden = ()
         self.action_space = action_space
         if isinstance(action_space, Discrete):
             out = action_space.n
@@ -40,14 +48,26 @@ class ActorCritic(nn.Module):
         self.actor = mlp(self.obs_dim, hidden, out, activation=activation, out_gain=0.01)
         self.critic = mlp(self.obs_dim, hidden, 1, activation=activation, out_gain=1.0)
 
+    def features(self, obs: Tensor) -> Tensor:
+        """``[B, obs_dim]``: the flattened observation or the encoder's features."""
+        return obs.flatten(1) if self.encoder is None else self.encoder(obs)
+
     def dist(self, obs: Tensor) -> ActionDist:
-        out = self.actor(obs.flatten(1))
+        return self._dist(self.features(obs))
+
+    def _dist(self, features: Tensor) -> ActionDist:
+        out = self.actor(features)
         if isinstance(self.action_space, Discrete):
             return Categorical(out)
         return DiagGaussian(out, self.log_std)
 
     def value(self, obs: Tensor) -> Tensor:
-        return self.critic(obs.flatten(1)).squeeze(-1)
+        return self.critic(self.features(obs)).squeeze(-1)
+
+    def dist_value(self, obs: Tensor) -> tuple[ActionDist, Tensor]:
+        """``dist(obs)`` and ``value(obs)`` with one encoder pass."""
+        x = self.features(obs)
+        return self._dist(x), self.critic(x).squeeze(-1)
 
     def act(self, obs: Tensor, deterministic: bool = False,
             generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
