@@ -51,7 +51,7 @@ from rlloop.conditions import Condition, HitsUpperBound
 from rlloop.config import RunConfig, build_config, load_yaml, resumable
 from rlloop.devices import resolve_device
 from rlloop.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
-from rlloop.envs.core import Box, Discrete
+from rlloop.envs.core import Box, Discrete, MultiBinary, MultiDiscrete
 from rlloop.envs.imports import check_env_import
 from rlloop.envs.objects import check_object_env
 from rlloop.envs.registry import env_spec, resolve_env_id
@@ -82,6 +82,9 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
     entry = ALGORITHMS[config.algo]
     space = spec.action_space
+    if isinstance(space, MultiDiscrete | MultiBinary) and config.algo != "ppo":
+        raise ConfigError(f"{config.algo} takes Discrete or Box actions but {config.env} has "
+                          f"{type(space).__name__} ones; use ppo for this env")
     if isinstance(space, Discrete) and not entry.discrete:
         raise ConfigError(f"{config.algo} needs continuous (Box) actions but {config.env} has "
                           "discrete ones; use ppo or dqn for this env")

@@ -190,7 +190,7 @@ class PPO(AlgorithmBase):
         self.learner = PPOLearner({DEFAULT_MODULE_ID: self.policy}, config,
                                   on_nonfinite=env.on_nonfinite)  # type: ignore[arg-type]
         box = isinstance(spec.action_space, Box)
-        act_shape = spec.action_space.shape if isinstance(spec.action_space, Box) else ()
+        act_shape = getattr(spec.action_space, "shape", ())  # () for Discrete
         self.buffer = RolloutBuffer(config.rollout_steps, self.env.num_envs, spec.obs_shape,
                                     act_shape, torch.float32 if box else torch.int64,
                                     device=self.device, obs_dtype=spec.obs_dtype)

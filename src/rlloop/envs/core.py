@@ -43,7 +43,36 @@ class Box:
         return size
 
 
-ActionSpace = Discrete | Box
+@dataclass(frozen=True)
+class MultiDiscrete:
+    """One index per entry of ``nvec``, actions int64 ``[len(nvec)]`` with entry ``i`` in
+    ``[0, nvec[i])`` (a factorised categorical policy, one head per entry)."""
+
+    nvec: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.nvec),)
+
+    @property
+    def n(self) -> int:
+        """Logits of the factorised policy (the sum of ``nvec``)."""
+        return sum(self.nvec)
+
+
+@dataclass(frozen=True)
+class MultiBinary:
+    """``n`` independent on/off choices, actions int64 ``[n]`` of 0 or 1 (a Bernoulli
+    policy per entry)."""
+
+    n: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.n,)
+
+
+ActionSpace = Discrete | Box | MultiDiscrete | MultiBinary
 
 
 @dataclass(frozen=True)
@@ -136,6 +165,11 @@ def sample_random_actions(space: ActionSpace, n: int, generator: torch.Generator
     device = generator.device
     if isinstance(space, Discrete):
         return torch.randint(space.n, (n,), generator=generator, device=device)
+    if isinstance(space, MultiDiscrete | MultiBinary):
+        high = torch.tensor(space.nvec if isinstance(space, MultiDiscrete) else
+                            (2,) * space.n, device=device)
+        u = torch.rand((n, *space.shape), generator=generator, device=device)
+        return (u * high).long()
     low = torch.tensor(space.low, dtype=torch.float32, device=device).reshape(space.shape)
     high = torch.tensor(space.high, dtype=torch.float32, device=device).reshape(space.shape)
     u = torch.rand((n, *space.shape), generator=generator, device=device)

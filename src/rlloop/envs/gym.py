@@ -23,7 +23,16 @@ from torch import Tensor
 
 from rlloop.devices import arrays_to_device
 from rlloop.envs import atari
-from rlloop.envs.core import ActionSpace, Box, Discrete, EnvError, EnvSpec, StepResult
+from rlloop.envs.core import (
+    ActionSpace,
+    Box,
+    Discrete,
+    EnvError,
+    EnvSpec,
+    MultiBinary,
+    MultiDiscrete,
+    StepResult,
+)
 from rlloop.envs.gym_async import GuardedAsyncVectorEnv
 from rlloop.errors import RlloopError
 from rlloop.signals import StopInterrupted
@@ -43,9 +52,14 @@ def convert_action_space(env_id: str, space: gymnasium.Space[Any]) -> ActionSpac
             high=tuple(float(v) for v in space.high.reshape(-1)),
             shape=tuple(space.shape),
         )
+    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        return MultiDiscrete(tuple(int(n) for n in space.nvec))
+    if isinstance(space, spaces.MultiBinary) and len(space.shape) == 1:
+        return MultiBinary(int(space.shape[0]))
     raise EnvError(
-        f"{env_id}: action space {_one_line(space)} is not supported (only Discrete and Box); "
-        "register a wrapped variant of the env that exposes a Discrete or Box action space"
+        f"{env_id}: action space {_one_line(space)} is not supported (only Discrete, Box and "
+        "1-d MultiDiscrete/MultiBinary); register a wrapped variant of the env that exposes "
+        "one of these"
     )
 
 
@@ -251,6 +265,13 @@ class GymVecEnv:
                     f"expected Discrete actions of shape ({self.num_envs},), got {array.shape}"
                 )
             return array.astype(np.int64) + int(space.start)
+        if isinstance(space, spaces.MultiDiscrete | spaces.MultiBinary):
+            if array.shape != (self.num_envs, *space.shape):
+                raise EnvError(f"expected {type(space).__name__} actions of shape "
+                               f"{(self.num_envs, *space.shape)}, got {array.shape}")
+            if isinstance(space, spaces.MultiBinary):
+                return array.astype(np.int8)
+            return array.astype(np.int64) + space.start
         assert isinstance(space, spaces.Box)
         if array.shape != (self.num_envs, *space.shape):
             raise EnvError(

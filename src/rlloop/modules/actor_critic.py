@@ -7,14 +7,21 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from rlloop.envs.core import ActionSpace, Box, Discrete
-from rlloop.modules.distributions import ActionDist, Categorical, DiagGaussian
+from rlloop.envs.core import ActionSpace, Box, Discrete, MultiBinary, MultiDiscrete
+from rlloop.modules.distributions import (
+    ActionDist,
+    Bernoulli,
+    Categorical,
+    DiagGaussian,
+    MultiCategorical,
+)
 from rlloop.modules.encoders import NatureCNN
 from rlloop.modules.networks import flat_dim, mlp
 
 
 class ActorCritic(nn.Module):
-    """Policy ``pi(a|s)`` and value ``V(s)`` for a Discrete or Box action space.
+    """Policy ``pi(a|s)`` and value ``V(s)`` for a Discrete, Box, MultiDiscrete (one
+    categorical head per entry) or MultiBinary (one Bernoulli per entry) action space.
 
     Observations ``[B, *obs_shape]`` are flattened, or go through ``encoder`` (a CNN for
     pixels, shared by policy and value as in Stable-Baselines3's ``CnnPolicy``; the heads
@@ -38,7 +45,7 @@ class ActorCritic(nn.Module):
         if encoder is not None:
             hidden = ()
         self.action_space = action_space
-        if isinstance(action_space, Discrete):
+        if isinstance(action_space, Discrete | MultiDiscrete | MultiBinary):
             out = action_space.n
         elif isinstance(action_space, Box):
             out = action_space.dim
@@ -57,8 +64,13 @@ class ActorCritic(nn.Module):
 
     def _dist(self, features: Tensor) -> ActionDist:
         out = self.actor(features)
-        if isinstance(self.action_space, Discrete):
+        space = self.action_space
+        if isinstance(space, Discrete):
             return Categorical(out)
+        if isinstance(space, MultiDiscrete):
+            return MultiCategorical(out, space.nvec)
+        if isinstance(space, MultiBinary):
+            return Bernoulli(out)
         return DiagGaussian(out, self.log_std)
 
     def value(self, obs: Tensor) -> Tensor:
