@@ -71,9 +71,33 @@ class BitPattern(gymnasium.Env):  # type: ignore[type-arg]
         return np.zeros(1, np.float32), reward, True, False, {}
 
 
+class TextObs(TwoBandits):
+    """Free-text observations: no encoder handles them."""
+
+    observation_space = spaces.Text(8)
+
+
 def register() -> None:
     for name, cls in (("SidePixels", SidePixels), ("TwoBandits", TwoBandits),
-                      ("BitPattern", BitPattern)):
+                      ("BitPattern", BitPattern), ("TextObs", TextObs)):
         env_id = f"rlloop-test/{name}-v0"
         if env_id not in gymnasium.registry:
             gymnasium.register(env_id, entry_point=cls)
+
+
+class SidePixelsBox(SidePixels):
+    """:class:`SidePixels` with a continuous action in ``[-1, 1]``: its sign names the side."""
+
+    action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return super().step(int(float(np.asarray(action).reshape(-1)[0]) > 0))
+
+
+def register_box() -> None:
+    if "rlloop-test/SidePixelsBox-v0" not in gymnasium.registry:
+        gymnasium.register("rlloop-test/SidePixelsBox-v0", entry_point=SidePixelsBox)
+
+
+register()  # on import too: a `--env pixel_envs:rlloop-test/...` subprocess imports it
+register_box()
