@@ -223,12 +223,20 @@ class PPO(AlgorithmBase):
     def _batch(self) -> PPOBatch:
         buf, policy, cfg = self.buffer, self.policy, self.config
         t, n = buf.steps, buf.num_envs
-        # One forward over every observation and every stored final one: selecting the
-        # truncated rows first would wait for the device to say how many there are.
-        values_all = policy.value(torch.cat([buf.obs.flatten(0, 1), self.runner.obs,
-                                             buf.next_obs.flatten(0, 1)]))
+        if policy.encoder is None:
+            # One forward over every observation and every stored final one: selecting the
+            # truncated rows first would wait for the device to say how many there are.
+            values_all = policy.value(torch.cat([buf.obs.flatten(0, 1), self.runner.obs,
+                                                 buf.next_obs.flatten(0, 1)]))
+            final_values = values_all[(t + 1) * n:].view(t, n)
+        else:
+            # A CNN pass over every stored final frame would cost a third of an epoch;
+            # one wait per update for the few truncated rows costs nothing in comparison.
+            values_all = policy.value(torch.cat([buf.obs.flatten(0, 1), self.runner.obs]))
+            final_values = torch.zeros_like(buf.rewards)
+            if bool(buf.truncated.any()):
+                final_values[buf.truncated] = policy.value(buf.next_obs[buf.truncated])
         values = values_all[: t * n].view(t, n)
-        final_values = values_all[(t + 1) * n:].view(t, n)
         next_values = torch.where(buf.truncated, final_values, values_all[n: (t + 1) * n]
                                   .view(t, n))
         rewards = buf.rewards.sign() if cfg.clip_rewards else buf.rewards
