@@ -131,13 +131,17 @@ class _Pixels(gymnasium.Env):  # type: ignore[type-arg]
 
 
 @pytest.mark.parametrize("shape", [(12, 10, 3), (3, 12, 10), (12, 10)])
-def test_image_observations_are_refused_before_an_mlp_sees_them(shape):
+def test_images_too_small_for_the_cnn_are_refused_with_the_fix(shape):
     env_id = f"rlloop-test/Pixels{len(shape)}{shape[0]}-v0"
     gymnasium.register(env_id, entry_point=_Pixels, kwargs={"shape": shape})
     for algo in ("dqn", "ppo"):
-        with pytest.raises(ConfigError, match=r"image observations \(uint8 .* MLPs only.*"
-                                              r"--set env_kwargs.obs_type=ram"):
+        with pytest.raises(ConfigError, match=r"12x10 are smaller than the Nature CNN's 36x36; "
+                                              r"resize them .* or use encoder=mlp"):
             build_algorithm(build_config(algo, env_id, sets=["mlflow=false"]))
+        # The override the message names builds the MLP on the flattened pixels.
+        built = build_algorithm(build_config(algo, env_id, sets=["mlflow=false",
+                                                                 f"{algo}.encoder=mlp"]))
+        built.close()
 
 
 def test_byte_vectors_are_not_images():

@@ -52,7 +52,7 @@ from rlloop.conditions import Condition, HitsUpperBound
 from rlloop.config import RunConfig, build_config, load_yaml, resumable
 from rlloop.devices import resolve_device
 from rlloop.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
-from rlloop.envs.core import Box, Discrete
+from rlloop.envs.core import Box, Discrete, MultiBinary, MultiDiscrete
 from rlloop.envs.imports import check_env_import, check_net_import
 from rlloop.envs.objects import check_object_env
 from rlloop.envs.registry import env_spec, resolve_env_id
@@ -92,16 +92,15 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
     entry = ALGORITHMS[config.algo]
     space = spec.action_space
+    if isinstance(space, MultiDiscrete | MultiBinary) and config.algo != "ppo":
+        raise ConfigError(f"{config.algo} takes Discrete or Box actions but {config.env} has "
+                          f"{type(space).__name__} ones; use ppo for this env")
     if isinstance(space, Discrete) and not entry.discrete:
         raise ConfigError(f"{config.algo} needs continuous (Box) actions but {config.env} has "
                           "discrete ones; use ppo or dqn for this env")
     if isinstance(space, Box) and not entry.continuous:
         raise ConfigError(f"{config.algo} needs discrete actions but {config.env} has "
                           "continuous ones; use ppo, sac or td3 for this env")
-    if spec.image_obs:  # an MLP on raw pixels trains, slowly and badly, without a word
-        raise ConfigError(f"{config.env} has image observations (uint8 {spec.obs_shape}) but "
-                          f"{config.algo} has MLPs only, no pixel encoder; use vector "
-                          "observations, e.g. --set env_kwargs.obs_type=ram for Atari")
     check_memory(config, spec)
     settings = EnvSettings(config.env, spec, num_envs, config.backend, config.seed,
                            config.total_env_steps, config.horizons_per_env_reset,

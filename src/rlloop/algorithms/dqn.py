@@ -33,6 +33,7 @@ from rlloop.learners.mlp_backprop import DQNBackprop, dqn_backprop
 from rlloop.learners.schedules import Linear
 from rlloop.losses.dqn import dqn_loss, dqn_target
 from rlloop.losses.polyak import hard_update, polyak_update
+from rlloop.modules.encoders import build_encoder
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import QNetwork
 
@@ -220,8 +221,10 @@ class DQN(OffPolicyAlgorithmBase):
         super().__init__("dqn", env)
         self.config = config
         self.space = env.spec.action_space
-        self.q = build_module(lambda: QNetwork(flat_dim(env.spec.obs_shape), self.space.n,
-                                               config.hidden, config.dueling), self.device)
+        spec = env.spec
+        self.q = build_module(lambda: QNetwork(
+            flat_dim(spec.obs_shape), self.space.n, config.hidden, config.dueling,
+            build_encoder("dqn", config.encoder, spec.obs_shape, spec.image_obs)), self.device)
         self.learner = DQNLearner({DEFAULT_MODULE_ID: DQNModule(self.q)}, config,
                                   env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, self.space, self.generator)

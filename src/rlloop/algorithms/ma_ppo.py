@@ -32,6 +32,7 @@ from rlloop.envs.multi_agent import AgentSpec, PettingZooVecEnv, make_multi_agen
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.modules.actor_critic import ActorCritic
+from rlloop.modules.encoders import build_encoder
 from rlloop.modules.masked import MaskedActorCritic
 from rlloop.runners.multi_agent import RANDOM, MultiAgentRunner, evaluate_multi_agent
 from rlloop.seeding import derive_seed, seed_global_rngs
@@ -131,8 +132,10 @@ class MultiAgentPPO:
             if spec.action_mask:
                 return MaskedActorCritic(spec.obs_shape, spec.action_space,  # type: ignore[arg-type]
                                          spec.action_mask, cfg.hidden, cfg.activation)
+            # PettingZoo observations reach rlloop as float vectors: "auto" is the MLP.
             return ActorCritic(spec.obs_shape, spec.action_space, cfg.hidden, cfg.activation,
-                               cfg.init_log_std)
+                               cfg.init_log_std, build_encoder(cfg.section, cfg.encoder,
+                                                               spec.obs_shape, image=False))
 
         return build_module(build, self.device)
 

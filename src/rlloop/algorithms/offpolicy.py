@@ -38,6 +38,7 @@ from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
 from rlloop.errors import ConfigError, check_finite
 from rlloop.learners.learner import TensorBatch
 from rlloop.learners.schedules import Linear
+from rlloop.modules.encoders import ENCODERS
 from rlloop.runners.env_runner import EnvRunner
 
 Stats = dict[str, float]
@@ -90,6 +91,7 @@ class ExperienceSpec:
     action_shape: tuple[int, ...]
     action_dtype: torch.dtype
     device: torch.device = HOST
+    obs_dtype: torch.dtype = torch.float32
 
 
 class OneStepProcessor:
@@ -122,13 +124,14 @@ def _nstep(spec: ExperienceSpec, cfg: OffPolicyConfig) -> StepProcessor:
     if cfg.n_step == 1:
         return OneStepProcessor(spec.num_envs, cfg.gamma, spec.device)
     return NStepProcessor(spec.num_envs, cfg.n_step, cfg.gamma, spec.obs_shape,
-                          spec.action_shape, spec.action_dtype, device=spec.device)
+                          spec.action_shape, spec.action_dtype, device=spec.device,
+                          obs_dtype=spec.obs_dtype)
 
 
 def _replay(prioritized: bool) -> Callable[[ExperienceSpec, OffPolicyConfig], Replay]:
     def build(spec: ExperienceSpec, cfg: OffPolicyConfig) -> Replay:
         args = (cfg.buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype,
-                spec.device)
+                spec.device, spec.obs_dtype)
         try:
             if prioritized:
                 return PrioritizedReplayBuffer(*args, alpha=cfg.per_alpha, beta=cfg.per_beta)
@@ -264,6 +267,13 @@ class OffPolicyConfig:
     """Evaluator (EVALUATORS): "deterministic" (greedy or mean action) or "stochastic"."""
     recorder: str = "mean"
     """Recorder (RECORDERS): "mean" of the stats since the last record, or "last"."""
+    clip_rewards: bool = False
+    """Learn from the sign of each reward (Atari's convention); episode returns are still
+    logged unclipped."""
+    encoder: str = "auto"
+    """Observation encoder: "auto" (Nature CNN for image observations, else the MLP),
+    "mlp" (flattened observations, pixels too) or "nature_cnn". With the CNN the heads
+    are linear on its 512 features (hidden applies to vector observations only)."""
     compile: bool = False
     """Run each gradient update through torch.compile (compiled on the first updates,
     which takes a while; the README says when it pays)."""
@@ -287,6 +297,9 @@ class OffPolicyConfig:
             if getattr(self, name) not in registry:
                 raise ConfigError(f"{s}.{name} must be one of {sorted(registry)}, "
                                   f"got {getattr(self, name)!r}")
+        if self.encoder not in ENCODERS:
+            raise ConfigError(f"{s}.encoder must be one of {list(ENCODERS)}, "
+                              f"got {self.encoder!r}")
         if self.replay == "prioritized" and not self.supports_prioritized:
             raise ConfigError(f"{s}.replay=prioritized is supported by dqn only; use uniform")
 
@@ -356,7 +369,7 @@ class OffPolicyLoop:
         shape = action_space.shape if isinstance(action_space, Box) else ()
         dtype = torch.int64 if isinstance(action_space, Discrete) else torch.float32
         spec = ExperienceSpec(env.num_envs, tuple(env.spec.obs_shape), tuple(shape), dtype,
-                              runner.device)
+                              runner.device, env.spec.obs_dtype)
         self.processor = STEP_PROCESSORS[config.step_processor](spec, config)
         self.replay = REPLAY_BUFFERS[config.replay](spec, config)
         self.env_steps = 0
@@ -376,7 +389,8 @@ class OffPolicyLoop:
         t1 = clock()
         res = runner.env.step(action if self.to_env is None else self.to_env(action))
         t2 = clock()
-        self.replay.add(self.processor.process(obs, action, res.reward, res.final_obs,
+        reward = res.reward.sign() if self.config.clip_rewards else res.reward
+        self.replay.add(self.processor.process(obs, action, reward, res.final_obs,
                                                res.terminated, res.truncated))
         done = res.terminated | res.truncated
         runner.episodes.update(res.reward, done)

@@ -23,6 +23,7 @@ from rlloop.losses.ppo import PPOLossConfig, ppo_loss
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.custom import check_net_path, resolve_net
 from rlloop.modules.distributions import ActionDist
+from rlloop.modules.encoders import ENCODERS, build_encoder
 from rlloop.modules.normalizer import RunningMeanStd
 
 
@@ -95,9 +96,16 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
     net: str | None = None
     """A custom network for the actor and the critic bodies as module:Class, called as
     Class(obs_shape) and returning an nn.Module with a features_dim attribute
-    (None: MLPs of `hidden` units)."""
+    (None: MLPs of `hidden` units, or the encoder below). It replaces the encoder."""
+    encoder: str = "auto"
+    """Observation encoder: "auto" (Nature CNN for image observations, else the MLP),
+    "mlp" (flattened observations, pixels too) or "nature_cnn". With the CNN the policy
+    and value heads are linear on its shared 512 features (hidden is unused)."""
     normalize_obs: bool = False
     """Standardise observations with running statistics."""
+    clip_rewards: bool = False
+    """Learn from the sign of each reward (Atari's convention); episode returns are still
+    logged unclipped."""
     normalize_rewards: bool = False
     """Scale rewards by the running std of the discounted return."""
     recurrent: Literal["lstm", "gru"] | None = None
@@ -134,6 +142,9 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
         if self.net is not None:
             check_net_path(self.net, f"{self.section}.net")
         GradientClip(self.max_grad_norm, self.grad_clip_by)
+        if self.encoder not in ENCODERS:
+            raise ConfigError(f"{self.section}.encoder must be one of {list(ENCODERS)}, "
+                              f"got {self.encoder!r}")
 
     def check_batch(self, num_envs: int) -> None:
         batch = self.rollout_steps * num_envs
@@ -181,7 +192,7 @@ class PPOLearner(Learner[PPOBatch]):
     def forward_train(self, module_id: str, batch: PPOBatch) -> tuple[ActionDist, Tensor]:
         module = self.modules[module_id]
         assert isinstance(module, ActorCritic)
-        return module.dist(batch.obs), module.value(batch.obs)
+        return module.dist_value(batch.obs)
 
     def compute_loss_for_module(self, module_id: str, config: PPOConfig, batch: PPOBatch,
                                 fwd_out: tuple[ActionDist, Tensor] | None = None,
@@ -224,10 +235,10 @@ class PPO(AlgorithmBase):
         self._sde_age = 0
         self.learner = self.learner_cls({DEFAULT_MODULE_ID: self.policy}, config,
                                         on_nonfinite=env.on_nonfinite)  # type: ignore[arg-type]
-        act_shape = spec.action_space.shape if isinstance(spec.action_space, Box) else ()
+        act_shape = getattr(spec.action_space, "shape", ())  # () for Discrete
         self.buffer = RolloutBuffer(config.rollout_steps, self.env.num_envs, spec.obs_shape,
                                     act_shape, torch.float32 if box else torch.int64,
-                                    device=self.device)
+                                    device=self.device, obs_dtype=spec.obs_dtype)
         self.reward_stats = RunningMeanStd(device=self.device) \
             if config.normalize_rewards else None
         self.reward_running = torch.zeros(self.env.num_envs, dtype=stats_dtype(self.device),
@@ -238,8 +249,10 @@ class PPO(AlgorithmBase):
         features = self._features
         return lambda: ActorCritic(
             spec.obs_shape, spec.action_space, config.hidden, config.activation,
-            config.init_log_std, sde=(config.full_std, config.use_expln) if config.use_sde
-            else None, ortho_init=config.ortho_init, features=features)
+            config.init_log_std, None if features is not None else build_encoder(
+                config.section, config.encoder, spec.obs_shape, spec.image_obs),
+            sde=(config.full_std, config.use_expln) if config.use_sde else None,
+            ortho_init=config.ortho_init, features=features)
 
     def _behaviour(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         sde = self.policy.sde
@@ -273,12 +286,20 @@ class PPO(AlgorithmBase):
     def _batch(self) -> PPOBatch:
         buf, policy = self.buffer, self.policy
         t, n = buf.steps, buf.num_envs
-        # One forward over every observation and every stored final one: selecting the
-        # truncated rows first would wait for the device to say how many there are.
-        values_all = policy.value(torch.cat([buf.obs.flatten(0, 1), self.runner.obs,
-                                             buf.next_obs.flatten(0, 1)]))
+        if policy.encoder is None:
+            # One forward over every observation and every stored final one: selecting the
+            # truncated rows first would wait for the device to say how many there are.
+            values_all = policy.value(torch.cat([buf.obs.flatten(0, 1), self.runner.obs,
+                                                 buf.next_obs.flatten(0, 1)]))
+            final_values = values_all[(t + 1) * n:].view(t, n)
+        else:
+            # A CNN pass over every stored final frame would cost a third of an epoch;
+            # one wait per update for the few truncated rows costs nothing in comparison.
+            values_all = policy.value(torch.cat([buf.obs.flatten(0, 1), self.runner.obs]))
+            final_values = torch.zeros_like(buf.rewards)
+            if bool(buf.truncated.any()):
+                final_values[buf.truncated] = policy.value(buf.next_obs[buf.truncated])
         values = values_all[: t * n].view(t, n)
-        final_values = values_all[(t + 1) * n:].view(t, n)
         next_values = torch.where(buf.truncated, final_values, values_all[n: (t + 1) * n]
                                   .view(t, n))
         adv, ret = self._advantages(values, next_values)
@@ -289,7 +310,7 @@ class PPO(AlgorithmBase):
         """GAE advantages and returns ``[T, N]`` of the buffer's rewards (scaled when
         normalize_rewards is on) for ``values`` and the bootstrap ``next_values``."""
         buf, cfg = self.buffer, self.config
-        rewards = buf.rewards
+        rewards = buf.rewards.sign() if cfg.clip_rewards else buf.rewards
         if self.reward_stats is not None:
             rewards = discounted_reward_scale(rewards, buf.terminated | buf.truncated,
                                               self.reward_running, self.reward_stats, cfg.gamma)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
@@ -48,6 +48,7 @@ from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.sac import sac_actor_loss, sac_alpha_loss, sac_critic_loss, sac_target
+from rlloop.modules.encoders import NatureCNN, build_encoder
 from rlloop.modules.gsde import TanhGSDEActor
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import TanhGaussianActor, TwinQ, standard_normal
@@ -105,13 +106,21 @@ class SACConfig(OffPolicyConfig):
 class SACModule(nn.Module):
     """Actor, twin critics, their Polyak target and ``log alpha``."""
 
-    def __init__(self, obs_dim: int, act_dim: int, config: SACConfig) -> None:
+    def __init__(self, obs_dim: int, act_dim: int, config: SACConfig,
+                 encoder: Callable[[], NatureCNN | None] = lambda: None) -> None:
         super().__init__()
-        self.actor: TanhGaussianActor | TanhGSDEActor = (
-            TanhGSDEActor(obs_dim, act_dim, config.hidden, config.init_log_std,
-                          config.full_std, config.use_expln) if config.use_sde
-            else TanhGaussianActor(obs_dim, act_dim, config.hidden))
-        self.critic = TwinQ(obs_dim, act_dim, config.hidden)
+        # Actor and critic each get their own encoder (SB3's share_features_extractor=False).
+        actor_encoder = encoder()
+        self.actor: TanhGaussianActor | TanhGSDEActor
+        if config.use_sde:
+            if actor_encoder is not None:
+                raise ConfigError("sac.use_sde needs vector observations (gSDE's noise acts on "
+                                  "an MLP's features); drop sac.use_sde or set sac.encoder=mlp")
+            self.actor = TanhGSDEActor(obs_dim, act_dim, config.hidden, config.init_log_std,
+                                       config.full_std, config.use_expln)
+        else:
+            self.actor = TanhGaussianActor(obs_dim, act_dim, config.hidden, actor_encoder)
+        self.critic = TwinQ(obs_dim, act_dim, config.hidden, encoder=encoder())
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(config.init_alpha)),
                                       requires_grad=config.autotune_alpha)
@@ -215,8 +224,10 @@ class SAC(OffPolicyAlgorithmBase):
         self.config = config
         self.space = space
         entropy = -float(space.dim) if config.target_entropy is None else config.target_entropy
-        self.module = build_module(lambda: SACModule(flat_dim(env.spec.obs_shape), space.dim,
-                                                     config), self.device)
+        spec = env.spec
+        self.module = build_module(lambda: SACModule(
+            flat_dim(spec.obs_shape), space.dim, config, lambda: build_encoder(
+                "sac", config.encoder, spec.obs_shape, spec.image_obs)), self.device)
         self.learner = SACLearner({DEFAULT_MODULE_ID: self.module}, config, entropy,
                                   self.generator, env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env,

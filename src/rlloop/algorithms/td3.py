@@ -11,7 +11,7 @@ none: :mod:`rlloop.modules.action_noise`) to ``mu(s)`` in the normalised action 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, cast
 
@@ -37,6 +37,7 @@ from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.td3 import smoothed_target_action, td3_actor_loss, td3_critic_loss, td3_target
 from rlloop.modules.action_noise import make_action_noise
+from rlloop.modules.encoders import NatureCNN, build_encoder
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import DeterministicActor, TwinQ, standard_normal
 
@@ -89,11 +90,12 @@ class TD3Config(OffPolicyConfig):
 class TD3Module(nn.Module):
     """Actor, twin critics and their Polyak targets."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: list[int]) -> None:
+    def __init__(self, obs_dim: int, act_dim: int, hidden: list[int],
+                 encoder: Callable[[], NatureCNN | None] = lambda: None) -> None:
         super().__init__()
-        self.actor = DeterministicActor(obs_dim, act_dim, hidden)
+        self.actor = DeterministicActor(obs_dim, act_dim, hidden, encoder())
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
-        self.critic = TwinQ(obs_dim, act_dim, hidden)
+        self.critic = TwinQ(obs_dim, act_dim, hidden, encoder=encoder())
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
 
 
@@ -182,8 +184,10 @@ class TD3(OffPolicyAlgorithmBase):
         super().__init__("td3", env)
         self.config = config
         self.space = space
-        self.module = build_module(lambda: TD3Module(flat_dim(env.spec.obs_shape), space.dim,
-                                                     config.hidden), self.device)
+        spec = env.spec
+        self.module = build_module(lambda: TD3Module(
+            flat_dim(spec.obs_shape), space.dim, config.hidden, lambda: build_encoder(
+                "td3", config.encoder, spec.obs_shape, spec.image_obs)), self.device)
         self.learner = TD3Learner({DEFAULT_MODULE_ID: self.module}, config, self.generator,
                                   env.on_nonfinite)
         self.noise = make_action_noise(config.action_noise, env.num_envs, space.dim,

@@ -25,16 +25,18 @@ class RolloutBuffer:
             truncated``: a step in which the env reports that no episode ended is not
             copied (the next observation is ``obs[t + 1]``, or the runner's for the last).
 
-    All storage is on ``device``.
+    All storage is on ``device``; observations keep the env's dtype (``obs_dtype``: uint8
+    frames stay uint8).
     """
 
     def __init__(self, steps: int, num_envs: int, obs_shape: Sequence[int],
                  action_shape: Sequence[int], action_dtype: torch.dtype,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu",
+                 obs_dtype: torch.dtype = torch.float32) -> None:
         t, n, d = steps, num_envs, torch.device(device)
         self.steps, self.num_envs, self.device = steps, num_envs, d
-        self.obs = torch.zeros((t, n, *obs_shape), device=d)
-        self.next_obs = torch.zeros((t, n, *obs_shape), device=d)
+        self.obs = torch.zeros((t, n, *obs_shape), dtype=obs_dtype, device=d)
+        self.next_obs = torch.zeros((t, n, *obs_shape), dtype=obs_dtype, device=d)
         self.actions = torch.zeros((t, n, *action_shape), dtype=action_dtype, device=d)
         self.log_probs = torch.zeros((t, n), device=d)
         self.rewards = torch.zeros((t, n), device=d)

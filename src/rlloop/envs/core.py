@@ -41,7 +41,36 @@ class Box:
         return size
 
 
-ActionSpace = Discrete | Box
+@dataclass(frozen=True)
+class MultiDiscrete:
+    """One index per entry of ``nvec``, actions int64 ``[len(nvec)]`` with entry ``i`` in
+    ``[0, nvec[i])`` (a factorised categorical policy, one head per entry)."""
+
+    nvec: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.nvec),)
+
+    @property
+    def n(self) -> int:
+        """Logits of the factorised policy (the sum of ``nvec``)."""
+        return sum(self.nvec)
+
+
+@dataclass(frozen=True)
+class MultiBinary:
+    """``n`` independent on/off choices, actions int64 ``[n]`` of 0 or 1 (a Bernoulli
+    policy per entry)."""
+
+    n: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.n,)
+
+
+ActionSpace = Discrete | Box | MultiDiscrete | MultiBinary
 
 
 @dataclass(frozen=True)
@@ -54,8 +83,8 @@ class EnvSpec:
         action_space: ``Discrete`` or ``Box``.
         max_episode_steps: Time limit after which episodes are truncated, if any.
         reward_threshold: Return at which the task counts as solved, if known.
-        image_obs: Observations are images (a uint8 Box of 2 or 3 dims): rlloop's MLPs
-            refuse them until it has pixel encoders.
+        image_obs: Observations are images (a uint8 Box of 2 or 3 dims): they arrive and
+            are stored as uint8, and the algorithms' encoders pick a CNN for them.
     """
 
     env_id: str
@@ -65,12 +94,18 @@ class EnvSpec:
     reward_threshold: float | None = None
     image_obs: bool = False
 
+    @property
+    def obs_dtype(self) -> torch.dtype:
+        """dtype of observations as the env returns them (uint8 pixels, else float32)."""
+        return torch.uint8 if self.image_obs else torch.float32
+
 
 class StepResult(NamedTuple):
     """One batched env step. Shapes use ``N = num_envs``.
 
     Attributes:
-        obs: ``[N, *obs_shape]`` float32, next observation; for envs whose episode
+        obs: ``[N, *obs_shape]`` ``spec.obs_dtype`` (float32, uint8 for images), next
+            observation; for envs whose episode
             just ended this is already the first observation of the next episode.
         reward: ``[N]`` float32.
         terminated: ``[N]`` bool, episode ended in a terminal state (no bootstrap).
@@ -128,6 +163,11 @@ def sample_random_actions(space: ActionSpace, n: int, generator: torch.Generator
     device = generator.device
     if isinstance(space, Discrete):
         return torch.randint(space.n, (n,), generator=generator, device=device)
+    if isinstance(space, MultiDiscrete | MultiBinary):
+        high = torch.tensor(space.nvec if isinstance(space, MultiDiscrete) else
+                            (2,) * space.n, device=device)
+        u = torch.rand((n, *space.shape), generator=generator, device=device)
+        return (u * high).long()
     low = torch.tensor(space.low, dtype=torch.float32, device=device).reshape(space.shape)
     high = torch.tensor(space.high, dtype=torch.float32, device=device).reshape(space.shape)
     u = torch.rand((n, *space.shape), generator=generator, device=device)

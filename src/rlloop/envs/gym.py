@@ -22,7 +22,17 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from torch import Tensor
 
 from rlloop.devices import arrays_to_device
-from rlloop.envs.core import ActionSpace, Box, Discrete, EnvError, EnvSpec, StepResult
+from rlloop.envs import atari
+from rlloop.envs.core import (
+    ActionSpace,
+    Box,
+    Discrete,
+    EnvError,
+    EnvSpec,
+    MultiBinary,
+    MultiDiscrete,
+    StepResult,
+)
 from rlloop.envs.gym_async import GuardedAsyncVectorEnv
 from rlloop.errors import RlloopError
 from rlloop.signals import StopInterrupted
@@ -42,9 +52,14 @@ def convert_action_space(env_id: str, space: gymnasium.Space[Any]) -> ActionSpac
             high=tuple(float(v) for v in space.high.reshape(-1)),
             shape=tuple(space.shape),
         )
+    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        return MultiDiscrete(tuple(int(n) for n in space.nvec))
+    if isinstance(space, spaces.MultiBinary) and len(space.shape) == 1:
+        return MultiBinary(int(space.shape[0]))
     raise EnvError(
-        f"{env_id}: action space {_one_line(space)} is not supported (only Discrete and Box); "
-        "register a wrapped variant of the env that exposes a Discrete or Box action space"
+        f"{env_id}: action space {_one_line(space)} is not supported (only Discrete, Box and "
+        "1-d MultiDiscrete/MultiBinary); register a wrapped variant of the env that exposes "
+        "one of these"
     )
 
 
@@ -113,7 +128,7 @@ def gym_env_spec(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSp
     """Spec of a Gymnasium env without stepping it: make one instance, read it, close it."""
     kwargs = env_kwargs or {}
     try:
-        env = gymnasium.make(env_id, **kwargs)
+        env = atari.make(env_id, **kwargs)
     except TypeError as e:
         if not kwargs:  # then it is a bug in the env, not a user mistake
             raise
@@ -147,7 +162,8 @@ _PASSED_ON = (RlloopError, StopInterrupted)
 class GymVecEnv:
     """``num_envs`` copies of a Gymnasium env as a ``VecEnv``.
 
-    Observations become float32 tensors (Box as-is, Discrete one-hot); Discrete actions
+    Observations become float32 tensors (Box as-is, Discrete one-hot; image Boxes stay
+    uint8); Discrete actions
     are ``[N]`` int64 in ``[0, n)``, Box actions ``[N, *shape]`` float32, clipped to the
     bounds before stepping. When Gymnasium reports both ``terminated`` and ``truncated``
     only ``terminated`` is kept (a terminal state needs no bootstrap).
@@ -194,7 +210,7 @@ class GymVecEnv:
         # them the registered spec, so envs registered at run time work there too
         # ("module:Env-v0" ids import their module in the worker instead).
         target = gymnasium.registry.get(env_id, env_id) if asynchronous else env_id
-        env_fns = [functools.partial(gymnasium.make, target, **kwargs)] * num_envs
+        env_fns = [functools.partial(atari.make, target, **kwargs)] * num_envs
         try:
             self._vec: SyncVectorEnv | GuardedAsyncVectorEnv = (
                 GuardedAsyncVectorEnv(env_fns, env_id=env_id, step_timeout=step_timeout)
@@ -233,6 +249,8 @@ class GymVecEnv:
             index = np.asarray(obs, dtype=np.int64) - int(self._obs_space.start)
             one_hot: np.ndarray = np.eye(int(self._obs_space.n), dtype=np.float32)[index]
             return one_hot
+        if self.spec.image_obs:  # frames stay uint8 up to the network (4x fewer bytes)
+            return np.asarray(obs, dtype=np.uint8)
         return np.asarray(obs, dtype=np.float32)
 
     def _to_tensors(self, *arrays: np.ndarray) -> list[Tensor]:
@@ -247,6 +265,13 @@ class GymVecEnv:
                     f"expected Discrete actions of shape ({self.num_envs},), got {array.shape}"
                 )
             return array.astype(np.int64) + int(space.start)
+        if isinstance(space, spaces.MultiDiscrete | spaces.MultiBinary):
+            if array.shape != (self.num_envs, *space.shape):
+                raise EnvError(f"expected {type(space).__name__} actions of shape "
+                               f"{(self.num_envs, *space.shape)}, got {array.shape}")
+            if isinstance(space, spaces.MultiBinary):
+                return array.astype(np.int8)
+            return array.astype(np.int64) + space.start
         assert isinstance(space, spaces.Box)
         if array.shape != (self.num_envs, *space.shape):
             raise EnvError(

@@ -90,12 +90,21 @@ def resolve_env_id(env_id: str, *, allow_import: bool = False, search_cwd: bool 
     provider = _provider(name)
     if module:
         _import_env_module(env_id, module, allow_import, search_cwd, provider)
-    elif provider is not None and importlib.util.find_spec(provider.module) is not None:
-        importlib.import_module(provider.module)
+    elif provider is not None and _provider_importable(provider):
         module = provider.module
     if name not in gymnasium.registry:
         raise EnvError(_unknown_id(env_id, name, module, provider))
     return f"{module}:{name}" if module else name
+
+
+def _provider_importable(provider: Provider) -> bool:
+    """Import the provider's package; False when it is missing or its import fails (then
+    the unknown-id error names the pip command)."""
+    try:
+        importlib.import_module(provider.module)
+    except ImportError:
+        return False
+    return True
 
 
 def _provider(name: str) -> Provider | None:

@@ -137,6 +137,8 @@ def _not_plain_relu(network: nn.Module) -> str | None:
         return f"the Q-network is a {type(network).__name__}, not a QNetwork"
     if network.dueling:
         return "the Q-network has a dueling head"
+    if network.encoder is not None:
+        return "the Q-network has a CNN encoder"
     body = network.net
     if type(body) is not MLP:
         return f"the Q-network's body is a {type(body).__name__}, not a ReLU MLP"

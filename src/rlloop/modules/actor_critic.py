@@ -8,9 +8,16 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from rlloop.envs.core import ActionSpace, Box, Discrete
+from rlloop.envs.core import ActionSpace, Box, Discrete, MultiBinary, MultiDiscrete
 from rlloop.errors import ConfigError
-from rlloop.modules.distributions import ActionDist, Categorical, DiagGaussian
+from rlloop.modules.distributions import (
+    ActionDist,
+    Bernoulli,
+    Categorical,
+    DiagGaussian,
+    MultiCategorical,
+)
+from rlloop.modules.encoders import NatureCNN
 from rlloop.modules.gsde import StateDependentNoise
 from rlloop.modules.networks import _init, flat_dim, mlp
 
@@ -20,13 +27,16 @@ FeaturesFactory = Callable[[tuple[int, ...]], nn.Module]
 
 
 class ActorCritic(nn.Module):
-    """Policy ``pi(a|s)`` and value ``V(s)`` for a Discrete or Box action space.
+    """Policy ``pi(a|s)`` and value ``V(s)`` for a Discrete, Box, MultiDiscrete (one
+    categorical head per entry) or MultiBinary (one Bernoulli per entry) action space.
 
-    Each of actor and critic is a body (an MLP on the flattened observation, or a user
-    network from ``features``, which sees observations as they come) and a linear head.
-    Box actions use a state-independent learned ``log_std``, or with ``sde`` (gSDE) a
-    noise matrix on the actor's last hidden features; the environment adapter clips
-    actions to the bounds.
+    Observations ``[B, *obs_shape]`` are flattened, or go through ``encoder`` (a CNN for
+    pixels, shared by policy and value as in Stable-Baselines3's ``CnnPolicy``; the heads
+    are then linear on its features and ``hidden`` is unused). Each of actor and critic is
+    a body (an MLP, or a user network from ``features``, which sees observations as they
+    come) and a linear head. Box actions use a state-independent learned ``log_std``, or
+    with ``sde`` (gSDE) a noise matrix on the actor's last hidden features; the
+    environment adapter clips actions to the bounds.
     """
 
     def __init__(
@@ -36,6 +46,7 @@ class ActorCritic(nn.Module):
         hidden: Sequence[int] = (64, 64),
         activation: str = "tanh",
         init_log_std: float = 0.0,
+        encoder: NatureCNN | None = None,
         *,
         sde: tuple[bool, bool] | None = None,
         ortho_init: bool = True,
@@ -43,10 +54,16 @@ class ActorCritic(nn.Module):
     ) -> None:
         """``sde`` is ``(full_std, use_expln)`` to explore with gSDE (Box actions)."""
         super().__init__()
-        self.obs_dim = flat_dim(obs_shape)
+        if encoder is not None and features is not None:
+            raise ConfigError("a custom network (net) and an encoder were both given; a "
+                              "custom network replaces the encoder: set encoder=mlp")
+        self.encoder = encoder
+        self.obs_dim = flat_dim(obs_shape) if encoder is None else encoder.out_dim
+        if encoder is not None:
+            hidden = ()
         self.action_space = action_space
         self.sde: StateDependentNoise | None = None
-        if isinstance(action_space, Discrete):
+        if isinstance(action_space, Discrete | MultiDiscrete | MultiBinary):
             out = action_space.n
         elif isinstance(action_space, Box):
             out = action_space.dim
@@ -68,24 +85,41 @@ class ActorCritic(nn.Module):
                 latent = cast(nn.Linear, self.actor[-1]).in_features
                 self.sde = StateDependentNoise(latent, out, init_log_std, *sde)
 
-    def _input(self, obs: Tensor) -> Tensor:
+    def features(self, obs: Tensor) -> Tensor:
+        """What the actor and critic bodies take: the encoder's features, the flattened
+        observation, or (a user network) the observation as it comes."""
+        if self.encoder is not None:
+            return self.encoder(obs)
         return obs.flatten(1) if self.flatten else obs
 
-    def _latent_mean(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        latent = self.actor[:-1](self._input(obs))
+    def _latent_mean(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        latent = self.actor[:-1](x)
         return latent, self.actor[-1](latent)
 
     def dist(self, obs: Tensor) -> ActionDist:
+        return self._dist(self.features(obs))
+
+    def _dist(self, x: Tensor) -> ActionDist:
         if self.sde is not None:
-            latent, mean = self._latent_mean(obs)
+            latent, mean = self._latent_mean(x)
             return DiagGaussian(mean, self.sde.log_std_of(latent))
-        out = self.actor(self._input(obs))
-        if isinstance(self.action_space, Discrete):
+        out = self.actor(x)
+        space = self.action_space
+        if isinstance(space, Discrete):
             return Categorical(out)
+        if isinstance(space, MultiDiscrete):
+            return MultiCategorical(out, space.nvec)
+        if isinstance(space, MultiBinary):
+            return Bernoulli(out)
         return DiagGaussian(out, self.log_std)
 
     def value(self, obs: Tensor) -> Tensor:
-        return self.critic(self._input(obs)).squeeze(-1)
+        return self.critic(self.features(obs)).squeeze(-1)
+
+    def dist_value(self, obs: Tensor) -> tuple[ActionDist, Tensor]:
+        """``dist(obs)`` and ``value(obs)`` with one encoder pass."""
+        x = self.features(obs)
+        return self._dist(x), self.critic(x).squeeze(-1)
 
     def act(self, obs: Tensor, deterministic: bool = False,
             generator: torch.Generator | None = None,
@@ -96,7 +130,7 @@ class ActorCritic(nn.Module):
         (standard normal; one matrix is drawn from ``generator`` when None)."""
         d: ActionDist
         if self.sde is not None:
-            latent, mean = self._latent_mean(obs)
+            latent, mean = self._latent_mean(self.features(obs))
             d = DiagGaussian(mean, self.sde.log_std_of(latent))
             if deterministic:
                 actions = mean

@@ -65,3 +65,48 @@ class DiagGaussian:
 
     def entropy(self) -> Tensor:
         return (self.log_std + 0.5 + _LOG_SQRT_2PI).sum(-1)
+
+
+class MultiCategorical:
+    """Independent categoricals, one per entry of ``nvec``, on ``logits`` ``[B, sum(nvec)]``;
+    actions int64 ``[B, len(nvec)]``. Log-probabilities and entropies add up over entries."""
+
+    def __init__(self, logits: Tensor, nvec: tuple[int, ...]) -> None:
+        self.parts = [Categorical(x) for x in logits.split(list(nvec), dim=-1)]
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        return torch.stack([p.sample(generator) for p in self.parts], -1)
+
+    def mode(self) -> Tensor:
+        return torch.stack([p.mode() for p in self.parts], -1)
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        return torch.stack([p.log_prob(a) for p, a in zip(self.parts, actions.unbind(-1),
+                                                          strict=True)], -1).sum(-1)
+
+    def entropy(self) -> Tensor:
+        return torch.stack([p.entropy() for p in self.parts], -1).sum(-1)
+
+
+class Bernoulli:
+    """Independent Bernoulli choices with ``logits`` ``[B, n]``; actions int64 ``[B, n]``."""
+
+    def __init__(self, logits: Tensor) -> None:
+        self.logits = logits
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        u = torch.rand(self.logits.shape, generator=generator, dtype=self.logits.dtype,
+                       device=self.logits.device)
+        return (u < torch.sigmoid(self.logits)).long()
+
+    def mode(self) -> Tensor:
+        return (self.logits > 0).long()
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        # log sigmoid(x) for a 1, log sigmoid(-x) for a 0, without overflow.
+        signed = torch.where(actions.bool(), self.logits, -self.logits)
+        return torch.nn.functional.logsigmoid(signed).sum(-1)
+
+    def entropy(self) -> Tensor:
+        p = torch.sigmoid(self.logits)
+        return (torch.nn.functional.softplus(self.logits) - p * self.logits).sum(-1)

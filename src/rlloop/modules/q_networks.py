@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlloop.modules.encoders import NatureCNN
+
 LOG_STD_MIN = -20.0
 LOG_STD_MAX = 2.0
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -50,26 +52,42 @@ class QNetwork(nn.Module):
 
     With ``dueling`` the last hidden layer feeds a value head and an advantage head,
     ``Q = V + A - mean_a A`` (Wang et al. 2016, arXiv:1511.06581, eq. 9).
+
+    With an ``encoder`` (a CNN for pixels) the heads are linear on its features, as in
+    the Nature DQN and Stable-Baselines3's ``CnnPolicy``: ``obs_dim`` and ``hidden`` are
+    unused.
     """
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: Sequence[int],
-                 dueling: bool = False) -> None:
+                 dueling: bool = False, encoder: NatureCNN | None = None) -> None:
         super().__init__()
         self.dueling = dueling
+        self.encoder = encoder
+        if encoder is not None:
+            obs_dim, hidden = encoder.out_dim, ()
+        self.net: MLP | nn.Identity
         if not dueling:
             self.net = MLP(obs_dim, hidden, n_actions)
             return
-        self.net = MLP(obs_dim, hidden[:-1], hidden[-1])
-        self.value = nn.Linear(hidden[-1], 1)
-        self.advantage = nn.Linear(hidden[-1], n_actions)
+        # The encoder's features are the (ReLU) layer the heads read.
+        self.net = MLP(obs_dim, hidden[:-1], hidden[-1]) if hidden else nn.Identity()
+        width = hidden[-1] if hidden else obs_dim
+        self.value = nn.Linear(width, 1)
+        self.advantage = nn.Linear(width, n_actions)
 
     def forward(self, obs: Tensor) -> Tensor:
-        x = self.net(obs.flatten(1))
+        x = self.net(obs.flatten(1) if self.encoder is None else self.encoder(obs))
         if not self.dueling:
             return x
-        x = x.relu_()
+        if self.encoder is None:
+            x = x.relu_()
         adv = F.linear(x, self.advantage.weight, self.advantage.bias)
         return F.linear(x, self.value.weight, self.value.bias) + adv - adv.mean(1, keepdim=True)
+
+
+def encode(encoder: NatureCNN | None, obs: Tensor) -> Tensor:
+    """``[B, features]``: ``obs`` flattened, or through ``encoder`` when there is one."""
+    return obs.flatten(1) if encoder is None else encoder(obs)
 
 
 class TwinQ(nn.Module):
@@ -77,11 +95,16 @@ class TwinQ(nn.Module):
 
     Each layer holds both critics' weights as ``[2, in, out]`` and runs one batched
     matmul (``baddbmm``) instead of two: the same FLOPs in half the ops. The critics
-    are still independent (separately initialised, never sharing a weight).
+    are still independent (separately initialised, never sharing a weight), except for
+    an ``encoder`` (a CNN for pixels), which both read, as in Stable-Baselines3's critic.
     """
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int], members: int = 2) -> None:
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int], members: int = 2,
+                 encoder: NatureCNN | None = None) -> None:
         super().__init__()
+        self.encoder = encoder
+        if encoder is not None:
+            obs_dim = encoder.out_dim
         dims = [obs_dim + act_dim, *hidden, 1]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
@@ -100,7 +123,12 @@ class TwinQ(nn.Module):
         is added to the critic loss for a single backward pass. ``member`` evaluates only
         that critic (``[1, B]``).
         """
-        x = torch.cat([obs.flatten(1), action.flatten(1)], 1)
+        if detach_params and self.encoder is not None:
+            with torch.no_grad():  # the features do not depend on the action
+                features = self.encoder(obs)
+        else:
+            features = encode(self.encoder, obs)
+        x = torch.cat([features, action.flatten(1)], 1)
         x = x.expand(self.members if member is None else 1, *x.shape)
         last = len(self.weights) - 1
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
@@ -136,10 +164,12 @@ class TanhGaussianActor(nn.Module):
     arXiv:1812.05905, appendix C). ``log sigma`` is clamped to ``[-20, 2]``.
     """
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int]) -> None:
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int],
+                 encoder: NatureCNN | None = None) -> None:
         super().__init__()
         self.act_dim = act_dim
-        self.net = MLP(obs_dim, hidden, 2 * act_dim)
+        self.encoder = encoder
+        self.net = MLP(obs_dim if encoder is None else encoder.out_dim, hidden, 2 * act_dim)
 
     def forward(self, obs: Tensor, generator: torch.Generator | None = None,
                 noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -147,7 +177,7 @@ class TanhGaussianActor(nn.Module):
 
         ``noise`` is the standard normal draw ``[B, d]``; when None it is drawn from
         ``generator`` (a compiled update draws it outside and passes it in)."""
-        mean, raw_log_std = self.net(obs.flatten(1)).chunk(2, dim=-1)
+        mean, raw_log_std = self.net(encode(self.encoder, obs)).chunk(2, dim=-1)
         log_std = raw_log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
         eps = standard_normal(mean.shape, mean, generator) if noise is None else noise
         u = mean + eps * log_std.exp()
@@ -156,16 +186,18 @@ class TanhGaussianActor(nn.Module):
 
     def mode(self, obs: Tensor) -> Tensor:
         """The deterministic action ``tanh(mu(s))``."""
-        return torch.tanh(self.net(obs.flatten(1))[:, : self.act_dim])
+        return torch.tanh(self.net(encode(self.encoder, obs))[:, : self.act_dim])
 
 
 class DeterministicActor(nn.Module):
     """TD3's policy ``mu(s) = tanh(MLP(s))`` in ``[-1, 1]^d``."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int]) -> None:
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int],
+                 encoder: NatureCNN | None = None) -> None:
         super().__init__()
         self.act_dim = act_dim
-        self.net = MLP(obs_dim, hidden, act_dim)
+        self.encoder = encoder
+        self.net = MLP(obs_dim if encoder is None else encoder.out_dim, hidden, act_dim)
 
     def forward(self, obs: Tensor) -> Tensor:
-        return torch.tanh(self.net(obs.flatten(1)))
+        return torch.tanh(self.net(encode(self.encoder, obs)))

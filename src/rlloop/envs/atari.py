@@ -1,0 +1,104 @@
+"""Atari envs (ale-py) with the preprocessing rl-zoo trains them with.
+
+rl-zoo wraps every Atari env in Stable-Baselines3's ``AtariWrapper`` (no-op reset, frame
+skip with max-pooling, episodic life, fire reset, 84x84 grayscale, reward clipping) and
+stacks 4 frames. rlloop builds the same from Gymnasium's own ``AtariPreprocessing`` and
+``FrameStackObservation`` plus the two wrappers Gymnasium lacks (:class:`EpisodicLife`,
+:class:`FireReset`). Reward clipping is left to the algorithms (``clip_rewards``) so
+that the logged episode returns are the game's score.
+
+An ``ALE/...-v5`` id keeps v5's sticky actions (``repeat_action_probability=0.25``,
+Machado et al. 2018); pass ``env_kwargs.repeat_action_probability=0`` for rl-zoo's
+``NoFrameskip-v4`` setting. ``env_kwargs.obs_type=ram`` gives the 128-byte RAM vector
+with no image preprocessing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, SupportsFloat
+
+import gymnasium
+from gymnasium.envs.registration import EnvSpec
+from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+FRAME_STACK = 4
+
+
+def is_atari_id(env_id: str) -> bool:
+    """Whether ``env_id`` (as resolved: ``ale_py:ALE/Pong-v5``) is an ale-py env."""
+    name = env_id.rpartition(":")[2]
+    return name.startswith("ALE/") or name.endswith("NoFrameskip-v4")
+
+
+class EpisodicLife(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """A lost life ends the episode (``terminated``) for the learner; the game goes on.
+
+    ``reset`` after a lost life steps a no-op instead of restarting the game, so values
+    are learned per life while the game state carries on (Mnih et al. 2015; SB3's
+    ``EpisodicLifeEnv``).
+    """
+
+    def __init__(self, env: gymnasium.Env[Any, Any]) -> None:
+        super().__init__(env)
+        self.lives = 0
+        self.game_over = True
+
+    def _ale_lives(self) -> int:
+        return int(self.env.unwrapped.ale.lives())  # type: ignore[attr-defined]
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self._ale_lives()
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[Any, dict[str, Any]]:
+        if self.game_over or seed is not None:
+            obs, info = self.env.reset(seed=seed, options=options)
+        else:
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:  # the no-op ended the game after all
+                obs, info = self.env.reset(options=options)
+        self.game_over = False
+        self.lives = self._ale_lives()
+        return obs, info
+
+
+class FireReset(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """Press FIRE after every reset in games that wait for it (Breakout's ball)."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        for action in (1, 2):  # FIRE, then another action, as SB3's FireResetEnv does
+            obs, _, terminated, truncated, info = self.env.step(action)
+            if terminated or truncated:
+                obs, info = self.env.reset(options=options)
+        return obs, info
+
+
+def make_atari(env_id: str | EnvSpec, **kwargs: Any) -> gymnasium.Env[Any, Any]:
+    """``gymnasium.make(env_id)`` with rl-zoo's Atari preprocessing and a 4-frame stack:
+    observations are ``[4, 84, 84]`` uint8."""
+    if kwargs.get("obs_type", "rgb") == "ram":
+        return gymnasium.make(env_id, **kwargs)
+    # AtariPreprocessing skips frames itself (max-pooling the last two).
+    env = gymnasium.make(env_id, **{"frameskip": 1, **kwargs})
+    env = AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
+                             terminal_on_life_loss=False, grayscale_obs=True)
+    env = EpisodicLife(env)
+    meanings = env.unwrapped.get_action_meanings()  # type: ignore[attr-defined]
+    if len(meanings) > 2 and meanings[1] == "FIRE":
+        env = FireReset(env)
+    return FrameStackObservation(env, FRAME_STACK)
+
+
+def make(env_id: str | EnvSpec, **kwargs: Any) -> gymnasium.Env[Any, Any]:
+    """``gymnasium.make``, with the Atari preprocessing for ale-py ids (or their specs)."""
+    if is_atari_id(env_id if isinstance(env_id, str) else env_id.id):
+        return make_atari(env_id, **kwargs)
+    return gymnasium.make(env_id, **kwargs)

@@ -1,0 +1,102 @@
+"""Observation encoders, chosen by observation space: pixels get a CNN, vectors an MLP.
+
+An encoder maps a batch of observations ``[B, *obs_shape]`` to features ``[B, out_dim]``.
+Vector observations need none: the algorithms' MLPs take them flattened, as before. Image
+observations (a uint8 ``Box`` of ``[H, W]``, ``[H, W, C]`` or ``[C, H, W]``) get the
+Nature CNN (Mnih et al. 2015, Nature 518), whose first op scales the uint8 frames to
+``[0, 1]``: frames cross from the host (and sit in rollout and replay storage) as uint8,
+a quarter of the bytes of float32, and are converted where the network runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal, cast
+
+import torch
+from torch import Tensor, nn
+
+from rlloop.errors import ConfigError
+
+EncoderKind = Literal["auto", "mlp", "nature_cnn"]
+ENCODERS: tuple[str, ...] = ("auto", "mlp", "nature_cnn")
+
+#: Smallest side the Nature CNN's three unpadded convolutions (8/4, 4/2, 3/1) accept.
+NATURE_MIN_SIDE = 36
+
+
+def image_layout(shape: Sequence[int]) -> tuple[int, int, int, bool]:
+    """``(channels, height, width, channels_last)`` of an image observation shape.
+
+    A last dim of 1, 3 or 4 with a first dim that is not (an RGB or RGBA frame) is read as
+    ``[H, W, C]``, anything else of three dims as ``[C, H, W]`` (frame stacks, Gymnasium's
+    ``FrameStackObservation`` of grayscale frames), two dims as one grayscale ``[H, W]``.
+    """
+    if len(shape) == 2:
+        return 1, shape[0], shape[1], False
+    if len(shape) != 3:
+        raise ConfigError(f"an image encoder needs observations of 2 or 3 dims, got shape "
+                          f"{tuple(shape)}; use encoder=mlp")
+    if shape[-1] in (1, 3, 4) and shape[0] not in (1, 3, 4):
+        return shape[-1], shape[0], shape[1], True
+    return shape[0], shape[1], shape[2], False
+
+
+def _conv_out(side: int) -> int:
+    for kernel, stride in ((8, 4), (4, 2), (3, 1)):
+        side = (side - kernel) // stride + 1
+    return side
+
+
+class NatureCNN(nn.Module):
+    """Three convolutions and a 512-unit linear layer, ReLU throughout.
+
+    uint8 input is scaled by 1/255 inside ``forward`` (on whatever device the module is);
+    float input is taken as already scaled. Orthogonal initialisation with gain
+    ``sqrt(2)``, as in Stable-Baselines3's and CleanRL's Atari PPO.
+    """
+
+    def __init__(self, obs_shape: Sequence[int], features: int = 512) -> None:
+        super().__init__()
+        c, h, w, self.channels_last = image_layout(obs_shape)
+        self.add_channel = len(obs_shape) == 2
+        if min(h, w) < NATURE_MIN_SIDE:
+            raise ConfigError(f"image observations of {h}x{w} are smaller than the Nature "
+                              f"CNN's {NATURE_MIN_SIDE}x{NATURE_MIN_SIDE}; resize them (e.g. "
+                              "gymnasium.wrappers.ResizeObservation) or use encoder=mlp")
+        self.out_dim = features
+        self.net = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(64 * _conv_out(h) * _conv_out(w), features), nn.ReLU(),
+        )
+        for layer in self.net:
+            if isinstance(layer, nn.Conv2d | nn.Linear):
+                nn.init.orthogonal_(layer.weight, math.sqrt(2))
+                nn.init.zeros_(cast(Tensor, layer.bias))
+
+    def forward(self, obs: Tensor) -> Tensor:
+        x = obs.unsqueeze(1) if self.add_channel else obs
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        x = x.float() * (1.0 / 255.0) if x.dtype == torch.uint8 else x.float()
+        out: Tensor = self.net(x)
+        return out
+
+
+def build_encoder(section: str, kind: str, obs_shape: Sequence[int], image: bool
+                  ) -> NatureCNN | None:
+    """The encoder ``kind`` selects for observations of ``obs_shape``, or None where the
+    algorithm's MLP takes the flattened observation directly.
+
+    ``auto`` picks the Nature CNN for image observations and the MLP otherwise; ``mlp``
+    flattens everything (pixels too, as floats); ``nature_cnn`` insists on the CNN.
+    """
+    if kind not in ENCODERS:
+        raise ConfigError(f"{section}.encoder must be one of {list(ENCODERS)}, got {kind!r}")
+    if kind == "mlp" or (kind == "auto" and not image):
+        return None
+    return NatureCNN(obs_shape)

@@ -1,0 +1,205 @@
+"""Pixel observations: encoders by space, uint8 storage, every algorithm on images, Atari."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import rlloop_cmd
+from pixel_envs import register, register_box
+
+from rlloop.config import build_config
+from rlloop.data.returns import gae
+from rlloop.envs import make_env
+from rlloop.errors import ConfigError
+from rlloop.modules.encoders import NatureCNN, build_encoder, image_layout
+from rlloop.run import build_algorithm
+
+register()
+register_box()
+QUIET = ["mlflow=false", "progress=false", "save_video=false"]
+TESTS = Path(__file__).parent
+
+
+@pytest.mark.parametrize(("shape", "layout"), [
+    ((84, 84, 3), (3, 84, 84, True)), ((4, 84, 84), (4, 84, 84, False)),
+    ((84, 84), (1, 84, 84, False)), ((3, 64, 48), (3, 64, 48, False)),
+])
+def test_image_layouts_and_feature_shapes(shape, layout):
+    assert image_layout(shape) == layout
+    cnn = NatureCNN(shape)
+    out = cnn(torch.randint(0, 256, (5, *shape), dtype=torch.uint8))
+    assert out.shape == (5, 512) and out.dtype == torch.float32
+
+
+def test_uint8_frames_are_scaled_inside_the_network():
+    torch.manual_seed(0)
+    cnn = NatureCNN((4, 84, 84))
+    frames = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    torch.testing.assert_close(cnn(frames), cnn(frames.float() / 255))
+    # Channels-last frames give what the same frames channels-first give.
+    hwc = NatureCNN((84, 84, 4))
+    hwc.load_state_dict(cnn.state_dict())
+    torch.testing.assert_close(hwc(frames.permute(0, 2, 3, 1)), cnn(frames))
+
+
+def test_encoder_selection_and_override():
+    assert isinstance(build_encoder("ppo", "auto", (4, 84, 84), image=True), NatureCNN)
+    assert build_encoder("ppo", "auto", (8,), image=False) is None
+    assert build_encoder("ppo", "mlp", (4, 84, 84), image=True) is None
+    with pytest.raises(ConfigError, match=r"ppo.encoder must be one of \['auto', 'mlp', "):
+        build_config("ppo", "CartPole-v1", sets=[*QUIET, "ppo.encoder=resnet"])
+    with pytest.raises(ConfigError, match="encoder=mlp"):
+        build_encoder("dqn", "nature_cnn", (8,), image=False)
+
+
+@pytest.mark.parametrize(("algo", "env"), [
+    ("ppo", "rlloop-test/SidePixels-v0"), ("dqn", "rlloop-test/SidePixels-v0"),
+    ("sac", "rlloop-test/SidePixelsBox-v0"), ("td3", "rlloop-test/SidePixelsBox-v0"),
+])
+def test_every_algorithm_trains_on_uint8_frames(algo, env):
+    sets = [*QUIET, "num_envs=2"]
+    if algo != "ppo":
+        sets += [f"{algo}.learning_starts=8", f"{algo}.batch_size=8", f"{algo}.buffer_size=64"]
+    else:
+        sets += ["ppo.rollout_steps=8", "ppo.minibatch_size=8", "ppo.num_epochs=1"]
+    algorithm = build_algorithm(build_config(algo, env, sets=sets))
+    try:
+        steps = 0
+        for _ in range(12):
+            steps += int(algorithm.collect()["env/steps"])
+            algorithm.update(steps)
+        assert algorithm.runner.obs.dtype == torch.uint8
+        store = algorithm.buffer.obs if algo == "ppo" else algorithm.loop.replay._storage["obs"]
+        assert store.dtype == torch.uint8 and store.shape[-3:] == (36, 36, 1)
+        assert algorithm.act(algorithm.runner.obs).shape[0] == 2
+    finally:
+        algorithm.close()
+
+
+def test_atari_envs_are_preprocessed_as_rl_zoo_does():
+    env = make_env("ALE/Breakout-v5", num_envs=2, seed=0)
+    try:
+        obs = env.reset()
+        assert obs.shape == (2, 4, 84, 84) and obs.dtype == torch.uint8
+        lost = False
+        for _ in range(300):  # random play loses a life within a few hundred steps
+            res = env.step(torch.randint(4, (2,)))
+            lost |= bool(res.terminated.any())
+        assert lost and res.obs.dtype == torch.uint8
+    finally:
+        env.close()
+
+
+def test_atari_ppo_and_dqn_smoke_with_uint8_storage():
+    """About two thousand env steps between them, with the shipped presets' networks and
+    preprocessing (smaller rollouts and fewer updates, so that it fits the default run)."""
+    ppo = build_algorithm(build_config("ppo", "ALE/Breakout-v5", flags={"num_envs": 2}, sets=[
+        *QUIET, "ppo.rollout_steps=128", "ppo.minibatch_size=128", "ppo.num_epochs=1"]))
+    try:
+        steps = 0
+        while steps < 768:
+            steps += int(ppo.collect()["env/steps"])
+            stats = ppo.update(steps)
+        assert ppo.buffer.obs.dtype == torch.uint8 and ppo.buffer.obs.shape == (128, 2, 4, 84, 84)
+        assert torch.isfinite(torch.tensor(stats["losses/policy"]))
+        assert ppo.config.clip_rewards and isinstance(ppo.policy.encoder, NatureCNN)
+    finally:
+        ppo.close()
+    dqn = build_algorithm(build_config("dqn", "ALE/Breakout-v5", sets=[
+        *QUIET, "dqn.learning_starts=1000", "dqn.buffer_size=4000", "dqn.opt_interval=32"]))
+    try:
+        steps = 0
+        while steps < 1200:
+            steps += int(dqn.collect()["env/steps"])
+            dqn.update(steps)
+        replay = dqn.loop.replay
+        assert len(replay) == steps and replay._storage["obs"].dtype == torch.uint8
+        # uint8 frames: 2 x 4 x 84 x 84 bytes of observations per transition, not 4x that.
+        assert replay.nbytes < 4000 * (2 * 4 * 84 * 84 + 64)
+    finally:
+        dqn.close()
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(rlloop_cmd(*args), capture_output=True, text=True, timeout=120,
+                          cwd=TESTS, env=env)
+
+
+def test_observation_space_without_an_encoder_exits_2_with_the_fix(tmp_path):
+    out = _cli("train", "ppo", "--env", "pixel_envs:rlloop-test/TextObs-v0",
+               "--run-dir", str(tmp_path / "run"), "--set", "mlflow=false")
+    assert out.returncode == 2, out.stderr
+    line, = out.stderr.strip().splitlines()
+    assert "observation space Text(" in line and "is not supported" in line
+    assert "register a variant wrapped in gymnasium.wrappers.FlattenObservation" in line
+
+
+def test_atari_without_ale_py_exits_2_naming_the_pip_command(tmp_path):
+    # A path entry whose sitecustomize makes `import ale_py` fail as if it were missing.
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'ale_py':\n"
+        "            raise ModuleNotFoundError(name, name=name)\n"
+        "sys.meta_path.insert(0, _Hide())\n")
+    src = str(Path(__file__).parents[1] / "src")
+    env = {**__import__("os").environ, "PYTHONPATH": f"{hide}:{src}"}
+    out = _cli("train", "dqn", "--env", "ALE/Pong-v5", "--run-dir", str(tmp_path / "run"),
+               env=env)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "rlloop: error: unknown env id 'ALE/Pong-v5'; it comes from the ale_py package: "
+        "pip install ale-py"]
+    assert sys.executable
+
+
+@pytest.mark.slow
+def test_ppo_cnn_learns_to_read_the_side_of_a_square_from_pixels():
+    # A blind policy scores 5 of 10: only a policy that reads the frames gets near 10.
+    algorithm = build_algorithm(build_config(
+        "ppo", "rlloop-test/SidePixels-v0", flags={"seed": 0, "num_envs": 8},
+        sets=[*QUIET, "ppo.rollout_steps=32", "ppo.minibatch_size=64", "ppo.lr=0.001",
+              "ppo.num_epochs=4"]))
+    try:
+        steps, best = 0, 0.0
+        while steps < 12_000 and best < 9.5:
+            steps += int(algorithm.collect()["env/steps"])
+            algorithm.update(steps)
+            if steps % 2048 == 0:
+                best = max(best, float(algorithm.evaluate(20)["return_mean"]))
+        assert best >= 9.5, (steps, best)
+    finally:
+        algorithm.close()
+
+
+def test_ppo_cnn_bootstraps_truncated_episodes_from_their_final_frames():
+    # Episodes cut at 5 steps (before SidePixels ends them at 10): the CNN path values only
+    # the truncated rows' final frames; the targets must equal a pass over all of them.
+    algorithm = build_algorithm(build_config(
+        "ppo", "rlloop-test/SidePixels-v0", flags={"num_envs": 2},
+        sets=[*QUIET, "ppo.rollout_steps=12", "ppo.minibatch_size=8",
+              "env_kwargs={max_episode_steps: 5}"]))
+    try:
+        algorithm.collect()
+        buf, policy = algorithm.buffer, algorithm.policy
+        assert buf.truncated.sum() >= 2 and not buf.terminated.any()
+        batch = algorithm._batch()
+        with torch.no_grad():
+            values = policy.value(buf.obs.flatten(0, 1)).view(12, 2)
+            last = policy.value(algorithm.runner.obs)
+            final = policy.value(buf.next_obs.flatten(0, 1)).view(12, 2)
+        following = torch.cat([values[1:], last[None]])
+        next_values = torch.where(buf.truncated, final, following)
+        cfg = algorithm.config
+        _, ret = gae(buf.rewards, values, next_values, buf.terminated, buf.truncated,
+                     cfg.gamma, cfg.gae_lambda)
+        torch.testing.assert_close(batch.returns, ret.flatten())
+    finally:
+        algorithm.close()
