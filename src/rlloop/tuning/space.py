@@ -58,7 +58,7 @@ DEFAULT_SPACES: dict[str, dict[str, Any]] = {
             "sac.tau": [0.001, 0.005, 0.01, 0.02, 0.05]},
     "td3": {**{f"td3.{k}": v for k, v in _OFF_POLICY.items()},
             "td3.tau": [0.001, 0.005, 0.01, 0.02, 0.05],
-            "td3.exploration_noise": [0.1, 0.2, 0.3, 0.5],
+            "td3.action_noise_std": [0.1, 0.2, 0.3, 0.5],
             "td3.target_policy_noise": [0.1, 0.2, 0.3]},
 }
 
