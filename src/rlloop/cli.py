@@ -167,7 +167,8 @@ def _presets(args: argparse.Namespace) -> int:
     print(f"{'env':{width}s}  {'algo':6s} {'budget':>10s}  rl-zoo score (at its budget)")
     for row in rows:
         budget = f"{row.budget:,}" if row.budget else "-"
-        zoo = "-" if row.zoo_score is None else f"{row.zoo_score:g} +- {row.zoo_std:g}"
+        zoo = ("-" if row.zoo_score is None else f"{row.zoo_score:g}" if row.zoo_std is None
+               else f"{row.zoo_score:g} +- {row.zoo_std:g}")
         print(f"{row.env:{width}s}  {row.algo:6s} {budget:>10s}  {zoo}")
     print("print one as YAML: rlloop presets ALGO --env ENV (use it with --config)")
     return 0
