@@ -163,7 +163,7 @@ class Study:
     """An Optuna study in a tune directory, and the trials it runs as rlloop runs."""
 
     def __init__(self, path: Path, settings: TuneSettings, *, quiet: bool = False,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, worker: int = 0) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)  # one line per trial is ours
@@ -176,8 +176,9 @@ class Study:
         self.study = optuna.create_study(
             study_name=STUDY_NAME, storage=self.storage, direction="maximize",
             load_if_exists=True,
+            # Workers of one study draw different random points: a seed each.
             sampler=optuna.samplers.TPESampler(n_startup_trials=settings.startup_trials,
-                                               seed=settings.seed),
+                                               seed=settings.seed + worker),
             pruner=optuna.pruners.MedianPruner(n_startup_trials=settings.startup_trials,
                                                n_warmup_steps=settings.warmup_evals))
 
@@ -269,7 +270,7 @@ class Study:
         return float("nan" if value is None else value)
 
     def _report(self, study: Any, trial: Any) -> None:
-        values = " ".join(s.replace("=", "=", 1) for s in trial.user_attrs.get("sets", []))
+        values = " ".join(f"{k}={v}" for k, v in _short(trial.user_attrs.get("sets", [])).items())
         if trial.state.name == "COMPLETE":
             what = f"return {trial.value:.4g}"
         elif trial.state.name == "PRUNED":
@@ -303,8 +304,18 @@ class Study:
                   f"{self.path / 'best.yaml'}\n")
         out = self.path / "best.yaml"
         write_file(out, header + yaml.safe_dump(config.to_dict(), sort_keys=False))
-        params = {k: v for k, _, v in (item.partition("=") for item in best.user_attrs["sets"])}
+        params = _short(best.user_attrs["sets"])
         return TuneResult(self.path, float(best.value), params, out, counts)  # type: ignore[arg-type]
+
+
+def _short(sets: Sequence[str]) -> dict[str, str]:
+    """Sampled ``key=value`` items for display, floats to 4 significant digits."""
+    out = {}
+    for item in sets:
+        key, _, text = item.partition("=")
+        value = json.loads(text)
+        out[key] = f"{value:.4g}" if isinstance(value, float) else json.dumps(value)
+    return out
 
 
 def _fit_batch(config: RunConfig) -> RunConfig:
@@ -341,7 +352,7 @@ def _run_workers(path: Path, jobs: int) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH"))
         if p)}
-    workers = [subprocess.Popen(cmd, env=env) for _ in range(jobs)]
+    workers = [subprocess.Popen([*cmd, str(i)], env=env) for i in range(jobs)]
     try:
         codes = [w.wait() for w in workers]
     except BaseException:
