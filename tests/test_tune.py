@@ -98,6 +98,14 @@ def test_a_killed_study_resumes_and_retries_the_cut_trial(tmp_path, cli_env):
     assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) == 3
     assert (study / "best.yaml").is_file()
 
+    # The study's own command line, run again, continues it: here it has all its trials.
+    assert main(["tune", "ppo", *TINY, *NO_MLFLOW, "--trials", "3", "--total-env-steps",
+                 "1024", "--run-dir", str(study)]) == 0
+    assert len(_study(study).trials) == len(trials)
+    # Other settings for the same directory are refused in one line.
+    assert main(["tune", "ppo", *TINY, *NO_MLFLOW, "--total-env-steps", "2048",
+                 "--run-dir", str(study)]) == 2
+
 
 @pytest.mark.parametrize(("space", "expected"), [
     ("ppo.lrr: {low: 0.001, high: 0.01}",

@@ -35,7 +35,7 @@ import yaml
 
 from rlloop.algorithms import ALGORITHMS
 from rlloop.callbacks import Callback
-from rlloop.config import RunConfig, build_config
+from rlloop.config import RunConfig, build_config, load_yaml
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.run_lock import RunLock
 from rlloop.runfiles import write_file
@@ -121,10 +121,11 @@ def prepare(algo: str | None, env: str | None, *, trials: int | None, run_dir: s
         if algo and algo != settings.algo:
             raise ConfigError(f"{path} is a {settings.algo} study, not {algo}; use "
                               f"`rlloop tune --resume {path}` or another --run-dir")
-        if (env and env != settings.env) or space_file or config_file or sets:
+        if not resume and _changed(path, settings, env, space_file, config_file, sets, flags):
             raise ConfigError(f"{path} already holds a study of {settings.algo} on "
-                              f"{settings.env}; continue it with `rlloop tune --resume {path}` "
-                              "(only --trials may change) or pick another --run-dir")
+                              f"{settings.env} with other settings; continue it with `rlloop "
+                              f"tune --resume {path}` (only --trials may change) or pick "
+                              "another --run-dir")
         if trials is not None:
             settings.trials = trials
         return path, settings
@@ -143,6 +144,18 @@ def prepare(algo: str | None, env: str | None, *, trials: int | None, run_dir: s
     if config_file:
         shutil.copyfile(config_file, path / "base.yaml")
     return path, settings
+
+
+def _changed(path: Path, saved: TuneSettings, env: str | None, space_file: str | None,
+             config_file: str | None, sets: Sequence[str], flags: dict[str, Any]) -> bool:
+    """Whether a rerun's arguments differ from those that started the study in ``path``
+    (the same command line run again continues the study)."""
+    space = space_data(load_space(space_file) if space_file else default_space(saved.algo))
+    base = path / "base.yaml"
+    return ((env is not None and env != saved.env) or space != saved.space
+            or list(sets) != saved.sets or flags != saved.flags
+            or (load_yaml(config_file) if config_file else None)
+            != (load_yaml(base) if base.is_file() else None))
 
 
 def _check(settings: TuneSettings, config_file: str | None) -> None:
