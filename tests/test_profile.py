@@ -12,6 +12,7 @@ from rlloop.config import build_config
 TINY = ["--env", "CartPole-v1", "--total-env-steps", "1024", "--quiet",
         "--set", "mlflow=false", "--set", "save_video=false", "--set", "num_envs=4",
         "--set", "ppo.rollout_steps=64", "--set", "ppo.minibatch_size=128",
+        "--set", "ppo.num_epochs=1",
         "--set", "eval_every=1", "--set", "eval_episodes=2"]
 
 

@@ -254,6 +254,8 @@ def _tune(args: argparse.Namespace) -> int:
         raise ConfigError(f"rlloop tune needs Optuna ({e}); pip install 'rlloop[tune]'") from None
     if args.startup_trials < 0 or args.warmup_evals < 0:
         raise ConfigError("--startup-trials and --warmup-evals must be >= 0")
+    if args.jobs <= 0:
+        raise ConfigError(f"--jobs must be > 0, got {args.jobs}")
     if args.env:
         resolve_env_id(args.env, allow_import=True, search_cwd=True)
     if not args.resume:

@@ -35,7 +35,7 @@ import yaml
 
 from rlloop.algorithms import ALGORITHMS
 from rlloop.callbacks import Callback
-from rlloop.config import RunConfig, build_config
+from rlloop.config import RunConfig, build_config, load_yaml
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.run_lock import RunLock
 from rlloop.runfiles import write_file
@@ -121,10 +121,11 @@ def prepare(algo: str | None, env: str | None, *, trials: int | None, run_dir: s
         if algo and algo != settings.algo:
             raise ConfigError(f"{path} is a {settings.algo} study, not {algo}; use "
                               f"`rlloop tune --resume {path}` or another --run-dir")
-        if (env and env != settings.env) or space_file or config_file or sets:
+        if not resume and _changed(path, settings, env, space_file, config_file, sets, flags):
             raise ConfigError(f"{path} already holds a study of {settings.algo} on "
-                              f"{settings.env}; continue it with `rlloop tune --resume {path}` "
-                              "(only --trials may change) or pick another --run-dir")
+                              f"{settings.env} with other settings; continue it with `rlloop "
+                              f"tune --resume {path}` (only --trials may change) or pick "
+                              "another --run-dir")
         if trials is not None:
             settings.trials = trials
         return path, settings
@@ -145,6 +146,18 @@ def prepare(algo: str | None, env: str | None, *, trials: int | None, run_dir: s
     return path, settings
 
 
+def _changed(path: Path, saved: TuneSettings, env: str | None, space_file: str | None,
+             config_file: str | None, sets: Sequence[str], flags: dict[str, Any]) -> bool:
+    """Whether a rerun's arguments differ from those that started the study in ``path``
+    (the same command line run again continues the study)."""
+    space = space_data(load_space(space_file) if space_file else default_space(saved.algo))
+    base = path / "base.yaml"
+    return ((env is not None and env != saved.env) or space != saved.space
+            or list(sets) != saved.sets or flags != saved.flags
+            or (load_yaml(config_file) if config_file else None)
+            != (load_yaml(base) if base.is_file() else None))
+
+
 def _check(settings: TuneSettings, config_file: str | None) -> None:
     """The base config and one point of the space build; ``ConfigError`` names the key."""
     if settings.trials <= 0:
@@ -163,7 +176,7 @@ class Study:
     """An Optuna study in a tune directory, and the trials it runs as rlloop runs."""
 
     def __init__(self, path: Path, settings: TuneSettings, *, quiet: bool = False,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, worker: int = 0) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)  # one line per trial is ours
@@ -176,8 +189,9 @@ class Study:
         self.study = optuna.create_study(
             study_name=STUDY_NAME, storage=self.storage, direction="maximize",
             load_if_exists=True,
+            # Workers of one study draw different random points: a seed each.
             sampler=optuna.samplers.TPESampler(n_startup_trials=settings.startup_trials,
-                                               seed=settings.seed),
+                                               seed=settings.seed + worker),
             pruner=optuna.pruners.MedianPruner(n_startup_trials=settings.startup_trials,
                                                n_warmup_steps=settings.warmup_evals))
 
@@ -269,7 +283,7 @@ class Study:
         return float("nan" if value is None else value)
 
     def _report(self, study: Any, trial: Any) -> None:
-        values = " ".join(s.replace("=", "=", 1) for s in trial.user_attrs.get("sets", []))
+        values = " ".join(f"{k}={v}" for k, v in _short(trial.user_attrs.get("sets", [])).items())
         if trial.state.name == "COMPLETE":
             what = f"return {trial.value:.4g}"
         elif trial.state.name == "PRUNED":
@@ -303,8 +317,18 @@ class Study:
                   f"{self.path / 'best.yaml'}\n")
         out = self.path / "best.yaml"
         write_file(out, header + yaml.safe_dump(config.to_dict(), sort_keys=False))
-        params = {k: v for k, _, v in (item.partition("=") for item in best.user_attrs["sets"])}
+        params = _short(best.user_attrs["sets"])
         return TuneResult(self.path, float(best.value), params, out, counts)  # type: ignore[arg-type]
+
+
+def _short(sets: Sequence[str]) -> dict[str, str]:
+    """Sampled ``key=value`` items for display, floats to 4 significant digits."""
+    out = {}
+    for item in sets:
+        key, _, text = item.partition("=")
+        value = json.loads(text)
+        out[key] = f"{value:.4g}" if isinstance(value, float) else json.dumps(value)
+    return out
 
 
 def _fit_batch(config: RunConfig) -> RunConfig:
@@ -341,7 +365,7 @@ def _run_workers(path: Path, jobs: int) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH"))
         if p)}
-    workers = [subprocess.Popen(cmd, env=env) for _ in range(jobs)]
+    workers = [subprocess.Popen([*cmd, str(i)], env=env) for i in range(jobs)]
     try:
         codes = [w.wait() for w in workers]
     except BaseException:

@@ -1,4 +1,4 @@
-"""``python -m rlloop.tuning.worker DIR``: one of ``rlloop tune --jobs J``'s processes.
+"""``python -m rlloop.tuning.worker DIR INDEX``: one of ``rlloop tune --jobs J``'s processes.
 
 It runs trials of the study in DIR until the study holds its number of finished trials;
 the ``rlloop tune`` process that started it holds the directory's lock.
@@ -17,7 +17,7 @@ def main(argv: list[str]) -> int:
     path = Path(argv[0])
     settings = TuneSettings(**json.loads((path / "tune.json").read_text(encoding="utf-8")))
     try:
-        Study(path, settings, quiet=True).optimize()
+        Study(path, settings, quiet=True, worker=int(argv[1])).optimize()
     except KeyboardInterrupt:
         return 130
     return 0
