@@ -109,13 +109,14 @@ class ProcessLink(Link):
     def _dead(self) -> list[tuple[int, Member]]:
         return [(r, m) for r, m in enumerate(self.members, 1) if m.exitcode is not None]
 
-    def _raise_if_dead(self, wait_s: float = 0.0) -> None:
+    def _dead_within(self, wait_s: float) -> list[tuple[int, Member]]:
         deadline = time.monotonic() + wait_s
-        while True:
-            dead = self._dead()
-            if dead or time.monotonic() >= deadline:
-                break
+        while not (dead := self._dead()) and time.monotonic() < deadline:
             time.sleep(0.05)
+        return dead
+
+    def _raise_if_dead(self) -> None:
+        dead = self._dead()
         if dead:
             rank, member = dead[0]
             raise LearnerGroupError(
@@ -131,12 +132,13 @@ class ProcessLink(Link):
             self.broken = True
             self.close()
             raise
-        except RuntimeError as e:  # gloo and NCCL raise RuntimeError subclasses
-            if not isinstance(e, dist.DistError) and not self._dead():
+        except RuntimeError as e:  # gloo and NCCL raise RuntimeError and subclasses
+            # A killed rank's sockets close before its exit code can be read: wait for it.
+            if not isinstance(e, dist.DistError) and not self._dead_within(5.0):
                 raise
             self.broken = True
             try:
-                self._raise_if_dead(wait_s=5.0)  # the dead rank's exit code may lag
+                self._raise_if_dead()
                 raise LearnerGroupError(f"the learner group broke: {str(e).splitlines()[0]}; "
                                         "resume from the newest checkpoint") from e
             finally:
