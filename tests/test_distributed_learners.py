@@ -74,6 +74,12 @@ def test_two_ppo_learners_make_one_learners_update():
                                      generator=torch.Generator().manual_seed(5), **kwargs)
     two = _rank0(cfg, EnvSpec("t", (4,), Discrete(2)), module)
     try:
+        # The rendezvous and gloo listen and connect on 127.0.0.1 only.
+        assert two.link is not None
+        procs = [psutil.Process(), *(psutil.Process(m.pid) for m in two.link.members)]
+        conns = [c for p in procs for c in p.net_connections("inet")]
+        assert any(c.status == psutil.CONN_LISTEN for c in conns)
+        assert {c.laddr.ip.removeprefix("::ffff:") for c in conns} == {"127.0.0.1"}
         got = two.update_from_batch({DEFAULT_MODULE_ID: batch}, stop=lambda s: False,
                                     generator=torch.Generator().manual_seed(5), **kwargs)
         _assert_close(two.modules.state_dict(), one.modules.state_dict(), atol=1e-6)

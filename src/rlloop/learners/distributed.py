@@ -101,6 +101,8 @@ def init_group(rank: int, world_size: int, backend: str,
     ``torchrun``'s ``MASTER_ADDR``/``MASTER_PORT``."""
     timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
     if store is None:
+        if backend == "gloo" and os.environ.get("MASTER_ADDR") in (LOOPBACK, "localhost"):
+            _pin_gloo_to_loopback()
         dist.init_process_group(backend, init_method="env://", rank=rank,
                                 world_size=world_size, timeout=timeout)
     else:

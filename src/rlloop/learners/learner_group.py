@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from rlloop.errors import ConfigError
 from rlloop.learners.distributed import (
     DataParallel,
     GroupInfo,
@@ -167,6 +168,9 @@ def start_group(spec: LearnerSpec, world_size: int, device: torch.device,
     backend = backend_for(device)
     launched = torchrun_rank()
     if launched is not None:
+        if launched.world_size != world_size:
+            raise ConfigError(f"num_learners={world_size} but the launcher started "
+                              f"{launched.world_size} processes (WORLD_SIZE); make them equal")
         group = init_group(launched.rank, launched.world_size, backend, None)
         comm = rank_device(spec.device, group.rank) if backend == "nccl" else torch.device("cpu")
         link = ProcessLink([], comm) if group.rank == 0 else None
