@@ -7,6 +7,7 @@ import copy
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -36,8 +37,8 @@ CPU = torch.device("cpu")
 QUIET = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false"]
 
 
-def _rank0(config, env_spec, module, generator=None) -> DataParallel:
-    spec = LearnerSpec(build_rank_learner, config, env_spec, "cpu", "skip", 0, 1)
+def _rank0(config, env_spec, module, generator=None, timeout_s=300.0) -> DataParallel:
+    spec = LearnerSpec(build_rank_learner, config, env_spec, "cpu", "skip", 0, 1, timeout_s)
     group, link, _ = start_group(spec, 2, CPU)
     learner = build_rank_learner(spec, group, CPU, link, module, generator)
     learner.broadcast_state()
@@ -98,16 +99,19 @@ def test_two_ppo_learners_make_one_learners_update():
 
 def test_two_sac_learners_make_one_learners_update():
     """Three updates on 15-row batches (shards of 7/8 rows): critics, Polyak targets, actor,
-    alpha and Adam moments stay within float rounding of one learner's."""
+    alpha and Adam moments stay within float rounding of one learner's. The first comes
+    after a pause longer than a collective may wait (a slow env's warm-up): rank 1 waits
+    for commands without that deadline."""
     torch.manual_seed(0)
     cfg = SACConfig(hidden=[32, 32], batch_size=15)
     module = SACModule(3, 1, cfg)
     one = SACLearner({DEFAULT_MODULE_ID: copy.deepcopy(module)}, cfg, -1.0,
                      new_generator(CPU, 7))
     two = _rank0(cfg, EnvSpec("p", (3,), Box((-2.0,), (2.0,), (1,))), module,
-                 new_generator(CPU, 7))
+                 new_generator(CPU, 7), timeout_s=6.0)
     g = torch.Generator().manual_seed(2)
     try:
+        time.sleep(8.0)
         for _ in range(3):
             n = 15
             batch = ReplayBatch(torch.randn(n, 3, generator=g), torch.rand(n, 1, generator=g),
