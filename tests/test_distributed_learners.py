@@ -211,14 +211,19 @@ def test_killed_learner_rank_restarts_from_the_newest_checkpoint(tmp_path, cli_e
     assert not _tagged_processes(tag)
 
 
-@pytest.mark.parametrize(("algo", "value", "message"), [
-    ("ppo", "0", "num_learners must be >= 1, got 0"),
-    ("dqn", "2", "num_learners=2 needs one of ['ppo', 'sac'], not dqn; use num_learners=1"),
+@pytest.mark.parametrize(("args", "message"), [
+    (["ppo", "--env", "CartPole-v1", "--set", "num_learners=0"],
+     "num_learners must be >= 1, got 0"),
+    (["dqn", "--env", "CartPole-v1", "--set", "num_learners=2"],
+     "num_learners=2 needs one of ['ppo', 'sac'], not dqn; use num_learners=1"),
+    (["sac", "--env", "Pendulum-v1", "--set", "num_learners=2", "--set", "compile=true"],
+     "sac.compile=true does not combine with num_learners > 1"),
 ])
-def test_bad_learner_settings_are_one_line_errors(algo, value, message, capsys):
-    code = main(["train", algo, "--env", "CartPole-v1", "--set", f"num_learners={value}"])
+def test_bad_learner_settings_are_one_line_errors(args, message, tmp_path, capsys):
+    code = main(["train", *args, "--run-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err == [f"rlloop: error: {message}"]
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"rlloop: error: {message}")
+    assert not (tmp_path / "run").exists() and not live_children()
 
 
 @pytest.mark.slow
