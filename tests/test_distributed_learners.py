@@ -7,6 +7,7 @@ import copy
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -36,8 +37,8 @@ CPU = torch.device("cpu")
 QUIET = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false"]
 
 
-def _rank0(config, env_spec, module, generator=None) -> DataParallel:
-    spec = LearnerSpec(build_rank_learner, config, env_spec, "cpu", "skip", 0, 1)
+def _rank0(config, env_spec, module, generator=None, timeout_s=300.0) -> DataParallel:
+    spec = LearnerSpec(build_rank_learner, config, env_spec, "cpu", "skip", 0, 1, timeout_s)
     group, link, _ = start_group(spec, 2, CPU)
     learner = build_rank_learner(spec, group, CPU, link, module, generator)
     learner.broadcast_state()
@@ -74,6 +75,12 @@ def test_two_ppo_learners_make_one_learners_update():
                                      generator=torch.Generator().manual_seed(5), **kwargs)
     two = _rank0(cfg, EnvSpec("t", (4,), Discrete(2)), module)
     try:
+        # The rendezvous and gloo listen and connect on 127.0.0.1 only.
+        assert two.link is not None
+        procs = [psutil.Process(), *(psutil.Process(m.pid) for m in two.link.members)]
+        conns = [c for p in procs for c in p.net_connections("inet")]
+        assert any(c.status == psutil.CONN_LISTEN for c in conns)
+        assert {c.laddr.ip.removeprefix("::ffff:") for c in conns} == {"127.0.0.1"}
         got = two.update_from_batch({DEFAULT_MODULE_ID: batch}, stop=lambda s: False,
                                     generator=torch.Generator().manual_seed(5), **kwargs)
         _assert_close(two.modules.state_dict(), one.modules.state_dict(), atol=1e-6)
@@ -92,16 +99,19 @@ def test_two_ppo_learners_make_one_learners_update():
 
 def test_two_sac_learners_make_one_learners_update():
     """Three updates on 15-row batches (shards of 7/8 rows): critics, Polyak targets, actor,
-    alpha and Adam moments stay within float rounding of one learner's."""
+    alpha and Adam moments stay within float rounding of one learner's. The first comes
+    after a pause longer than a collective may wait (a slow env's warm-up): rank 1 waits
+    for commands without that deadline."""
     torch.manual_seed(0)
     cfg = SACConfig(hidden=[32, 32], batch_size=15)
     module = SACModule(3, 1, cfg)
     one = SACLearner({DEFAULT_MODULE_ID: copy.deepcopy(module)}, cfg, -1.0,
                      new_generator(CPU, 7))
     two = _rank0(cfg, EnvSpec("p", (3,), Box((-2.0,), (2.0,), (1,))), module,
-                 new_generator(CPU, 7))
+                 new_generator(CPU, 7), timeout_s=6.0)
     g = torch.Generator().manual_seed(2)
     try:
+        time.sleep(8.0)
         for _ in range(3):
             n = 15
             batch = ReplayBatch(torch.randn(n, 3, generator=g), torch.rand(n, 1, generator=g),
@@ -201,14 +211,19 @@ def test_killed_learner_rank_restarts_from_the_newest_checkpoint(tmp_path, cli_e
     assert not _tagged_processes(tag)
 
 
-@pytest.mark.parametrize(("algo", "value", "message"), [
-    ("ppo", "0", "num_learners must be >= 1, got 0"),
-    ("dqn", "2", "num_learners=2 needs one of ['ppo', 'sac'], not dqn; use num_learners=1"),
+@pytest.mark.parametrize(("args", "message"), [
+    (["ppo", "--env", "CartPole-v1", "--set", "num_learners=0"],
+     "num_learners must be >= 1, got 0"),
+    (["dqn", "--env", "CartPole-v1", "--set", "num_learners=2"],
+     "num_learners=2 needs one of ['ppo', 'sac'], not dqn; use num_learners=1"),
+    (["sac", "--env", "Pendulum-v1", "--set", "num_learners=2", "--set", "compile=true"],
+     "sac.compile=true does not combine with num_learners > 1"),
 ])
-def test_bad_learner_settings_are_one_line_errors(algo, value, message, capsys):
-    code = main(["train", algo, "--env", "CartPole-v1", "--set", f"num_learners={value}"])
+def test_bad_learner_settings_are_one_line_errors(args, message, tmp_path, capsys):
+    code = main(["train", *args, "--run-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err == [f"rlloop: error: {message}"]
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"rlloop: error: {message}")
+    assert not (tmp_path / "run").exists() and not live_children()
 
 
 @pytest.mark.slow

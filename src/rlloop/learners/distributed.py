@@ -22,8 +22,9 @@ import json
 import os
 import socket
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 import torch
@@ -86,21 +87,23 @@ def torchrun_rank() -> GroupInfo | None:
     return GroupInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "")
 
 
-def make_store(rank: int, world_size: int, port: int,
-               listen_fd: int | None = None) -> dist.TCPStore:
+def make_store(rank: int, world_size: int, port: int, listen_fd: int | None = None,
+               timeout_s: float = GROUP_TIMEOUT_S) -> dist.TCPStore:
     """The rendezvous: a TCP store on 127.0.0.1 that rank 0 serves on ``listen_fd``."""
     return dist.TCPStore(LOOPBACK, port, world_size, is_master=rank == 0,
-                         timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S),
+                         timeout=datetime.timedelta(seconds=timeout_s),
                          wait_for_workers=False,
                          master_listen_fd=listen_fd if rank == 0 else None)
 
 
-def init_group(rank: int, world_size: int, backend: str,
-               store: dist.Store | None) -> GroupInfo:
+def init_group(rank: int, world_size: int, backend: str, store: dist.Store | None,
+               timeout_s: float = GROUP_TIMEOUT_S) -> GroupInfo:
     """Join the default process group through ``store``, or without one through
     ``torchrun``'s ``MASTER_ADDR``/``MASTER_PORT``."""
-    timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
+    timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
+        if backend == "gloo" and os.environ.get("MASTER_ADDR") in (LOOPBACK, "localhost"):
+            _pin_gloo_to_loopback()
         dist.init_process_group(backend, init_method="env://", rank=rank,
                                 world_size=world_size, timeout=timeout)
     else:
@@ -224,15 +227,21 @@ def broadcast_flag(value: bool, device: torch.device, src: int = 0) -> bool:
 
 
 # ---- the learner side --------------------------------------------------------------------
-class Link:
-    """What rank 0's learner tells the other ranks before it acts (``None`` on them)."""
+class Link(Protocol):
+    """Rank 0's line to the other ranks (a rank > 0 has none)."""
 
     def send(self, op: str, payload: Mapping[str, Any]) -> None:
-        raise NotImplementedError
+        """Broadcast a command; the other ranks run it through :meth:`DataParallel.handle`."""
+        ...
 
-    def guard(self) -> Any:
-        """A context manager that turns a broken group into :class:`LearnerGroupError`."""
-        raise NotImplementedError
+    def guard(self) -> AbstractContextManager[None]:
+        """Turns a broken group (a rank died) into :class:`LearnerGroupError`, and stops
+        every rank."""
+        ...
+
+    def close(self) -> None:
+        """Stop every rank and leave the process group."""
+        ...
 
 
 class DataParallel(Learner[Any]):
@@ -408,8 +417,6 @@ class DataParallel(Learner[Any]):
 
     def close(self) -> None:
         super().close()
-        if self.link is not None:
-            close = getattr(self.link, "close", None)
-            self.link = None
-            if close is not None:
-                close()
+        link, self.link = self.link, None
+        if link is not None:
+            link.close()

@@ -14,6 +14,8 @@ ranks 1..L-1 and hands rank 0 handles with ``exitcode``, ``pid``, ``join`` and `
 from __future__ import annotations
 
 import contextlib
+import datetime
+import itertools
 import multiprocessing
 import os
 import signal
@@ -25,11 +27,12 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from rlloop.errors import ConfigError
 from rlloop.learners.distributed import (
+    GROUP_TIMEOUT_S,
     DataParallel,
     GroupInfo,
     LearnerGroupError,
-    Link,
     backend_for,
     broadcast_message,
     destroy_group,
@@ -42,6 +45,9 @@ from rlloop.worker_loop import exit_with_parent
 #: Seconds rank 0 waits for the other ranks to start (importing torch takes seconds on a
 #: loaded machine).
 START_TIMEOUT_S = 120.0
+#: How long a rank > 0 waits for rank 0's next command: as long as a run may go without
+#: an update (a slow env's warm-up or evaluation).
+COMMAND_WAIT = datetime.timedelta(days=365)
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,8 @@ class LearnerSpec:
     on_nonfinite: str
     seed: int
     torch_threads: int
+    timeout_s: float = GROUP_TIMEOUT_S
+    """How long one collective may wait for a rank that is alive but stuck."""
 
 
 class Member(Protocol):
@@ -94,28 +102,42 @@ def _exit_words(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-class ProcessLink(Link):
+class ProcessLink:
     """Rank 0's side of the group: commands out, members watched, everything stopped."""
 
-    def __init__(self, members: Sequence[Member], comm_device: torch.device) -> None:
+    def __init__(self, members: Sequence[Member], comm_device: torch.device,
+                 world_size: int) -> None:
         self.members = list(members)
         self.comm_device = comm_device
+        self.world_size = world_size
         self.broken = False
+        self.seq = 0
 
     def send(self, op: str, payload: Mapping[str, Any]) -> None:
         self._raise_if_dead()
-        broadcast_message({"op": op, **payload}, self.comm_device)
+        self._post({"op": op, **payload})
+
+    def _post(self, message: Mapping[str, Any]) -> None:
+        # Ranks > 0 wait for a command on the store, without a deadline, and only then
+        # enter the broadcast: rank 0 may collect or evaluate for longer than a collective
+        # may take (GROUP_TIMEOUT_S).
+        self.seq += 1
+        store = default_store()
+        for rank in range(1, self.world_size):
+            store.set(command_key(rank, self.seq), "1")
+        broadcast_message(message, self.comm_device)
 
     def _dead(self) -> list[tuple[int, Member]]:
         return [(r, m) for r, m in enumerate(self.members, 1) if m.exitcode is not None]
 
-    def _raise_if_dead(self, wait_s: float = 0.0) -> None:
+    def _dead_within(self, wait_s: float) -> list[tuple[int, Member]]:
         deadline = time.monotonic() + wait_s
-        while True:
-            dead = self._dead()
-            if dead or time.monotonic() >= deadline:
-                break
+        while not (dead := self._dead()) and time.monotonic() < deadline:
             time.sleep(0.05)
+        return dead
+
+    def _raise_if_dead(self) -> None:
+        dead = self._dead()
         if dead:
             rank, member = dead[0]
             raise LearnerGroupError(
@@ -131,12 +153,13 @@ class ProcessLink(Link):
             self.broken = True
             self.close()
             raise
-        except RuntimeError as e:  # gloo and NCCL raise RuntimeError subclasses
-            if not isinstance(e, dist.DistError) and not self._dead():
+        except RuntimeError as e:  # gloo and NCCL raise RuntimeError and subclasses
+            # A killed rank's sockets close before its exit code can be read: wait for it.
+            if not isinstance(e, dist.DistError) and not self._dead_within(5.0):
                 raise
             self.broken = True
             try:
-                self._raise_if_dead(wait_s=5.0)  # the dead rank's exit code may lag
+                self._raise_if_dead()
                 raise LearnerGroupError(f"the learner group broke: {str(e).splitlines()[0]}; "
                                         "resume from the newest checkpoint") from e
             finally:
@@ -146,7 +169,7 @@ class ProcessLink(Link):
         """Stop every rank (asking first, killing what does not stop) and leave the group."""
         if not self.broken and not self._dead() and dist.is_initialized():
             with contextlib.suppress(RuntimeError):
-                broadcast_message({"op": "close"}, self.comm_device)
+                self._post({"op": "close"})
         for member in self.members:
             member.join(timeout=0 if self.broken else 10)
             if member.exitcode is None:
@@ -165,15 +188,18 @@ def start_group(spec: LearnerSpec, world_size: int, device: torch.device,
     backend = backend_for(device)
     launched = torchrun_rank()
     if launched is not None:
-        group = init_group(launched.rank, launched.world_size, backend, None)
+        if launched.world_size != world_size:
+            raise ConfigError(f"num_learners={world_size} but the launcher started "
+                              f"{launched.world_size} processes (WORLD_SIZE); make them equal")
+        group = init_group(launched.rank, launched.world_size, backend, None, spec.timeout_s)
         comm = rank_device(spec.device, group.rank) if backend == "nccl" else torch.device("cpu")
-        link = ProcessLink([], comm) if group.rank == 0 else None
+        link = ProcessLink([], comm, world_size) if group.rank == 0 else None
         return group, link, lambda learner: serve_commands(learner)
     sock = listen_loopback()
     port = int(sock.getsockname()[1])
     fd = sock.detach()  # the store owns the descriptor from here and closes it
     try:
-        store = make_store(0, world_size, port, fd)
+        store = make_store(0, world_size, port, fd, spec.timeout_s)
     except BaseException:
         os.close(fd)
         raise
@@ -186,9 +212,9 @@ def start_group(spec: LearnerSpec, world_size: int, device: torch.device,
             proc.start()
             members.append(proc)
         link = ProcessLink(members, rank_device(spec.device, 0) if backend == "nccl"
-                           else torch.device("cpu"))
+                           else torch.device("cpu"), world_size)
         _wait_ready(store, link, world_size)
-        group = init_group(0, world_size, backend, store)
+        group = init_group(0, world_size, backend, store, spec.timeout_s)
     except BaseException:
         for proc in members:
             proc.kill()
@@ -215,9 +241,9 @@ def serve(rank: int, world_size: int, port: int, spec: LearnerSpec) -> None:
     torch.set_num_threads(spec.torch_threads)
     device = rank_device(spec.device, rank)
     backend = backend_for(device)
-    store = make_store(rank, world_size, port)
+    store = make_store(rank, world_size, port, timeout_s=spec.timeout_s)
     store.set(f"ready/{rank}", "1")
-    group = init_group(rank, world_size, backend, store)
+    group = init_group(rank, world_size, backend, store, spec.timeout_s)
     learner = spec.build(spec, group, device, None)
     serve_commands(learner)
     destroy_group()
@@ -226,9 +252,21 @@ def serve(rank: int, world_size: int, port: int, spec: LearnerSpec) -> None:
     os._exit(0)
 
 
+def default_store() -> dist.Store:
+    return dist.distributed_c10d._get_default_store()
+
+
+def command_key(rank: int, seq: int) -> str:
+    return f"rlloop/command/{rank}/{seq}"
+
+
 def serve_commands(learner: DataParallel) -> None:
     """Run rank 0's commands until it says ``close``."""
-    while True:
+    store, rank = default_store(), learner.group.rank
+    for seq in itertools.count(1):
+        key = command_key(rank, seq)
+        store.wait([key], COMMAND_WAIT)
+        store.delete_key(key)
         message = broadcast_message(None, learner.comm_device)
         op = message.pop("op")
         if op == "close":
