@@ -12,6 +12,7 @@ from conftest import rlloop_cmd
 from pixel_envs import register, register_box
 
 from rlloop.config import build_config
+from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.returns import gae
 from rlloop.envs import make_env
 from rlloop.errors import ConfigError
@@ -117,9 +118,12 @@ def test_atari_ppo_and_dqn_smoke_with_uint8_storage():
             steps += int(dqn.collect()["env/steps"])
             dqn.update(steps)
         replay = dqn.loop.replay
-        assert len(replay) == steps and replay._storage["obs"].dtype == torch.uint8
-        # uint8 frames: 2 x 4 x 84 x 84 bytes of observations per transition, not 4x that.
-        assert replay.nbytes < 4000 * (2 * 4 * 84 * 84 + 64)
+        assert isinstance(replay, FrameReplayBuffer) and replay.frames.dtype == torch.uint8
+        assert len(replay) == steps  # episodes (lives) are long enough: none left early
+        # Each 84x84 frame about once, not 8 times (two stacks of 4 per transition).
+        assert replay.nbytes < 4000 * (84 * 84 * 1.2 + 64)
+        batch = replay.sample(32)
+        assert batch.obs.shape == (32, 4, 84, 84) and batch.obs.dtype == torch.uint8
     finally:
         dqn.close()
 
