@@ -14,8 +14,9 @@ from pixel_envs import register, register_box
 from rlloop.config import build_config
 from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.returns import gae
-from rlloop.envs import make_env
+from rlloop.envs import env_spec, make_env
 from rlloop.errors import ConfigError
+from rlloop.memory import estimate
 from rlloop.modules.encoders import NatureCNN, build_encoder, image_layout
 from rlloop.run import build_algorithm
 
@@ -207,3 +208,14 @@ def test_ppo_cnn_bootstraps_truncated_episodes_from_their_final_frames():
         torch.testing.assert_close(batch.returns, ret.flatten())
     finally:
         algorithm.close()
+
+
+@pytest.mark.parametrize(("replay", "per_transition"), [("frames", 84 * 84 * 9 // 8 + 25),
+                                                         ("uniform", 2 * 4 * 84 * 84 + 17)])
+def test_memory_check_counts_frames_in_bytes(replay, per_transition):
+    # Counted as float32, the Atari DQN preset's 100k-transition replay looked like 22.6 GB
+    # and was refused on machines where its 0.8 GB (frames) or 5.6 GB (stacks) fit.
+    config = build_config("dqn", "ALE/Breakout-v5", sets=[*QUIET, f"dqn.replay={replay}"])
+    spec = env_spec("ALE/Breakout-v5")
+    need, = (n for n in estimate(config, spec) if "replay buffer" in n.what)
+    assert need.nbytes == 100_000 * per_transition
