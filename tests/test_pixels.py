@@ -219,3 +219,24 @@ def test_memory_check_counts_frames_in_bytes(replay, per_transition):
     spec = env_spec("ALE/Breakout-v5")
     need, = (n for n in estimate(config, spec) if "replay buffer" in n.what)
     assert need.nbytes == 100_000 * per_transition
+
+
+def test_predict_and_export_take_uint8_frames():
+    # A float frame counts as already scaled, so predict must not turn frames into floats.
+    from rlloop.api import PPO
+    from rlloop.export import example_obs
+
+    model = PPO("rlloop-test/SidePixels-v0", mlflow=False)
+    try:
+        actor = model._acting()
+        assert example_obs(actor).dtype == torch.uint8
+        with torch.no_grad():  # biases make the network tell 0..255 from 0..1 inputs
+            for layer in actor.policy.encoder.net:
+                if isinstance(layer, torch.nn.Conv2d):
+                    layer.bias.uniform_(-1, 1)
+        frames = torch.randint(0, 256, (64, 36, 36, 1), dtype=torch.uint8,
+                               generator=torch.Generator().manual_seed(0))
+        expected = actor.act(frames).numpy()
+        assert (model.predict(frames.numpy()) == expected).all()
+    finally:
+        model.close()
