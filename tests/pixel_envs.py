@@ -77,12 +77,52 @@ class TextObs(TwoBandits):
     observation_space = spaces.Text(8)
 
 
+class StackedSide(gymnasium.Env):  # type: ignore[type-arg]
+    """:class:`SidePixels` as 4 stacked 36x36 frames made by the env itself, its whole
+    state in one numpy array (``state``: the stack, then side and step), which rlloop's
+    Gymnasium adapter saves in checkpoints: runs on it resume exactly mid-episode."""
+
+    observation_space = spaces.Box(0, 255, (4, 36, 36), np.uint8)
+    action_space = spaces.Discrete(2)
+    size = 4 * 36 * 36
+
+    def __init__(self) -> None:
+        self.state = np.zeros(self.size + 2, np.uint8)
+
+    def _push(self, first: bool) -> None:
+        side = int(self.np_random.integers(2))
+        frame = np.zeros((36, 36), np.uint8)
+        row, col = self.np_random.integers(0, 24), self.np_random.integers(0, 6) + 18 * side
+        frame[row:row + 12, col:col + 12] = 255
+        stack = self.state[: self.size].reshape(4, 36, 36)
+        if first:
+            stack[:] = frame
+        else:
+            stack[:-1] = stack[1:].copy()
+            stack[-1] = frame
+        self.state[self.size] = side
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.state[self.size + 1] = 0
+        self._push(first=True)
+        return self.state[: self.size].reshape(4, 36, 36).copy(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        reward = float(int(action) == int(self.state[self.size]))
+        self.state[self.size + 1] += 1
+        self._push(first=False)
+        done = int(self.state[self.size + 1]) >= 10
+        return self.state[: self.size].reshape(4, 36, 36).copy(), reward, done, False, {}
+
+
 def register() -> None:
     for name, cls in (("SidePixels", SidePixels), ("TwoBandits", TwoBandits),
-                      ("BitPattern", BitPattern), ("TextObs", TextObs)):
+                      ("BitPattern", BitPattern), ("TextObs", TextObs),
+                      ("StackedSide", StackedSide)):
         env_id = f"rlloop-test/{name}-v0"
         if env_id not in gymnasium.registry:
-            gymnasium.register(env_id, entry_point=cls)
+            gymnasium.register(env_id, entry_point=cls, max_episode_steps=50)
 
 
 class SidePixelsBox(SidePixels):

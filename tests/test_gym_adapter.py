@@ -206,7 +206,8 @@ def test_env_spec_validates_like_make_env() -> None:
 
 class _MultiDiscreteActionEnv(gymnasium.Env):  # type: ignore[type-arg]
     observation_space = spaces.Box(-1.0, 1.0, (2,))
-    action_space = spaces.MultiDiscrete([2, 3])
+    # 1-d MultiDiscrete is supported (PPO's factorised heads); a 2-d one is not.
+    action_space = spaces.MultiDiscrete([[2, 3], [2, 2]])
 
 
 @pytest.fixture
@@ -220,7 +221,8 @@ def multidiscrete_id() -> Iterator[str]:
 def test_unsupported_spaces_raise_env_error(multidiscrete_id: str) -> None:
     with pytest.raises(EnvError, match=r"Blackjack-v1: observation space Tuple\(.*FlattenObs"):
         make_env("Blackjack-v1")
-    with pytest.raises(EnvError, match=r"action space MultiDiscrete\(\[2 3\]\) is not supported"):
+    with pytest.raises(EnvError, match=r"action space MultiDiscrete\(\[\[2 3\] \[2 2\]\]\) is "
+                                        r"not supported \(only Discrete, Box and 1-d"):
         make_env(multidiscrete_id)
 
 

@@ -12,9 +12,11 @@ from conftest import rlloop_cmd
 from pixel_envs import register, register_box
 
 from rlloop.config import build_config
+from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.returns import gae
-from rlloop.envs import make_env
+from rlloop.envs import env_spec, make_env
 from rlloop.errors import ConfigError
+from rlloop.memory import estimate
 from rlloop.modules.encoders import NatureCNN, build_encoder, image_layout
 from rlloop.run import build_algorithm
 
@@ -117,9 +119,12 @@ def test_atari_ppo_and_dqn_smoke_with_uint8_storage():
             steps += int(dqn.collect()["env/steps"])
             dqn.update(steps)
         replay = dqn.loop.replay
-        assert len(replay) == steps and replay._storage["obs"].dtype == torch.uint8
-        # uint8 frames: 2 x 4 x 84 x 84 bytes of observations per transition, not 4x that.
-        assert replay.nbytes < 4000 * (2 * 4 * 84 * 84 + 64)
+        assert isinstance(replay, FrameReplayBuffer) and replay.frames.dtype == torch.uint8
+        assert len(replay) == steps  # episodes (lives) are long enough: none left early
+        # Each 84x84 frame about once, not 8 times (two stacks of 4 per transition).
+        assert replay.nbytes < 4000 * (84 * 84 * 1.2 + 64)
+        batch = replay.sample(32)
+        assert batch.obs.shape == (32, 4, 84, 84) and batch.obs.dtype == torch.uint8
     finally:
         dqn.close()
 
@@ -203,3 +208,35 @@ def test_ppo_cnn_bootstraps_truncated_episodes_from_their_final_frames():
         torch.testing.assert_close(batch.returns, ret.flatten())
     finally:
         algorithm.close()
+
+
+@pytest.mark.parametrize(("replay", "per_transition"), [("frames", 84 * 84 * 9 // 8 + 25),
+                                                         ("uniform", 2 * 4 * 84 * 84 + 17)])
+def test_memory_check_counts_frames_in_bytes(replay, per_transition):
+    # Counted as float32, the Atari DQN preset's 100k-transition replay looked like 22.6 GB
+    # and was refused on machines where its 0.8 GB (frames) or 5.6 GB (stacks) fit.
+    config = build_config("dqn", "ALE/Breakout-v5", sets=[*QUIET, f"dqn.replay={replay}"])
+    spec = env_spec("ALE/Breakout-v5")
+    need, = (n for n in estimate(config, spec) if "replay buffer" in n.what)
+    assert need.nbytes == 100_000 * per_transition
+
+
+def test_predict_and_export_take_uint8_frames():
+    # A float frame counts as already scaled, so predict must not turn frames into floats.
+    from rlloop.api import PPO
+    from rlloop.export import example_obs
+
+    model = PPO("rlloop-test/SidePixels-v0", mlflow=False)
+    try:
+        actor = model._acting()
+        assert example_obs(actor).dtype == torch.uint8
+        with torch.no_grad():  # biases make the network tell 0..255 from 0..1 inputs
+            for layer in actor.policy.encoder.net:
+                if isinstance(layer, torch.nn.Conv2d):
+                    layer.bias.uniform_(-1, 1)
+        frames = torch.randint(0, 256, (64, 36, 36, 1), dtype=torch.uint8,
+                               generator=torch.Generator().manual_seed(0))
+        expected = actor.act(frames).numpy()
+        assert (model.predict(frames.numpy()) == expected).all()
+    finally:
+        model.close()

@@ -131,7 +131,9 @@ class Model:
         ``[B, *obs_shape]``; observations are normalised as in evaluation."""
         actor = self._acting()
         spec = actor.settings.spec
-        x = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=actor.device)
+        # uint8 frames stay uint8: pixel encoders scale them (a float frame counts as scaled).
+        dtype = np.uint8 if spec.image_obs else np.float32
+        x = torch.as_tensor(np.asarray(obs, dtype=dtype), device=actor.device)
         single = tuple(x.shape) == spec.obs_shape
         if not single and tuple(x.shape[1:]) != spec.obs_shape:
             raise ConfigError(f"predict expects an observation of shape {spec.obs_shape} or a "

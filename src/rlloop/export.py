@@ -67,8 +67,9 @@ class DeterministicPolicy(nn.Module):
 
 
 def example_obs(algorithm: AlgorithmBase, batch: int = 4) -> Tensor:
-    shape = algorithm.settings.spec.obs_shape
-    return torch.zeros(batch, *shape, dtype=torch.float32)
+    spec = algorithm.settings.spec
+    # Pixel policies take uint8 frames and scale them inside: export them that way.
+    return torch.zeros(batch, *spec.obs_shape, dtype=spec.obs_dtype)
 
 
 def export_bytes(policy: DeterministicPolicy, example: Tensor, fmt: str) -> bytes:

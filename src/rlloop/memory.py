@@ -78,19 +78,25 @@ def estimate(config: RunConfig, spec: EnvSpec) -> list[Need]:
     """The big parts of a run's memory, each a lower bound."""
     num_envs = config.num_envs
     obs = _numel(spec.obs_shape)
+    obs_bytes = spec.obs_dtype.itemsize
     space = spec.action_space
     act_bytes = FLOAT * space.dim if isinstance(space, Box) else 8  # int64 indices
     needs = [_envs(config, num_envs, obs)]
     hp = config.hparams
     if isinstance(hp, PPOConfig):
         steps = hp.rollout_steps * num_envs
-        per_step = FLOAT * (2 * obs + 2) + act_bytes + 2  # obs, next obs, logp, reward, flags
+        # obs and next obs in the env's dtype (uint8 pixels), logp, reward, flags
+        per_step = 2 * obs * obs_bytes + 2 * FLOAT + act_bytes + 2
         needs.append(Need(steps * per_step,
                           f"the rollout of {hp.section}.rollout_steps={hp.rollout_steps} x "
                           f"num_envs={num_envs} steps",
                           f"lower {hp.section}.rollout_steps or num_envs"))
     if isinstance(hp, OffPolicyConfig):
-        per_item = FLOAT * (2 * obs + 2) + act_bytes + 1  # obs, next obs, reward, discount
+        # obs, next obs (in the env's dtype), reward, discount; the frame replay keeps
+        # about one frame per transition instead of two stacks
+        per_item = 2 * obs * obs_bytes + 2 * FLOAT + act_bytes + 1
+        if hp.replay == "frames" and len(spec.obs_shape) >= 2:
+            per_item = (obs // spec.obs_shape[0]) * obs_bytes * 9 // 8 + 2 * FLOAT + act_bytes + 9
         key = f"{hp.section}.buffer_size"
         fits = int(psutil.virtual_memory().available) // per_item
         needs.append(Need(hp.buffer_size * per_item,

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import Tensor
 
+from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.nstep import NStepProcessor
 from rlloop.data.replay import (
     PrioritizedReplayBuffer,
@@ -204,12 +205,29 @@ class MeanRecorder:
         return out
 
 
+def _frame_replay(spec: ExperienceSpec, cfg: OffPolicyConfig) -> Replay:
+    s = cfg.section
+    if spec.obs_dtype != torch.uint8 or len(spec.obs_shape) < 3:
+        raise ConfigError(f"{s}.replay=frames needs stacked uint8 frames (Atari's [4, 84, 84]) "
+                          f"but observations are {spec.obs_dtype} {spec.obs_shape}; use "
+                          f"{s}.replay=uniform")
+    if cfg.n_step != 1:
+        raise ConfigError(f"{s}.replay=frames stores one-step transitions; set {s}.n_step=1 "
+                          f"or {s}.replay=uniform")
+    try:
+        return FrameReplayBuffer(cfg.buffer_size, spec.obs_shape, spec.num_envs,
+                                 spec.action_shape, spec.action_dtype, spec.device)
+    except ReplayMemoryError as e:
+        raise ConfigError(_replay_too_big(f"{s}.buffer_size", cfg.buffer_size, e)) from None
+
+
 STEP_PROCESSORS: dict[str, Callable[[ExperienceSpec, OffPolicyConfig], StepProcessor]] = {
     "nstep": _nstep,
 }
 REPLAY_BUFFERS: dict[str, Callable[[ExperienceSpec, OffPolicyConfig], Replay]] = {
     "uniform": _replay(prioritized=False),
     "prioritized": _replay(prioritized=True),
+    "frames": _frame_replay,
 }
 EVALUATORS: dict[str, Callable[[], Evaluator]] = {
     "deterministic": lambda: EpisodeEvaluator(deterministic=True),
@@ -231,7 +249,8 @@ class OffPolicyConfig:
     buffer_size: int = 1_000_000
     """Replay capacity in transitions; the oldest are overwritten first."""
     replay: str = "uniform"
-    """Replay buffer (REPLAY_BUFFERS): "uniform", or "prioritized" (DQN only)."""
+    """Replay buffer (REPLAY_BUFFERS): "uniform", "prioritized" (DQN only), or "frames"
+    (stacked uint8 frames such as Atari's, each frame stored once; one-step transitions)."""
     per_alpha: float = 0.6
     """Prioritized replay: prioritisation exponent (0 is uniform)."""
     per_beta: float = 0.4
