@@ -301,9 +301,9 @@ def test_masked_cartpole_shows_positions_only_on_both_backends():
     o_full, _ = gym_full.reset(seed=1)
     o_masked, _ = gym_masked.reset(seed=1)
     np.testing.assert_array_equal(o_masked, o_full[[0, 2]])
-    for _ in range(10):
-        o_full, *_ = gym_full.step(1)
-        o_masked, *_ = gym_masked.step(1)
+    for step in range(10):  # alternating pushes: no episode ends
+        o_full, *_ = gym_full.step(step % 2)
+        o_masked, *_ = gym_masked.step(step % 2)
         np.testing.assert_array_equal(o_masked, o_full[[0, 2]])
     env = make_env(f"rlloop.envs.masked_velocity:{ENV_ID}", 2, "gymnasium", seed=0)
     assert env.spec.obs_shape == (2,) and env.spec.reward_threshold == 475.0
