@@ -332,6 +332,9 @@ def test_cli_refuses_recurrent_dqn_in_one_line(tmp_path, cli_env):
 
 
 def test_recurrent_settings_are_validated():
+    config = build_config("ppo", sets=["ppo.recurrent=gru", "env.mask_velocity=true"])
+    assert config.hparams.recurrent == "gru" and config.env_kwargs == {"mask_velocity": True}
+    assert config.env == "CartPole-v1"  # env.X sets an env option, not the id
     with pytest.raises(ConfigError, match=r"ppo\.recurrent must be one of"):
         build_config("ppo", sets=["ppo.recurrent=rnn"])
     with pytest.raises(ConfigError, match=r"ppo\.seq_len must be > 0"):
