@@ -301,9 +301,9 @@ def test_masked_cartpole_shows_positions_only_on_both_backends():
     o_full, _ = gym_full.reset(seed=1)
     o_masked, _ = gym_masked.reset(seed=1)
     np.testing.assert_array_equal(o_masked, o_full[[0, 2]])
-    for _ in range(10):
-        o_full, *_ = gym_full.step(1)
-        o_masked, *_ = gym_masked.step(1)
+    for step in range(10):  # alternating pushes: no episode ends
+        o_full, *_ = gym_full.step(step % 2)
+        o_masked, *_ = gym_masked.step(step % 2)
         np.testing.assert_array_equal(o_masked, o_full[[0, 2]])
     env = make_env(f"rlloop.envs.masked_velocity:{ENV_ID}", 2, "gymnasium", seed=0)
     assert env.spec.obs_shape == (2,) and env.spec.reward_threshold == 475.0
@@ -332,6 +332,9 @@ def test_cli_refuses_recurrent_dqn_in_one_line(tmp_path, cli_env):
 
 
 def test_recurrent_settings_are_validated():
+    config = build_config("ppo", sets=["ppo.recurrent=gru", "env.mask_velocity=true"])
+    assert config.hparams.recurrent == "gru" and config.env_kwargs == {"mask_velocity": True}
+    assert config.env == "CartPole-v1"  # env.X sets an env option, not the id
     with pytest.raises(ConfigError, match=r"ppo\.recurrent must be one of"):
         build_config("ppo", sets=["ppo.recurrent=rnn"])
     with pytest.raises(ConfigError, match=r"ppo\.seq_len must be > 0"):
