@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from rlloop.algorithms.base import AlgorithmBase
     from rlloop.config import RunConfig
 
+#: Seconds a failed runner may take to come back (a process start, imports, its envs).
+RESTART_TIMEOUT_S = 300.0
 #: Fragment length of off-policy runners when ``fragment_steps`` is not set.
 OFF_POLICY_FRAGMENT_STEPS = 32
 
@@ -230,6 +232,7 @@ class RayEnvRunnerGroup:
         self.restarted: set[int] = set()  # restarted since pop_restarted
         self._failures = [0] * self.num_runners
         self._instances: list[int | None] = [None] * self.num_runners
+        self._down_since: list[float | None] = [None] * self.num_runners
         self._wait_s = self._lag_sum = 0.0
         self._taken = 0
         self.time_env = self.time_inference = 0.0
@@ -279,6 +282,7 @@ class RayEnvRunnerGroup:
                 self._failed(runner, e)
                 self._launch(runner)
                 continue
+            self._down_since[runner] = None
             self._check_instance(frag)
             lag = weights_lag(self._published, frag.weights_seq_no)
             if lag > self.config.max_weight_lag:
@@ -299,10 +303,19 @@ class RayEnvRunnerGroup:
 
     def _failed(self, runner: int, error: RayError) -> None:
         """A runner's call failed: drop its fragment and let it restart, or raise when
-        that is not allowed."""
+        that is not allowed. Calls made while Ray restarts it fail too (the actor is
+        unavailable): they count once, and are retried until it is back."""
         cfg = self.config
-        self._failures[runner] += 1
         cause = _one_line(error)
+        down = self._down_since[runner]
+        if down is not None and isinstance(error, RayActorError):
+            if time.monotonic() - down > RESTART_TIMEOUT_S:
+                raise EnvRunnerError(f"env runner {runner} did not come back within "
+                                     f"{RESTART_TIMEOUT_S:.0f} s of failing: {cause}")
+            time.sleep(0.1)  # Ray is starting it again
+            return
+        self._down_since[runner] = time.monotonic()
+        self._failures[runner] += 1
         if not cfg.restart_failed_env_runners:
             raise EnvRunnerError(f"env runner {runner} failed: {cause}; "
                                  "set restart_failed_env_runners=true to restart it")
