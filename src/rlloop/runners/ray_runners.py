@@ -81,10 +81,13 @@ def runner_config(config: RunConfig, index: int) -> RunConfig:
     """The config runner ``index`` builds its algorithm from: its M envs, its own seed,
     no runners of its own, no tracking, and a replay buffer of one fragment (it keeps no
     transitions: the learner's buffer does)."""
-    hparams = config.hparams
+    hparams, m = config.hparams, envs_per_runner(config)
     if hasattr(hparams, "buffer_size"):
         hparams = dataclasses.replace(hparams, buffer_size=max(
-            fragment_steps(config) * envs_per_runner(config), hparams.batch_size))
+            fragment_steps(config) * m, hparams.batch_size))
+    if hasattr(hparams, "minibatch_size"):  # it trains nothing: PPO's batch rule is moot
+        hparams = dataclasses.replace(hparams, minibatch_size=min(
+            hparams.minibatch_size, hparams.rollout_steps * m))
     seed = derive_seed(config.seed, f"env-runner-{index}") % 2**32
     return dataclasses.replace(config, num_env_runners=0, num_envs=envs_per_runner(config),
                                seed=seed, mlflow=False, tensorboard=False, hparams=hparams)
