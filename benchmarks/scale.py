@@ -104,12 +104,14 @@ def rllib_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Runs under the RLlib interpreter: throughput or time to solve, as one JSON object."""
     import gymnasium
     import ray
+    import torch
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.tune.registry import register_env
 
     sys.path.insert(0, str(SRC))
     from rlloop.envs.slow import make as make_slow  # a Gymnasium env; no rlloop trainer
 
+    torch.set_num_threads(1)  # as rlloop's learner (Ray gives its actors one thread each)
     runners, envs = int(spec["runners"]), int(spec["envs"])
     os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])
     ray.init(num_cpus=max(os.cpu_count() or 1, runners), include_dashboard=False,

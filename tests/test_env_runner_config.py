@@ -101,3 +101,20 @@ def test_weights_lag_counts_the_versions_published_since() -> None:
 
     published = [0, 1, 5, 9]  # weights_seq_no of each broadcast
     assert [weights_lag(published, s) for s in (9, 5, 1, 0)] == [0, 1, 2, 3]
+
+
+def test_a_runner_builds_for_its_own_envs() -> None:
+    """Runner configs: M envs, a seed of their own, no runners, a batch rule that fits M."""
+    pytest.importorskip("ray")
+    from rlloop.runners.ray_runners import envs_per_runner, runner_config
+
+    config = build_config("ppo", sets=["num_env_runners=4", "num_envs=16",
+                                       "ppo.rollout_steps=32", "ppo.minibatch_size=512"])
+    assert envs_per_runner(config) == 4
+    runners = [runner_config(config, i) for i in range(4)]
+    assert {r.num_envs for r in runners} == {4}
+    assert {r.num_env_runners for r in runners} == {0}
+    assert len({r.seed for r in runners}) == 4
+    assert runners[0].hparams.minibatch_size == 128  # 32 steps x 4 envs
+    sac = build_config("sac", "Pendulum-v1", sets=["num_env_runners=2"])
+    assert runner_config(sac, 0).hparams.buffer_size == 256  # a batch, not a million

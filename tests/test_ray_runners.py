@@ -162,3 +162,15 @@ def test_sac_with_two_runners_learns_pendulum(ray_instance: None, tmp_path: Path
     result = Session(cfg, tmp_path / "run").run()
     assert result.best_eval_return is not None and result.best_eval_return >= -200, \
         result.last_stats
+
+
+@pytest.mark.slow
+def test_scale_benchmark_runs(ray_instance: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/scale.py keeps working: a tiny budget, rlloop only (no RLlib here)."""
+    import runpy
+
+    script = TESTS.parent / "benchmarks" / "scale.py"
+    scale = runpy.run_path(str(script))
+    assert scale["main"](["--runners", "0", "1", "--envs", "sleep", "--seconds", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "| sleep | 1 |" in out and "100%" in out  # one runner is its own yardstick

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from rlloop.algorithms.base import AlgorithmBase
     from rlloop.config import RunConfig
 
+#: Seconds a failed runner may take to come back (a process start, imports, its envs).
+RESTART_TIMEOUT_S = 300.0
 #: Fragment length of off-policy runners when ``fragment_steps`` is not set.
 OFF_POLICY_FRAGMENT_STEPS = 32
 
@@ -79,10 +81,13 @@ def runner_config(config: RunConfig, index: int) -> RunConfig:
     """The config runner ``index`` builds its algorithm from: its M envs, its own seed,
     no runners of its own, no tracking, and a replay buffer of one fragment (it keeps no
     transitions: the learner's buffer does)."""
-    hparams = config.hparams
+    hparams, m = config.hparams, envs_per_runner(config)
     if hasattr(hparams, "buffer_size"):
         hparams = dataclasses.replace(hparams, buffer_size=max(
-            fragment_steps(config) * envs_per_runner(config), hparams.batch_size))
+            fragment_steps(config) * m, hparams.batch_size))
+    if hasattr(hparams, "minibatch_size"):  # it trains nothing: PPO's batch rule is moot
+        hparams = dataclasses.replace(hparams, minibatch_size=min(
+            hparams.minibatch_size, hparams.rollout_steps * m))
     seed = derive_seed(config.seed, f"env-runner-{index}") % 2**32
     return dataclasses.replace(config, num_env_runners=0, num_envs=envs_per_runner(config),
                                seed=seed, mlflow=False, tensorboard=False, hparams=hparams)
@@ -230,6 +235,7 @@ class RayEnvRunnerGroup:
         self.restarted: set[int] = set()  # restarted since pop_restarted
         self._failures = [0] * self.num_runners
         self._instances: list[int | None] = [None] * self.num_runners
+        self._down_since: list[float | None] = [None] * self.num_runners
         self._wait_s = self._lag_sum = 0.0
         self._taken = 0
         self.time_env = self.time_inference = 0.0
@@ -279,6 +285,7 @@ class RayEnvRunnerGroup:
                 self._failed(runner, e)
                 self._launch(runner)
                 continue
+            self._down_since[runner] = None
             self._check_instance(frag)
             lag = weights_lag(self._published, frag.weights_seq_no)
             if lag > self.config.max_weight_lag:
@@ -299,10 +306,19 @@ class RayEnvRunnerGroup:
 
     def _failed(self, runner: int, error: RayError) -> None:
         """A runner's call failed: drop its fragment and let it restart, or raise when
-        that is not allowed."""
+        that is not allowed. Calls made while Ray restarts it fail too (the actor is
+        unavailable): they count once, and are retried until it is back."""
         cfg = self.config
-        self._failures[runner] += 1
         cause = _one_line(error)
+        down = self._down_since[runner]
+        if down is not None and isinstance(error, RayActorError):
+            if time.monotonic() - down > RESTART_TIMEOUT_S:
+                raise EnvRunnerError(f"env runner {runner} did not come back within "
+                                     f"{RESTART_TIMEOUT_S:.0f} s of failing: {cause}")
+            time.sleep(0.1)  # Ray is starting it again
+            return
+        self._down_since[runner] = time.monotonic()
+        self._failures[runner] += 1
         if not cfg.restart_failed_env_runners:
             raise EnvRunnerError(f"env runner {runner} failed: {cause}; "
                                  "set restart_failed_env_runners=true to restart it")
