@@ -610,6 +610,9 @@ def load_run_policy(run_dir: str | Path, backend: str | None = None, device: str
     if device:
         flags["device"] = device
     config = load_run_config(run_dir, allow_import=allow_import, **flags)
+    # The run's thread count, as in training: torch's default (every core) makes each small
+    # op of acting wait on the others, several times slower on a busy machine.
+    torch.set_num_threads(config.torch_threads)
     return load_policy(config, Path(run_dir), notify)
 
 
