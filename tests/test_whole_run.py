@@ -37,8 +37,8 @@ print(codes, sorted(m for m in {HEAVY!r} if m in sys.modules))
     assert "unknown algorithm 'nope'" in out.stderr
 
 
-def test_training_and_checkpoints_never_import_dynamo(tmp_path: Path,
-                                                      cli_env: dict[str, str]) -> None:
+def test_training_and_evaluation_import_no_dynamo_and_act_on_one_thread(
+        tmp_path: Path, cli_env: dict[str, str]) -> None:
     """torch.optim's wrappers import torch._dynamo (~1 s) on first use; rlloop's Adam not."""
     code = """
 import sys
@@ -48,12 +48,17 @@ config = build_config("ppo", "CartPole-v1", flags={"total_env_steps": 1024},
                       sets=["mlflow=false", "save_video=false", "progress=false",
                             "stop_on_solve=false"])
 train(config, "run")
-print("torch._dynamo" in sys.modules)
+import torch
+from rlloop.run import evaluate_run
+torch.set_num_threads(2)  # torch's default on a 2-core machine
+evaluate_run("run", 2)
+print(torch.get_num_threads(), "torch._dynamo" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-c", code], env=cli_env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "False"
+    # ... and acting uses the run's one thread, as training does (not torch's default)
+    assert out.stdout.strip().splitlines()[-1] == "1 False"
 
 
 def _adam_steps(cls: type[torch.optim.Adam]) -> tuple[list[torch.Tensor], dict]:

@@ -11,10 +11,12 @@ the traceback instead).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -358,10 +360,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         args = _parser().parse_args(argv)
-        if args.command == "train":
-            return _train(args)
-        if args.command == "eval":
-            return _eval(args)
+        if args.command in ("train", "eval"):
+            code = _train(args) if args.command == "train" else _eval(args)
+            if argv is None:  # this process is the command: its work is done and saved
+                _exit_now(code)
+            return code
         if args.command == "tune":
             return _tune(args)
         if args.command == "presets":
@@ -388,6 +391,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rlloop: error: {type(e).__name__}: {_one_line(e)} (unexpected; "
               "RLLOOP_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _exit_now(code: int) -> None:
+    """End the process now, skipping the interpreter's module-by-module teardown: with
+    torch, matplotlib and gymnasium loaded it costs ~0.5 s of CPU after the command is done.
+
+    Exit handlers still run and the streams are flushed; a non-daemon thread (a user
+    callback's) gets the normal exit instead, which waits for it.
+    """
+    if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def _one_line(e: BaseException) -> str:

@@ -99,9 +99,10 @@ class RunConfig:
     torch_threads: int = 1
     """torch intra-op threads (1 is fastest for small MLPs on CPU)."""
     mlflow: bool = True
-    """Log params and metrics to MLflow."""
+    """Log params, metrics, tags and artifacts (model, video, report) to MLflow."""
     mlflow_tracking_uri: str | None = None
-    """MLflow store (default: a local store inside the run directory)."""
+    """MLflow store (default: a local store inside the run directory), e.g. a shared
+    tracking server: http://host:5000."""
     mlflow_interval_s: float = 1.0
     """Seconds between MLflow batch writes (every metrics.jsonl row reaches MLflow, at its
     step; training never waits for MLflow)."""

@@ -430,15 +430,19 @@ class Session:
         with self.phases.timed("report"):
             figures = write_figures(self.run_dir, read_metrics(self.run_dir / "metrics.jsonl"))
         video = filming() if filming is not None else None
-        self.sink.log_metrics(self.phases.stats(), steps)  # before the report, which shows it
+        self._log_phases(self.phases.stats(), steps)  # before the report, which shows it
         result = RunResult(self.run_dir, steps, time.perf_counter() - start,
                            self.best_eval_return, stats, self._stopped_by(stats))
         with self.phases.timed("report"):
             write_report(self.run_dir, result, cfg, figures=figures)
-        self.sink.log_metrics({"time/report_s": self.phases.seconds["report"]}, steps)
-        if self.mlflow is not None:
+        self._log_phases({"time/report_s": self.phases.seconds["report"]}, steps)
+        if self.mlflow is not None and not self._sinks_closed:
             self.mlflow.log_artifacts(self._artifacts(video))
         return result
+
+    def _log_phases(self, times: dict[str, float], steps: int) -> None:
+        if not self._sinks_closed:  # closed already when a signal stopped the run
+            self.sink.log_metrics(times, steps)
 
     def _film(self) -> Path | None:
         from rlloop.video import save_run_video
@@ -691,6 +695,9 @@ def load_run_policy(run_dir: str | Path, backend: str | None = None, device: str
     if device:
         flags["device"] = device
     config = load_run_config(run_dir, allow_import=allow_import, **flags)
+    # The run's thread count, as in training: torch's default (every core) makes each small
+    # op of acting wait on the others, several times slower on a busy machine.
+    torch.set_num_threads(config.torch_threads)
     return load_policy(config, Path(run_dir), notify)
 
 
