@@ -339,7 +339,10 @@ RECURRENT_ALGOS = ("ppo",)
 def _check_recurrent(algo: str, section: Any) -> None:
     if algo in RECURRENT_ALGOS or not isinstance(section, dict):
         return
-    key = next((k for k in RECURRENT_KEYS if k in section), None)
+    # ma_ppo's config has these fields (it extends PPO's), left at their feed-forward values.
+    fields = {f.name for f in dataclasses.fields(ALGORITHMS[algo].config_cls)}
+    key = next((k for k in RECURRENT_KEYS if k in section and (
+        k not in fields or (k == "recurrent" and section[k] is not None))), None)
     if key is not None:
         raise ConfigError(f"{algo}.{key}: {algo} has no recurrent policy; use "
                           f"rlloop train ppo --set ppo.recurrent=lstm (or gru), or drop the "
