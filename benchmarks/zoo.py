@@ -96,6 +96,9 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
     start, load = time.perf_counter(), os.getloadavg()[0]
     result = train(config, runs / f"{row.env}-{row.algo}-{seed}-{fraction:g}")
     wall = time.perf_counter() - start
+    if result.env_steps < steps:  # a stop signal: train() saved and returned early
+        raise SystemExit(f"{row.name} seed {seed} stopped at {result.env_steps:,} of {steps:,} "
+                         f"steps ({result.stopped_by}); not recorded")
     ev = evaluate_run(result.run_dir, episodes=episodes)
     return {"env": row.env, "algo": row.algo, "seed": seed, "fraction": fraction,
             "budget": row.budget, "env_steps": result.env_steps,
