@@ -129,7 +129,7 @@ def table(all_rows: list[Row], results: list[dict[str, Any]]) -> str:
         used = [r for r in mine if r["fraction"] == fraction]
         scores = [r["return_mean"] for r in used]
         mean = statistics.fmean(scores)
-        std = statistics.pstdev(scores) if len(scores) > 1 else 0.0
+        spread = f" ± {statistics.pstdev(scores):.1f}" if len(scores) > 1 else ""
         r_ = ratio(mean, row.zoo_score)
         total += 1
         met += mean >= row.zoo_score
@@ -140,7 +140,7 @@ def table(all_rows: list[Row], results: list[dict[str, Any]]) -> str:
         notes += sorted({r["note"] for r in used if r.get("note")})
         if mean < row.zoo_score and row.name in REASONS:
             notes.append(REASONS[row.name])
-        lines.append(f"| {row.env} | {row.algo} | {budget} | {mean:.1f} ± {std:.1f} "
+        lines.append(f"| {row.env} | {row.algo} | {budget} | {mean:.1f}{spread} "
                      f"| {row.zoo_score:g} ± {row.zoo_std:g} | {r_:.2f} | {'; '.join(notes)} |")
     lines.append("")
     lines.append(f"{met} of {total} rows at or above rl-zoo's score.")
