@@ -23,6 +23,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -41,11 +42,18 @@ class Outcome:
 
 def run_rlloop(seed: int, backend: str, budget: int, eval_every: int, episodes: int) -> Outcome:
     from rlloop.config import build_config
-    from rlloop.run import build_algorithm
-    from rlloop.trainer import Trainer
 
     config = build_config("ppo", "CartPole-v1", flags={"seed": seed, "backend": backend},
                           sets=["mlflow=false", "progress=false"])
+    return solve_rlloop(config, budget, eval_every, episodes)
+
+
+def solve_rlloop(config: Any, budget: int, eval_every: int, episodes: int) -> Outcome:
+    """Train ``config``'s run until a deterministic evaluation of ``episodes`` episodes
+    every ``eval_every`` env steps reaches :data:`THRESHOLD`, or ``budget`` env steps."""
+    from rlloop.run import build_algorithm
+    from rlloop.trainer import Trainer
+
     algo = build_algorithm(config)
     trainer = Trainer(algo, eval_episodes=episodes)
     train_s = eval_s = 0.0

@@ -25,54 +25,21 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
+from ppo_cartpole import THRESHOLD, Outcome, solve_rlloop  # a script beside this one
 
-THRESHOLD = 475.0
 RLLOOP_SETS = ["mlflow=false", "progress=false", "env.mask_velocity=true",
                "ppo.recurrent=gru"]
-
-
-@dataclass
-class Outcome:
-    solved: bool
-    solve_steps: int
-    solve_s: float
-    solve_total_s: float
-    train_sps: float
-    final_eval: float
 
 
 def run_rlloop(seed: int, budget: int, eval_every: int, episodes: int,
                extra: list[str]) -> Outcome:
     from rlloop.config import build_config
-    from rlloop.run import build_algorithm
-    from rlloop.trainer import Trainer
 
     config = build_config("ppo", "CartPole-v1", flags={"seed": seed},
                           sets=[*RLLOOP_SETS, *extra])
-    algo = build_algorithm(config)
-    trainer = Trainer(algo, eval_episodes=episodes)
-    train_s = eval_s = 0.0
-    next_eval = eval_every
-    score = float("-inf")
-    try:
-        while trainer.state["env/steps"] < budget:
-            t0 = time.perf_counter()
-            trainer.step()
-            train_s += time.perf_counter() - t0
-            if trainer.state["env/steps"] >= next_eval:
-                next_eval += eval_every
-                t0 = time.perf_counter()
-                score = trainer.eval()["eval/return_mean"]
-                eval_s += time.perf_counter() - t0
-                if score >= THRESHOLD:
-                    break
-    finally:
-        algo.close()
-    steps = trainer.state["env/steps"]
-    return Outcome(score >= THRESHOLD, steps, train_s, train_s + eval_s, steps / train_s, score)
+    return solve_rlloop(config, budget, eval_every, episodes)
 
 
 def run_sb3_contrib(seed: int, budget: int, eval_every: int, episodes: int) -> Outcome:

@@ -24,3 +24,27 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 
 def rlloop_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "rlloop", *args]
+
+
+def leaves(node, prefix=""):
+    """``(path, value)`` for every leaf of nested dicts, lists and tuples (checkpoint state)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from leaves(v, f"{prefix}/{k}")
+    elif isinstance(node, list | tuple):
+        for i, v in enumerate(node):
+            yield from leaves(v, f"{prefix}/{i}")
+    else:
+        yield prefix, node
+
+
+def same_leaf(a, b) -> bool:
+    """Bit-for-bit equality of two checkpoint leaves (dtype included)."""
+    import numpy as np
+    import torch
+
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b)
+    return type(a) is type(b) and a == b

@@ -6,10 +6,9 @@ import math
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from conftest import rlloop_cmd
+from conftest import leaves, rlloop_cmd, same_leaf
 from pixel_envs import register
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
@@ -111,25 +110,6 @@ def test_frame_replay_refuses_vector_observations_and_n_step():
             "mlflow=false", "dqn.replay=frames", "dqn.n_step=3"]))
 
 
-def _leaves(node, prefix=""):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _leaves(v, f"{prefix}/{k}")
-    elif isinstance(node, list | tuple):
-        for i, v in enumerate(node):
-            yield from _leaves(v, f"{prefix}/{i}")
-    else:
-        yield prefix, node
-
-
-def _equal(a, b) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return a.dtype == b.dtype and np.array_equal(a, b)
-    return type(a) is type(b) and a == b
-
-
 def _train(cwd: Path, *args: str) -> None:
     out = subprocess.run(rlloop_cmd("train", *args), cwd=cwd, capture_output=True, text=True,
                          timeout=300)
@@ -153,13 +133,13 @@ def test_dqn_with_the_frame_replay_resumes_bit_exactly(tmp_path):
            "--allow-import")
     a = load_checkpoint(CheckpointManager(tmp_path / "a" / "checkpoints").latest())
     b = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
-    la = dict(_leaves({k: a.components[k] for k in ("algorithm", "rng")}))
-    lb = dict(_leaves({k: b.components[k] for k in ("algorithm", "rng")}))
+    la = dict(leaves({k: a.components[k] for k in ("algorithm", "rng")}))
+    lb = dict(leaves({k: b.components[k] for k in ("algorithm", "rng")}))
     assert la.keys() == lb.keys()
     assert any("frames" in k for k in la)
     # The learner's logged-lr accumulator is folded at a checkpoint, so its float sum is
     # added up in another order after a cut (a logging statistic, not training state):
     # equal to rounding there, bit-identical everywhere else.
-    different = [k for k in la if not (_equal(la[k], lb[k]) or (
+    different = [k for k in la if not (same_leaf(la[k], lb[k]) or (
         "metrics_logger" in k and math.isclose(la[k], lb[k], rel_tol=1e-12)))]
     assert not different, different

@@ -15,10 +15,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-import numpy as np
 import pytest
 import torch
-from conftest import rlloop_cmd
+from conftest import leaves, rlloop_cmd, same_leaf
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 
@@ -33,25 +32,6 @@ CASES = {
             "td3.hidden=[64,64]", "--set", "td3.eval_interval=200"],
 }
 QUIET = ["--quiet", "--set", "mlflow=false", "--set", "save_video=false"]
-
-
-def _leaves(node, prefix=""):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _leaves(v, f"{prefix}/{k}")
-    elif isinstance(node, list | tuple):
-        for i, v in enumerate(node):
-            yield from _leaves(v, f"{prefix}/{i}")
-    else:
-        yield prefix, node
-
-
-def _equal(a, b) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return a.dtype == b.dtype and np.array_equal(a, b)
-    return type(a) is type(b) and a == b
 
 
 def _train(args, cwd, env):
@@ -78,11 +58,11 @@ def test_resume_is_bit_exact(tmp_path, cli_env, algo):
     b = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
     assert a.components["trainer"]["counters"] == b.components["trainer"]["counters"]
     assert a.components["trainer"]["counters"]["env/steps"] == int(steps)
-    la = dict(_leaves({k: a.components[k] for k in ("algorithm", "rng")}))
-    lb = dict(_leaves({k: b.components[k] for k in ("algorithm", "rng")}))
+    la = dict(leaves({k: a.components[k] for k in ("algorithm", "rng")}))
+    lb = dict(leaves({k: b.components[k] for k in ("algorithm", "rng")}))
     assert la.keys() == lb.keys()
     assert sum(isinstance(v, torch.Tensor) for v in la.values()) > 10
-    different = [k for k in la if not _equal(la[k], lb[k])]
+    different = [k for k in la if not same_leaf(la[k], lb[k])]
     assert not different, different
     # Evaluations after the cut see the same policy with the same eval seeds.
     ea, eb = _evals(tmp_path / "a"), _evals(tmp_path / "b")

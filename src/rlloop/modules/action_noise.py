@@ -31,7 +31,20 @@ class ActionNoise(Protocol):
     def set_state(self, state: dict[str, Any]) -> None: ...
 
 
-class NoNoise:
+class _Memoryless:
+    """Noise without state across steps: nothing to reset at episode ends or to save."""
+
+    def episode_end(self, done: Tensor) -> None:
+        pass
+
+    def get_state(self) -> dict[str, Any]:
+        return {}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class NoNoise(_Memoryless):
     """Zero noise: the actor's own action (``action_noise=none``)."""
 
     def __init__(self, shape: tuple[int, int], device: torch.device) -> None:
@@ -40,17 +53,8 @@ class NoNoise:
     def sample(self) -> Tensor:
         return self._zeros
 
-    def episode_end(self, done: Tensor) -> None:
-        pass
 
-    def get_state(self) -> dict[str, Any]:
-        return {}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        pass
-
-
-class GaussianNoise:
+class GaussianNoise(_Memoryless):
     """Independent ``N(0, std^2)`` per env, step and action dimension."""
 
     def __init__(self, shape: tuple[int, int], std: float, generator: torch.Generator) -> None:
@@ -59,15 +63,6 @@ class GaussianNoise:
     def sample(self) -> Tensor:
         eps = torch.randn(self.shape, generator=self.generator, device=self.generator.device)
         return eps.mul_(self.std)
-
-    def episode_end(self, done: Tensor) -> None:
-        pass
-
-    def get_state(self) -> dict[str, Any]:
-        return {}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        pass
 
 
 class OrnsteinUhlenbeckNoise(GaussianNoise):
