@@ -169,8 +169,9 @@ def test_shared_policy_acts_for_every_agent():
     algo = build_algorithm(_config(env=RPS))
     assert set(algo.learner.modules) == {"default_policy"}
     stats = Trainer(algo).step()
-    # both players' samples train the one module: 16 steps x 4 envs x 2 agents
-    assert stats["default_policy/num_samples_trained_lifetime"] == 16 * 4 * 2 * 4
+    # both players' samples train the one module: 16 steps x 4 envs x 2 agents, each epoch
+    epochs = algo.config.num_epochs
+    assert stats["default_policy/num_samples_trained_lifetime"] == 16 * 4 * 2 * epochs
     assert "losses/policy" in stats  # one module: flat keys, as single-agent PPO
     algo.close()
 

@@ -187,8 +187,18 @@ def _train(args: argparse.Namespace) -> int:
         from rlloop.logging.process_sink import prestart
 
         # MLflow's import (~2 s) then runs in its child on another core while this process
-        # imports torch and builds the run; unused (mlflow off in a config file), it is killed.
+        # imports torch and builds the run; unused (mlflow off in a config file, or bad
+        # input), it is killed when the command ends.
         prestart(PRELOAD)
+    try:
+        return _train_run(args)
+    finally:
+        from rlloop.logging.process_sink import discard_spares
+
+        discard_spares()
+
+
+def _train_run(args: argparse.Namespace) -> int:
     from rlloop.callbacks import load_callback
     from rlloop.config import build_config
     from rlloop.envs.registry import resolve_env_id

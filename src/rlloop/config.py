@@ -376,7 +376,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     args = typing.get_args(tp)
     if tp is Any:
         return value
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a section: true = defaults
+        if isinstance(value, bool):
+            return _build(tp, {}, prefix=f"{key}.") if value else None
         return _build(tp, value, prefix=f"{key}.")
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -388,10 +390,6 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0])
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a section: true = defaults
-        if isinstance(value, bool):
-            return _build(tp, {}, prefix=f"{key}.") if value else None
-        return _build(tp, value, prefix=f"{key}.")
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{key} must be one of {list(args)}, got {value!r}")

@@ -73,11 +73,13 @@ def prestart(preload: Sequence[str]) -> None:
     key = tuple(preload)
     if key not in _spares:
         if not _spares:
-            atexit.register(_kill_spares)
+            atexit.register(discard_spares)
         _spares[key] = _spawn(key)
 
 
-def _kill_spares() -> None:
+def discard_spares() -> None:
+    """Kill the children `prestart` made that no sink took over (a run that failed first,
+    or had MLflow off in its config file)."""
     for proc in _spares.values():
         proc.kill()
         _wait(proc, _REAP_S)
