@@ -85,6 +85,8 @@ class EnvSpec:
         reward_threshold: Return at which the task counts as solved, if known.
         image_obs: Observations are images (a uint8 Box of 2 or 3 dims): they arrive and
             are stored as uint8, and the algorithms' encoders pick a CNN for them.
+        action_mask: Number of trailing observation features that are a legal-action
+            mask (1 legal, 0 not; from the env's ``info["action_mask"]``), 0 for none.
     """
 
     env_id: str
@@ -93,6 +95,7 @@ class EnvSpec:
     max_episode_steps: int | None = None
     reward_threshold: float | None = None
     image_obs: bool = False
+    action_mask: int = 0
 
     @property
     def obs_dtype(self) -> torch.dtype:
