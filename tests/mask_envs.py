@@ -54,3 +54,16 @@ def register() -> None:
 
 
 register()  # on import too: a `--env mask_envs:rlloop-test/...` subprocess imports it
+
+
+def minigrid_dict() -> gymnasium.Env[Any, Any]:
+    """MiniGrid's 5x5 empty room as a Dict of its 7x7x3 view and its direction (the free
+    text mission dropped)."""
+    import minigrid  # noqa: F401  (registers the MiniGrid ids)
+
+    return gymnasium.wrappers.FilterObservation(gymnasium.make("MiniGrid-Empty-5x5-v0"),
+                                                ["image", "direction"])
+
+
+if "rlloop-test/MiniGridDict-v0" not in gymnasium.registry:
+    gymnasium.register("rlloop-test/MiniGridDict-v0", entry_point=minigrid_dict)

@@ -24,7 +24,7 @@ from rlloop.modules.action_masks import resolve_action_mask
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.custom import check_net_path, resolve_net
 from rlloop.modules.distributions import ActionDist
-from rlloop.modules.encoders import ENCODERS, build_encoder
+from rlloop.modules.encoders import ENCODERS, DictEncoder, Encoder, build_encoder
 from rlloop.modules.masked import MaskedActorCritic
 from rlloop.modules.normalizer import RunningMeanStd
 
@@ -216,6 +216,7 @@ class PPO(AlgorithmBase):
     """Collect ``rollout_steps`` x ``num_envs`` steps, then ``num_epochs`` of minibatch PPO."""
 
     name = "ppo"
+    supports_dict_obs = True
     learner_cls: ClassVar[type[PPOLearner]] = PPOLearner
     policy: Any  # ActorCritic here, RecurrentActorCritic in RecurrentPPO
     #: Scratch storage, fully rewritten by every collect before it is read: not state
@@ -264,10 +265,15 @@ class PPO(AlgorithmBase):
                 ortho_init=config.ortho_init)
         return lambda: ActorCritic(
             spec.obs_shape, spec.action_space, config.hidden, config.activation,
-            config.init_log_std, None if features is not None else build_encoder(
-                config.section, config.encoder, spec.obs_shape, spec.image_obs),
+            config.init_log_std, None if features is not None else self._encoder(),
             sde=(config.full_std, config.use_expln) if config.use_sde else None,
             ortho_init=config.ortho_init, features=features)
+
+    def _encoder(self) -> Encoder | None:
+        spec, config = self.env.spec, self.config
+        if spec.obs_parts and config.encoder != "mlp":  # one encoder per Dict entry
+            return DictEncoder(spec.obs_parts, config.hidden, config.activation)
+        return build_encoder(config.section, config.encoder, spec.obs_shape, spec.image_obs)
 
     def _behaviour(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         sde = self.policy.sde

@@ -69,6 +69,7 @@ class RecurrentPPO(PPO):
 
     learner_cls: ClassVar[type[PPOLearner]] = RecurrentPPOLearner
     policy: RecurrentActorCritic
+    supports_dict_obs = False
     #: Rollout scratch (rewritten by every collect) and the acting state, which every
     #: evaluation starts afresh.
     transient_attrs: ClassVar[frozenset[str]] = frozenset(

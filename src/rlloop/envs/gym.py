@@ -63,14 +63,27 @@ def convert_action_space(env_id: str, space: gymnasium.Space[Any]) -> ActionSpac
     )
 
 
+def obs_parts_of(space: gymnasium.Space[Any]) -> tuple[tuple[str, tuple[int, ...], bool], ...]:
+    """``EnvSpec.obs_parts`` of a Dict space of Box and Discrete entries (else ``()``)."""
+    if not isinstance(space, spaces.Dict) or not all(
+            isinstance(v, spaces.Box | spaces.Discrete) for v in space.spaces.values()):
+        return ()
+    return tuple((str(k), obs_shape_of(str(k), v), is_image_space(v))
+                 for k, v in space.spaces.items())
+
+
 def obs_shape_of(env_id: str, space: gymnasium.Space[Any]) -> tuple[int, ...]:
     """Shape of one observation as rlloop returns it, or ``EnvError`` if unsupported."""
     if isinstance(space, spaces.Box):
         return tuple(space.shape)
     if isinstance(space, spaces.Discrete):
         return (int(space.n),)  # one-hot
+    parts = obs_parts_of(space)
+    if parts:
+        return (sum(int(np.prod(shape)) for _, shape, _ in parts),)
     raise EnvError(f"{env_id}: observation space {_describe(space)} is not supported (only "
-                   f"Box and Discrete); register a variant {_flattening_fix(space)}")
+                   f"Box, Discrete and Dicts of them); register a variant "
+                   f"{_flattening_fix(space)}")
 
 
 def is_image_space(space: gymnasium.Space[Any]) -> bool:
@@ -127,6 +140,7 @@ def spec_from_gym(
         reward_threshold=None if gym_spec is None else gym_spec.reward_threshold,
         image_obs=is_image_space(obs_space),
         action_mask=mask_dims,
+        obs_parts=obs_parts_of(obs_space),
     )
 
 
@@ -279,10 +293,16 @@ class GymVecEnv:
             return np.concatenate([flat, np.asarray(mask, dtype=np.float32)], axis=1)
         return self._obs_array_plain(obs)
 
-    def _obs_array_plain(self, obs: Any) -> np.ndarray:
-        if isinstance(self._obs_space, spaces.Discrete):
-            index = np.asarray(obs, dtype=np.int64) - int(self._obs_space.start)
-            one_hot: np.ndarray = np.eye(int(self._obs_space.n), dtype=np.float32)[index]
+    def _obs_array_plain(self, obs: Any, space: gymnasium.Space[Any] | None = None
+                         ) -> np.ndarray:
+        space = self._obs_space if space is None else space
+        if isinstance(space, spaces.Dict):  # entries flattened and concatenated, in order
+            return np.concatenate(
+                [self._obs_array_plain(obs[k], v).reshape(len(obs[k]), -1).astype(np.float32)
+                 for k, v in space.spaces.items()], axis=1)
+        if isinstance(space, spaces.Discrete):
+            index = np.asarray(obs, dtype=np.int64) - int(space.start)
+            one_hot: np.ndarray = np.eye(int(space.n), dtype=np.float32)[index]
             return one_hot
         if self.spec.image_obs:  # frames stay uint8 up to the network (4x fewer bytes)
             return np.asarray(obs, dtype=np.uint8)
@@ -371,7 +391,7 @@ class GymVecEnv:
             final_masks = None if not self.spec.action_mask else \
                 self._mask(infos["final_info"], ended)
             final_np[ended] = self._obs_array(
-                np.stack([np.asarray(infos["final_obs"][i]) for i in ended]), final_masks)
+                _stack([infos["final_obs"][i] for i in ended]), final_masks)
             arrays.append(final_np)
         tensors = self._to_tensors(*arrays)
         obs_t, reward_t, terminated_t, truncated_t = tensors[:4]
@@ -464,6 +484,14 @@ def _made_spec(env_id: str, env_fn: Any
         return env.spec, probe_action_mask(env_id, env)
     finally:
         env.close()
+
+
+def _stack(observations: list[Any]) -> Any:
+    """One batch of single observations (Dict ones key by key)."""
+    if isinstance(observations[0], dict):
+        return {k: np.stack([np.asarray(o[k]) for o in observations])
+                for k in observations[0]}
+    return np.stack([np.asarray(o) for o in observations])
 
 
 def _generator_from_state(state: dict[str, Any]) -> np.random.Generator:
