@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 
-import numpy as np
 import pytest
 import torch
 from conftest import rlloop_cmd
@@ -92,8 +91,7 @@ def test_the_env_appends_each_step_mask_and_keeps_the_final_one():
         for _ in range(40):
             # The rewarded action (one-hot in the first half) is legal in every state:
             # a mask from the wrong state (e.g. the next episode's) breaks that.
-            for o in (obs,):
-                assert o[:, N_ACTIONS:].gather(1, o[:, :N_ACTIONS].argmax(1)[:, None]).all()
+            assert obs[:, N_ACTIONS:].gather(1, obs[:, :N_ACTIONS].argmax(1)[:, None]).all()
             action = random_legal_actions(obs[:, N_ACTIONS:] > 0, g)
             res = env.step(action)
             final = res.final_obs
@@ -178,7 +176,3 @@ def test_the_cli_refuses_masking_without_masks_in_one_line(tmp_path, cli_env):
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1, out.stderr
     assert lines[0].startswith("rlloop: error: ppo.action_mask=true but CartPole-v1")
-
-
-def test_mask_arrays_are_float_features():
-    assert np.asarray(MaskedChoice().reset(seed=0)[1]["action_mask"]).dtype == np.int8
