@@ -41,7 +41,8 @@ def test_shared_policy_self_play_beats_a_random_player():
                                     torch.Generator().manual_seed(0))["return_mean"]
     env.close()
     algo = build_algorithm(build_config("ma_ppo", TTT, flags={"seed": 0}, sets=[
-        "mlflow=false", "num_envs=16", "ma_ppo.rollout_steps=32", "ma_ppo.minibatch_size=256"]))
+        "mlflow=false", "num_envs=16", "ma_ppo.rollout_steps=32", "ma_ppo.minibatch_size=256",
+        "ma_ppo.ent_coef=0.01"]))
     trainer = Trainer(algo, eval_episodes=GAMES)
     untrained = trainer.eval()["eval/return_mean"]
     while trainer.state["env/steps"] < BUDGET:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -69,10 +69,16 @@ class AlgorithmBase:
     """
 
     name = "base"
+    #: Whether the algorithm encodes Dict observations (EnvSpec.obs_parts) key by key.
+    supports_dict_obs: ClassVar[bool] = False
     #: Set by every subclass: the learner that owns the algorithm's modules and optimisers.
     learner: Learner[Any]
 
     def __init__(self, settings: EnvSettings, obs_stats: RunningMeanStd | None = None) -> None:
+        if settings.spec.obs_parts and not self.supports_dict_obs:
+            raise ConfigError(f"{self.name} does not take Dict observations ({settings.env_id});"
+                              " use ppo, or register a variant wrapped in "
+                              "gymnasium.wrappers.FlattenObservation")
         self.settings = settings
         self.device = resolve_device(settings.device)
         seed_global_rngs(settings.seed)

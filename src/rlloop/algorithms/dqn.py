@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +33,11 @@ from rlloop.learners.mlp_backprop import DQNBackprop, dqn_backprop
 from rlloop.learners.schedules import Linear
 from rlloop.losses.dqn import dqn_loss, dqn_target
 from rlloop.losses.polyak import hard_update, polyak_update
+from rlloop.modules.action_masks import (
+    legal_actions,
+    random_legal_actions,
+    resolve_action_mask,
+)
 from rlloop.modules.encoders import build_encoder
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import QNetwork
@@ -79,6 +84,10 @@ class DQNConfig(OffPolicyConfig):
     """Opt in: compute the gradient with a hand-derived backward pass instead of autograd
     (rlloop.learners.mlp_backprop; same maths, faster on one CPU thread). Plain ReLU
     Q-networks only: any other network warns once and uses autograd."""
+    action_mask: bool | Literal["auto"] = "auto"
+    """Invalid-action masking from the env's info["action_mask"]: greedy and random actions
+    come from the legal ones only, and the target's max runs over the next state's legal
+    actions. auto: on when the env gives masks; true: required; false: off."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -222,12 +231,15 @@ class DQN(OffPolicyAlgorithmBase):
         self.config = config
         self.space = env.spec.action_space
         spec = env.spec
+        self.mask_dims = resolve_action_mask(config.action_mask, spec, "dqn")
         self.q = build_module(lambda: QNetwork(
             flat_dim(spec.obs_shape), self.space.n, config.hidden, config.dueling,
-            build_encoder("dqn", config.encoder, spec.obs_shape, spec.image_obs)), self.device)
+            build_encoder("dqn", config.encoder, spec.obs_shape, spec.image_obs),
+            mask_dims=self.mask_dims), self.device)
         self.learner = DQNLearner({DEFAULT_MODULE_ID: DQNModule(self.q)}, config,
                                   env.on_nonfinite)
-        self.loop = OffPolicyLoop(self.runner, config, self.space, self.generator)
+        self.loop = OffPolicyLoop(self.runner, config, self.space, self.generator,
+                                  random_actions=self._random if self.mask_dims else None)
         self.epsilon = Linear(config.exploration_initial_eps, config.exploration_final_eps,
                               config.exploration_steps)
 
@@ -236,7 +248,14 @@ class DQN(OffPolicyAlgorithmBase):
         greedy = self.q(obs).argmax(1)
         n = obs.shape[0]
         explore = torch.rand(n, generator=generator, device=generator.device) < eps
-        return torch.where(explore, sample_random_actions(self.space, n, generator), greedy)
+        return torch.where(explore, self._random(obs, generator), greedy)
+
+    def _random(self, obs: Tensor, generator: torch.Generator) -> Tensor:
+        """Uniformly random actions for ``obs``: among the legal ones when masking."""
+        if self.mask_dims:
+            return random_legal_actions(legal_actions(obs.flatten(1), self.mask_dims),
+                                        generator)
+        return sample_random_actions(self.space, obs.shape[0], generator)
 
     def _explore(self, obs: Tensor) -> Tensor:
         return self._epsilon_greedy(obs, self.epsilon(self.loop.env_steps), self.generator)

@@ -372,14 +372,19 @@ class OffPolicyLoop:
             device): exploration noise restarts there.
         random_warmup: Warm-up acts uniformly at random; False uses the behaviour
             policy from the first step (SB3's ``use_sde_at_warmup``).
+        random_actions: Warm-up's random actions for the observations ``[N, *obs]``
+            (None: uniform over the action space; DQN passes legal-only ones).
     """
 
     def __init__(self, runner: EnvRunner, config: OffPolicyConfig, action_space: ActionSpace,
                  generator: torch.Generator,
                  to_env: Callable[[Tensor], Tensor] | None = None,
                  on_done: Callable[[Tensor], None] | None = None,
-                 random_warmup: bool = True) -> None:
+                 random_warmup: bool = True,
+                 random_actions: Callable[[Tensor, torch.Generator], Tensor] | None = None,
+                 ) -> None:
         self.runner, self.config, self.generator = runner, config, generator
+        self.random_actions = random_actions
         self.action_space = action_space
         self.to_env = to_env
         self.on_done = on_done
@@ -401,7 +406,8 @@ class OffPolicyLoop:
         obs, n = runner.obs, runner.env.num_envs
         t0 = clock()
         if self.random_warmup and self.env_steps < self.config.learning_starts:
-            action = sample_random_actions(self.action_space, n, self.generator)
+            action = sample_random_actions(self.action_space, n, self.generator) \
+                if self.random_actions is None else self.random_actions(obs, self.generator)
         else:
             with torch.inference_mode():
                 action = explore(obs)

@@ -20,10 +20,12 @@ from rlloop.learners.adam import Adam
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner, PoliciesToTrain
 from rlloop.learners.schedules import ScheduleError, make_schedule
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss
+from rlloop.modules.action_masks import resolve_action_mask
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.custom import check_net_path, resolve_net
 from rlloop.modules.distributions import ActionDist
-from rlloop.modules.encoders import ENCODERS, build_encoder
+from rlloop.modules.encoders import ENCODERS, DictEncoder, Encoder, build_encoder
+from rlloop.modules.masked import MaskedActorCritic
 from rlloop.modules.normalizer import RunningMeanStd
 
 
@@ -116,6 +118,10 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
     seq_len: int = 16
     """Steps per training sequence (truncated backpropagation through time); minibatches
     hold minibatch_size // seq_len whole sequences."""
+    action_mask: bool | Literal["auto"] = "auto"
+    """Invalid-action masking from the env's info["action_mask"] (Discrete actions): masked
+    actions get a probability of 0 when acting and in the loss. auto: on when the env gives
+    masks; true: required; false: off (the mask stays an observation feature)."""
 
     def __post_init__(self) -> None:
         check_finite(self.section, self)
@@ -210,6 +216,7 @@ class PPO(AlgorithmBase):
     """Collect ``rollout_steps`` x ``num_envs`` steps, then ``num_epochs`` of minibatch PPO."""
 
     name = "ppo"
+    supports_dict_obs = True
     learner_cls: ClassVar[type[PPOLearner]] = PPOLearner
     policy: Any  # ActorCritic here, RecurrentActorCritic in RecurrentPPO
     #: Scratch storage, fully rewritten by every collect before it is read: not state
@@ -230,6 +237,10 @@ class PPO(AlgorithmBase):
         self.config = config
         spec = self.env.spec
         self._features = features
+        self.mask_dims = resolve_action_mask(config.action_mask, spec, config.section)
+        if self.mask_dims and config.normalize_obs:  # standardising would blur the 0/1 mask
+            raise ConfigError(f"{config.section}.normalize_obs cannot run with an action mask "
+                              f"from {env.env_id}; set {config.section}.normalize_obs=false")
         self.policy = build_module(self._policy_factory(), self.device)
         self._sde_eps: Tensor | None = None
         self._sde_age = 0
@@ -247,12 +258,22 @@ class PPO(AlgorithmBase):
     def _policy_factory(self) -> Callable[[], nn.Module]:
         spec, config = self.env.spec, self.config
         features = self._features
+        if self.mask_dims:
+            return lambda: MaskedActorCritic(
+                spec.obs_shape, spec.action_space, self.mask_dims,  # type: ignore[arg-type]
+                config.hidden, config.activation, features=features,
+                ortho_init=config.ortho_init)
         return lambda: ActorCritic(
             spec.obs_shape, spec.action_space, config.hidden, config.activation,
-            config.init_log_std, None if features is not None else build_encoder(
-                config.section, config.encoder, spec.obs_shape, spec.image_obs),
+            config.init_log_std, None if features is not None else self._encoder(),
             sde=(config.full_std, config.use_expln) if config.use_sde else None,
             ortho_init=config.ortho_init, features=features)
+
+    def _encoder(self) -> Encoder | None:
+        spec, config = self.env.spec, self.config
+        if spec.obs_parts and config.encoder != "mlp":  # one encoder per Dict entry
+            return DictEncoder(spec.obs_parts, config.hidden, config.activation)
+        return build_encoder(config.section, config.encoder, spec.obs_shape, spec.image_obs)
 
     def _behaviour(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         sde = self.policy.sde

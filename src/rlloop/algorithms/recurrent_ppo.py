@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from rlloop.algorithms.base import EnvSettings, horizon_starts
 from rlloop.algorithms.ppo import PPO, PPOConfig, PPOLearner
 from rlloop.data.sequences import SequenceBatch, chunk_states, sequence_mask, to_sequences
+from rlloop.errors import ConfigError
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss
 from rlloop.modules.distributions import ActionDist
 from rlloop.modules.recurrent import RecurrentActorCritic
@@ -68,6 +69,7 @@ class RecurrentPPO(PPO):
 
     learner_cls: ClassVar[type[PPOLearner]] = RecurrentPPOLearner
     policy: RecurrentActorCritic
+    supports_dict_obs = False
     #: Rollout scratch (rewritten by every collect) and the acting state, which every
     #: evaluation starts afresh.
     transient_attrs: ClassVar[frozenset[str]] = frozenset(
@@ -89,6 +91,9 @@ class RecurrentPPO(PPO):
         spec, cfg = self.env.spec, self.config
         kind = cfg.recurrent
         assert kind is not None
+        if self.mask_dims:
+            raise ConfigError(f"recurrent PPO does not mask actions yet, but {spec.env_id} "
+                              "gives action masks; set ppo.action_mask=false")
         return lambda: RecurrentActorCritic(spec.obs_shape, spec.action_space, kind,
                                             cfg.recurrent_hidden, cfg.hidden, cfg.activation,
                                             cfg.init_log_std)

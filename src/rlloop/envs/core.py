@@ -85,6 +85,12 @@ class EnvSpec:
         reward_threshold: Return at which the task counts as solved, if known.
         image_obs: Observations are images (a uint8 Box of 2 or 3 dims): they arrive and
             are stored as uint8, and the algorithms' encoders pick a CNN for them.
+        action_mask: Number of trailing observation features that are a legal-action
+            mask (1 legal, 0 not; from the env's ``info["action_mask"]``), 0 for none.
+        obs_parts: For a ``Dict`` observation space, its entries in order as ``(key,
+            shape, image)``: observations are their concatenation, flattened (Discrete
+            entries one-hot, image entries as float pixel values 0-255), and encoders
+            split them again. Empty for any other space.
     """
 
     env_id: str
@@ -93,6 +99,8 @@ class EnvSpec:
     max_episode_steps: int | None = None
     reward_threshold: float | None = None
     image_obs: bool = False
+    action_mask: int = 0
+    obs_parts: tuple[tuple[str, tuple[int, ...], bool], ...] = ()
 
     @property
     def obs_dtype(self) -> torch.dtype:

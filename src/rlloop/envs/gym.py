@@ -63,14 +63,27 @@ def convert_action_space(env_id: str, space: gymnasium.Space[Any]) -> ActionSpac
     )
 
 
+def obs_parts_of(space: gymnasium.Space[Any]) -> tuple[tuple[str, tuple[int, ...], bool], ...]:
+    """``EnvSpec.obs_parts`` of a Dict space of Box and Discrete entries (else ``()``)."""
+    if not isinstance(space, spaces.Dict) or not all(
+            isinstance(v, spaces.Box | spaces.Discrete) for v in space.spaces.values()):
+        return ()
+    return tuple((str(k), obs_shape_of(str(k), v), is_image_space(v))
+                 for k, v in space.spaces.items())
+
+
 def obs_shape_of(env_id: str, space: gymnasium.Space[Any]) -> tuple[int, ...]:
     """Shape of one observation as rlloop returns it, or ``EnvError`` if unsupported."""
     if isinstance(space, spaces.Box):
         return tuple(space.shape)
     if isinstance(space, spaces.Discrete):
         return (int(space.n),)  # one-hot
+    parts = obs_parts_of(space)
+    if parts:
+        return (sum(int(np.prod(shape)) for _, shape, _ in parts),)
     raise EnvError(f"{env_id}: observation space {_describe(space)} is not supported (only "
-                   f"Box and Discrete); register a variant {_flattening_fix(space)}")
+                   f"Box, Discrete and Dicts of them); register a variant "
+                   f"{_flattening_fix(space)}")
 
 
 def is_image_space(space: gymnasium.Space[Any]) -> bool:
@@ -111,17 +124,43 @@ def spec_from_gym(
     gym_spec: gymnasium.envs.registration.EnvSpec | None,
     obs_space: gymnasium.Space[Any],
     action_space: gymnasium.Space[Any],
+    mask_dims: int = 0,
 ) -> EnvSpec:
     """``EnvSpec`` from a made env's Gymnasium spec (which reflects ``max_episode_steps``
-    overrides passed to ``gymnasium.make``) and its spaces."""
+    overrides passed to ``gymnasium.make``) and its spaces; ``mask_dims`` action-mask
+    features (see :func:`probe_action_mask`) follow the flattened observation."""
+    shape = obs_shape_of(env_id, obs_space)
+    if mask_dims:
+        shape = (int(np.prod(shape)) + mask_dims,)
     return EnvSpec(
         env_id=env_id,
-        obs_shape=obs_shape_of(env_id, obs_space),
+        obs_shape=shape,
         action_space=convert_action_space(env_id, action_space),
         max_episode_steps=None if gym_spec is None else gym_spec.max_episode_steps,
         reward_threshold=None if gym_spec is None else gym_spec.reward_threshold,
         image_obs=is_image_space(obs_space),
+        action_mask=mask_dims,
+        obs_parts=obs_parts_of(obs_space),
     )
+
+
+def probe_action_mask(env_id: str, env: gymnasium.Env[Any, Any]) -> int:
+    """Size of the ``info["action_mask"]`` that ``env`` returns from ``reset``, 0 if none.
+
+    Only Discrete actions with vector (non-image) observations are probed: that is where
+    rlloop appends the mask to the observation (see :mod:`rlloop.modules.masked`)."""
+    act, obs = env.action_space, env.observation_space
+    if not (isinstance(act, spaces.Discrete) and isinstance(obs, spaces.Box | spaces.Discrete)
+            and not is_image_space(obs)):
+        return 0
+    _, info = env.reset()
+    if "action_mask" not in info:
+        return 0
+    mask = np.asarray(info["action_mask"])
+    if mask.shape != (int(act.n),):
+        raise EnvError(f"{env_id}: info['action_mask'] has shape {mask.shape} but the env has "
+                       f"{int(act.n)} actions; return one 0/1 entry per action")
+    return int(act.n)
 
 
 def gym_env_spec(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
@@ -136,7 +175,8 @@ def gym_env_spec(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSp
     except gymnasium.error.DependencyNotInstalled as e:
         raise _dependency_error(env_id, e) from None
     try:
-        return spec_from_gym(env_id, env.spec, env.observation_space, env.action_space)
+        return spec_from_gym(env_id, env.spec, env.observation_space, env.action_space,
+                             probe_action_mask(env_id, env))
     finally:
         env.close()
 
@@ -228,9 +268,11 @@ class GymVecEnv:
             act_space = self._vec.single_action_space
             if isinstance(self._vec, SyncVectorEnv):
                 gym_spec = self._vec.envs[0].spec
+                # Sub-env 0's first reset, seeded or not, happens later and reseeds it.
+                mask_dims = probe_action_mask(env_id, self._vec.envs[0])
             else:  # read here: a worker cannot pickle back an entry point pickled by value
-                gym_spec = _made_spec(env_fns[0])
-            self.spec = spec_from_gym(env_id, gym_spec, obs_space, act_space)
+                gym_spec, mask_dims = _made_spec(env_id, env_fns[0])
+            self.spec = spec_from_gym(env_id, gym_spec, obs_space, act_space, mask_dims)
         except BaseException:
             self._vec.close()
             raise
@@ -243,11 +285,24 @@ class GymVecEnv:
 
     # -- conversions ---------------------------------------------------------------
 
-    def _obs_array(self, obs: Any) -> np.ndarray:
-        """``[B, *obs_shape]`` float32 from a batch of Gymnasium observations."""
-        if isinstance(self._obs_space, spaces.Discrete):
-            index = np.asarray(obs, dtype=np.int64) - int(self._obs_space.start)
-            one_hot: np.ndarray = np.eye(int(self._obs_space.n), dtype=np.float32)[index]
+    def _obs_array(self, obs: Any, mask: Any = None) -> np.ndarray:
+        """``[B, *obs_shape]`` float32 from a batch of Gymnasium observations (and their
+        action masks ``[B, n]`` appended, when the spec has them)."""
+        if self.spec.action_mask:
+            flat = self._obs_array_plain(obs).reshape(len(mask), -1)
+            return np.concatenate([flat, np.asarray(mask, dtype=np.float32)], axis=1)
+        return self._obs_array_plain(obs)
+
+    def _obs_array_plain(self, obs: Any, space: gymnasium.Space[Any] | None = None
+                         ) -> np.ndarray:
+        space = self._obs_space if space is None else space
+        if isinstance(space, spaces.Dict):  # entries flattened and concatenated, in order
+            return np.concatenate(
+                [self._obs_array_plain(obs[k], v).reshape(len(obs[k]), -1).astype(np.float32)
+                 for k, v in space.spaces.items()], axis=1)
+        if isinstance(space, spaces.Discrete):
+            index = np.asarray(obs, dtype=np.int64) - int(space.start)
+            one_hot: np.ndarray = np.eye(int(space.n), dtype=np.float32)[index]
             return one_hot
         if self.spec.image_obs:  # frames stay uint8 up to the network (4x fewer bytes)
             return np.asarray(obs, dtype=np.uint8)
@@ -295,12 +350,23 @@ class GymVecEnv:
             self._vec.action_space.seed(seed + self.num_envs)
             self._vec.single_action_space.seed(seed + self.num_envs)
         try:
-            obs, _ = self._vec.reset(seed=seed)
+            obs, infos = self._vec.reset(seed=seed)
         except _PASSED_ON:
             raise
         except Exception as e:
             raise self._env_failed("reset", e) from e
-        return self._to_tensors(self._obs_array(obs))[0]
+        return self._to_tensors(self._obs_array(obs, self._mask(infos)))[0]
+
+    def _mask(self, infos: dict[str, Any], rows: Any = slice(None)) -> Any:
+        """The ``rows``' action masks ``[B, n]`` from vector ``infos`` (None: no masks)."""
+        if not self.spec.action_mask:
+            return None
+        present = infos.get("_action_mask")
+        if "action_mask" not in infos or (present is not None
+                                          and not np.all(np.asarray(present)[rows])):
+            raise EnvError(f"{self.spec.env_id} stopped returning info['action_mask']; return "
+                           "it from every reset and step")
+        return np.asarray(infos["action_mask"])[rows]
 
     def step(self, actions: Tensor) -> StepResult:
         """Step all sub-envs; finished ones are reset in the same call (see module doc).
@@ -315,15 +381,17 @@ class GymVecEnv:
             raise
         except Exception as e:
             raise self._env_failed("step", e) from e
-        obs_np = self._obs_array(obs)
+        obs_np = self._obs_array(obs, self._mask(infos))
         terminated = np.asarray(terminated, dtype=bool)
         arrays = [obs_np, np.asarray(reward, dtype=np.float32), terminated,
                   np.asarray(truncated, dtype=bool) & ~terminated]
         ended = np.flatnonzero(infos.get("_final_obs", ()))
         if ended.size:
             final_np = obs_np.copy()
+            final_masks = None if not self.spec.action_mask else \
+                self._mask(infos["final_info"], ended)
             final_np[ended] = self._obs_array(
-                np.stack([np.asarray(infos["final_obs"][i]) for i in ended]))
+                _stack([infos["final_obs"][i] for i in ended]), final_masks)
             arrays.append(final_np)
         tensors = self._to_tensors(*arrays)
         obs_t, reward_t, terminated_t, truncated_t = tensors[:4]
@@ -409,12 +477,21 @@ class GymVecEnv:
         return np.asarray(frame, dtype=np.uint8)
 
 
-def _made_spec(env_fn: Any) -> gymnasium.envs.registration.EnvSpec | None:
+def _made_spec(env_id: str, env_fn: Any
+               ) -> tuple[gymnasium.envs.registration.EnvSpec | None, int]:
     env = env_fn()
     try:
-        return env.spec
+        return env.spec, probe_action_mask(env_id, env)
     finally:
         env.close()
+
+
+def _stack(observations: list[Any]) -> Any:
+    """One batch of single observations (Dict ones key by key)."""
+    if isinstance(observations[0], dict):
+        return {k: np.stack([np.asarray(o[k]) for o in observations])
+                for k in observations[0]}
+    return np.stack([np.asarray(o) for o in observations])
 
 
 def _generator_from_state(state: dict[str, Any]) -> np.random.Generator:

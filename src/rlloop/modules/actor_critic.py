@@ -17,7 +17,7 @@ from rlloop.modules.distributions import (
     DiagGaussian,
     MultiCategorical,
 )
-from rlloop.modules.encoders import NatureCNN
+from rlloop.modules.encoders import Encoder
 from rlloop.modules.gsde import StateDependentNoise
 from rlloop.modules.networks import _init, flat_dim, mlp
 
@@ -46,7 +46,7 @@ class ActorCritic(nn.Module):
         hidden: Sequence[int] = (64, 64),
         activation: str = "tanh",
         init_log_std: float = 0.0,
-        encoder: NatureCNN | None = None,
+        encoder: Encoder | None = None,
         *,
         sde: tuple[bool, bool] | None = None,
         ortho_init: bool = True,

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.errors import ConfigError
+from rlloop.modules.networks import mlp
 
 EncoderKind = Literal["auto", "mlp", "nature_cnn"]
 ENCODERS: tuple[str, ...] = ("auto", "mlp", "nature_cnn")
@@ -87,6 +88,51 @@ class NatureCNN(nn.Module):
         return out
 
 
+#: ``EnvSpec.obs_parts``: a Dict observation's entries as ``(key, shape, image)``.
+ObsParts = Sequence[tuple[str, tuple[int, ...], bool]]
+
+
+class DictEncoder(nn.Module):
+    """One encoder per entry of a Dict observation, features concatenated.
+
+    Observations arrive flat (the entries' values concatenated in order, see
+    ``EnvSpec.obs_parts``); each slice is reshaped to its entry's shape. Image entries
+    (pixel values 0-255) are scaled to ``[0, 1]`` and get the Nature CNN when both sides
+    are at least 36, else (MiniGrid's 7x7 views) an MLP like vector entries do; vector
+    entries get an MLP of ``hidden`` units.
+    """
+
+    def __init__(self, parts: ObsParts, hidden: Sequence[int], activation: str) -> None:
+        super().__init__()
+        self.shapes = [shape for _, shape, _ in parts]
+        self.sizes = [math.prod(shape) for shape in self.shapes]
+        self.scales = [1.0 / 255.0 if image else 1.0 for _, _, image in parts]
+        self.cnn = [image and len(shape) in (2, 3) and min(image_layout(shape)[1:3])
+                    >= NATURE_MIN_SIDE for _, shape, image in parts]
+        self.encoders = nn.ModuleList(
+            NatureCNN(shape) if cnn else
+            mlp(size, list(hidden)[:-1], list(hidden)[-1], activation=activation,
+                out_gain=math.sqrt(2))
+            for (_, shape, _), size, cnn in zip(parts, self.sizes, self.cnn, strict=True))
+        self.activation = nn.Tanh() if activation == "tanh" else nn.ReLU()
+        self.out_dim = sum(e.out_dim if cnn else list(hidden)[-1]  # type: ignore[misc]
+                           for e, cnn in zip(self.encoders, self.cnn, strict=True))
+
+    def forward(self, obs: Tensor) -> Tensor:
+        features = []
+        for x, shape, scale, cnn, encoder in zip(
+                obs.flatten(1).float().split(self.sizes, 1), self.shapes, self.scales,
+                self.cnn, self.encoders, strict=True):
+            x = x * scale
+            features.append(encoder(x.view(-1, *shape)) if cnn
+                            else self.activation(encoder(x)))
+        return torch.cat(features, 1)
+
+
+#: What ``build_encoder`` returns: a module with an ``out_dim`` attribute.
+Encoder = NatureCNN | DictEncoder
+
+
 def build_encoder(section: str, kind: str, obs_shape: Sequence[int], image: bool
                   ) -> NatureCNN | None:
     """The encoder ``kind`` selects for observations of ``obs_shape``, or None where the
@@ -94,6 +140,7 @@ def build_encoder(section: str, kind: str, obs_shape: Sequence[int], image: bool
 
     ``auto`` picks the Nature CNN for image observations and the MLP otherwise; ``mlp``
     flattens everything (pixels too, as floats); ``nature_cnn`` insists on the CNN.
+    (Dict observations: :class:`DictEncoder`, which PPO builds itself.)
     """
     if kind not in ENCODERS:
         raise ConfigError(f"{section}.encoder must be one of {list(ENCODERS)}, got {kind!r}")

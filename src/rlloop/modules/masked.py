@@ -1,36 +1,40 @@
-"""An actor-critic for observations that end with a legal-action mask (board games)."""
+"""An actor-critic for observations that end with a legal-action mask (board games,
+envs with ``info["action_mask"]``; see :mod:`rlloop.modules.action_masks`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from torch import Tensor
 
 from rlloop.envs.core import Discrete
+from rlloop.errors import ConfigError
+from rlloop.modules.action_masks import ILLEGAL_LOGIT, legal_actions, mask_scores
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.distributions import ActionDist, Categorical
 
-#: Logit of an illegal action: finite, so that ``p * log p`` is 0, not NaN, in the entropy.
-ILLEGAL_LOGIT = -1e9
+__all__ = ["ILLEGAL_LOGIT", "MaskedActorCritic"]
 
 
 class MaskedActorCritic(ActorCritic):
     """:class:`ActorCritic` whose last ``mask_dims`` observation features mark legal actions.
 
-    Keeping the mask inside the observation lets the learner, the rollout and the PPO loss
-    stay unchanged: the mask travels with each sample. A row whose mask is all zero (the
-    agent is not to move) gets every action, since that action is ignored anyway.
+    The mask applies wherever the policy is read (acting, and the loss through
+    ``dist_value``), so the log-probabilities of the loss match the ones acted with.
     """
 
     def __init__(self, obs_shape: Sequence[int], action_space: Discrete, mask_dims: int,
-                 hidden: Sequence[int] = (64, 64), activation: str = "tanh") -> None:
+                 hidden: Sequence[int] = (64, 64), activation: str = "tanh",
+                 **kwargs: Any) -> None:
         if not isinstance(action_space, Discrete) or action_space.n != mask_dims:
             raise TypeError(f"an action mask of {mask_dims} needs Discrete({mask_dims}) actions")
-        super().__init__(obs_shape, action_space, hidden, activation)
+        super().__init__(obs_shape, action_space, hidden, activation, **kwargs)
+        if not self.flatten or self.encoder is not None:
+            raise ConfigError("action masking needs the MLP on flat observations; drop the "
+                              "custom net / encoder or set action_mask=false")
         self.mask_dims = mask_dims
 
-    def dist(self, obs: Tensor) -> ActionDist:
-        flat = obs.flatten(1)
-        legal = flat[:, -self.mask_dims:] > 0
-        legal = legal | ~legal.any(-1, keepdim=True)
-        return Categorical(self.actor(flat).masked_fill(~legal, ILLEGAL_LOGIT))
+    def _dist(self, x: Tensor) -> ActionDist:
+        # x is the flattened observation (checked above), so it ends with the mask.
+        return Categorical(mask_scores(self.actor(x), legal_actions(x, self.mask_dims)))

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlloop.modules.action_masks import legal_actions, mask_scores
 from rlloop.modules.encoders import NatureCNN
 
 LOG_STD_MIN = -20.0
@@ -59,9 +60,11 @@ class QNetwork(nn.Module):
     """
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: Sequence[int],
-                 dueling: bool = False, encoder: NatureCNN | None = None) -> None:
+                 dueling: bool = False, encoder: NatureCNN | None = None, *,
+                 mask_dims: int = 0) -> None:
         super().__init__()
         self.dueling = dueling
+        self.mask_dims = mask_dims
         self.encoder = encoder
         if encoder is not None:
             obs_dim, hidden = encoder.out_dim, ()
@@ -76,6 +79,12 @@ class QNetwork(nn.Module):
         self.advantage = nn.Linear(width, n_actions)
 
     def forward(self, obs: Tensor) -> Tensor:
+        q = self._q(obs)
+        if self.mask_dims:  # argmax and the target's max then see legal actions only
+            q = mask_scores(q, legal_actions(obs.flatten(1), self.mask_dims))
+        return q
+
+    def _q(self, obs: Tensor) -> Tensor:
         x = self.net(obs.flatten(1) if self.encoder is None else self.encoder(obs))
         if not self.dueling:
             return x
