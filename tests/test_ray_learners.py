@@ -5,6 +5,8 @@ real: ``ray.kill`` of the learner actor mid-training."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,8 +117,8 @@ class _KillLearnerActor(Callback):
         return None
 
 
-def test_killed_learner_actor_restarts_from_the_newest_checkpoint(ray_instance: None,
-                                                                  tmp_path: Path) -> None:
+def test_killed_learner_actor_restarts_from_the_newest_checkpoint(
+        ray_instance: None, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """PPO with one env runner and two learners (rank 1 a Ray actor): the actor killed
     mid-training fails the group, the run restarts it from the newest checkpoint and
     finishes; no learner actor is left."""
@@ -127,7 +129,29 @@ def test_killed_learner_actor_restarts_from_the_newest_checkpoint(ray_instance: 
     killer = _KillLearnerActor()
     result = train(cfg, tmp_path / "run", callbacks=[killer])
     assert killer.killed, "the learner actor was never killed"
+    assert "learner rank 1 (pid " in caplog.text
+    assert "restarting the learners from the newest checkpoint (restart 1 of 1)" in caplog.text
     assert result.env_steps == 1024
     latest = CheckpointManager(tmp_path / "run" / "checkpoints").latest()
     assert load_checkpoint(latest).components["trainer"]["counters"]["env/steps"] == 1024
     assert _no_learner_actor_within(10.0)
+
+
+_LAUNCHER_PROBE = """
+import sys, torch
+from rlloop.algorithms.distributed import _launcher
+from rlloop.config import build_config
+for sets in (["num_learners=2"], ["num_learners=2", "num_env_runners=1",
+                                  "ray.learner_actors=false"]):
+    cfg = build_config("ppo", "CartPole-v1", sets=sets)
+    assert _launcher(cfg, torch.device("cpu")) is None, sets
+assert "ray" not in sys.modules, "Ray was imported"
+"""
+
+
+def test_learners_are_processes_without_ray() -> None:
+    """Without env runners (or with ray.learner_actors=false) the ranks are spawned
+    processes and Ray is never imported."""
+    out = subprocess.run([sys.executable, "-c", _LAUNCHER_PROBE], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
