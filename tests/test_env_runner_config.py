@@ -24,6 +24,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
     (["num_envs_per_runner=0"], "num_envs_per_runner must be > 0"),
     (["ray.address=''"], "ray.address is empty"),
     (["ray.num_cpus_per_runner=-1"], "ray.num_cpus_per_runner must be >= 0"),
+    (["ray.num_gpus_per_learner=-1"], "ray.num_gpus_per_learner must be >= 0"),
     (["ray.num_cpus=0"], "ray.num_cpus must be > 0"),
     (["ray.port=1"], "unknown config key 'ray.port'"),
     (["num_env_runners=2", "ppo.normalize_obs=true"], "normalize_obs is not supported"),
@@ -41,7 +42,8 @@ def test_ray_section_round_trips_through_yaml() -> None:
     assert (config.ray.address, config.ray.dashboard) == ("auto", True)
     data = yaml.safe_load(yaml.safe_dump(config.to_dict()))
     assert data["ray"] == {"address": "auto", "dashboard": True, "num_cpus_per_runner": 1.0,
-                           "num_cpus": None}
+                           "num_cpus": None, "learner_actors": True,
+                           "num_cpus_per_learner": 1.0, "num_gpus_per_learner": None}
     again = from_dict(data)
     assert again.ray == config.ray and again.num_env_runners == 4
     assert again.fragment_steps == 16

@@ -43,7 +43,8 @@ RESUMABLE_KEYS = frozenset({
     "mlflow", "mlflow_interval_s", "tensorboard", "progress", "on_nonfinite", "save_video",
     "profile", "wandb", "wandb_project",
     "max_weight_lag", "restart_failed_env_runners", "max_restarts", "ray.address",
-    "ray.dashboard", "ray.num_cpus_per_runner", "num_learners", "max_learner_restarts"})
+    "ray.dashboard", "ray.num_cpus_per_runner", "num_learners", "max_learner_restarts",
+    "ray.learner_actors", "ray.num_cpus_per_learner", "ray.num_gpus_per_learner"})
 #: Algorithms whose learner can run as several processes (``num_learners > 1``).
 DISTRIBUTED_ALGOS = ("ppo", "sac")
 #: The same inside an algorithm's section (the off-policy cadence and evaluator).

@@ -41,7 +41,15 @@ class RayConfig:
     """CPUs each runner actor reserves on the cluster (Ray spreads the actors over nodes)."""
     num_cpus: int | None = None
     """CPUs a local instance offers (None: this machine's count, or enough for every runner
-    when that is more: a runner that waits on a slow env needs no core of its own)."""
+    and learner actor when that is more: a runner that waits on a slow env needs no core of
+    its own)."""
+    learner_actors: bool = True
+    """With ``num_learners > 1``, run learner ranks 1..L-1 as Ray actors on this instance
+    (false: processes spawned on this machine, as without env runners)."""
+    num_cpus_per_learner: float = 1.0
+    """CPUs each learner actor reserves."""
+    num_gpus_per_learner: float | None = None
+    """GPUs each learner actor reserves (None: 1 when ``device`` is CUDA, else 0)."""
 
     def __post_init__(self) -> None:
         if self.address is not None and not self.address.strip():
@@ -49,9 +57,10 @@ class RayConfig:
                               "host:6379, or null for a local instance")
         if self.num_cpus is not None and self.num_cpus <= 0:
             raise ConfigError(f"ray.num_cpus must be > 0 (or null), got {self.num_cpus}")
-        if not self.num_cpus_per_runner >= 0:
-            raise ConfigError(f"ray.num_cpus_per_runner must be >= 0, got "
-                              f"{self.num_cpus_per_runner}")
+        for name in ("num_cpus_per_runner", "num_cpus_per_learner", "num_gpus_per_learner"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ConfigError(f"ray.{name} must be >= 0, got {value}")
 
 
 @contextmanager
@@ -75,7 +84,7 @@ def _single_machine() -> Iterator[None]:
             os.environ[_SINGLE_MACHINE_ENV] = old
 
 
-def connect(config: RayConfig, num_runners: int) -> bool:
+def connect(config: RayConfig, num_runners: int, num_learner_actors: int = 0) -> bool:
     """Make sure this process is connected to Ray; returns whether it started Ray itself
     (then :func:`disconnect` stops it). A process already connected (a test's instance, a
     user's script) is used as it is."""
@@ -90,12 +99,21 @@ def connect(config: RayConfig, num_runners: int) -> bool:
         return True
     # Enough CPUs for every runner to be placed, even beyond the cores: the user asked
     # for that many (a sleep-bound env scales past the core count).
-    cpus = config.num_cpus or max(os.cpu_count() or 1,
-                                  math.ceil(num_runners * config.num_cpus_per_runner))
+    cpus = config.num_cpus or max(os.cpu_count() or 1, math.ceil(
+        num_runners * config.num_cpus_per_runner
+        + num_learner_actors * config.num_cpus_per_learner))
     with _single_machine():
         ray.init(num_cpus=cpus, include_dashboard=config.dashboard,
                  dashboard_host="127.0.0.1", **common)
     return True
+
+
+def learner_actors(config: Any) -> int:
+    """How many learner ranks of a run (a ``RunConfig``) are Ray actors: ranks 1..L-1 when
+    Ray is in use (env runners) and ``ray.learner_actors`` is on, else none."""
+    if config.num_env_runners > 0 and config.ray.learner_actors:
+        return int(config.num_learners) - 1
+    return 0
 
 
 def disconnect(started: bool) -> None:

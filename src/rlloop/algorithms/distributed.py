@@ -28,7 +28,7 @@ from rlloop.devices import build_module, new_generator
 from rlloop.errors import ConfigError
 from rlloop.learners.distributed import DataParallel, GroupInfo, Link, destroy_group
 from rlloop.learners.learner import DEFAULT_MODULE_ID
-from rlloop.learners.learner_group import LearnerSpec, start_group
+from rlloop.learners.learner_group import Launcher, LearnerSpec, start_group
 from rlloop.learners.optim_step import GuardedStep
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.networks import flat_dim
@@ -145,6 +145,20 @@ def build_rank_learner(spec: LearnerSpec, group: GroupInfo, device: torch.device
     return learner
 
 
+def _launcher(config: RunConfig, device: torch.device) -> Launcher | None:
+    """Ray actors for ranks 1..L-1 when the run uses Ray (see ``ray.learner_actors``);
+    None spawns processes. Ray is imported only then."""
+    from rlloop.ray_cluster import learner_actors
+
+    if not learner_actors(config):
+        return None
+    from rlloop.learners.ray_learners import RayLauncher
+
+    gpus = config.ray.num_gpus_per_learner
+    return RayLauncher(config.ray.num_cpus_per_learner,
+                       (1.0 if device.type == "cuda" else 0.0) if gpus is None else gpus)
+
+
 def start_learners(algorithm: AlgorithmBase, config: RunConfig) -> None:
     """With ``num_learners > 1``: form the learner group and give ``algorithm`` rank 0's
     learner, over its own module and generator. A rank > 0 started by ``torchrun`` serves
@@ -159,7 +173,8 @@ def start_learners(algorithm: AlgorithmBase, config: RunConfig) -> None:
     spec = LearnerSpec(build_rank_learner, config.hparams, algorithm.settings.spec,
                        str(algorithm.device), config.on_nonfinite, config.seed,
                        config.torch_threads)
-    group, link, serve = start_group(spec, config.num_learners, algorithm.device)
+    group, link, serve = start_group(spec, config.num_learners, algorithm.device,
+                                     _launcher(config, algorithm.device))
     try:
         learner = build_rank_learner(spec, group, algorithm.device, link, module,
                                      algorithm.generator)

@@ -60,11 +60,12 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def listen_loopback() -> socket.socket:
-    """A listening socket on 127.0.0.1 with a free port, for the rendezvous store: torch's
-    own store would listen on every interface."""
+def listen_loopback(host: str = LOOPBACK) -> socket.socket:
+    """A listening socket on ``host`` (127.0.0.1 unless the ranks run on other machines)
+    with a free port, for the rendezvous store: torch's own store would listen on every
+    interface."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((LOOPBACK, 0))
+    sock.bind((host, 0))
     sock.listen(128)
     return sock
 
@@ -88,16 +89,16 @@ def torchrun_rank() -> GroupInfo | None:
 
 
 def make_store(rank: int, world_size: int, port: int, listen_fd: int | None = None,
-               timeout_s: float = GROUP_TIMEOUT_S) -> dist.TCPStore:
-    """The rendezvous: a TCP store on 127.0.0.1 that rank 0 serves on ``listen_fd``."""
-    return dist.TCPStore(LOOPBACK, port, world_size, is_master=rank == 0,
+               timeout_s: float = GROUP_TIMEOUT_S, host: str = LOOPBACK) -> dist.TCPStore:
+    """The rendezvous: a TCP store on ``host`` that rank 0 serves on ``listen_fd``."""
+    return dist.TCPStore(host, port, world_size, is_master=rank == 0,
                          timeout=datetime.timedelta(seconds=timeout_s),
                          wait_for_workers=False,
                          master_listen_fd=listen_fd if rank == 0 else None)
 
 
 def init_group(rank: int, world_size: int, backend: str, store: dist.Store | None,
-               timeout_s: float = GROUP_TIMEOUT_S) -> GroupInfo:
+               timeout_s: float = GROUP_TIMEOUT_S, loopback: bool = True) -> GroupInfo:
     """Join the default process group through ``store``, or without one through
     ``torchrun``'s ``MASTER_ADDR``/``MASTER_PORT``."""
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -107,7 +108,9 @@ def init_group(rank: int, world_size: int, backend: str, store: dist.Store | Non
         dist.init_process_group(backend, init_method="env://", rank=rank,
                                 world_size=world_size, timeout=timeout)
     else:
-        if backend == "gloo":
+        # Ranks on other machines (Ray actors on a cluster) reach gloo on the interface
+        # the host name resolves to.
+        if backend == "gloo" and loopback:
             _pin_gloo_to_loopback()
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timeout)

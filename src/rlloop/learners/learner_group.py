@@ -7,8 +7,9 @@ that dies fails the collective rank 0 is in (or the liveness check before the ne
 command): :class:`~rlloop.learners.distributed.LearnerGroupError` names the rank and its
 exit, and every other rank is stopped, so nothing is left running.
 
-Other launchers (Ray actors) fit the same shape: something that runs :func:`serve` for
-ranks 1..L-1 and hands rank 0 handles with ``exitcode``, ``pid``, ``join`` and ``kill``.
+Other launchers fit the same shape (a :class:`Launcher`): something that runs
+:func:`serve_rank` for ranks 1..L-1 and hands rank 0 handles with ``exitcode``, ``pid``,
+``join`` and ``kill``; :mod:`rlloop.learners.ray_learners` starts them as Ray actors.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch.distributed as dist
 from rlloop.errors import ConfigError
 from rlloop.learners.distributed import (
     GROUP_TIMEOUT_S,
+    LOOPBACK,
     DataParallel,
     GroupInfo,
     LearnerGroupError,
@@ -81,6 +83,20 @@ class Member(Protocol):
     def pid(self) -> int | None: ...
     def join(self, timeout: float | None = None) -> None: ...
     def kill(self) -> None: ...
+
+
+class Launcher(Protocol):
+    """Starts ranks 1..L-1 somewhere else than in spawned processes (Ray actors)."""
+
+    @property
+    def host(self) -> str:
+        """The address rank 0's rendezvous binds to: one every rank can reach."""
+        ...
+
+    def start(self, spec: LearnerSpec, world_size: int, port: int) -> list[Member]:
+        """Start ranks 1..world_size-1, each running :func:`serve_rank` (not waiting for
+        them to join), and return their handles in rank order."""
+        ...
 
 
 def rank_device(device: str, rank: int) -> torch.device:
@@ -180,9 +196,11 @@ class ProcessLink:
 
 
 def start_group(spec: LearnerSpec, world_size: int, device: torch.device,
+                launcher: Launcher | None = None,
                 ) -> tuple[GroupInfo, ProcessLink | None, Callable[[DataParallel], None]]:
     """Form the group from rank 0 (this process). Returns the group, rank 0's link (None on
-    a rank > 0 under ``torchrun``) and ``serve`` for a rank > 0 to run until told to stop."""
+    a rank > 0 under ``torchrun``) and ``serve`` for a rank > 0 to run until told to stop.
+    Ranks 1..L-1 are spawned processes unless ``launcher`` starts them."""
     from rlloop.learners.distributed import torchrun_rank
 
     backend = backend_for(device)
@@ -195,26 +213,30 @@ def start_group(spec: LearnerSpec, world_size: int, device: torch.device,
         comm = rank_device(spec.device, group.rank) if backend == "nccl" else torch.device("cpu")
         link = ProcessLink([], comm, world_size) if group.rank == 0 else None
         return group, link, lambda learner: serve_commands(learner)
-    sock = listen_loopback()
+    host = LOOPBACK if launcher is None else launcher.host
+    sock = listen_loopback(host)
     port = int(sock.getsockname()[1])
     fd = sock.detach()  # the store owns the descriptor from here and closes it
     try:
-        store = make_store(0, world_size, port, fd, spec.timeout_s)
+        store = make_store(0, world_size, port, fd, spec.timeout_s, host)
     except BaseException:
         os.close(fd)
         raise
     members: list[Any] = []
     try:
-        ctx = multiprocessing.get_context("spawn")
-        for rank in range(1, world_size):
-            proc = ctx.Process(target=serve, args=(rank, world_size, port, spec),
-                               name=f"rlloop-learner-{rank}", daemon=True)
-            proc.start()
-            members.append(proc)
+        if launcher is not None:
+            members = launcher.start(spec, world_size, port)
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            for rank in range(1, world_size):
+                proc = ctx.Process(target=serve, args=(rank, world_size, port, spec),
+                                   name=f"rlloop-learner-{rank}", daemon=True)
+                proc.start()
+                members.append(proc)
         link = ProcessLink(members, rank_device(spec.device, 0) if backend == "nccl"
                            else torch.device("cpu"), world_size)
         _wait_ready(store, link, world_size)
-        group = init_group(0, world_size, backend, store, spec.timeout_s)
+        group = init_group(0, world_size, backend, store, spec.timeout_s, host == LOOPBACK)
     except BaseException:
         for proc in members:
             proc.kill()
@@ -238,18 +260,26 @@ def _wait_ready(store: dist.Store, link: ProcessLink, world_size: int) -> None:
 def serve(rank: int, world_size: int, port: int, spec: LearnerSpec) -> None:
     """A spawned rank: join the group, build the learner, run rank 0's commands."""
     exit_with_parent()
-    torch.set_num_threads(spec.torch_threads)
-    device = rank_device(spec.device, rank)
-    backend = backend_for(device)
-    store = make_store(rank, world_size, port, timeout_s=spec.timeout_s)
-    store.set(f"ready/{rank}", "1")
-    group = init_group(rank, world_size, backend, store, spec.timeout_s)
-    learner = spec.build(spec, group, device, None)
-    serve_commands(learner)
-    destroy_group()
+    serve_rank(rank, world_size, port, spec)
     # Tearing the interpreter and torch down takes seconds on a loaded machine, and rank 0
     # waits for this process to end: nothing is left to flush.
     os._exit(0)
+
+
+def serve_rank(rank: int, world_size: int, port: int, spec: LearnerSpec,
+               host: str = LOOPBACK) -> None:
+    """Rank ``rank`` in this process until rank 0 says ``close``: join the group through
+    rank 0's rendezvous at ``host:port``, build the learner, run rank 0's commands."""
+    torch.set_num_threads(spec.torch_threads)
+    device = rank_device(spec.device, rank)
+    backend = backend_for(device)
+    store = make_store(rank, world_size, port, timeout_s=spec.timeout_s, host=host)
+    store.set(f"ready/{rank}", "1")
+    group = init_group(rank, world_size, backend, store, spec.timeout_s, host == LOOPBACK)
+    try:
+        serve_commands(spec.build(spec, group, device, None))
+    finally:
+        destroy_group()
 
 
 def default_store() -> dist.Store:

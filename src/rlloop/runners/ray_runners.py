@@ -44,7 +44,7 @@ from rlloop.algorithms.offpolicy import (
 from rlloop.data.rollout import RolloutBuffer
 from rlloop.envs.core import Box, Discrete, EnvSpec, StepResult
 from rlloop.errors import RlloopError
-from rlloop.ray_cluster import connect, disconnect
+from rlloop.ray_cluster import connect, disconnect, learner_actors
 from rlloop.runners.fragments import Fragment, FragmentSampler
 from rlloop.seeding import derive_seed
 
@@ -217,7 +217,7 @@ class RayEnvRunnerGroup:
         self.device = algorithm.device
         self.asynchronous = config.max_weight_lag > 0
         self._closed = False
-        self._started_ray = connect(config.ray, self.num_runners)
+        self._started_ray = connect(config.ray, self.num_runners, learner_actors(config))
         actor_cls = ray.remote(EnvRunnerActor).options(  # type: ignore[attr-defined]
             max_restarts=config.max_restarts if config.restart_failed_env_runners else 0,
             max_task_retries=0,
