@@ -79,7 +79,6 @@ def solve_rlloop(config: Any, budget: int, eval_every: int, episodes: int) -> Ou
 
 def run_sb3(seed: int, budget: int, eval_every: int, episodes: int) -> Outcome:
     from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
 
@@ -93,6 +92,19 @@ def run_sb3(seed: int, budget: int, eval_every: int, episodes: int) -> Outcome:
                 n_epochs=20, ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2),
                 seed=seed, device="cpu", verbose=0)
 
+    def evaluate() -> float:
+        mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=episodes, deterministic=True)
+        return float(mean)  # type: ignore[arg-type]  # a float unless asked for lists
+
+    return sb3_until_solved(model, evaluate, budget, eval_every, [env, eval_env])
+
+
+def sb3_until_solved(model: Any, evaluate: Callable[[], float], budget: int, eval_every: int,
+                     envs: list[Any]) -> Outcome:
+    """``model.learn`` until ``evaluate()`` (run every ``eval_every`` env steps, its time
+    left out of the training time) reaches :data:`THRESHOLD`, or ``budget`` env steps."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
     class Evaluate(BaseCallback):
         def __init__(self) -> None:
             super().__init__()
@@ -105,9 +117,7 @@ def run_sb3(seed: int, budget: int, eval_every: int, episodes: int) -> Outcome:
                 return True
             self.next_eval += eval_every
             t0 = time.perf_counter()
-            mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=episodes,
-                                      deterministic=True)
-            self.score = float(mean)  # type: ignore[arg-type]  # a float unless asked for lists
+            self.score = evaluate()
             self.eval_s += time.perf_counter() - t0
             return self.score < THRESHOLD
 
@@ -117,8 +127,8 @@ def run_sb3(seed: int, budget: int, eval_every: int, episodes: int) -> Outcome:
     total = time.perf_counter() - t0
     train_s = total - cb.eval_s
     steps = model.num_timesteps
-    env.close()
-    eval_env.close()
+    for env in envs:
+        env.close()
     return Outcome(cb.score >= THRESHOLD, steps, train_s, total, steps / train_s, cb.score)
 
 

@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
-from ppo_cartpole import THRESHOLD, Outcome, solve_rlloop  # a script beside this one
+from ppo_cartpole import (  # a script beside this one
+    THRESHOLD,
+    Outcome,
+    sb3_until_solved,
+    solve_rlloop,
+)
 
 RLLOOP_SETS = ["mlflow=false", "progress=false", "env.mask_velocity=true",
                "ppo.recurrent=gru"]
@@ -46,7 +50,6 @@ def run_sb3_contrib(seed: int, budget: int, eval_every: int, episodes: int) -> O
     import gymnasium
     import numpy as np
     from sb3_contrib import RecurrentPPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
     from torch import nn
@@ -85,31 +88,7 @@ def run_sb3_contrib(seed: int, budget: int, eval_every: int, episodes: int) -> O
             returns.append(total)
         return float(np.mean(returns))
 
-    class Evaluate(BaseCallback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.next_eval = eval_every
-            self.eval_s = 0.0
-            self.score = float("-inf")
-
-        def _on_step(self) -> bool:
-            if self.num_timesteps < self.next_eval:
-                return True
-            self.next_eval += eval_every
-            t0 = time.perf_counter()
-            self.score = evaluate()
-            self.eval_s += time.perf_counter() - t0
-            return self.score < THRESHOLD
-
-    cb = Evaluate()
-    t0 = time.perf_counter()
-    model.learn(total_timesteps=budget, callback=cb)
-    total = time.perf_counter() - t0
-    train_s = total - cb.eval_s
-    steps = model.num_timesteps
-    env.close()
-    eval_env.close()
-    return Outcome(cb.score >= THRESHOLD, steps, train_s, total, steps / train_s, cb.score)
+    return sb3_until_solved(model, evaluate, budget, eval_every, [env, eval_env])
 
 
 def main() -> None:

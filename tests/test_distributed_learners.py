@@ -15,22 +15,20 @@ import psutil
 import pytest
 import torch
 from conftest import rlloop_cmd
+from learner_cases import ppo_update_case
 from proc_utils import live_children
 
 from rlloop.algorithms.distributed import build_rank_learner
 from rlloop.algorithms.offpolicy import ReplayBatch
-from rlloop.algorithms.ppo import PPOConfig, PPOLearner
 from rlloop.algorithms.sac import SACConfig, SACLearner, SACModule
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.cli import main
 from rlloop.config import build_config
-from rlloop.data.rollout import PPOBatch
 from rlloop.devices import new_generator
 from rlloop.envs.core import Box, Discrete, EnvSpec
 from rlloop.learners.distributed import DataParallel
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.learners.learner_group import LearnerSpec, start_group
-from rlloop.modules.actor_critic import ActorCritic
 from rlloop.run import resume, train
 
 CPU = torch.device("cpu")
@@ -61,18 +59,9 @@ def _assert_ranks_equal(learner: DataParallel) -> None:
 def test_two_ppo_learners_make_one_learners_update():
     """Advantages standardised over the whole minibatch, global-norm clipping on the reduced
     gradient, 2 epochs of 2 uneven minibatches (75 rows: shards of 18/19 rows), stats reduced."""
-    torch.manual_seed(0)
-    cfg = PPOConfig(minibatch_size=38, max_grad_norm=0.3, ent_coef=0.01, clip_vf=0.2)
-    module = ActorCritic((4,), Discrete(2), cfg.hidden, cfg.activation, 0.0)
-    one = PPOLearner({DEFAULT_MODULE_ID: copy.deepcopy(module)}, cfg)
-    g = torch.Generator().manual_seed(1)
-    n = 75
-    batch = PPOBatch(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g),
-                     -torch.rand(n, generator=g) - 0.5, 3 * torch.randn(n, generator=g) + 1,
-                     torch.randn(n, generator=g), torch.randn(n, generator=g))
-    kwargs = {"num_epochs": 2, "minibatch_size": 38, "env_steps": 1000}
-    expected = one.update_from_batch({DEFAULT_MODULE_ID: batch},
-                                     generator=torch.Generator().manual_seed(5), **kwargs)
+    case = ppo_update_case(clip_vf=0.2)
+    cfg, module, one, batch, kwargs, expected = (case.cfg, case.module, case.one, case.batch,
+                                                 case.kwargs, case.expected)
     two = _rank0(cfg, EnvSpec("t", (4,), Discrete(2)), module)
     try:
         # The rendezvous and gloo listen and connect on 127.0.0.1 only.

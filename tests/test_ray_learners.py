@@ -4,7 +4,6 @@ real: ``ray.kill`` of the learner actor mid-training."""
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 import time
@@ -17,17 +16,16 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from learner_cases import ppo_update_case  # noqa: E402
+
 from rlloop.algorithms.distributed import build_rank_learner  # noqa: E402
-from rlloop.algorithms.ppo import PPOConfig, PPOLearner  # noqa: E402
 from rlloop.callbacks import Callback  # noqa: E402
 from rlloop.checkpoint import CheckpointManager, load_checkpoint  # noqa: E402
 from rlloop.config import build_config  # noqa: E402
-from rlloop.data.rollout import PPOBatch  # noqa: E402
 from rlloop.envs.core import Discrete, EnvSpec  # noqa: E402
 from rlloop.learners.learner import DEFAULT_MODULE_ID  # noqa: E402
 from rlloop.learners.learner_group import LearnerSpec, start_group  # noqa: E402
 from rlloop.learners.ray_learners import NAME_PREFIX, ActorMember, RayLauncher  # noqa: E402
-from rlloop.modules.actor_critic import ActorCritic  # noqa: E402
 from rlloop.ray_cluster import RayConfig, connect, disconnect  # noqa: E402
 from rlloop.run import train  # noqa: E402
 
@@ -59,18 +57,9 @@ def _no_learner_actor_within(seconds: float) -> bool:
 def test_learner_rank_in_a_ray_actor_makes_one_learners_update(ray_instance: None) -> None:
     """Rank 1 is a Ray worker process; the rendezvous and gloo stay on 127.0.0.1; one update
     of 2 epochs on a batch split in two equals one in-process learner's update."""
-    torch.manual_seed(0)
-    cfg = PPOConfig(minibatch_size=38, max_grad_norm=0.3, ent_coef=0.01)
-    module = ActorCritic((4,), Discrete(2), cfg.hidden, cfg.activation, 0.0)
-    one = PPOLearner({DEFAULT_MODULE_ID: copy.deepcopy(module)}, cfg)
-    g = torch.Generator().manual_seed(1)
-    n = 75
-    batch = PPOBatch(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g),
-                     -torch.rand(n, generator=g) - 0.5, 3 * torch.randn(n, generator=g) + 1,
-                     torch.randn(n, generator=g), torch.randn(n, generator=g))
-    kwargs = {"num_epochs": 2, "minibatch_size": 38, "env_steps": 1000}
-    expected = one.update_from_batch({DEFAULT_MODULE_ID: batch},
-                                     generator=torch.Generator().manual_seed(5), **kwargs)
+    case = ppo_update_case()
+    cfg, module, one, batch, kwargs, expected = (case.cfg, case.module, case.one, case.batch,
+                                                 case.kwargs, case.expected)
     spec = LearnerSpec(build_rank_learner, cfg, EnvSpec("t", (4,), Discrete(2)), "cpu",
                        "skip", 0, 1)
     launcher = RayLauncher(num_cpus=1, num_gpus=0)
