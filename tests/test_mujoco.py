@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlloop.algorithms.presets import preset
 from rlloop.config import build_config
+from rlloop.presets import preset
 from rlloop.run import train
 
 ENVS = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5",

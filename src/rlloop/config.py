@@ -21,9 +21,9 @@ from typing import Any, Literal
 import yaml
 
 from rlloop.algorithms import ALGORITHMS
-from rlloop.algorithms.presets import preset
 from rlloop.device_names import check_device_name
 from rlloop.errors import ConfigError, check_finite
+from rlloop.presets import preset
 from rlloop.profiling import ProfileConfig
 from rlloop.ray_cluster import RayConfig, check_env_runners
 
