@@ -36,6 +36,7 @@ from torch import Tensor
 from rlloop.devices import arrays_to_device
 from rlloop.envs.core import ActionSpace, Box, Discrete, EnvError, EnvSpec
 from rlloop.envs.gym import convert_action_space
+from rlloop.modules.action_masks import legal_actions
 
 PREFIX = "pettingzoo:"
 ParallelEnvFn = Callable[[], Any]
@@ -366,7 +367,5 @@ def random_actions(spec: AgentSpec, obs: Tensor, generator: torch.Generator) -> 
         return low + torch.rand((b, *shape), generator=generator, device=device) * (high - low)
     noise = torch.rand((b, spec.action_space.n), generator=generator, device=device)
     if spec.action_mask:
-        legal = obs.flatten(1)[:, -spec.action_mask:] > 0
-        legal |= ~legal.any(-1, keepdim=True)
-        noise = noise.masked_fill(~legal, -1.0)
+        noise = noise.masked_fill(~legal_actions(obs.flatten(1), spec.action_mask), -1.0)
     return noise.argmax(-1)
