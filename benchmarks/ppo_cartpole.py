@@ -132,6 +132,40 @@ def sb3_until_solved(model: Any, evaluate: Callable[[], float], budget: int, eva
     return Outcome(cb.score >= THRESHOLD, steps, train_s, total, steps / train_s, cb.score)
 
 
+def run_seeds(contenders: dict[str, Callable[[int], Outcome]], seeds: list[int], *,
+              width: int, digits: int) -> dict[str, list[Outcome]]:
+    """Each contender on each seed, one progress line per run."""
+    results: dict[str, list[Outcome]] = {}
+    for name, fn in contenders.items():
+        results[name] = []
+        for seed in seeds:
+            out = fn(seed)
+            results[name].append(out)
+            print(f"  {name:{width}s} seed {seed}: solved={out.solved} "
+                  f"steps={out.solve_steps:,} train {out.solve_s:.{digits}f}s "
+                  f"(+eval {out.solve_total_s:.{digits}f}s) {out.train_sps:,.0f} steps/s "
+                  f"eval={out.final_eval:.1f}", flush=True)
+    return results
+
+
+def median(outs: list[Outcome], field: str) -> float:
+    return statistics.median(getattr(o, field) for o in outs)
+
+
+def print_medians(results: dict[str, list[Outcome]], title: str, *, width: int,
+                  digits: int) -> None:
+    """The table of seeds solved and median figures per contender."""
+    print(f"\n{title}")
+    print(f"{'contender':{width}s} {'solved':>7s} {'solve_steps':>11s} {'solve_s':>8s} "
+          f"{'total_s':>8s} {'train_sps':>10s}")
+    for name, outs in results.items():
+        solved = sum(o.solved for o in outs)
+        print(f"{name:{width}s} {solved:>4d}/{len(outs):<2d} "
+              f"{median(outs, 'solve_steps'):>11,.0f} {median(outs, 'solve_s'):>8.{digits}f} "
+              f"{median(outs, 'solve_total_s'):>8.{digits}f} "
+              f"{median(outs, 'train_sps'):>10,.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -148,29 +182,15 @@ def main() -> None:
                                                  args.eval_episodes),
         "sb3 (rl-zoo)": lambda s: run_sb3(s, args.budget, args.eval_every, args.eval_episodes),
     }
-    results: dict[str, list[Outcome]] = {}
-    for name, fn in contenders.items():
-        results[name] = []
-        for seed in args.seeds:
-            out = fn(seed)
-            results[name].append(out)
-            print(f"  {name:18s} seed {seed}: solved={out.solved} steps={out.solve_steps:,} "
-                  f"train {out.solve_s:.2f}s (+eval {out.solve_total_s:.2f}s) "
-                  f"{out.train_sps:,.0f} steps/s eval={out.final_eval:.1f}", flush=True)
+    results = run_seeds(contenders, args.seeds, width=18, digits=2)
+    print_medians(results, f"PPO CartPole-v1, median over seeds {args.seeds} (threshold "
+                  f"{THRESHOLD:.0f}, {args.eval_episodes} deterministic episodes every "
+                  f"{args.eval_every} steps)", width=18, digits=2)
+    base = "sb3 (rl-zoo)"
 
     def med(name: str, field: str) -> float:
-        return statistics.median(getattr(o, field) for o in results[name])
+        return median(results[name], field)
 
-    print(f"\nPPO CartPole-v1, median over seeds {args.seeds} (threshold {THRESHOLD:.0f}, "
-          f"{args.eval_episodes} deterministic episodes every {args.eval_every} steps)")
-    print(f"{'contender':18s} {'solved':>7s} {'solve_steps':>11s} {'solve_s':>8s} "
-          f"{'total_s':>8s} {'train_sps':>10s}")
-    for name, outs in results.items():
-        solved = sum(o.solved for o in outs)
-        print(f"{name:18s} {solved:>4d}/{len(outs):<2d} {med(name, 'solve_steps'):>11,.0f} "
-              f"{med(name, 'solve_s'):>8.2f} {med(name, 'solve_total_s'):>8.2f} "
-              f"{med(name, 'train_sps'):>10,.0f}")
-    base = "sb3 (rl-zoo)"
     print("\nratios vs SB3 (higher is better for rlloop)")
     for name in results:
         if name == base:

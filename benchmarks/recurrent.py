@@ -22,13 +22,15 @@ Both run with one torch thread, in the same process, one after another.
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 
 import torch
 from ppo_cartpole import (  # a script beside this one
     THRESHOLD,
     Outcome,
+    median,
+    print_medians,
+    run_seeds,
     sb3_until_solved,
     solve_rlloop,
 )
@@ -111,32 +113,15 @@ def main() -> None:
         "sb3-contrib": lambda s: run_sb3_contrib(s, args.budget, args.eval_every,
                                                  args.eval_episodes),
     }
-    results: dict[str, list[Outcome]] = {}
-    for name in args.only:
-        results[name] = []
-        for seed in args.seeds:
-            out = contenders[name](seed)
-            results[name].append(out)
-            print(f"  {name:12s} seed {seed}: solved={out.solved} steps={out.solve_steps:,} "
-                  f"train {out.solve_s:.1f}s (+eval {out.solve_total_s:.1f}s) "
-                  f"{out.train_sps:,.0f} steps/s eval={out.final_eval:.1f}", flush=True)
-
-    def med(name: str, field: str) -> float:
-        return statistics.median(getattr(o, field) for o in results[name])
-
-    print(f"\nRecurrent PPO, masked-velocity CartPole, median over seeds {args.seeds} "
-          f"(threshold {THRESHOLD:.0f}, {args.eval_episodes} deterministic episodes every "
-          f"{args.eval_every} steps, budget {args.budget:,})")
-    print(f"{'contender':12s} {'solved':>7s} {'solve_steps':>11s} {'solve_s':>8s} "
-          f"{'total_s':>8s} {'train_sps':>10s}")
-    for name, outs in results.items():
-        solved = sum(o.solved for o in outs)
-        print(f"{name:12s} {solved:>4d}/{len(outs):<2d} {med(name, 'solve_steps'):>11,.0f} "
-              f"{med(name, 'solve_s'):>8.1f} {med(name, 'solve_total_s'):>8.1f} "
-              f"{med(name, 'train_sps'):>10,.0f}")
+    results = run_seeds({name: contenders[name] for name in args.only}, args.seeds,
+                        width=12, digits=1)
+    print_medians(results, f"Recurrent PPO, masked-velocity CartPole, median over seeds "
+                  f"{args.seeds} (threshold {THRESHOLD:.0f}, {args.eval_episodes} deterministic "
+                  f"episodes every {args.eval_every} steps, budget {args.budget:,})",
+                  width=12, digits=1)
     if "rlloop" in results and "sb3-contrib" in results:
         def ratio(field: str, num: str = "sb3-contrib", den: str = "rlloop") -> float:
-            return med(num, field) / med(den, field)
+            return median(results[num], field) / median(results[den], field)
 
         print(f"\nrlloop vs sb3-contrib: solve time {ratio('solve_s'):.1f}x sooner, with "
               f"evaluations {ratio('solve_total_s'):.1f}x, train steps/s "
