@@ -24,7 +24,7 @@ from rlloop.modules.action_masks import resolve_action_mask
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.custom import check_net_path, resolve_net
 from rlloop.modules.distributions import ActionDist
-from rlloop.modules.encoders import ENCODERS, DictEncoder, Encoder, build_encoder
+from rlloop.modules.encoders import ENCODERS, DictEncoder, Encoder, NatureCNN, build_encoder
 from rlloop.modules.masked import MaskedActorCritic
 from rlloop.modules.normalizer import RunningMeanStd
 
@@ -221,7 +221,8 @@ class PPO(AlgorithmBase):
     policy: Any  # ActorCritic here, RecurrentActorCritic in RecurrentPPO
     #: Scratch storage, fully rewritten by every collect before it is read: not state
     #: (gSDE's noise matrices are drawn afresh when a collect starts).
-    transient_attrs: ClassVar[frozenset[str]] = frozenset({"buffer", "_sde_eps"})
+    transient_attrs: ClassVar[frozenset[str]] = frozenset(
+        {"buffer", "_sde_eps", "_rollout_values", "_t", "_values_fresh"})
 
     def __init__(self, config: PPOConfig, env: EnvSettings) -> None:
         config.check_batch(env.num_envs)
@@ -247,9 +248,21 @@ class PPO(AlgorithmBase):
         self.learner = self.learner_cls({DEFAULT_MODULE_ID: self.policy}, config,
                                         on_nonfinite=env.on_nonfinite)  # type: ignore[arg-type]
         act_shape = getattr(spec.action_space, "shape", ())  # () for Discrete
+        encoder = getattr(self.policy, "encoder", None)
         self.buffer = RolloutBuffer(config.rollout_steps, self.env.num_envs, spec.obs_shape,
                                     act_shape, torch.float32 if box else torch.int64,
-                                    device=self.device, obs_dtype=spec.obs_dtype)
+                                    device=self.device, obs_dtype=spec.obs_dtype,
+                                    channels_last=isinstance(encoder, NatureCNN)
+                                    and encoder.takes_channels_first)
+        # With a shared CNN the rollout records V(s) as it acts, from the same encoder
+        # pass (as SB3's does); _batch would otherwise pass every observation again.
+        # _values_fresh says this instance's behaviour policy filled the whole rollout
+        # with the current weights (not so for Ray runners' fragments).
+        self._rollout_values = torch.zeros(
+            (config.rollout_steps, self.env.num_envs), device=self.device) \
+            if isinstance(self.policy, ActorCritic) and encoder is not None else None
+        self._t = 0
+        self._values_fresh = False
         self.reward_stats = RunningMeanStd(device=self.device) \
             if config.normalize_rewards else None
         self.reward_running = torch.zeros(self.env.num_envs, dtype=stats_dtype(self.device),
@@ -277,17 +290,26 @@ class PPO(AlgorithmBase):
 
     def _behaviour(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         sde = self.policy.sde
-        if sde is None:
-            return self.policy.act(obs, generator=self.generator)
-        freq = self.config.sde_sample_freq
-        if self._sde_eps is None or self._sde_age == 0 or (freq > 0 and self._sde_age % freq == 0):
-            self._sde_eps = sde.sample_eps((len(obs),), self.generator, obs)
-        self._sde_age += 1
-        return self.policy.act(obs, sde_eps=self._sde_eps)
+        if sde is not None:
+            freq = self.config.sde_sample_freq
+            if self._sde_eps is None or self._sde_age == 0 or (
+                    freq > 0 and self._sde_age % freq == 0):
+                self._sde_eps = sde.sample_eps((len(obs),), self.generator, obs)
+            self._sde_age += 1
+        eps = self._sde_eps if sde is not None else None
+        if self._rollout_values is None:
+            return self.policy.act(obs, generator=self.generator, sde_eps=eps)
+        actions, log_probs, values = self.policy.act_value(obs, self.generator, eps)
+        if self._t < len(self._rollout_values):
+            self._rollout_values[self._t] = values
+        self._t += 1
+        return actions, log_probs
 
     def collect(self) -> dict[str, float]:
         self._sde_age = 0  # gSDE: a rollout starts with new noise matrices
+        self._t = 0
         steps = self.runner.collect(self._behaviour, self.buffer)
+        self._values_fresh = self._t == self.buffer.steps
         return {"env/steps": float(steps), **self.runner.episodes.stats()}
 
     def update(self, env_steps: int) -> dict[str, float]:
@@ -316,7 +338,13 @@ class PPO(AlgorithmBase):
         else:
             # A CNN pass over every stored final frame would cost a third of an epoch;
             # one wait per update for the few truncated rows costs nothing in comparison.
-            values_all = policy.value(torch.cat([buf.obs.flatten(0, 1), self.runner.obs]))
+            if self._rollout_values is not None and self._values_fresh:
+                values_all = torch.cat([self._rollout_values.flatten(),
+                                        policy.value(self.runner.obs)])
+            else:
+                values_all = policy.value(torch.cat([buf.obs.flatten(0, 1),
+                                                     self.runner.obs]))
+            self._values_fresh = False  # the update changes the weights that made them
             final_values = torch.zeros_like(buf.rewards)
             if bool(buf.truncated.any()):
                 final_values[buf.truncated] = policy.value(buf.next_obs[buf.truncated])
@@ -353,6 +381,7 @@ class PPO(AlgorithmBase):
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
         self.learner.set_state(state["learner"])
+        self._values_fresh = False  # recorded by the weights just replaced
         if self.reward_stats is not None and "reward_norm" in state:
             self.reward_stats.set_state(state["reward_norm"])
             self.reward_running.copy_(state["reward_norm"]["running"])

@@ -26,16 +26,25 @@ class RolloutBuffer:
             copied (the next observation is ``obs[t + 1]``, or the runner's for the last).
 
     All storage is on ``device``; observations keep the env's dtype (``obs_dtype``: uint8
-    frames stay uint8).
+    frames stay uint8). With ``channels_last`` (image observations ``[C, H, W]``) ``obs``
+    is stored channels innermost, a permuted view of ``[T, N, H, W, C]`` memory: the
+    layout the CNN takes, so the transposition happens once per env step on a few frames
+    instead of on every minibatch (indexing keeps the layout).
     """
 
     def __init__(self, steps: int, num_envs: int, obs_shape: Sequence[int],
                  action_shape: Sequence[int], action_dtype: torch.dtype,
                  device: str | torch.device = "cpu",
-                 obs_dtype: torch.dtype = torch.float32) -> None:
+                 obs_dtype: torch.dtype = torch.float32, *, channels_last: bool = False
+                 ) -> None:
         t, n, d = steps, num_envs, torch.device(device)
         self.steps, self.num_envs, self.device = steps, num_envs, d
-        self.obs = torch.zeros((t, n, *obs_shape), dtype=obs_dtype, device=d)
+        if channels_last and len(obs_shape) == 3:
+            c, h, w = obs_shape
+            self.obs = torch.zeros((t, n, h, w, c), dtype=obs_dtype,
+                                   device=d).permute(0, 1, 4, 2, 3)
+        else:
+            self.obs = torch.zeros((t, n, *obs_shape), dtype=obs_dtype, device=d)
         self.next_obs = torch.zeros((t, n, *obs_shape), dtype=obs_dtype, device=d)
         self.actions = torch.zeros((t, n, *action_shape), dtype=action_dtype, device=d)
         self.log_probs = torch.zeros((t, n), device=d)

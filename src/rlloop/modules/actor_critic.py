@@ -128,9 +128,21 @@ class ActorCritic(nn.Module):
 
         With gSDE, ``sde_eps`` holds each row's noise matrix ``[B, latent, act]``
         (standard normal; one matrix is drawn from ``generator`` when None)."""
+        return self._act(self.features(obs), deterministic, generator, sde_eps)
+
+    def act_value(self, obs: Tensor, generator: torch.Generator | None = None,
+                  sde_eps: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``act(obs)`` (sampled) and ``value(obs)`` with one encoder pass: what a rollout
+        with a shared CNN records, instead of a second pass over every observation."""
+        x = self.features(obs)
+        actions, log_probs = self._act(x, False, generator, sde_eps)
+        return actions, log_probs, self.critic(x).squeeze(-1)
+
+    def _act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None,
+             sde_eps: Tensor | None) -> tuple[Tensor, Tensor]:
         d: ActionDist
         if self.sde is not None:
-            latent, mean = self._latent_mean(self.features(obs))
+            latent, mean = self._latent_mean(x)
             d = DiagGaussian(mean, self.sde.log_std_of(latent))
             if deterministic:
                 actions = mean
@@ -138,7 +150,7 @@ class ActorCritic(nn.Module):
                 eps = self.sde.sample_eps((), generator, mean) if sde_eps is None else sde_eps
                 actions = mean + self.sde.noise(latent, eps)
         else:
-            d = self.dist(obs)
+            d = self._dist(x)
             actions = d.mode() if deterministic else d.sample(generator)
         if isinstance(self.action_space, Box):
             actions = actions.reshape(-1, *self.action_space.shape)

@@ -87,6 +87,12 @@ class NatureCNN(nn.Module):
                 nn.init.orthogonal_(layer.weight, math.sqrt(2))
                 nn.init.zeros_(cast(Tensor, layer.bias))
 
+    @property
+    def takes_channels_first(self) -> bool:
+        """Observations are ``[C, H, W]``: storage that keeps them channels-last in
+        memory (``RolloutBuffer(channels_last=True)``) spares ``forward`` a transposition."""
+        return not self.channels_last and not self.add_channel
+
     def forward(self, obs: Tensor) -> Tensor:
         x = obs.unsqueeze(1) if self.add_channel else obs
         if self.channels_last:  # [B, H, W, C] frames: the permuted view is channels-last
