@@ -7,10 +7,10 @@ Nature CNN (Mnih et al. 2015, Nature 518), whose first op scales the uint8 frame
 ``[0, 1]``: frames cross from the host (and sit in rollout and replay storage) as uint8,
 a quarter of the bytes of float32, and are converted where the network runs.
 
-The convolutions take their input in the channels-last memory format (stored
-``[B, H, W, C]``, shape unchanged), so that every activation is channels-last: on the CPU
-oneDNN's kernels for it make a forward and backward pass over 256 stacks of 84x84 frames
-1.4x to 1.7x faster, the first layer's weight gradient 5x. The weights stay
+Passes that train (grad enabled) take their input in the channels-last memory format
+(stored ``[B, H, W, C]``, shape unchanged), so that every activation is channels-last: on
+the CPU oneDNN's kernels for it make a forward and backward pass over 256 stacks of 84x84
+frames 1.4x to 1.7x faster, the first layer's weight gradient 5x. The weights stay
 channels-first: converted per call at no measurable cost, and a fused Adam, which reads
 its state as flat memory, never meets a reloaded state laid out unlike its parameter.
 Only the layout differs; the results agree within float rounding.
@@ -97,12 +97,14 @@ class NatureCNN(nn.Module):
         x = obs.unsqueeze(1) if self.add_channel else obs
         if self.channels_last:  # [B, H, W, C] frames: the permuted view is channels-last
             x = x.permute(0, 3, 1, 2)
+        # Forward-only passes (acting, targets) are ~8% faster in the layout they come in.
+        layout = torch.channels_last if torch.is_grad_enabled() else torch.preserve_format
         if x.dtype == torch.uint8:
             # One conversion straight into the layout, scaled in place: a fresh float
             # batch costs page faults, a second one (out of place) as many again.
-            x = x.to(torch.float32, memory_format=torch.channels_last).mul_(1.0 / 255.0)
+            x = x.to(torch.float32, memory_format=layout).mul_(1.0 / 255.0)
         else:
-            x = x.to(torch.float32, memory_format=torch.channels_last)
+            x = x.to(torch.float32, memory_format=layout)
         out: Tensor = self.net(x)
         return out
 
