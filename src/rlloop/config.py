@@ -14,6 +14,7 @@ import difflib
 import os
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from rlloop.algorithms import ALGORITHMS
+from rlloop.algorithms.keys import CONFIG_KEYS
 from rlloop.device_names import check_device_name
 from rlloop.errors import ConfigError, check_finite
 from rlloop.presets import preset
@@ -358,11 +360,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in names:
-            valid = [n for n in names if n != "hparams"]
-            close = difflib.get_close_matches(key, valid, n=1)
-            hint = f"did you mean {prefix}{close[0]}? " if close else ""
-            raise ConfigError(f"unknown config key '{prefix}{key}'; {hint}valid keys: "
-                              f"{', '.join(prefix + n for n in valid)}")
+            raise _unknown_key(prefix, key, names)
         kwargs[key] = value if key == "hparams" else _coerce(value, hints[key], prefix + key)
     try:
         return cls(**kwargs)
@@ -370,6 +368,30 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"invalid {prefix.rstrip('.') or 'config'}: {e}") from None
+
+
+def _unknown_key(prefix: str, key: str, names: Sequence[str]) -> ConfigError:
+    valid = [n for n in names if n != "hparams"]
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"did you mean {prefix}{close[0]}? " if close else ""
+    return ConfigError(f"unknown config key '{prefix}{key}'; {hint}valid keys: "
+                       f"{', '.join(prefix + n for n in valid)}")
+
+
+def check_set_keys(algo: str, sets: Sequence[str]) -> None:
+    """The `ConfigError` `build_config` would raise for an unknown key in ``sets`` (``--set``
+    items), raised without importing the algorithm: its config class imports torch, a
+    second before a typo could be named. Keys inside sections are left to `build_config`.
+    """
+    run_keys = [f.name for f in dataclasses.fields(RunConfig)]
+    for item in sets:
+        top, _, sub = parse_set(item)[0].partition(".")
+        if top == algo and sub:
+            name = sub.partition(".")[0]
+            if name not in CONFIG_KEYS[algo]:
+                raise _unknown_key(f"{algo}.", name, CONFIG_KEYS[algo])
+        elif top not in ALGORITHMS and top not in run_keys:  # another algo's: ignored
+            raise _unknown_key("", top, run_keys)
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
