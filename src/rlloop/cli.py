@@ -187,15 +187,19 @@ def _train(args: argparse.Namespace) -> int:
         from rlloop.envs.ids import resolve_env_id
 
         resolve_env_id(args.env, allow_import=True, search_cwd=True)
+    from rlloop.logging.process_sink import prestart
+    from rlloop.report import FIGURE_PRELOAD
+
     if not any(item.replace(" ", "").lower() in ("mlflow=false", "mlflow=0")
                for item in args.sets):
         from rlloop.logging.mlflow_sink import PRELOAD
-        from rlloop.logging.process_sink import prestart
 
         # MLflow's import (~2 s) then runs in its child on another core while this process
         # imports torch and builds the run; unused (mlflow off in a config file, or bad
         # input), it is killed when the command ends.
         prestart(PRELOAD)
+    # Likewise matplotlib's, for the report's figures (rlloop.report.FigureWriter).
+    prestart(FIGURE_PRELOAD)
     try:
         return _train_run(args)
     finally:

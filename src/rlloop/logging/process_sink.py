@@ -77,6 +77,12 @@ def prestart(preload: Sequence[str]) -> None:
         _spares[key] = _spawn(key)
 
 
+def has_spare(preload: Sequence[str]) -> bool:
+    """Whether `prestart` started a child with this ``preload`` that is still alive."""
+    proc = _spares.get(tuple(preload))
+    return proc is not None and proc.poll() is None
+
+
 def discard_spares() -> None:
     """Kill the children `prestart` made that no sink took over (a run that failed first,
     or had MLflow off in its config file)."""

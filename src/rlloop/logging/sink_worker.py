@@ -9,7 +9,8 @@ then ``{"op": "params", "params": {...}}``, ``{"op": "metrics", "metrics": {...}
 "FINISHED"}``; modules named as arguments are imported before the first line is read.
 Replies are JSON lines on the original stdout: ``{"ready": {"run_id": ...}}`` once the
 sink is built, ``{"logged": rows, "params": n}`` after every write (and every interval
-when idle), then ``{"closed": {...}}`` or ``{"error": "..."}``.
+when idle), then ``{"closed": {...}}`` (with what the sink's ``result`` dict holds, if it
+has one) or ``{"error": "..."}``.
 
 Started as a plain module (not by `multiprocessing`), so the parent's ``__main__`` (a
 user's script without a main guard, a notebook) is never imported again here.
@@ -120,7 +121,8 @@ def serve(stdin: IO[bytes], replies: _Replies) -> None:
             write()
             # EOF without a close: the parent died (SIGKILL); mark the run as such.
             sink.close(message.get("status", "KILLED"))
-            replies.send(closed={"run_id": getattr(sink, "run_id", None), "logged": logged})
+            replies.send(closed={"run_id": getattr(sink, "run_id", None), "logged": logged,
+                                 **getattr(sink, "result", {})})
             return
 
 
