@@ -96,3 +96,19 @@ def test_native_evaluation_steps_one_env_per_episode() -> None:
         assert [env.num_envs for env in algorithm._eval_envs.values()] == [100]
     finally:
         algorithm.close()
+
+
+@pytest.mark.parametrize("thread", [False, True])
+def test_a_sink_child_exits_without_module_teardown(tmp_path: Path, thread: bool) -> None:
+    from exit_sinks import MarkerSink
+
+    from rlloop.logging.process_sink import ProcessSink
+
+    sink = ProcessSink(MarkerSink, folder=str(tmp_path), thread=thread)
+    sink.log_metrics({"a": 1.0}, 1)
+    sink.close()
+    assert (tmp_path / "atexit").exists()  # exit handlers run (MLflow's among them)
+    # Module teardown (over a second with MLflow loaded) is skipped, unless a non-daemon
+    # thread is still running: then the normal exit waits for it.
+    assert (tmp_path / "teardown").exists() == thread
+    assert (tmp_path / "thread").exists() == thread
