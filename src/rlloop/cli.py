@@ -198,8 +198,9 @@ def _train(args: argparse.Namespace) -> int:
         # imports torch and builds the run; unused (mlflow off in a config file, or bad
         # input), it is killed when the command ends.
         prestart(PRELOAD)
-    # Likewise matplotlib's, for the report's figures (rlloop.report.FigureWriter).
-    prestart(FIGURE_PRELOAD)
+    # Likewise matplotlib's, for the report's figures (rlloop.report.FigureWriter). Niced:
+    # the MLflow child's import is the longer one, and the figures are needed last.
+    prestart(FIGURE_PRELOAD, niceness=5)
     try:
         return _train_run(args)
     finally:
