@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 import pytest
+import torch
 
 ray = pytest.importorskip("ray")
 
@@ -21,6 +22,8 @@ from rlloop.cli import main as cli_main  # noqa: E402
 from rlloop.config import RunConfig, build_config  # noqa: E402
 from rlloop.ray_cluster import RayConfig, connect, disconnect  # noqa: E402
 from rlloop.run import Session, build_algorithm  # noqa: E402
+from rlloop.runners.fragments import FragmentSampler  # noqa: E402
+from rlloop.runners.ray_runners import runner_config  # noqa: E402
 from rlloop.trainer import Trainer  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -83,6 +86,36 @@ def test_runners_sample_like_in_process_with_the_learners_weights(ray_instance: 
         assert stats["env_runners/weights_lag"] == 0.0
         assert stats["env_runners/restarts"] == 0.0
         assert remote.runner.episodes.stats()["episode/count"] > 0
+    finally:
+        local.close()
+        remote.close()
+
+
+def test_runner_steps_its_envs_in_threads_and_samples_as_sync(ray_instance: None) -> None:
+    """backend=gymnasium-thread reaches the runners: a runner's 8 envs that sleep 10 ms per
+    step take about T x 10 ms per fragment, not the 8 x T x 10 ms of the sequential backend
+    (the same runner algorithm in this process); the fragment itself (steps, observations,
+    actions, rewards, episode ends) equals the sequential one's, same seeds and weights."""
+    steps, m, sleep_s = 8, 8, 0.01
+    sets = ["num_env_runners=1", f"num_envs={m}", f"ppo.rollout_steps={steps}",
+            "ppo.minibatch_size=32", "max_weight_lag=0", f"env_kwargs.sleep_s={sleep_s}",
+            "env_kwargs.max_episode_steps=5"]
+    threaded = config(*sets, "backend=gymnasium-thread", env=SLOW_ENV)
+    remote = build_algorithm(threaded)
+    # What a sequential runner 0 would build: its seed, its envs, the learner's weights.
+    local = build_algorithm(runner_config(dataclasses.replace(threaded, backend="gymnasium"),
+                                          0))
+    try:
+        local.set_policy_state(remote.get_policy_state())
+        [frag] = remote.runner.take(1)
+        ref = FragmentSampler(local, steps).sample(0)
+        assert frag.steps == ref.steps == steps * m
+        for name in ("obs", "actions", "log_probs", "rewards", "terminated", "truncated",
+                     "next_obs", "last_obs"):
+            assert torch.equal(getattr(frag, name), getattr(ref, name)), name
+        assert frag.truncated.any()  # episodes ended inside the fragment (5-step limit)
+        assert ref.env_s >= m * steps * sleep_s
+        assert frag.env_s < 0.4 * m * steps * sleep_s, (frag.env_s, ref.env_s)
     finally:
         local.close()
         remote.close()

@@ -1,10 +1,10 @@
 """Any Gymnasium environment behind rlloop's ``VecEnv`` interface.
 
-Gymnasium's own vector envs do the batching (``SyncVectorEnv`` in-process or
-``AsyncVectorEnv`` with one subprocess per env). Both run in ``SAME_STEP`` autoreset
-mode, which matches rlloop's contract: the observation returned for a finished env is
-already the first one of its next episode, and the last observation of the finished
-episode arrives in ``infos["final_obs"]`` (an object array, valid where
+Gymnasium's own vector envs do the batching (``SyncVectorEnv`` in-process, the same with
+one thread per env, or ``AsyncVectorEnv`` with one subprocess per env). All run in
+``SAME_STEP`` autoreset mode, which matches rlloop's contract: the observation returned
+for a finished env is already the first one of its next episode, and the last
+observation of the finished episode arrives in ``infos["final_obs"]`` (an object array, valid where
 ``infos["_final_obs"]`` is set). Gymnasium's default (``NEXT_STEP``) would instead
 return the final observation and spend the following step on the reset.
 """
@@ -34,6 +34,7 @@ from rlloop.envs.core import (
     StepResult,
 )
 from rlloop.envs.gym_async import GuardedAsyncVectorEnv
+from rlloop.envs.gym_threads import ThreadedVectorEnv
 from rlloop.errors import RlloopError
 from rlloop.signals import StopInterrupted
 
@@ -227,6 +228,9 @@ class GymVecEnv:
             ``get_state`` then returns ``{"lost": why}`` (see
             :mod:`rlloop.envs.gym_async`).
         step_timeout: Seconds an async worker may take to answer (``None``: no limit).
+        threads: Step the sub-envs at once, one thread each (``ThreadedVectorEnv``, see
+            :mod:`rlloop.envs.gym_threads`); worth it when an env step waits with the
+            GIL released (a simulator in C, a socket, a sleep).
         env_kwargs: Keyword arguments for ``gymnasium.make`` (``render_mode``,
             ``max_episode_steps``, env-specific options).
         device: Where the returned tensors are. The envs step on the host; off the CPU,
@@ -242,6 +246,7 @@ class GymVecEnv:
         env_kwargs: dict[str, Any] | None = None,
         device: str | torch.device = "cpu",
         step_timeout: float | None = 60.0,
+        threads: bool = False,
     ) -> None:
         if num_envs < 1:
             raise EnvError(f"num_envs must be >= 1, got {num_envs}")
@@ -255,6 +260,7 @@ class GymVecEnv:
             self._vec: SyncVectorEnv | GuardedAsyncVectorEnv = (
                 GuardedAsyncVectorEnv(env_fns, env_id=env_id, step_timeout=step_timeout)
                 if asynchronous
+                else ThreadedVectorEnv(env_fns) if threads
                 else SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
             )
         except TypeError as e:
