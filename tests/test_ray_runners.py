@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ import pytest
 import torch
 
 ray = pytest.importorskip("ray")
+
+from ray.exceptions import RayActorError  # noqa: E402
 
 import rlloop.envs.slow  # noqa: E402, F401  (registers SlowCartPole-v1, as --env would)
 from rlloop.cli import main as cli_main  # noqa: E402
@@ -134,9 +137,25 @@ class _KillRunner:
             group: Any = self.session.algorithm.runner
             assert group._inflight, "no fragment in flight to interrupt"
             ray.kill(group.actors[0], no_restart=False)
+            _wait_until_back(group.actors[0])
 
     def on_eval(self, trainer: Trainer, stats: dict[str, float]) -> None:
         pass
+
+
+def _wait_until_back(actor: Any, timeout_s: float = 60.0) -> None:
+    """Block until Ray has restarted ``actor``, so the run still has iterations left in
+    which the group sees the restart (a failed call, or a fragment from the new life)
+    rather than finishing on the other runner's fragments first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get(actor.current_weights_seq_no.remote(), timeout=timeout_s)
+            return
+        except RayActorError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def test_killed_runner_is_restarted_and_training_finishes(ray_instance: None,
