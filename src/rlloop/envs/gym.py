@@ -63,13 +63,39 @@ def convert_action_space(env_id: str, space: gymnasium.Space[Any]) -> ActionSpac
     )
 
 
+#: A Dict observation's entry that holds the legal-action mask (PettingZoo's convention):
+#: taken out of the encoded entries and appended as ``EnvSpec.action_mask`` features.
+MASK_KEY = "action_mask"
+
+
 def obs_parts_of(space: gymnasium.Space[Any]) -> tuple[tuple[str, tuple[int, ...], bool], ...]:
-    """``EnvSpec.obs_parts`` of a Dict space of Box and Discrete entries (else ``()``)."""
+    """``EnvSpec.obs_parts`` of a Dict space of Box and Discrete entries (else ``()``);
+    the ``action_mask`` entry is not one of them (see :func:`dict_mask_dims`)."""
     if not isinstance(space, spaces.Dict) or not all(
-            isinstance(v, spaces.Box | spaces.Discrete) for v in space.spaces.values()):
+            isinstance(v, spaces.Box | spaces.Discrete) or k == MASK_KEY
+            for k, v in space.spaces.items()):
         return ()
     return tuple((str(k), obs_shape_of(str(k), v), is_image_space(v))
-                 for k, v in space.spaces.items())
+                 for k, v in space.spaces.items() if k != MASK_KEY)
+
+
+def dict_mask_dims(env_id: str, obs_space: gymnasium.Space[Any],
+                   action_space: gymnasium.Space[Any]) -> int:
+    """Size of the ``action_mask`` entry of a Dict observation space, 0 if it has none;
+    ``EnvError`` when it cannot be a mask over the actions."""
+    if not isinstance(obs_space, spaces.Dict) or MASK_KEY not in obs_space.spaces:
+        return 0
+    entry = obs_space.spaces[MASK_KEY]
+    if not isinstance(action_space, spaces.Discrete):
+        raise EnvError(f"{env_id}: the observation's 'action_mask' entry needs Discrete "
+                       f"actions but the env has {_one_line(action_space)}; drop the entry "
+                       "(gymnasium.wrappers.FilterObservation)")
+    n = int(action_space.n)
+    if not isinstance(entry, spaces.Box | spaces.MultiBinary) or tuple(entry.shape) != (n,):
+        raise EnvError(f"{env_id}: the observation's 'action_mask' entry is {_one_line(entry)} "
+                       f"but the env has {n} actions; make it a Box or MultiBinary of shape "
+                       f"({n},) with 1 for legal actions")
+    return n
 
 
 def obs_shape_of(env_id: str, space: gymnasium.Space[Any]) -> tuple[int, ...]:
@@ -130,6 +156,7 @@ def spec_from_gym(
     overrides passed to ``gymnasium.make``) and its spaces; ``mask_dims`` action-mask
     features (see :func:`probe_action_mask`) follow the flattened observation."""
     shape = obs_shape_of(env_id, obs_space)
+    mask_dims = mask_dims or dict_mask_dims(env_id, obs_space, action_space)
     if mask_dims:
         shape = (int(np.prod(shape)) + mask_dims,)
     return EnvSpec(
@@ -282,12 +309,16 @@ class GymVecEnv:
         self._pending_seed = seed
         self._obs_space = obs_space
         self._act_space = act_space
+        self._mask_in_obs = bool(dict_mask_dims(env_id, obs_space, act_space))
 
     # -- conversions ---------------------------------------------------------------
 
     def _obs_array(self, obs: Any, mask: Any = None) -> np.ndarray:
         """``[B, *obs_shape]`` float32 from a batch of Gymnasium observations (and their
-        action masks ``[B, n]`` appended, when the spec has them)."""
+        action masks ``[B, n]`` appended, when the spec has them: from ``info``, or from the
+        observation's own ``action_mask`` entry)."""
+        if self._mask_in_obs:
+            mask = obs[MASK_KEY]
         if self.spec.action_mask:
             flat = self._obs_array_plain(obs).reshape(len(mask), -1)
             return np.concatenate([flat, np.asarray(mask, dtype=np.float32)], axis=1)
@@ -299,7 +330,7 @@ class GymVecEnv:
         if isinstance(space, spaces.Dict):  # entries flattened and concatenated, in order
             return np.concatenate(
                 [self._obs_array_plain(obs[k], v).reshape(len(obs[k]), -1).astype(np.float32)
-                 for k, v in space.spaces.items()], axis=1)
+                 for k, v in space.spaces.items() if k != MASK_KEY], axis=1)
         if isinstance(space, spaces.Discrete):
             index = np.asarray(obs, dtype=np.int64) - int(space.start)
             one_hot: np.ndarray = np.eye(int(space.n), dtype=np.float32)[index]
@@ -358,8 +389,9 @@ class GymVecEnv:
         return self._to_tensors(self._obs_array(obs, self._mask(infos)))[0]
 
     def _mask(self, infos: dict[str, Any], rows: Any = slice(None)) -> Any:
-        """The ``rows``' action masks ``[B, n]`` from vector ``infos`` (None: no masks)."""
-        if not self.spec.action_mask:
+        """The ``rows``' action masks ``[B, n]`` from vector ``infos`` (None: no masks, or
+        masks that come inside the observations)."""
+        if not self.spec.action_mask or self._mask_in_obs:
             return None
         present = infos.get("_action_mask")
         if "action_mask" not in infos or (present is not None
