@@ -12,6 +12,7 @@ return the final observation and spend the following step on the reset.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium
@@ -338,6 +339,22 @@ class GymVecEnv:
         if self.spec.image_obs:  # frames stay uint8 up to the network (4x fewer bytes)
             return np.asarray(obs, dtype=np.uint8)
         return np.asarray(obs, dtype=np.float32)
+
+    def flatten_obs(self, obs: Mapping[str, Any]) -> tuple[np.ndarray, bool]:
+        """Rows ``[B, *obs_shape]``, as ``step`` returns them, of one Dict observation or
+        of a batch of ``B`` (each entry stacked), and whether it was one (``predict``)."""
+        space = self._obs_space
+        if not isinstance(space, spaces.Dict):
+            raise EnvError(f"{self.spec.env_id} has {_describe(space)} observations, not a Dict; "
+                           "pass an array")
+        missing = sorted(set(space.spaces) - set(obs))
+        if missing:
+            raise EnvError(f"the observation lacks the entries {missing} of {self.spec.env_id}'s "
+                           f"{_describe(space)}; pass all of them")
+        single = all(np.shape(obs[k]) == tuple(v.shape or ()) for k, v in space.spaces.items())
+        batch = {k: np.asarray(obs[k])[None] if single else np.asarray(obs[k])
+                 for k in space.spaces}
+        return self._obs_array(batch), single
 
     def _to_tensors(self, *arrays: np.ndarray) -> list[Tensor]:
         return arrays_to_device(arrays, self.device)
