@@ -54,9 +54,9 @@ class QNetwork(nn.Module):
     With ``dueling`` the last hidden layer feeds a value head and an advantage head,
     ``Q = V + A - mean_a A`` (Wang et al. 2016, arXiv:1511.06581, eq. 9).
 
-    With an ``encoder`` (a CNN for pixels) the heads are linear on its features, as in
-    the Nature DQN and Stable-Baselines3's ``CnnPolicy``: ``obs_dim`` and ``hidden`` are
-    unused.
+    With an ``encoder`` (a CNN for pixels, or a DictEncoder) the heads are linear on its
+    features, as in the Nature DQN and Stable-Baselines3's ``CnnPolicy``: ``obs_dim`` and
+    ``hidden`` are unused.
     """
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: Sequence[int],
