@@ -113,8 +113,15 @@ def test_every_algorithm_encodes_dict_entries_and_stores_images_as_uint8(algo, e
         a.close()
 
 
-def test_an_action_mask_entry_leaves_the_encoded_entries_and_follows_them():
-    env = make_env(MASKED, 3, seed=0)
+def _target_is_legal(obs: torch.Tensor) -> bool:
+    """The rewarded action (``2 * cue + bright``) is legal in every row of ``obs``."""
+    target = 2 * obs[:, :3].argmax(1) + (obs[:, 3] > 0).long()
+    return bool((obs[:, -N_ACTIONS:] > 0).gather(1, target[:, None]).all())
+
+
+@pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
+def test_an_action_mask_entry_leaves_the_encoded_entries_and_follows_them(backend):
+    env = make_env(MASKED, 3, backend, seed=0)
     ref = DictMaskedCue()
     try:
         assert [k for k, _, _ in env.spec.obs_parts] == ["cue", "pixels"]
@@ -126,6 +133,12 @@ def test_an_action_mask_entry_leaves_the_encoded_entries_and_follows_them():
         changed = obs.clone()
         changed[:, -N_ACTIONS:] = 1 - changed[:, -N_ACTIONS:]
         assert torch.equal(enc(obs), enc(changed))  # the mask is not encoded
+        ends = 0
+        for _ in range(12):  # past the 10-step limit: final observations carry their masks
+            res = env.step(torch.zeros(3, dtype=torch.int64))
+            assert _target_is_legal(res.obs) and _target_is_legal(res.final_obs)
+            ends += int(res.truncated.sum())
+        assert ends == 3
     finally:
         env.close()
 

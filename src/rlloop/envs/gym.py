@@ -437,7 +437,8 @@ class GymVecEnv:
         ended = np.flatnonzero(infos.get("_final_obs", ()))
         if ended.size:
             final_np = obs_np.copy()
-            final_masks = None if not self.spec.action_mask else \
+            # (masks from info; a Dict observation's own come with its final_obs)
+            final_masks = None if not self.spec.action_mask or self._mask_in_obs else \
                 self._mask(infos["final_info"], ended)
             final_np[ended] = self._obs_array(
                 _stack([infos["final_obs"][i] for i in ended]), final_masks)
