@@ -163,6 +163,8 @@ class ReplayBuffer:
             "terminated": torch.bool,
             "discount": torch.float32,
         }
+        #: Each transition field's shape, checked by ``add`` (storage may split ``obs``).
+        self._field_shapes = dict(self._shapes)
         self.obs_layout = obs_layout
         if obs_layout is not None:
             for field in _OBS_FIELDS:
@@ -215,8 +217,9 @@ class ReplayBuffer:
         # At most two contiguous slices (the second when the write wraps around): slice
         # copies cost a fraction of an index_put, and one-env loops add every env step.
         first = min(count, self.capacity - start)
-        for name, value in self._columns(batch):
-            store = self._storage[name]
+        columns = None if self.obs_layout is None else self._columns(batch)
+        for name, store in self._storage.items():
+            value = getattr(batch, name) if columns is None else columns[name]
             if skip:
                 value = value[skip:]
             if first == count:
@@ -228,15 +231,17 @@ class ReplayBuffer:
         self._size = min(self._size + n, self.capacity)
         return (start + torch.arange(count, device=self.device)) % self.capacity
 
-    def _columns(self, batch: TransitionsLike) -> list[tuple[str, Tensor]]:
-        """``(storage name, [N, ...])`` of ``batch``: observations split per entry."""
-        columns = []
-        for field in self._dtypes if self.obs_layout is None else Transitions._fields[:6]:
+    def _columns(self, batch: TransitionsLike) -> dict[str, Tensor]:
+        """``{storage name: [N, ...]}`` of ``batch`` with its observations split per entry
+        (``obs_layout``)."""
+        assert self.obs_layout is not None
+        columns = {}
+        for field in self._field_shapes:
             value = getattr(batch, field)
-            if self.obs_layout is not None and field in _OBS_FIELDS:
-                columns += [(f"{field}.{k}", x) for k, x in self.obs_layout.split(value)]
+            if field in _OBS_FIELDS:
+                columns.update((f"{field}.{k}", x) for k, x in self.obs_layout.split(value))
             else:
-                columns.append((field, value))
+                columns[field] = value
         return columns
 
     def _obs(self, field: str, rows: Tensor) -> Tensor:
@@ -304,9 +309,7 @@ class ReplayBuffer:
 
     def _check_batch(self, batch: TransitionsLike) -> int:
         n = batch.reward.shape[0]
-        shapes = {**self._shapes, **dict.fromkeys(_OBS_FIELDS, self.obs_shape)}
-        for name in Transitions._fields[:6]:
-            shape = shapes[name]
+        for name, shape in self._field_shapes.items():
             got = tuple(getattr(batch, name).shape)
             if got != (n, *shape):
                 raise ValueError(
