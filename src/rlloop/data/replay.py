@@ -235,7 +235,7 @@ class ReplayBuffer:
         """``{storage name: [N, ...]}`` of ``batch`` with its observations split per entry
         (``obs_layout``)."""
         assert self.obs_layout is not None
-        columns = {}
+        columns: dict[str, Tensor] = {}
         for field in self._field_shapes:
             value = getattr(batch, field)
             if field in _OBS_FIELDS:
