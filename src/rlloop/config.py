@@ -29,7 +29,7 @@ from rlloop.presets import preset
 from rlloop.profiling import ProfileConfig
 from rlloop.ray_cluster import RayConfig, check_env_runners
 
-BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async")
+BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async", "gymnasium-thread")
 #: Seeds are 32-bit, the range every generator a run seeds (torch, NumPy, Gymnasium) accepts.
 MAX_SEED = 2**32 - 1
 #: More episodes than anyone evaluates on purpose; ``1e9`` would run for days.
@@ -70,7 +70,9 @@ class RunConfig:
     env: str = "CartPole-v1"
     """Environment id: a native rlloop env or any Gymnasium id."""
     backend: str = "auto"
-    """auto (native when one exists), native, gymnasium or gymnasium-async."""
+    """auto (native when one exists), native, gymnasium, gymnasium-async (one process per
+    env) or gymnasium-thread (envs stepped at once in threads: for steps that wait with the
+    GIL released; env runners step their envs so too)."""
     num_envs: int = 16
     """Parallel training envs."""
     seed: int = 0

@@ -80,8 +80,8 @@ class AlgorithmBase:
     def __init__(self, settings: EnvSettings, obs_stats: RunningMeanStd | None = None) -> None:
         if settings.spec.obs_parts and not self.supports_dict_obs:
             raise ConfigError(f"{self.name} does not take Dict observations ({settings.env_id});"
-                              " use ppo, or register a variant wrapped in "
-                              "gymnasium.wrappers.FlattenObservation")
+                              " use feed-forward ppo, dqn, sac or td3, or register a variant "
+                              "wrapped in gymnasium.wrappers.FlattenObservation")
         self.settings = settings
         self.device = resolve_device(settings.device)
         seed_global_rngs(settings.seed)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import AlgorithmBase, EnvSettings
+from rlloop.data.obs_storage import ObsLayout
 from rlloop.data.returns import gae
 from rlloop.data.rollout import PPOBatch, RolloutBuffer
 from rlloop.devices import build_module, resolve_device, stats_dtype
@@ -249,7 +250,10 @@ class PPO(AlgorithmBase):
         act_shape = getattr(spec.action_space, "shape", ())  # () for Discrete
         self.buffer = RolloutBuffer(config.rollout_steps, self.env.num_envs, spec.obs_shape,
                                     act_shape, torch.float32 if box else torch.int64,
-                                    device=self.device, obs_dtype=spec.obs_dtype)
+                                    device=self.device, obs_dtype=spec.obs_dtype,
+                                    # standardised observations are no pixels any more
+                                    obs_layout=None if config.normalize_obs
+                                    else ObsLayout.of(spec))
         self.reward_stats = RunningMeanStd(device=self.device) \
             if config.normalize_rewards else None
         self.reward_running = torch.zeros(self.env.num_envs, dtype=stats_dtype(self.device),
@@ -262,7 +266,9 @@ class PPO(AlgorithmBase):
             return lambda: MaskedActorCritic(
                 spec.obs_shape, spec.action_space, self.mask_dims,  # type: ignore[arg-type]
                 config.hidden, config.activation, features=features,
-                ortho_init=config.ortho_init)
+                ortho_init=config.ortho_init,
+                # a Dict observation's entries are encoded (its mask is not)
+                encoder=self._encoder() if spec.obs_parts and features is None else None)
         return lambda: ActorCritic(
             spec.obs_shape, spec.action_space, config.hidden, config.activation,
             config.init_log_std, None if features is not None else self._encoder(),
@@ -307,16 +313,17 @@ class PPO(AlgorithmBase):
     def _batch(self) -> PPOBatch:
         buf, policy = self.buffer, self.policy
         t, n = buf.steps, buf.num_envs
+        obs = buf.obs[:].flatten(0, 1)  # Dict observations: joined from their entries
         if policy.encoder is None:
             # One forward over every observation and every stored final one: selecting the
             # truncated rows first would wait for the device to say how many there are.
-            values_all = policy.value(torch.cat([buf.obs.flatten(0, 1), self.runner.obs,
-                                                 buf.next_obs.flatten(0, 1)]))
+            values_all = policy.value(torch.cat([obs, self.runner.obs,
+                                                 buf.next_obs[:].flatten(0, 1)]))
             final_values = values_all[(t + 1) * n:].view(t, n)
         else:
             # A CNN pass over every stored final frame would cost a third of an epoch;
             # one wait per update for the few truncated rows costs nothing in comparison.
-            values_all = policy.value(torch.cat([buf.obs.flatten(0, 1), self.runner.obs]))
+            values_all = policy.value(torch.cat([obs, self.runner.obs]))
             final_values = torch.zeros_like(buf.rewards)
             if bool(buf.truncated.any()):
                 final_values[buf.truncated] = policy.value(buf.next_obs[buf.truncated])
@@ -324,7 +331,7 @@ class PPO(AlgorithmBase):
         next_values = torch.where(buf.truncated, final_values, values_all[n: (t + 1) * n]
                                   .view(t, n))
         adv, ret = self._advantages(values, next_values)
-        return PPOBatch(buf.obs.flatten(0, 1), buf.actions.flatten(0, 1),
+        return PPOBatch(obs, buf.actions.flatten(0, 1),
                         buf.log_probs.flatten(), adv.flatten(), ret.flatten(), values.flatten())
 
     def _advantages(self, values: Tensor, next_values: Tensor) -> tuple[Tensor, Tensor]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlloop.data.obs_storage import ObsLayout, ObsStore
 from rlloop.learners.learner import TensorBatch
 
 
@@ -26,17 +27,26 @@ class RolloutBuffer:
             copied (the next observation is ``obs[t + 1]``, or the runner's for the last).
 
     All storage is on ``device``; observations keep the env's dtype (``obs_dtype``: uint8
-    frames stay uint8).
+    frames stay uint8). With an ``obs_layout`` (Dict observations) ``obs`` and
+    ``next_obs`` are :class:`~rlloop.data.obs_storage.ObsStore` objects, one tensor per entry
+    (image entries uint8), read back as float32 rows: ``buf.obs[:]`` for all of them.
     """
 
     def __init__(self, steps: int, num_envs: int, obs_shape: Sequence[int],
                  action_shape: Sequence[int], action_dtype: torch.dtype,
                  device: str | torch.device = "cpu",
-                 obs_dtype: torch.dtype = torch.float32) -> None:
+                 obs_dtype: torch.dtype = torch.float32,
+                 obs_layout: ObsLayout | None = None) -> None:
         t, n, d = steps, num_envs, torch.device(device)
         self.steps, self.num_envs, self.device = steps, num_envs, d
-        self.obs = torch.zeros((t, n, *obs_shape), dtype=obs_dtype, device=d)
-        self.next_obs = torch.zeros((t, n, *obs_shape), dtype=obs_dtype, device=d)
+        self.obs: Tensor | ObsStore
+        self.next_obs: Tensor | ObsStore
+        if obs_layout is None:
+            self.obs = torch.zeros((t, n, *obs_shape), dtype=obs_dtype, device=d)
+            self.next_obs = torch.zeros((t, n, *obs_shape), dtype=obs_dtype, device=d)
+        else:
+            self.obs = ObsStore((t, n), obs_layout, d)
+            self.next_obs = ObsStore((t, n), obs_layout, d)
         self.actions = torch.zeros((t, n, *action_shape), dtype=action_dtype, device=d)
         self.log_probs = torch.zeros((t, n), device=d)
         self.rewards = torch.zeros((t, n), device=d)

@@ -5,6 +5,10 @@ Backends:
 * ``"native"``: a batched torch implementation from ``NATIVE_ENVS`` (fast, exact resume).
 * ``"gymnasium"``: any Gymnasium id through ``GymVecEnv`` with ``SyncVectorEnv``.
 * ``"gymnasium-async"``: the same with ``AsyncVectorEnv`` (one subprocess per env).
+* ``"gymnasium-thread"``: the same, its envs stepped at once in one thread each, in this
+  process (for env steps that wait with the GIL released; see
+  :mod:`rlloop.envs.gym_threads`). Env runners honour it too: each steps its envs in
+  threads.
 * ``"auto"``: native when an implementation is registered for the id, else gymnasium.
 
 Env ids: a native id, a registered Gymnasium id, an id of a known provider package
@@ -38,7 +42,7 @@ NATIVE_ENVS: dict[str, NativeFactory] = {"CartPole-v1": CartPoleVecEnv}
 __all__ = ["BACKENDS", "NATIVE_ENVS", "env_spec", "is_pettingzoo_id", "make_env",
            "register_native", "resolve_env_id"]
 
-BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async")
+BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async", "gymnasium-thread")
 
 
 def register_native(env_id: str, factory: NativeFactory) -> None:
@@ -127,6 +131,7 @@ def make_env(
             num_envs,
             seed=seed,
             asynchronous=resolved == "gymnasium-async",
+            threads=resolved == "gymnasium-thread",
             env_kwargs=kwargs,
             device=device,
             step_timeout=step_timeout,

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlloop.modules.action_masks import legal_actions, mask_scores
-from rlloop.modules.encoders import NatureCNN
+from rlloop.modules.encoders import Encoder
 
 LOG_STD_MIN = -20.0
 LOG_STD_MAX = 2.0
@@ -54,13 +54,13 @@ class QNetwork(nn.Module):
     With ``dueling`` the last hidden layer feeds a value head and an advantage head,
     ``Q = V + A - mean_a A`` (Wang et al. 2016, arXiv:1511.06581, eq. 9).
 
-    With an ``encoder`` (a CNN for pixels) the heads are linear on its features, as in
-    the Nature DQN and Stable-Baselines3's ``CnnPolicy``: ``obs_dim`` and ``hidden`` are
-    unused.
+    With an ``encoder`` (a CNN for pixels, or a DictEncoder) the heads are linear on its
+    features, as in the Nature DQN and Stable-Baselines3's ``CnnPolicy``: ``obs_dim`` and
+    ``hidden`` are unused.
     """
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: Sequence[int],
-                 dueling: bool = False, encoder: NatureCNN | None = None, *,
+                 dueling: bool = False, encoder: Encoder | None = None, *,
                  mask_dims: int = 0) -> None:
         super().__init__()
         self.dueling = dueling
@@ -94,7 +94,7 @@ class QNetwork(nn.Module):
         return F.linear(x, self.value.weight, self.value.bias) + adv - adv.mean(1, keepdim=True)
 
 
-def encode(encoder: NatureCNN | None, obs: Tensor) -> Tensor:
+def encode(encoder: Encoder | None, obs: Tensor) -> Tensor:
     """``[B, features]``: ``obs`` flattened, or through ``encoder`` when there is one."""
     return obs.flatten(1) if encoder is None else encoder(obs)
 
@@ -109,7 +109,7 @@ class TwinQ(nn.Module):
     """
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int], members: int = 2,
-                 encoder: NatureCNN | None = None) -> None:
+                 encoder: Encoder | None = None) -> None:
         super().__init__()
         self.encoder = encoder
         if encoder is not None:
@@ -174,7 +174,7 @@ class TanhGaussianActor(nn.Module):
     """
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int],
-                 encoder: NatureCNN | None = None) -> None:
+                 encoder: Encoder | None = None) -> None:
         super().__init__()
         self.act_dim = act_dim
         self.encoder = encoder
@@ -202,7 +202,7 @@ class DeterministicActor(nn.Module):
     """TD3's policy ``mu(s) = tanh(MLP(s))`` in ``[-1, 1]^d``."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int],
-                 encoder: NatureCNN | None = None) -> None:
+                 encoder: Encoder | None = None) -> None:
         super().__init__()
         self.act_dim = act_dim
         self.encoder = encoder
