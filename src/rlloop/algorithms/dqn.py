@@ -31,7 +31,7 @@ from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip
 from rlloop.learners.mlp_backprop import DQNBackprop, dqn_backprop
 from rlloop.learners.schedules import Linear
-from rlloop.losses.dqn import dqn_huber_loss, dqn_loss, dqn_target
+from rlloop.losses.dqn import dqn_loss, dqn_target
 from rlloop.losses.polyak import hard_update, polyak_update
 from rlloop.modules.action_masks import (
     legal_actions,
@@ -186,26 +186,22 @@ class DQNLearner(OffPolicyLearnerBase):
                        ) -> dict[str, Tensor]:
         """One gradient update on a batch whose TD targets were computed already.
 
-        ``stats=False`` skips the loss statistics and TD errors (an optimisation step
-        reports its last update's only)."""
+        ``stats=False`` lets the hand-derived path skip the loss statistics (an
+        optimisation step reports its last update's only)."""
         if self.backprop is not None:
             loss_stats, self.td_errors = self.backprop(obs, action, target, weights, stats)
             self.step.apply(torch.isfinite(self.td_errors).all())
         else:
             loss_stats, self.td_errors = self.compiled(self._loss_step)(obs, action, target,
-                                                                         weights, stats)
+                                                                         weights)
         self.after_update()
         return loss_stats
 
-    def _loss_step(self, obs: Tensor, action: Tensor, target: Tensor, weights: Tensor | None,
-                   stats: bool = True) -> tuple[dict[str, Tensor], Tensor | None]:
-        q_values = self.module().online(obs)
-        if not stats:
-            self.step(dqn_huber_loss(q_values, action, target, weights)[0])
-            return {}, None
-        loss, loss_stats, td_errors = dqn_loss(q_values, action, target, weights)
+    def _loss_step(self, obs: Tensor, action: Tensor, target: Tensor, weights: Tensor | None
+                   ) -> tuple[dict[str, Tensor], Tensor]:
+        loss, stats, td_errors = dqn_loss(self.module().online(obs), action, target, weights)
         self.step(loss)
-        return loss_stats, td_errors
+        return stats, td_errors
 
     def target_update_every(self) -> int:
         return int(self.config.target_update_interval)

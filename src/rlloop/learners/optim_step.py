@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
-from rlloop.learners.adam import Adam, step_fused
+from rlloop.learners.adam import Adam
 
 
 def adam(params: Sequence[Tensor], lr: float, eps: float = 1e-8) -> torch.optim.Adam:
@@ -62,7 +62,6 @@ class GuardedStep:
 
     def __init__(self, optims: Sequence[GuardedOptim] = ()) -> None:
         self.optims: list[GuardedOptim] = []
-        self._optimizers: list[torch.optim.Optimizer] = []
         self._eager = False  # some optimiser cannot skip on the device
         #: 1.0 if the last update was skipped, else 0.0 (a tensor on the parameters' device).
         self.flag: Tensor | None = None
@@ -83,7 +82,6 @@ class GuardedStep:
         else:
             self._eager = True
         self.optims.append(optim)
-        self._optimizers = [o.optimizer for o in self.optims]
 
     def __call__(self, loss: Tensor) -> None:
         """Back-propagate ``loss`` into every optimiser's parameters, then :meth:`apply`."""
@@ -107,7 +105,6 @@ class GuardedStep:
         self.skipped.add_(self.flag)
         if self._eager and bool(self.flag):
             return
-        for optimizer in step_fused(self._optimizers, self.flag):
-            # A group without gradients (TD3's actor between updates) must not step.
-            if any(p.grad is not None for g in optimizer.param_groups for p in g["params"]):
-                optimizer.step()
+        for o in self.optims:
+            if any(p.grad is not None for p in o.params):  # e.g. TD3's actor between updates
+                o.optimizer.step()

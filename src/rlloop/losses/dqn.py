@@ -53,20 +53,11 @@ def dqn_loss(
         ``"losses/q"``, ``"q/mean"``, ``"q/td_abs_mean"``; ``[B]`` detached
         ``target - Q(s, a)`` for ``update_priorities``.
     """
-    loss, q = dqn_huber_loss(q_values, actions, target, weights)
-    td_errors = (target - q).detach()
-    return loss, dqn_stats(loss.detach(), q.detach(), td_errors), td_errors
-
-
-def dqn_huber_loss(
-    q_values: Tensor, actions: Tensor, target: Tensor, weights: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """:func:`dqn_loss`'s scalar loss alone, and ``Q(s, a)`` ``[B]``: for updates whose
-    statistics nobody reads (each of them costs a few small ops)."""
     q = q_values.gather(1, actions.long().unsqueeze(1)).squeeze(1)
     per_sample = F.smooth_l1_loss(q, target.detach(), reduction="none")
     loss = per_sample.mean() if weights is None else (weights * per_sample).mean()
-    return loss, q
+    td_errors = (target - q).detach()
+    return loss, dqn_stats(loss.detach(), q.detach(), td_errors), td_errors
 
 
 def dqn_stats(loss: Tensor, q: Tensor, td_errors: Tensor) -> dict[str, Tensor]:
