@@ -106,9 +106,9 @@ class TwinQ(nn.Module):
     state, one Polyak op for both). The forward pass runs each member's layer as its own
     2-D ``addmm`` on a view of that tensor: on a CPU, ``bmm``'s backward copies its
     transposed ``[2, 256, 256]`` operands and its ``[., 256, 1]`` output layer runs as
-    slow matrix-vector products, which cost one SAC update 12% more than the per-member
-    matmuls. The critics are independent (separately initialised, never sharing a
-    weight), except for an ``encoder`` (a CNN for pixels), which both read, as in
+    slow matrix-vector products, so per-member matmuls take about 12% off a SAC update.
+    The critics are independent (separately initialised, never sharing a weight), except
+    for an ``encoder`` (a CNN for pixels), which both read, as in
     Stable-Baselines3's critic.
     """
 
@@ -142,20 +142,21 @@ class TwinQ(nn.Module):
         else:
             features = encode(self.encoder, obs)
         x = torch.cat([features, action.flatten(1)], 1)
-        layers = [(w.detach(), b.detach()) if detach_params else (w, b)
+        params = [(w.detach(), b.detach()) if detach_params else (w, b)
                   for w, b in zip(self.weights, self.biases, strict=True)]
+        # Each member's (w, b) views per layer. unbind gives all members at once, and its
+        # backward writes their gradients into the stacked parameter in one op.
         if member is None:
-            members = [list(zip(w.unbind(0), b.unbind(0), strict=True)) for w, b in layers]
+            per_member = list(zip(*[list(zip(w.unbind(0), b.unbind(0), strict=True))
+                                    for w, b in params], strict=True))
         else:
-            members = [[(w[member], b[member])] for w, b in layers]
-        last = len(layers) - 1
+            per_member = [tuple((w[member], b[member]) for w, b in params)]
         outs = []
-        for m in range(len(members[0])):
+        for layers in per_member:
             h = x
-            for i, layer in enumerate(members):
-                w, b = layer[m]
+            for i, (w, b) in enumerate(layers):
                 h = torch.addmm(b, h, w)
-                if i < last:
+                if i < len(layers) - 1:
                     h = h.relu_()
             outs.append(h)
         return torch.cat(outs, 1).t()
