@@ -1,7 +1,8 @@
 """Scaling out with env runners: rlloop on Ray against RLlib's PPO, at equal runner counts.
 
 Run: ``python benchmarks/scale.py [--rllib-python PATH] [--runners 0 1 2 4]
-[--seconds 10] [--envs-per-runner 4] [--solve] [--json OUT]``.
+[--seconds 10] [--envs-per-runner 4] [--rlloop-backend B ...] [--rllib-vectorize M ...]
+[--solve] [--json OUT]``.
 
 ``PATH`` is an interpreter that can import ``ray.rllib`` (``pip install "ray[rllib]"``,
 in a virtualenv of its own where its pins clash with rlloop's); without it only rlloop is
@@ -11,12 +12,20 @@ fragments of 32 steps per env, the batch of one iteration is every runner's frag
 the envs are stepped in the learner's own process (rlloop's in-process runner, RLlib's
 local env runner).
 
-Envs:
+Envs, and how each library steps a runner's envs (its vectorisation):
 
 - ``sleep``: CartPole that sleeps 2 ms in every step (``rlloop.envs.slow``), standing in
   for a slow simulator: its step time is waiting, not CPU, so sampling can scale past the
-  core count;
-- ``acrobot``: Gymnasium's Acrobot-v1, a cheap CPU-bound env.
+  core count. rlloop steps a runner's envs at once in threads (``backend=gymnasium-thread``);
+- ``acrobot``: Gymnasium's Acrobot-v1, a cheap CPU-bound env. rlloop steps a runner's envs
+  one after another (``backend=gymnasium``): threads only add overhead to an env that
+  holds the GIL.
+
+``--rlloop-backend`` measures rlloop with other backends instead (e.g. ``gymnasium`` for
+the sequential baseline on ``sleep``). RLlib is measured with each of its
+``gym_env_vectorize_mode`` values in ``--rllib-vectorize`` (default both): ``sync``
+(Gymnasium's ``SyncVectorEnv``, one env after another) and ``async``
+(``AsyncVectorEnv``, one subprocess per env).
 
 For each env, library and runner count, a fresh trainer is built on one local Ray
 instance per library (started once, loopback only); its first iterations (actor start-up)
@@ -45,22 +54,27 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 FRAGMENT, EPOCHS, MINIBATCH, HIDDEN = 32, 4, 128, [64, 64]
-ENVS = {"sleep": ("rlloop.envs.slow:SlowCartPole-v1", 0.002), "acrobot": ("Acrobot-v1", 0.0)}
+#: env -> (id, sleep per step, rlloop's backend for it)
+ENVS = {"sleep": ("rlloop.envs.slow:SlowCartPole-v1", 0.002, "gymnasium-thread"),
+        "acrobot": ("Acrobot-v1", 0.0, "gymnasium")}
+RLLIB_MODES = ("sync", "async")
 SOLVE_BUDGET_S = 600.0
 
 
 # ---------------------------------------------------------------- rlloop (this process)
 
 
-def rlloop_throughput(env: str, runners: int, envs: int, seconds: float) -> dict[str, Any]:
+def rlloop_throughput(env: str, runners: int, envs: int, seconds: float,
+                      backend: str) -> dict[str, Any]:
     from rlloop.config import build_config
     from rlloop.envs.registry import resolve_env_id
     from rlloop.run import build_algorithm
     from rlloop.trainer import Trainer
 
-    env_id, sleep_s = ENVS[env]
+    env_id, sleep_s, _ = ENVS[env]
     resolve_env_id(env_id, allow_import=True)
-    sets = ["mlflow=false", "progress=false", f"num_envs={envs}", f"num_env_runners={runners}",
+    sets = [f"backend={backend}", "mlflow=false", "progress=false", f"num_envs={envs}",
+            f"num_env_runners={runners}",
             f"ppo.rollout_steps={FRAGMENT}", f"ppo.num_epochs={EPOCHS}",
             f"ppo.minibatch_size={MINIBATCH}", f"ppo.hidden={HIDDEN}", "ppo.activation=tanh",
             "ppo.normalize_obs=false", "ppo.normalize_rewards=false"]
@@ -129,7 +143,8 @@ def rllib_worker(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         config = (config.environment(spec["env"])
                   .env_runners(num_env_runners=runners, num_envs_per_env_runner=envs,
-                               rollout_fragment_length=FRAGMENT)
+                               rollout_fragment_length=FRAGMENT,
+                               gym_env_vectorize_mode=spec["vectorize"])
                   .training(train_batch_size_per_learner=FRAGMENT * envs * max(runners, 1),
                             minibatch_size=MINIBATCH, num_epochs=EPOCHS, lr=3e-4)
                   .rl_module(model_config={"fcnet_hiddens": HIDDEN,
@@ -174,35 +189,47 @@ def run_rllib(python: str, spec: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- report
 
 
+def contender(row: dict[str, Any]) -> str:
+    """A row's library and vectorisation, as the table names it."""
+    if row["library"] == "rlloop":
+        return f"rlloop {row['vectorize'].removeprefix('gymnasium-')}".replace(
+            "gymnasium", "sequential")
+    return f"RLlib {row['vectorize']}"
+
+
 def efficiency(rows: list[dict[str, Any]]) -> None:
     """Adds ``efficiency``: steps/s with K runners over K x steps/s with one."""
     for row in rows:
-        one = next((r for r in rows if r["library"] == row["library"] and r["env"] == row["env"]
+        one = next((r for r in rows if contender(r) == contender(row) and r["env"] == row["env"]
                     and r["runners"] == 1), None)
         k = row["runners"]
         row["efficiency"] = row["steps_per_s"] / (k * one["steps_per_s"]) if one and k else None
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| env | runners | rlloop env steps/s | efficiency | RLlib env steps/s | efficiency "
-           "| rlloop / RLlib |", "|---|---|---|---|---|---|---|"]
+    """One line per env and runner count: each contender's steps/s (efficiency), then the
+    first rlloop contender's steps/s over each RLlib contender's."""
+    names = list(dict.fromkeys(contender(r) for r in rows))
+    mine = next((n for n in names if n.startswith("rlloop")), None)
+    theirs = [n for n in names if n.startswith("RLlib")]
+    ratios = [f"{mine} / {n}" for n in theirs] if mine else []
+    out = [f"| env | runners | {' | '.join(names + ratios)} |",
+           "|" + "---|" * (2 + len(names) + len(ratios))]
+
+    def cell(r: dict[str, Any] | None) -> str:
+        if r is None:
+            return "-"
+        eff = "" if r["efficiency"] is None else f" ({r['efficiency']:.0%})"
+        return f"{r['steps_per_s']:,.0f}{eff}"
+
     for env in dict.fromkeys(r["env"] for r in rows):
         for k in sorted({r["runners"] for r in rows if r["env"] == env}):
-            mine = next((r for r in rows if r["env"] == env and r["runners"] == k
-                         and r["library"] == "rlloop"), None)
-            theirs = next((r for r in rows if r["env"] == env and r["runners"] == k
-                           and r["library"] == "rllib"), None)
-
-            def cell(r: dict[str, Any] | None) -> tuple[str, str]:
-                if r is None:
-                    return "-", "-"
-                eff = "-" if r["efficiency"] is None else f"{r['efficiency']:.0%}"
-                return f"{r['steps_per_s']:,.0f}", eff
-
-            ratio = (f"{mine['steps_per_s'] / theirs['steps_per_s']:.2f}x"
-                     if mine and theirs else "-")
-            out.append(f"| {env} | {k} | {' | '.join(cell(mine))} | {' | '.join(cell(theirs))} "
-                       f"| {ratio} |")
+            at = {contender(r): r for r in rows if r["env"] == env and r["runners"] == k}
+            cells = [cell(at.get(n)) for n in names]
+            if mine:
+                cells += [f"{at[mine]['steps_per_s'] / at[n]['steps_per_s']:.2f}x"
+                          if mine in at and n in at else "-" for n in theirs]
+            out.append(f"| {env} | {k} | {' | '.join(cells)} |")
     return "\n".join(out)
 
 
@@ -213,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
     p.add_argument("--envs-per-runner", type=int, default=4)
     p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--rlloop-backend", nargs="+", metavar="BACKEND",
+                   help="rlloop's env backends to measure (default: each env's own)")
+    p.add_argument("--rllib-vectorize", nargs="+", default=list(RLLIB_MODES),
+                   choices=RLLIB_MODES, help="RLlib's gym_env_vectorize_mode values to measure")
     p.add_argument("--solve", action="store_true", help="also time PPO to solve CartPole")
     p.add_argument("--solve-runners", type=int, default=2)
     p.add_argument("--json", help="write every measurement to this file")
@@ -232,14 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     try:
         for env in args.envs:
+            contenders = [("rlloop", b) for b in args.rlloop_backend or [ENVS[env][2]]]
+            if args.rllib_python:
+                contenders += [("rllib", mode) for mode in args.rllib_vectorize]
             for k in args.runners:
-                libs = ["rlloop"] + (["rllib"] if args.rllib_python else [])
-                for lib in libs:  # alternate, so both see the same machine load
-                    spec = {"mode": "throughput", "env": env, "runners": k,
+                for lib, how in contenders:  # alternate, so all see the same machine load
+                    spec = {"mode": "throughput", "env": env, "runners": k, "vectorize": how,
                             "envs": args.envs_per_runner, "seconds": args.seconds}
-                    got = (rlloop_throughput(env, k, args.envs_per_runner, args.seconds)
+                    got = (rlloop_throughput(env, k, args.envs_per_runner, args.seconds, how)
                            if lib == "rlloop" else run_rllib(args.rllib_python, spec))
-                    row = {"library": lib, "env": env, "runners": k, **got,
+                    row = {"library": lib, "vectorize": how, "env": env, "runners": k, **got,
                            "steps_per_s": got["env_steps"] / got["seconds"],
                            "load": os.getloadavg()[0]}
                     rows.append(row)

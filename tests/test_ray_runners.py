@@ -7,20 +7,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+import torch
 
 ray = pytest.importorskip("ray")
+
+from ray.exceptions import RayActorError  # noqa: E402
 
 import rlloop.envs.slow  # noqa: E402, F401  (registers SlowCartPole-v1, as --env would)
 from rlloop.cli import main as cli_main  # noqa: E402
 from rlloop.config import RunConfig, build_config  # noqa: E402
 from rlloop.ray_cluster import RayConfig, connect, disconnect  # noqa: E402
 from rlloop.run import Session, build_algorithm  # noqa: E402
+from rlloop.runners.fragments import FragmentSampler  # noqa: E402
+from rlloop.runners.ray_runners import runner_config  # noqa: E402
 from rlloop.trainer import Trainer  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -88,6 +94,36 @@ def test_runners_sample_like_in_process_with_the_learners_weights(ray_instance: 
         remote.close()
 
 
+def test_runner_steps_its_envs_in_threads_and_samples_as_sync(ray_instance: None) -> None:
+    """backend=gymnasium-thread reaches the runners: a runner's 8 envs that sleep 10 ms per
+    step take about T x 10 ms per fragment, not the 8 x T x 10 ms of the sequential backend
+    (the same runner algorithm in this process); the fragment itself (steps, observations,
+    actions, rewards, episode ends) equals the sequential one's, same seeds and weights."""
+    steps, m, sleep_s = 8, 8, 0.01
+    sets = ["num_env_runners=1", f"num_envs={m}", f"ppo.rollout_steps={steps}",
+            "ppo.minibatch_size=32", "max_weight_lag=0", f"env_kwargs.sleep_s={sleep_s}",
+            "env_kwargs.max_episode_steps=5"]
+    threaded = config(*sets, "backend=gymnasium-thread", env=SLOW_ENV)
+    remote = build_algorithm(threaded)
+    # What a sequential runner 0 would build: its seed, its envs, the learner's weights.
+    local = build_algorithm(runner_config(dataclasses.replace(threaded, backend="gymnasium"),
+                                          0))
+    try:
+        local.set_policy_state(remote.get_policy_state())
+        [frag] = remote.runner.take(1)
+        ref = FragmentSampler(local, steps).sample(0)
+        assert frag.steps == ref.steps == steps * m
+        for name in ("obs", "actions", "log_probs", "rewards", "terminated", "truncated",
+                     "next_obs", "last_obs"):
+            assert torch.equal(getattr(frag, name), getattr(ref, name)), name
+        assert frag.truncated.any()  # episodes ended inside the fragment (5-step limit)
+        assert ref.env_s >= m * steps * sleep_s
+        assert frag.env_s < 0.4 * m * steps * sleep_s, (frag.env_s, ref.env_s)
+    finally:
+        local.close()
+        remote.close()
+
+
 class _KillRunner:
     """A trainer callback that kills runner 0 with ``ray.kill`` after step ``at``, while
     its next fragment is being sampled (runners sample ahead, the env is slow)."""
@@ -101,9 +137,25 @@ class _KillRunner:
             group: Any = self.session.algorithm.runner
             assert group._inflight, "no fragment in flight to interrupt"
             ray.kill(group.actors[0], no_restart=False)
+            _wait_until_back(group.actors[0])
 
     def on_eval(self, trainer: Trainer, stats: dict[str, float]) -> None:
         pass
+
+
+def _wait_until_back(actor: Any, timeout_s: float = 60.0) -> None:
+    """Block until Ray has restarted ``actor``, so the run still has iterations left in
+    which the group sees the restart (a failed call, or a fragment from the new life)
+    rather than finishing on the other runner's fragments first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get(actor.current_weights_seq_no.remote(), timeout=timeout_s)
+            return
+        except RayActorError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def test_killed_runner_is_restarted_and_training_finishes(ray_instance: None,

@@ -62,6 +62,20 @@ def test_twin_q_members_are_independent_critics():
     assert_close(x.squeeze(-1), q[0])
 
 
+def test_twin_q_runs_each_member_as_2d_matmuls_forward_and_backward():
+    """The stacked weights are read as per-member 2-D matmuls: on a CPU, bmm's backward
+    copies its transposed operands and a width-1 layer runs as slow matrix-vector
+    products (a SAC update was 12% slower). Gradients still reach both members."""
+    critic = TwinQ(3, 1, [8, 8])
+    with torch.profiler.profile() as prof:
+        critic(torch.randn(4, 3), torch.randn(4, 1)).sum().backward()
+    ops = {event.key for event in prof.key_averages()}
+    assert {"aten::addmm", "aten::mm"} <= ops
+    assert not {"aten::bmm", "aten::baddbmm"} & ops
+    for p in critic.parameters():  # both members get their gradient
+        assert p.grad is not None and bool(p.grad.flatten(1).abs().sum(1).gt(0).all())
+
+
 def test_detached_critic_passes_gradient_to_the_action_only():
     critic = TwinQ(3, 1, [8, 8])
     act = torch.randn(4, 1, requires_grad=True)

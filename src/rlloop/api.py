@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -131,6 +131,9 @@ class Model:
         ``[B, *obs_shape]``; observations are normalised as in evaluation."""
         actor = self._acting()
         spec = actor.settings.spec
+        if isinstance(obs, Mapping):  # a Dict observation: flattened as the env does it
+            rows, one = _gym_env(actor.env).flatten_obs(obs)
+            obs = rows[0] if one else rows
         # uint8 frames stay uint8: pixel encoders scale them (a float frame counts as scaled).
         dtype = np.uint8 if spec.image_obs else np.float32
         x = torch.as_tensor(np.asarray(obs, dtype=dtype), device=actor.device)
@@ -176,6 +179,17 @@ class Model:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config.env!r}, run_dir={self.run_dir})"
+
+
+def _gym_env(env: Any) -> Any:
+    """The Gymnasium env under ``env``'s wrappers (it knows how a Dict observation
+    flattens); ``ConfigError`` for an env that is none."""
+    while not hasattr(env, "flatten_obs"):
+        if not hasattr(env, "env"):
+            raise ConfigError(f"predict takes a Dict observation only from a Gymnasium env, "
+                              f"not a {type(env).__name__}; pass the flattened row instead")
+        env = env.env
+    return env
 
 
 class PPO(Model):

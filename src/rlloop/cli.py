@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from rlloop.algorithms import ALGORITHMS
-from rlloop.config import BACKENDS, MAX_EVAL_EPISODES, parse_int
+from rlloop.config import BACKENDS, MAX_EVAL_EPISODES, check_set_keys, parse_int
 from rlloop.device_names import DEVICE_CHOICES
 from rlloop.errors import CheckpointError, ConfigError, EnvError, RunDirError
 from rlloop.runfiles import check_run_dir
@@ -181,15 +181,26 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError(f"unknown algorithm {args.algo!r}; choose one of {sorted(ALGORITHMS)}")
     if args.resume:
         check_run_dir(args.resume)
+    # Typos in the env id or a --set key answer here, before torch's second of import.
+    check_set_keys(args.algo, args.sets)
+    if args.env and not args.resume:  # typed by the user: its module may be imported
+        from rlloop.envs.ids import resolve_env_id
+
+        resolve_env_id(args.env, allow_import=True, search_cwd=True)
+    from rlloop.logging.process_sink import prestart
+    from rlloop.report import FIGURE_PRELOAD
+
     if not any(item.replace(" ", "").lower() in ("mlflow=false", "mlflow=0")
                for item in args.sets):
         from rlloop.logging.mlflow_sink import PRELOAD
-        from rlloop.logging.process_sink import prestart
 
         # MLflow's import (~2 s) then runs in its child on another core while this process
         # imports torch and builds the run; unused (mlflow off in a config file, or bad
         # input), it is killed when the command ends.
         prestart(PRELOAD)
+    # Likewise matplotlib's, for the report's figures (rlloop.report.FigureWriter). Niced:
+    # the MLflow child's import is the longer one, and the figures are needed last.
+    prestart(FIGURE_PRELOAD, niceness=5)
     try:
         return _train_run(args)
     finally:
@@ -201,7 +212,6 @@ def _train(args: argparse.Namespace) -> int:
 def _train_run(args: argparse.Namespace) -> int:
     from rlloop.callbacks import load_callback
     from rlloop.config import build_config
-    from rlloop.envs.registry import resolve_env_id
     from rlloop.logging import format_number, print_summary
     from rlloop.run import load_run_config, resume, train
 
@@ -227,8 +237,6 @@ def _train_run(args: argparse.Namespace) -> int:
                         **{k: v for k, v in flags.items() if v is not None})
     else:
         _check_new_run_dir(args.run_dir)
-        if args.env:  # typed by the user: its module may be imported (see resolve_env_id)
-            resolve_env_id(args.env, allow_import=True, search_cwd=True)
         config = build_config(args.algo, args.env, file=args.config, flags=flags,
                               sets=args.sets)
         result = train(config, args.run_dir, callbacks=callbacks, started_at=_process_start())
@@ -257,7 +265,7 @@ def _process_start() -> float:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from rlloop.envs.registry import resolve_env_id
+    from rlloop.envs.ids import resolve_env_id
     from rlloop.logging import format_number, print_summary
 
     try:

@@ -14,6 +14,7 @@ import difflib
 import os
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -21,13 +22,14 @@ from typing import Any, Literal
 import yaml
 
 from rlloop.algorithms import ALGORITHMS
+from rlloop.algorithms.keys import CONFIG_KEYS
 from rlloop.device_names import check_device_name
 from rlloop.errors import ConfigError, check_finite
 from rlloop.presets import preset
 from rlloop.profiling import ProfileConfig
 from rlloop.ray_cluster import RayConfig, check_env_runners
 
-BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async")
+BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async", "gymnasium-thread")
 #: Seeds are 32-bit, the range every generator a run seeds (torch, NumPy, Gymnasium) accepts.
 MAX_SEED = 2**32 - 1
 #: More episodes than anyone evaluates on purpose; ``1e9`` would run for days.
@@ -68,7 +70,9 @@ class RunConfig:
     env: str = "CartPole-v1"
     """Environment id: a native rlloop env or any Gymnasium id."""
     backend: str = "auto"
-    """auto (native when one exists), native, gymnasium or gymnasium-async."""
+    """auto (native when one exists), native, gymnasium, gymnasium-async (one process per
+    env) or gymnasium-thread (envs stepped at once in threads: for steps that wait with the
+    GIL released; env runners step their envs so too)."""
     num_envs: int = 16
     """Parallel training envs."""
     seed: int = 0
@@ -358,11 +362,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in names:
-            valid = [n for n in names if n != "hparams"]
-            close = difflib.get_close_matches(key, valid, n=1)
-            hint = f"did you mean {prefix}{close[0]}? " if close else ""
-            raise ConfigError(f"unknown config key '{prefix}{key}'; {hint}valid keys: "
-                              f"{', '.join(prefix + n for n in valid)}")
+            raise _unknown_key(prefix, key, names)
         kwargs[key] = value if key == "hparams" else _coerce(value, hints[key], prefix + key)
     try:
         return cls(**kwargs)
@@ -370,6 +370,30 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"invalid {prefix.rstrip('.') or 'config'}: {e}") from None
+
+
+def _unknown_key(prefix: str, key: str, names: Sequence[str]) -> ConfigError:
+    valid = [n for n in names if n != "hparams"]
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"did you mean {prefix}{close[0]}? " if close else ""
+    return ConfigError(f"unknown config key '{prefix}{key}'; {hint}valid keys: "
+                       f"{', '.join(prefix + n for n in valid)}")
+
+
+def check_set_keys(algo: str, sets: Sequence[str]) -> None:
+    """The `ConfigError` `build_config` would raise for an unknown key in ``sets`` (``--set``
+    items), raised without importing the algorithm: its config class imports torch, a
+    second before a typo could be named. Keys inside sections are left to `build_config`.
+    """
+    run_keys = [f.name for f in dataclasses.fields(RunConfig)]
+    for item in sets:
+        top, _, sub = parse_set(item)[0].partition(".")
+        if top == algo and sub:
+            name = sub.partition(".")[0]
+            if name not in CONFIG_KEYS[algo]:
+                raise _unknown_key(f"{algo}.", name, CONFIG_KEYS[algo])
+        elif top not in ALGORITHMS and top not in run_keys:  # another algo's: ignored
+            raise _unknown_key("", top, run_keys)
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:

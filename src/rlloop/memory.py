@@ -20,6 +20,7 @@ from rlloop.algorithms.ppo import PPOConfig
 from rlloop.algorithms.sac import SACConfig
 from rlloop.algorithms.td3 import TD3Config
 from rlloop.config import RunConfig
+from rlloop.data.obs_storage import ObsLayout
 from rlloop.envs.core import Box, EnvSpec
 from rlloop.envs.registry import NATIVE_ENVS
 from rlloop.errors import ConfigError
@@ -79,6 +80,9 @@ def estimate(config: RunConfig, spec: EnvSpec) -> list[Need]:
     num_envs = config.num_envs
     obs = _numel(spec.obs_shape)
     obs_bytes = spec.obs_dtype.itemsize
+    layout = ObsLayout.of(spec)
+    # bytes of one stored observation: Dict ones per entry, their images as uint8
+    stored = obs * obs_bytes if layout is None else layout.bytes_per_obs
     space = spec.action_space
     act_bytes = FLOAT * space.dim if isinstance(space, Box) else 8  # int64 indices
     needs = [_envs(config, num_envs, obs)]
@@ -86,7 +90,7 @@ def estimate(config: RunConfig, spec: EnvSpec) -> list[Need]:
     if isinstance(hp, PPOConfig):
         steps = hp.rollout_steps * num_envs
         # obs and next obs in the env's dtype (uint8 pixels), logp, reward, flags
-        per_step = 2 * obs * obs_bytes + 2 * FLOAT + act_bytes + 2
+        per_step = 2 * stored + 2 * FLOAT + act_bytes + 2
         needs.append(Need(steps * per_step,
                           f"the rollout of {hp.section}.rollout_steps={hp.rollout_steps} x "
                           f"num_envs={num_envs} steps",
@@ -94,7 +98,7 @@ def estimate(config: RunConfig, spec: EnvSpec) -> list[Need]:
     if isinstance(hp, OffPolicyConfig):
         # obs, next obs (in the env's dtype), reward, discount; the frame replay keeps
         # about one frame per transition instead of two stacks
-        per_item = 2 * obs * obs_bytes + 2 * FLOAT + act_bytes + 1
+        per_item = 2 * stored + 2 * FLOAT + act_bytes + 1
         if hp.replay == "frames" and len(spec.obs_shape) >= 2:
             per_item = (obs // spec.obs_shape[0]) * obs_bytes * 9 // 8 + 2 * FLOAT + act_bytes + 9
         key = f"{hp.section}.buffer_size"

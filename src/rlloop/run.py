@@ -20,6 +20,7 @@ Run directory layout::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -59,11 +60,12 @@ from rlloop.envs.registry import env_spec, resolve_env_id
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.learners.distributed import LearnerGroupError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
+from rlloop.logging.process_sink import has_spare
 from rlloop.memory import check_memory
 from rlloop.numerics import flushed_denormals
 from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.profiling import TraceProfiler
-from rlloop.report import read_metrics, write_figures, write_report
+from rlloop.report import FIGURE_PRELOAD, FigureWriter, read_metrics, write_figures, write_report
 from rlloop.run_lock import RunLock
 from rlloop.runfiles import check_members, check_run_dir, write_file
 from rlloop.signals import StopInterrupted, save_due, supervised
@@ -271,6 +273,14 @@ class Session:
                                schedule=schedule)
         if resume:
             self._restore()
+        # The report's figures in the child the CLI started ahead (see FigureWriter). A
+        # library caller (a notebook, a sweep of runs in one process) has none: it draws
+        # them in-process, importing matplotlib once for all its runs.
+        self.figure_writer: ProcessSink | None = None
+        if has_spare(FIGURE_PRELOAD):
+            self.figure_writer = ProcessSink(FigureWriter, label="report figures",
+                                             preload=FIGURE_PRELOAD,
+                                             run_dir=str(run_dir.resolve()))
 
     def _wandb_sink(self, run_id: str | None) -> ProcessSink | None:
         """W&B in a child process (like MLflow): importing it and starting its service take
@@ -291,6 +301,9 @@ class Session:
         if self._sinks_closed:
             return
         self._sinks_closed = True
+        if self.figure_writer is not None and status != "FINISHED":
+            with contextlib.suppress(RuntimeError):  # it draws nothing then
+                self.figure_writer.close(status)
         self.sink.close(status)
         ids = {key: sink.info["run_id"] for key, sink in (("mlflow_run_id", self.mlflow),
                                                           ("wandb_run_id", self.wandb))
@@ -428,7 +441,7 @@ class Session:
             filming = _in_thread(self._film)
         steps = trainer.state["env/steps"]
         with self.phases.timed("report"):
-            figures = write_figures(self.run_dir, read_metrics(self.run_dir / "metrics.jsonl"))
+            figures = self._figures()
         video = filming() if filming is not None else None
         self._log_phases(self.phases.stats(), steps)  # before the report, which shows it
         result = RunResult(self.run_dir, steps, time.perf_counter() - start,
@@ -439,6 +452,18 @@ class Session:
         if self.mlflow is not None and not self._sinks_closed:
             self.mlflow.log_artifacts(self._artifacts(video))
         return result
+
+    def _figures(self) -> list[str]:
+        """Draw the report's figures (in the figure child when there is one); their names."""
+        if self.figure_writer is not None:
+            try:
+                self.figure_writer.close("FINISHED")  # it draws them now, on another core
+                names = self.figure_writer.info.get("figures")
+                if isinstance(names, list):
+                    return [str(name) for name in names]
+            except RuntimeError as e:  # e.g. it could not import matplotlib's backend
+                _log.warning("report figures: %s; drawing them in this process", e)
+        return write_figures(self.run_dir, read_metrics(self.run_dir / "metrics.jsonl"))
 
     def _log_phases(self, times: dict[str, float], steps: int) -> None:
         if not self._sinks_closed:  # closed already when a signal stopped the run

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,22 +88,39 @@ def as_frame(frame: Any) -> np.ndarray:
     return np.ascontiguousarray(array[..., :3], dtype=np.uint8)
 
 
+class EpisodeFrames:
+    """The frames of env 0's first episode of a ``VecEnv`` with one env, rendered as they are
+    iterated: `write_video` pulls each one into ffmpeg's pipe, so encoding overlaps the
+    episode and no episode of frames (500 CartPole frames: 360 MB) is ever held.
+    ``episode_return`` is the episode's once the frames are consumed."""
+
+    def __init__(self, act: Callable[[torch.Tensor], torch.Tensor], env: Any,
+                 render: Callable[[], Any], *, seed: int | None = None,
+                 max_steps: int = 10_000) -> None:
+        self.act, self.env, self.render = act, env, render
+        self.seed, self.max_steps = seed, max_steps
+        self.episode_return = 0.0
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        self.episode_return = 0.0
+        obs = self.env.reset(seed=self.seed)
+        for _ in range(self.max_steps):
+            yield as_frame(self.render())
+            with torch.inference_mode():
+                result = self.env.step(self.act(obs))
+            self.episode_return += float(result.reward[0])
+            if bool(result.terminated[0] or result.truncated[0]):
+                return
+            obs = result.obs
+
+
 def record_vec_episode(act: Callable[[torch.Tensor], torch.Tensor], env: Any,
                        render: Callable[[], Any], *, seed: int | None = None,
                        max_steps: int = 10_000) -> tuple[list[np.ndarray], float]:
     """Frames and return of the first episode of env 0 of a ``VecEnv`` with one env."""
-    frames: list[np.ndarray] = []
-    total = 0.0
-    obs = env.reset(seed=seed)
-    with torch.inference_mode():
-        for _ in range(max_steps):
-            frames.append(as_frame(render()))
-            result = env.step(act(obs))
-            total += float(result.reward[0])
-            if bool(result.terminated[0] or result.truncated[0]):
-                break
-            obs = result.obs
-    return frames, total
+    episode = EpisodeFrames(act, env, render, seed=seed, max_steps=max_steps)
+    frames = list(episode)
+    return frames, episode.episode_return
 
 
 def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | None = None,
@@ -159,12 +176,12 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
                                          "render_rgb(); it cannot be filmed")
         policy_env = (NormalizeObservation(env, algorithm.obs_stats, update=False)
                       if algorithm.obs_stats is not None else env)
-        frames, total = record_vec_episode(
-            lambda obs: algorithm.act(obs, deterministic=True), policy_env, render,
-            seed=config.seed + EVAL_SEED_OFFSET, max_steps=max_steps)
+        episode = EpisodeFrames(lambda obs: algorithm.act(obs, deterministic=True),
+                                policy_env, render, seed=config.seed + EVAL_SEED_OFFSET,
+                                max_steps=max_steps)
         fps = getattr(env, "metadata", {}).get("render_fps") or _native_fps(config.env)
-        count = write_video(frames, path, fps=fps)
-        return VideoInfo(Path(path), count, total)
+        count = write_video(episode, path, fps=fps)
+        return VideoInfo(Path(path), count, episode.episode_return)
     finally:
         if env is not None:
             env.close()

@@ -234,7 +234,8 @@ class DQN(OffPolicyAlgorithmBase):
         self.mask_dims = resolve_action_mask(config.action_mask, spec, "dqn")
         self.q = build_module(lambda: QNetwork(
             flat_dim(spec.obs_shape), self.space.n, config.hidden, config.dueling,
-            build_encoder("dqn", config.encoder, spec.obs_shape, spec.image_obs),
+            build_encoder("dqn", config.encoder, spec.obs_shape, spec.image_obs,
+                          spec.obs_parts, config.hidden),
             mask_dims=self.mask_dims), self.device)
         self.learner = DQNLearner({DEFAULT_MODULE_ID: DQNModule(self.q)}, config,
                                   env.on_nonfinite)

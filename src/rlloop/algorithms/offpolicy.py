@@ -27,6 +27,7 @@ from torch import Tensor
 
 from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.nstep import NStepProcessor
+from rlloop.data.obs_storage import ObsLayout
 from rlloop.data.replay import (
     PrioritizedReplayBuffer,
     ReplayBuffer,
@@ -93,6 +94,8 @@ class ExperienceSpec:
     action_dtype: torch.dtype
     device: torch.device = HOST
     obs_dtype: torch.dtype = torch.float32
+    #: Dict observations: replay keeps them per entry (images as uint8).
+    obs_layout: ObsLayout | None = None
 
 
 class OneStepProcessor:
@@ -132,7 +135,7 @@ def _nstep(spec: ExperienceSpec, cfg: OffPolicyConfig) -> StepProcessor:
 def _replay(prioritized: bool) -> Callable[[ExperienceSpec, OffPolicyConfig], Replay]:
     def build(spec: ExperienceSpec, cfg: OffPolicyConfig) -> Replay:
         args = (cfg.buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype,
-                spec.device, spec.obs_dtype)
+                spec.device, spec.obs_dtype, spec.obs_layout)
         try:
             if prioritized:
                 return PrioritizedReplayBuffer(*args, alpha=cfg.per_alpha, beta=cfg.per_beta)
@@ -393,7 +396,7 @@ class OffPolicyLoop:
         shape = action_space.shape if isinstance(action_space, Box) else ()
         dtype = torch.int64 if isinstance(action_space, Discrete) else torch.float32
         spec = ExperienceSpec(env.num_envs, tuple(env.spec.obs_shape), tuple(shape), dtype,
-                              runner.device, env.spec.obs_dtype)
+                              runner.device, env.spec.obs_dtype, ObsLayout.of(env.spec))
         self.processor = STEP_PROCESSORS[config.step_processor](spec, config)
         self.replay = REPLAY_BUFFERS[config.replay](spec, config)
         self.env_steps = 0

@@ -122,6 +122,8 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
     config: OffPolicyConfig
     learner: OffPolicyLearnerBase
     loop: OffPolicyLoop
+    #: DQN, SAC and TD3 build a DictEncoder; replay keeps Dict entries apart.
+    supports_dict_obs = True
 
     def __init__(self, section: str, env: EnvSettings) -> None:
         check_env_settings(section, env.horizons_per_env_reset)

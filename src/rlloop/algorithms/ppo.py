@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import AlgorithmBase, EnvSettings
+from rlloop.data.obs_storage import ObsLayout
 from rlloop.data.returns import gae
 from rlloop.data.rollout import PPOBatch, RolloutBuffer
 from rlloop.devices import build_module, resolve_device, stats_dtype
@@ -252,6 +253,9 @@ class PPO(AlgorithmBase):
         self.buffer = RolloutBuffer(config.rollout_steps, self.env.num_envs, spec.obs_shape,
                                     act_shape, torch.float32 if box else torch.int64,
                                     device=self.device, obs_dtype=spec.obs_dtype,
+                                    # standardised observations are no pixels any more
+                                    obs_layout=None if config.normalize_obs
+                                    else ObsLayout.of(spec),
                                     channels_last=isinstance(encoder, NatureCNN)
                                     and encoder.takes_channels_first)
         # With a shared CNN the rollout records V(s) as it acts, from the same encoder
@@ -275,7 +279,9 @@ class PPO(AlgorithmBase):
             return lambda: MaskedActorCritic(
                 spec.obs_shape, spec.action_space, self.mask_dims,  # type: ignore[arg-type]
                 config.hidden, config.activation, features=features,
-                ortho_init=config.ortho_init)
+                ortho_init=config.ortho_init,
+                # a Dict observation's entries are encoded (its mask is not)
+                encoder=self._encoder() if spec.obs_parts and features is None else None)
         return lambda: ActorCritic(
             spec.obs_shape, spec.action_space, config.hidden, config.activation,
             config.init_log_std, None if features is not None else self._encoder(),
@@ -329,11 +335,12 @@ class PPO(AlgorithmBase):
     def _batch(self) -> PPOBatch:
         buf, policy = self.buffer, self.policy
         t, n = buf.steps, buf.num_envs
+        obs = buf.obs[:].flatten(0, 1)  # Dict observations: joined from their entries
         if policy.encoder is None:
             # One forward over every observation and every stored final one: selecting the
             # truncated rows first would wait for the device to say how many there are.
-            values_all = policy.value(torch.cat([buf.obs.flatten(0, 1), self.runner.obs,
-                                                 buf.next_obs.flatten(0, 1)]))
+            values_all = policy.value(torch.cat([obs, self.runner.obs,
+                                                 buf.next_obs[:].flatten(0, 1)]))
             final_values = values_all[(t + 1) * n:].view(t, n)
         else:
             # A CNN pass over every stored final frame would cost a third of an epoch;
@@ -342,8 +349,7 @@ class PPO(AlgorithmBase):
                 values_all = torch.cat([self._rollout_values.flatten(),
                                         policy.value(self.runner.obs)])
             else:
-                values_all = policy.value(torch.cat([buf.obs.flatten(0, 1),
-                                                     self.runner.obs]))
+                values_all = policy.value(torch.cat([obs, self.runner.obs]))
             self._values_fresh = False  # the update changes the weights that made them
             final_values = torch.zeros_like(buf.rewards)
             if bool(buf.truncated.any()):
@@ -352,7 +358,7 @@ class PPO(AlgorithmBase):
         next_values = torch.where(buf.truncated, final_values, values_all[n: (t + 1) * n]
                                   .view(t, n))
         adv, ret = self._advantages(values, next_values)
-        return PPOBatch(buf.obs.flatten(0, 1), buf.actions.flatten(0, 1),
+        return PPOBatch(obs, buf.actions.flatten(0, 1),
                         buf.log_probs.flatten(), adv.flatten(), ret.flatten(), values.flatten())
 
     def _advantages(self, values: Tensor, next_values: Tensor) -> tuple[Tensor, Tensor]:

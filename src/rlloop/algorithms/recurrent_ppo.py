@@ -137,11 +137,12 @@ class RecurrentPPO(PPO):
     def _batch(self) -> SequenceBatch:  # type: ignore[override]
         buf, policy, length = self.buffer, self.policy, self.config.seq_len
         t, n = buf.steps, buf.num_envs
-        feats, after = policy.unroll(buf.obs.transpose(0, 1), self.rollout_states[0],
+        obs = buf.obs[:]  # a view: recurrent PPO takes no Dict observations
+        feats, after = policy.unroll(obs.transpose(0, 1), self.rollout_states[0],
                                      self.rollout_starts.T)  # [N, T, H], [N, T, S]
         last, _ = policy.step(self.runner.obs, self.state, self.starts)
         # A truncated episode's final observation continues from the state its step left.
-        final, _ = policy.step(buf.next_obs.transpose(0, 1).flatten(0, 1), after.flatten(0, 1))
+        final, _ = policy.step(buf.next_obs[:].transpose(0, 1).flatten(0, 1), after.flatten(0, 1))
         values_all = policy.value(torch.cat([feats.flatten(0, 1), last, final]))
         values = values_all[: n * t].view(n, t).T
         next_values = torch.cat([values[1:], values_all[n * t: n * (t + 1)].unsqueeze(0)])
@@ -152,7 +153,7 @@ class RecurrentPPO(PPO):
         def seq(x: Tensor) -> Tensor:
             return to_sequences(x, length)
 
-        return SequenceBatch(seq(buf.obs), seq(buf.actions), seq(buf.log_probs), seq(adv),
+        return SequenceBatch(seq(obs), seq(buf.actions), seq(buf.log_probs), seq(adv),
                              seq(ret), seq(values), seq(self.rollout_starts),
                              sequence_mask(t, n, length, self.device),
                              chunk_states(self.rollout_states, length))

@@ -48,7 +48,7 @@ from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.sac import sac_actor_loss, sac_alpha_loss, sac_critic_loss, sac_target
-from rlloop.modules.encoders import NatureCNN, build_encoder
+from rlloop.modules.encoders import Encoder, build_encoder
 from rlloop.modules.gsde import TanhGSDEActor
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import TanhGaussianActor, TwinQ, standard_normal
@@ -107,7 +107,7 @@ class SACModule(nn.Module):
     """Actor, twin critics, their Polyak target and ``log alpha``."""
 
     def __init__(self, obs_dim: int, act_dim: int, config: SACConfig,
-                 encoder: Callable[[], NatureCNN | None] = lambda: None) -> None:
+                 encoder: Callable[[], Encoder | None] = lambda: None) -> None:
         super().__init__()
         # Actor and critic each get their own encoder (SB3's share_features_extractor=False).
         actor_encoder = encoder()
@@ -227,7 +227,8 @@ class SAC(OffPolicyAlgorithmBase):
         spec = env.spec
         self.module = build_module(lambda: SACModule(
             flat_dim(spec.obs_shape), space.dim, config, lambda: build_encoder(
-                "sac", config.encoder, spec.obs_shape, spec.image_obs)), self.device)
+                "sac", config.encoder, spec.obs_shape, spec.image_obs, spec.obs_parts,
+                config.hidden)), self.device)
         self.learner = SACLearner({DEFAULT_MODULE_ID: self.module}, config, entropy,
                                   self.generator, env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env,

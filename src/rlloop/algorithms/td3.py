@@ -37,7 +37,7 @@ from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.td3 import smoothed_target_action, td3_actor_loss, td3_critic_loss, td3_target
 from rlloop.modules.action_noise import make_action_noise
-from rlloop.modules.encoders import NatureCNN, build_encoder
+from rlloop.modules.encoders import Encoder, build_encoder
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import DeterministicActor, TwinQ, standard_normal
 
@@ -91,7 +91,7 @@ class TD3Module(nn.Module):
     """Actor, twin critics and their Polyak targets."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: list[int],
-                 encoder: Callable[[], NatureCNN | None] = lambda: None) -> None:
+                 encoder: Callable[[], Encoder | None] = lambda: None) -> None:
         super().__init__()
         self.actor = DeterministicActor(obs_dim, act_dim, hidden, encoder())
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
@@ -187,7 +187,8 @@ class TD3(OffPolicyAlgorithmBase):
         spec = env.spec
         self.module = build_module(lambda: TD3Module(
             flat_dim(spec.obs_shape), space.dim, config.hidden, lambda: build_encoder(
-                "td3", config.encoder, spec.obs_shape, spec.image_obs)), self.device)
+                "td3", config.encoder, spec.obs_shape, spec.image_obs, spec.obs_parts,
+                config.hidden)), self.device)
         self.learner = TD3Learner({DEFAULT_MODULE_ID: self.module}, config, self.generator,
                                   env.on_nonfinite)
         self.noise = make_action_noise(config.action_noise, env.num_envs, space.dim,

@@ -16,6 +16,10 @@ import psutil
 import torch
 from torch import Tensor
 
+from rlloop.data.obs_storage import ObsLayout
+
+#: The fields of a transition that hold observations.
+_OBS_FIELDS = ("obs", "next_obs")
 
 class Transitions(NamedTuple):
     """A batch of ``B`` transitions, ready for a TD target.
@@ -119,6 +123,9 @@ class ReplayBuffer:
         device: Where storage lives and sampled batches are returned.
         obs_dtype: Storage dtype of ``obs``/``next_obs`` (``torch.uint8`` for pixels;
             sampled batches keep it, the network converts).
+        obs_layout: Dict observations (see :mod:`rlloop.data.obs_storage`): ``obs`` and
+            ``next_obs`` are kept per entry (``"obs.<key>"``, image entries uint8) and
+            sampled as float32 rows; ``obs_dtype`` is then unused.
 
     Raises:
         ReplayMemoryError: ``nbytes`` exceeds the memory available on ``device``.
@@ -132,6 +139,7 @@ class ReplayBuffer:
         action_dtype: torch.dtype,
         device: torch.device | str = "cpu",
         obs_dtype: torch.dtype = torch.float32,
+        obs_layout: ObsLayout | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"replay capacity must be >= 1, got {capacity}")
@@ -155,6 +163,15 @@ class ReplayBuffer:
             "terminated": torch.bool,
             "discount": torch.float32,
         }
+        #: Each transition field's shape, checked by ``add`` (storage may split ``obs``).
+        self._field_shapes = dict(self._shapes)
+        self.obs_layout = obs_layout
+        if obs_layout is not None:
+            for field in _OBS_FIELDS:
+                del self._shapes[field], self._dtypes[field]
+                for name, shape, dtype in obs_layout.entries:
+                    self._shapes[f"{field}.{name}"] = shape
+                    self._dtypes[f"{field}.{name}"] = dtype
         self.nbytes = self._required_nbytes()
         available, where = _available_bytes(self.device)
         if self.nbytes > available:
@@ -200,8 +217,9 @@ class ReplayBuffer:
         # At most two contiguous slices (the second when the write wraps around): slice
         # copies cost a fraction of an index_put, and one-env loops add every env step.
         first = min(count, self.capacity - start)
+        columns = None if self.obs_layout is None else self._columns(batch)
         for name, store in self._storage.items():
-            value = getattr(batch, name)
+            value = getattr(batch, name) if columns is None else columns[name]
             if skip:
                 value = value[skip:]
             if first == count:
@@ -212,6 +230,26 @@ class ReplayBuffer:
         self._pos = (self._pos + n) % self.capacity
         self._size = min(self._size + n, self.capacity)
         return (start + torch.arange(count, device=self.device)) % self.capacity
+
+    def _columns(self, batch: TransitionsLike) -> dict[str, Tensor]:
+        """``{storage name: [N, ...]}`` of ``batch`` with its observations split per entry
+        (``obs_layout``)."""
+        assert self.obs_layout is not None
+        columns: dict[str, Tensor] = {}
+        for field in self._field_shapes:
+            value = getattr(batch, field)
+            if field in _OBS_FIELDS:
+                columns.update((f"{field}.{k}", x) for k, x in self.obs_layout.split(value))
+            else:
+                columns[field] = value
+        return columns
+
+    def _obs(self, field: str, rows: Tensor) -> Tensor:
+        """``[B, *obs_shape]`` observations of ``field`` at storage ``rows``."""
+        if self.obs_layout is None:
+            return self._storage[field][rows]
+        return self.obs_layout.join({name: self._storage[f"{field}.{name}"][rows]
+                                     for name, _, _ in self.obs_layout.entries})
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Transitions:
         """``batch_size`` transitions drawn uniformly with replacement.
@@ -259,10 +297,10 @@ class ReplayBuffer:
     def _gather(self, rows: Tensor, weights: Tensor | None = None) -> Transitions:
         s = self._storage
         return Transitions(
-            obs=s["obs"][rows],
+            obs=self._obs("obs", rows),
             action=s["action"][rows],
             reward=s["reward"][rows],
-            next_obs=s["next_obs"][rows],
+            next_obs=self._obs("next_obs", rows),
             terminated=s["terminated"][rows],
             discount=s["discount"][rows],
             weights=weights,
@@ -271,7 +309,7 @@ class ReplayBuffer:
 
     def _check_batch(self, batch: TransitionsLike) -> int:
         n = batch.reward.shape[0]
-        for name, shape in self._shapes.items():
+        for name, shape in self._field_shapes.items():
             got = tuple(getattr(batch, name).shape)
             if got != (n, *shape):
                 raise ValueError(
@@ -302,8 +340,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     dispatch overhead by about 10x on CPU (2^20 leaves, batch 256).
 
     Args:
-        capacity, obs_shape, action_shape, action_dtype, device, obs_dtype: As
-            ``ReplayBuffer``.
+        capacity, obs_shape, action_shape, action_dtype, device, obs_dtype, obs_layout:
+            As ``ReplayBuffer``.
         alpha: Prioritisation exponent; 0 is uniform.
         beta: Default importance-sampling exponent for ``sample``; the caller anneals
             it towards 1 by passing ``beta`` there.
@@ -318,6 +356,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         action_dtype: torch.dtype,
         device: torch.device | str = "cpu",
         obs_dtype: torch.dtype = torch.float32,
+        obs_layout: ObsLayout | None = None,
         *,
         alpha: float = 0.6,
         beta: float = 0.4,
@@ -329,7 +368,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.alpha, self.beta, self.eps = alpha, beta, eps
         self._leaves = 1 << max(0, capacity - 1).bit_length()
         self._depth = self._leaves.bit_length() - 1
-        super().__init__(capacity, obs_shape, action_shape, action_dtype, device, obs_dtype)
+        super().__init__(capacity, obs_shape, action_shape, action_dtype, device, obs_dtype,
+                         obs_layout)
         self._sum_tree = np.zeros(2 * self._leaves, dtype=np.float64)
         self._min_tree = np.full(2 * self._leaves, np.inf, dtype=np.float64)
         self._max_priority = 1.0

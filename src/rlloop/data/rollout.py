@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlloop.data.obs_storage import ObsLayout, ObsStore
 from rlloop.learners.learner import TensorBatch
 
 
@@ -26,26 +27,36 @@ class RolloutBuffer:
             copied (the next observation is ``obs[t + 1]``, or the runner's for the last).
 
     All storage is on ``device``; observations keep the env's dtype (``obs_dtype``: uint8
-    frames stay uint8). With ``channels_last`` (image observations ``[C, H, W]``) ``obs``
-    is stored channels innermost, a permuted view of ``[T, N, H, W, C]`` memory: the
-    layout the CNN takes, so the transposition happens once per env step on a few frames
+    frames stay uint8). With an ``obs_layout`` (Dict observations) ``obs`` and
+    ``next_obs`` are :class:`~rlloop.data.obs_storage.ObsStore` objects, one tensor per entry
+    (image entries uint8), read back as float32 rows: ``buf.obs[:]`` for all of them.
+    With ``channels_last`` (image observations ``[C, H, W]``, no ``obs_layout``) ``obs`` is
+    stored channels innermost, a permuted view of ``[T, N, H, W, C]`` memory: the layout
+    the CNN takes, so the transposition happens once per env step on a few frames
     instead of on every minibatch (indexing keeps the layout).
     """
 
     def __init__(self, steps: int, num_envs: int, obs_shape: Sequence[int],
                  action_shape: Sequence[int], action_dtype: torch.dtype,
                  device: str | torch.device = "cpu",
-                 obs_dtype: torch.dtype = torch.float32, *, channels_last: bool = False
+                 obs_dtype: torch.dtype = torch.float32,
+                 obs_layout: ObsLayout | None = None, *, channels_last: bool = False
                  ) -> None:
         t, n, d = steps, num_envs, torch.device(device)
         self.steps, self.num_envs, self.device = steps, num_envs, d
-        if channels_last and len(obs_shape) == 3:
-            c, h, w = obs_shape
-            self.obs = torch.zeros((t, n, h, w, c), dtype=obs_dtype,
-                                   device=d).permute(0, 1, 4, 2, 3)
+        self.obs: Tensor | ObsStore
+        self.next_obs: Tensor | ObsStore
+        if obs_layout is not None:
+            self.obs = ObsStore((t, n), obs_layout, d)
+            self.next_obs = ObsStore((t, n), obs_layout, d)
         else:
-            self.obs = torch.zeros((t, n, *obs_shape), dtype=obs_dtype, device=d)
-        self.next_obs = torch.zeros((t, n, *obs_shape), dtype=obs_dtype, device=d)
+            if channels_last and len(obs_shape) == 3:
+                c, h, w = obs_shape
+                self.obs = torch.zeros((t, n, h, w, c), dtype=obs_dtype,
+                                       device=d).permute(0, 1, 4, 2, 3)
+            else:
+                self.obs = torch.zeros((t, n, *obs_shape), dtype=obs_dtype, device=d)
+            self.next_obs = torch.zeros((t, n, *obs_shape), dtype=obs_dtype, device=d)
         self.actions = torch.zeros((t, n, *action_shape), dtype=action_dtype, device=d)
         self.log_probs = torch.zeros((t, n), device=d)
         self.rewards = torch.zeros((t, n), device=d)

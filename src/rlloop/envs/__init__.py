@@ -1,9 +1,33 @@
-"""Batched environments: the ``VecEnv`` interface, native torch envs, Gymnasium adapter."""
+"""Batched environments: the ``VecEnv`` interface, native torch envs, Gymnasium adapter.
 
-from rlloop.envs.core import Box, Discrete, EnvError, EnvSpec, StepResult, VecEnv
-from rlloop.envs.gym import GymVecEnv
-from rlloop.envs.native.cartpole import CartPoleVecEnv
-from rlloop.envs.registry import NATIVE_ENVS, env_spec, make_env, register_native
+Names are imported on first use (PEP 562): `rlloop.envs.ids` checks an env id without
+torch, and importing it must not bring torch along with this package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlloop.envs.core import Box, Discrete, EnvError, EnvSpec, StepResult, VecEnv
+    from rlloop.envs.gym import GymVecEnv
+    from rlloop.envs.native.cartpole import CartPoleVecEnv
+    from rlloop.envs.registry import NATIVE_ENVS, env_spec, make_env, register_native
+
+_MODULES = {
+    "Box": "core", "Discrete": "core", "EnvError": "core", "EnvSpec": "core",
+    "StepResult": "core", "VecEnv": "core", "GymVecEnv": "gym",
+    "CartPoleVecEnv": "native.cartpole", "NATIVE_ENVS": "registry", "env_spec": "registry",
+    "make_env": "registry", "register_native": "registry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "NATIVE_ENVS",

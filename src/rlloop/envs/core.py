@@ -86,11 +86,13 @@ class EnvSpec:
         image_obs: Observations are images (a uint8 Box of 2 or 3 dims): they arrive and
             are stored as uint8, and the algorithms' encoders pick a CNN for them.
         action_mask: Number of trailing observation features that are a legal-action
-            mask (1 legal, 0 not; from the env's ``info["action_mask"]``), 0 for none.
+            mask (1 legal, 0 not; from the env's ``info["action_mask"]`` or the
+            ``action_mask`` entry of a Dict observation), 0 for none.
         obs_parts: For a ``Dict`` observation space, its entries in order as ``(key,
             shape, image)``: observations are their concatenation, flattened (Discrete
             entries one-hot, image entries as float pixel values 0-255), and encoders
-            split them again. Empty for any other space.
+            split them again; an ``action_mask`` entry is not one of them (it follows them
+            as ``action_mask`` features). Empty for any other space.
     """
 
     env_id: str

@@ -1,10 +1,10 @@
 """Any Gymnasium environment behind rlloop's ``VecEnv`` interface.
 
-Gymnasium's own vector envs do the batching (``SyncVectorEnv`` in-process or
-``AsyncVectorEnv`` with one subprocess per env). Both run in ``SAME_STEP`` autoreset
-mode, which matches rlloop's contract: the observation returned for a finished env is
-already the first one of its next episode, and the last observation of the finished
-episode arrives in ``infos["final_obs"]`` (an object array, valid where
+Gymnasium's own vector envs do the batching (``SyncVectorEnv`` in-process, the same with
+one thread per env, or ``AsyncVectorEnv`` with one subprocess per env). All run in
+``SAME_STEP`` autoreset mode, which matches rlloop's contract: the observation returned
+for a finished env is already the first one of its next episode, and the last
+observation of the finished episode arrives in ``infos["final_obs"]`` (an object array, valid where
 ``infos["_final_obs"]`` is set). Gymnasium's default (``NEXT_STEP``) would instead
 return the final observation and spend the following step on the reset.
 """
@@ -12,6 +12,7 @@ return the final observation and spend the following step on the reset.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium
@@ -34,6 +35,7 @@ from rlloop.envs.core import (
     StepResult,
 )
 from rlloop.envs.gym_async import GuardedAsyncVectorEnv
+from rlloop.envs.gym_threads import ThreadedVectorEnv
 from rlloop.errors import RlloopError
 from rlloop.signals import StopInterrupted
 
@@ -63,13 +65,39 @@ def convert_action_space(env_id: str, space: gymnasium.Space[Any]) -> ActionSpac
     )
 
 
+#: A Dict observation's entry that holds the legal-action mask (PettingZoo's convention):
+#: taken out of the encoded entries and appended as ``EnvSpec.action_mask`` features.
+MASK_KEY = "action_mask"
+
+
 def obs_parts_of(space: gymnasium.Space[Any]) -> tuple[tuple[str, tuple[int, ...], bool], ...]:
-    """``EnvSpec.obs_parts`` of a Dict space of Box and Discrete entries (else ``()``)."""
+    """``EnvSpec.obs_parts`` of a Dict space of Box and Discrete entries (else ``()``);
+    the ``action_mask`` entry is not one of them (see :func:`dict_mask_dims`)."""
     if not isinstance(space, spaces.Dict) or not all(
-            isinstance(v, spaces.Box | spaces.Discrete) for v in space.spaces.values()):
+            isinstance(v, spaces.Box | spaces.Discrete) or k == MASK_KEY
+            for k, v in space.spaces.items()):
         return ()
     return tuple((str(k), obs_shape_of(str(k), v), is_image_space(v))
-                 for k, v in space.spaces.items())
+                 for k, v in space.spaces.items() if k != MASK_KEY)
+
+
+def dict_mask_dims(env_id: str, obs_space: gymnasium.Space[Any],
+                   action_space: gymnasium.Space[Any]) -> int:
+    """Size of the ``action_mask`` entry of a Dict observation space, 0 if it has none;
+    ``EnvError`` when it cannot be a mask over the actions."""
+    if not isinstance(obs_space, spaces.Dict) or MASK_KEY not in obs_space.spaces:
+        return 0
+    entry = obs_space.spaces[MASK_KEY]
+    if not isinstance(action_space, spaces.Discrete):
+        raise EnvError(f"{env_id}: the observation's 'action_mask' entry needs Discrete "
+                       f"actions but the env has {_one_line(action_space)}; drop the entry "
+                       "(gymnasium.wrappers.FilterObservation)")
+    n = int(action_space.n)
+    if not isinstance(entry, spaces.Box | spaces.MultiBinary) or tuple(entry.shape) != (n,):
+        raise EnvError(f"{env_id}: the observation's 'action_mask' entry is {_one_line(entry)} "
+                       f"but the env has {n} actions; make it a Box or MultiBinary of shape "
+                       f"({n},) with 1 for legal actions")
+    return n
 
 
 def obs_shape_of(env_id: str, space: gymnasium.Space[Any]) -> tuple[int, ...]:
@@ -130,6 +158,7 @@ def spec_from_gym(
     overrides passed to ``gymnasium.make``) and its spaces; ``mask_dims`` action-mask
     features (see :func:`probe_action_mask`) follow the flattened observation."""
     shape = obs_shape_of(env_id, obs_space)
+    mask_dims = mask_dims or dict_mask_dims(env_id, obs_space, action_space)
     if mask_dims:
         shape = (int(np.prod(shape)) + mask_dims,)
     return EnvSpec(
@@ -227,6 +256,9 @@ class GymVecEnv:
             ``get_state`` then returns ``{"lost": why}`` (see
             :mod:`rlloop.envs.gym_async`).
         step_timeout: Seconds an async worker may take to answer (``None``: no limit).
+        threads: Step the sub-envs at once, one thread each (``ThreadedVectorEnv``, see
+            :mod:`rlloop.envs.gym_threads`); worth it when an env step waits with the
+            GIL released (a simulator in C, a socket, a sleep).
         env_kwargs: Keyword arguments for ``gymnasium.make`` (``render_mode``,
             ``max_episode_steps``, env-specific options).
         device: Where the returned tensors are. The envs step on the host; off the CPU,
@@ -242,6 +274,7 @@ class GymVecEnv:
         env_kwargs: dict[str, Any] | None = None,
         device: str | torch.device = "cpu",
         step_timeout: float | None = 60.0,
+        threads: bool = False,
     ) -> None:
         if num_envs < 1:
             raise EnvError(f"num_envs must be >= 1, got {num_envs}")
@@ -255,6 +288,7 @@ class GymVecEnv:
             self._vec: SyncVectorEnv | GuardedAsyncVectorEnv = (
                 GuardedAsyncVectorEnv(env_fns, env_id=env_id, step_timeout=step_timeout)
                 if asynchronous
+                else ThreadedVectorEnv(env_fns) if threads
                 else SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
             )
         except TypeError as e:
@@ -282,12 +316,16 @@ class GymVecEnv:
         self._pending_seed = seed
         self._obs_space = obs_space
         self._act_space = act_space
+        self._mask_in_obs = bool(dict_mask_dims(env_id, obs_space, act_space))
 
     # -- conversions ---------------------------------------------------------------
 
     def _obs_array(self, obs: Any, mask: Any = None) -> np.ndarray:
         """``[B, *obs_shape]`` float32 from a batch of Gymnasium observations (and their
-        action masks ``[B, n]`` appended, when the spec has them)."""
+        action masks ``[B, n]`` appended, when the spec has them: from ``info``, or from the
+        observation's own ``action_mask`` entry)."""
+        if self._mask_in_obs:
+            mask = obs[MASK_KEY]
         if self.spec.action_mask:
             flat = self._obs_array_plain(obs).reshape(len(mask), -1)
             return np.concatenate([flat, np.asarray(mask, dtype=np.float32)], axis=1)
@@ -299,7 +337,7 @@ class GymVecEnv:
         if isinstance(space, spaces.Dict):  # entries flattened and concatenated, in order
             return np.concatenate(
                 [self._obs_array_plain(obs[k], v).reshape(len(obs[k]), -1).astype(np.float32)
-                 for k, v in space.spaces.items()], axis=1)
+                 for k, v in space.spaces.items() if k != MASK_KEY], axis=1)
         if isinstance(space, spaces.Discrete):
             index = np.asarray(obs, dtype=np.int64) - int(space.start)
             one_hot: np.ndarray = np.eye(int(space.n), dtype=np.float32)[index]
@@ -307,6 +345,22 @@ class GymVecEnv:
         if self.spec.image_obs:  # frames stay uint8 up to the network (4x fewer bytes)
             return np.asarray(obs, dtype=np.uint8)
         return np.asarray(obs, dtype=np.float32)
+
+    def flatten_obs(self, obs: Mapping[str, Any]) -> tuple[np.ndarray, bool]:
+        """Rows ``[B, *obs_shape]``, as ``step`` returns them, of one Dict observation or
+        of a batch of ``B`` (each entry stacked), and whether it was one (``predict``)."""
+        space = self._obs_space
+        if not isinstance(space, spaces.Dict):
+            raise EnvError(f"{self.spec.env_id} has {_describe(space)} observations, not a Dict; "
+                           "pass an array")
+        missing = sorted(set(space.spaces) - set(obs))
+        if missing:
+            raise EnvError(f"the observation lacks the entries {missing} of {self.spec.env_id}'s "
+                           f"{_describe(space)}; pass all of them")
+        single = all(np.shape(obs[k]) == tuple(v.shape or ()) for k, v in space.spaces.items())
+        batch = {k: np.asarray(obs[k])[None] if single else np.asarray(obs[k])
+                 for k in space.spaces}
+        return self._obs_array(batch), single
 
     def _to_tensors(self, *arrays: np.ndarray) -> list[Tensor]:
         return arrays_to_device(arrays, self.device)
@@ -358,8 +412,9 @@ class GymVecEnv:
         return self._to_tensors(self._obs_array(obs, self._mask(infos)))[0]
 
     def _mask(self, infos: dict[str, Any], rows: Any = slice(None)) -> Any:
-        """The ``rows``' action masks ``[B, n]`` from vector ``infos`` (None: no masks)."""
-        if not self.spec.action_mask:
+        """The ``rows``' action masks ``[B, n]`` from vector ``infos`` (None: no masks, or
+        masks that come inside the observations)."""
+        if not self.spec.action_mask or self._mask_in_obs:
             return None
         present = infos.get("_action_mask")
         if "action_mask" not in infos or (present is not None
@@ -388,7 +443,8 @@ class GymVecEnv:
         ended = np.flatnonzero(infos.get("_final_obs", ()))
         if ended.size:
             final_np = obs_np.copy()
-            final_masks = None if not self.spec.action_mask else \
+            # (masks from info; a Dict observation's own come with its final_obs)
+            final_masks = None if not self.spec.action_mask or self._mask_in_obs else \
                 self._mask(infos["final_info"], ended)
             final_np[ended] = self._obs_array(
                 _stack([infos["final_obs"][i] for i in ended]), final_masks)

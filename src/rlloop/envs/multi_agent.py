@@ -36,14 +36,11 @@ from torch import Tensor
 from rlloop.devices import arrays_to_device
 from rlloop.envs.core import ActionSpace, Box, Discrete, EnvError, EnvSpec
 from rlloop.envs.gym import convert_action_space
+from rlloop.envs.ids import PETTINGZOO_PREFIX, is_pettingzoo_id
 from rlloop.modules.action_masks import legal_actions
 
-PREFIX = "pettingzoo:"
+PREFIX = PETTINGZOO_PREFIX
 ParallelEnvFn = Callable[[], Any]
-
-
-def is_pettingzoo_id(env_id: str) -> bool:
-    return env_id.startswith(PREFIX)
 
 
 @dataclass(frozen=True)

@@ -65,16 +65,27 @@ def _spawn(preload: Sequence[str]) -> subprocess.Popen[bytes]:
         start_new_session=True)
 
 
-def prestart(preload: Sequence[str]) -> None:
+def prestart(preload: Sequence[str], *, niceness: int = 0) -> None:
     """Start the child of the next `ProcessSink` with this ``preload`` now: it imports
     those modules (MLflow: ~2 s) on another core while this process does other work (imports
     torch, builds the run), and the sink made later takes it over. An unused one is killed
-    when this process exits."""
+    when this process exits. ``niceness`` > 0 lets the other processes go first when the
+    cores are busy (a child whose work is needed last)."""
     key = tuple(preload)
     if key not in _spares:
         if not _spares:
             atexit.register(discard_spares)
-        _spares[key] = _spawn(key)
+        _spares[key] = proc = _spawn(key)
+        if niceness and hasattr(os, "setpriority"):
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0)
+                               + niceness)
+
+
+def has_spare(preload: Sequence[str]) -> bool:
+    """Whether `prestart` started a child with this ``preload`` that is still alive."""
+    proc = _spares.get(tuple(preload))
+    return proc is not None and proc.poll() is None
 
 
 def discard_spares() -> None:

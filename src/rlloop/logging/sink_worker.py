@@ -9,7 +9,8 @@ then ``{"op": "params", "params": {...}}``, ``{"op": "metrics", "metrics": {...}
 "FINISHED"}``; modules named as arguments are imported before the first line is read.
 Replies are JSON lines on the original stdout: ``{"ready": {"run_id": ...}}`` once the
 sink is built, ``{"logged": rows, "params": n}`` after every write (and every interval
-when idle), then ``{"closed": {...}}`` or ``{"error": "..."}``.
+when idle), then ``{"closed": {...}}`` (with what the sink's ``result`` dict holds, if it
+has one) or ``{"error": "..."}``.
 
 Started as a plain module (not by `multiprocessing`), so the parent's ``__main__`` (a
 user's script without a main guard, a notebook) is never imported again here.
@@ -17,6 +18,7 @@ user's script without a main guard, a notebook) is never imported again here.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import json
@@ -120,7 +122,8 @@ def serve(stdin: IO[bytes], replies: _Replies) -> None:
             write()
             # EOF without a close: the parent died (SIGKILL); mark the run as such.
             sink.close(message.get("status", "KILLED"))
-            replies.send(closed={"run_id": getattr(sink, "run_id", None), "logged": logged})
+            replies.send(closed={"run_id": getattr(sink, "run_id", None), "logged": logged,
+                                 **getattr(sink, "result", {})})
             return
 
 
@@ -138,6 +141,20 @@ def main() -> None:
     except Exception as exc:
         replies.send(error=f"{type(exc).__name__}: {exc}")
         sys.exit(1)
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """Exit without the interpreter's module-by-module teardown: with MLflow loaded (pandas,
+    SQLAlchemy) it is 1-2 s of CPU after the sink is closed, and `ProcessSink.close` waits
+    for this process to end. Exit handlers still run; a non-daemon thread a sink left
+    running gets the normal exit, which waits for it."""
+    if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

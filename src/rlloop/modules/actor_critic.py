@@ -128,30 +128,37 @@ class ActorCritic(nn.Module):
 
         With gSDE, ``sde_eps`` holds each row's noise matrix ``[B, latent, act]``
         (standard normal; one matrix is drawn from ``generator`` when None)."""
-        return self._act(self.features(obs), deterministic, generator, sde_eps)
+        if self.sde is None:
+            return self._sampled(self.dist(obs), deterministic, generator)
+        return self._act_sde(self.features(obs), deterministic, generator, sde_eps)
 
     def act_value(self, obs: Tensor, generator: torch.Generator | None = None,
                   sde_eps: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """``act(obs)`` (sampled) and ``value(obs)`` with one encoder pass: what a rollout
         with a shared CNN records, instead of a second pass over every observation."""
+        if self.sde is None:
+            d, value = self.dist_value(obs)
+            return (*self._sampled(d, False, generator), value)
         x = self.features(obs)
-        actions, log_probs = self._act(x, False, generator, sde_eps)
-        return actions, log_probs, self.critic(x).squeeze(-1)
+        return (*self._act_sde(x, False, generator, sde_eps), self.critic(x).squeeze(-1))
 
-    def _act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None,
-             sde_eps: Tensor | None) -> tuple[Tensor, Tensor]:
-        d: ActionDist
-        if self.sde is not None:
-            latent, mean = self._latent_mean(x)
-            d = DiagGaussian(mean, self.sde.log_std_of(latent))
-            if deterministic:
-                actions = mean
-            else:
-                eps = self.sde.sample_eps((), generator, mean) if sde_eps is None else sde_eps
-                actions = mean + self.sde.noise(latent, eps)
+    def _act_sde(self, x: Tensor, deterministic: bool, generator: torch.Generator | None,
+                 sde_eps: Tensor | None) -> tuple[Tensor, Tensor]:
+        assert self.sde is not None
+        latent, mean = self._latent_mean(x)
+        d = DiagGaussian(mean, self.sde.log_std_of(latent))
+        if deterministic:
+            actions = mean
         else:
-            d = self._dist(x)
-            actions = d.mode() if deterministic else d.sample(generator)
+            eps = self.sde.sample_eps((), generator, mean) if sde_eps is None else sde_eps
+            actions = mean + self.sde.noise(latent, eps)
+        return self._finish(actions, d)
+
+    def _sampled(self, d: ActionDist, deterministic: bool,
+                 generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        return self._finish(d.mode() if deterministic else d.sample(generator), d)
+
+    def _finish(self, actions: Tensor, d: ActionDist) -> tuple[Tensor, Tensor]:
         if isinstance(self.action_space, Box):
             actions = actions.reshape(-1, *self.action_space.shape)
         return actions, d.log_prob(actions.flatten(1) if actions.dim() > 1 else actions)

@@ -117,7 +117,8 @@ class DictEncoder(nn.Module):
     """One encoder per entry of a Dict observation, features concatenated.
 
     Observations arrive flat (the entries' values concatenated in order, see
-    ``EnvSpec.obs_parts``); each slice is reshaped to its entry's shape. Image entries
+    ``EnvSpec.obs_parts``); each slice is reshaped to its entry's shape. Features past
+    the entries (a legal-action mask, ``EnvSpec.action_mask``) are not encoded. Image entries
     (pixel values 0-255) are scaled to ``[0, 1]`` and get the Nature CNN when both sides
     are at least 36, else (MiniGrid's 7x7 views) an MLP like vector entries do; vector
     entries get an MLP of ``hidden`` units.
@@ -127,6 +128,7 @@ class DictEncoder(nn.Module):
         super().__init__()
         self.shapes = [shape for _, shape, _ in parts]
         self.sizes = [math.prod(shape) for shape in self.shapes]
+        self.width = sum(self.sizes)
         self.scales = [1.0 / 255.0 if image else 1.0 for _, _, image in parts]
         self.cnn = [image and len(shape) in (2, 3) and min(image_layout(shape)[1:3])
                     >= NATURE_MIN_SIDE for _, shape, image in parts]
@@ -142,7 +144,8 @@ class DictEncoder(nn.Module):
     def forward(self, obs: Tensor) -> Tensor:
         features = []
         for x, shape, scale, cnn, encoder in zip(
-                obs.flatten(1).float().split(self.sizes, 1), self.shapes, self.scales,
+                obs.flatten(1)[:, : self.width].float().split(self.sizes, 1), self.shapes,
+                self.scales,
                 self.cnn, self.encoders, strict=True):
             x = x * scale
             features.append(encoder(x.view(-1, *shape)) if cnn
@@ -154,17 +157,21 @@ class DictEncoder(nn.Module):
 Encoder = NatureCNN | DictEncoder
 
 
-def build_encoder(section: str, kind: str, obs_shape: Sequence[int], image: bool
-                  ) -> NatureCNN | None:
+def build_encoder(section: str, kind: str, obs_shape: Sequence[int], image: bool,
+                  parts: ObsParts = (), hidden: Sequence[int] = (256, 256),
+                  activation: str = "relu") -> Encoder | None:
     """The encoder ``kind`` selects for observations of ``obs_shape``, or None where the
     algorithm's MLP takes the flattened observation directly.
 
     ``auto`` picks the Nature CNN for image observations and the MLP otherwise; ``mlp``
     flattens everything (pixels too, as floats); ``nature_cnn`` insists on the CNN.
-    (Dict observations: :class:`DictEncoder`, which PPO builds itself.)
+    Dict observations (``parts``, ``EnvSpec.obs_parts``) get a :class:`DictEncoder` of
+    ``hidden`` units per vector entry unless ``kind`` is ``mlp``.
     """
     if kind not in ENCODERS:
         raise ConfigError(f"{section}.encoder must be one of {list(ENCODERS)}, got {kind!r}")
+    if parts and kind != "mlp":
+        return DictEncoder(parts, hidden, activation)
     if kind == "mlp" or (kind == "auto" and not image):
         return None
     return NatureCNN(obs_shape)

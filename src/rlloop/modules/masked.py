@@ -13,6 +13,7 @@ from rlloop.errors import ConfigError
 from rlloop.modules.action_masks import ILLEGAL_LOGIT, legal_actions, mask_scores
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.distributions import ActionDist, Categorical
+from rlloop.modules.encoders import DictEncoder
 
 __all__ = ["ILLEGAL_LOGIT", "MaskedActorCritic"]
 
@@ -22,6 +23,9 @@ class MaskedActorCritic(ActorCritic):
 
     The mask applies wherever the policy is read (acting, and the loss through
     ``dist_value``), so the log-probabilities of the loss match the ones acted with.
+    With a :class:`DictEncoder` (a Dict observation whose ``action_mask`` entry the env
+    layer appended) the encoder reads the entries only and the mask comes from the
+    observation's tail.
     """
 
     def __init__(self, obs_shape: Sequence[int], action_space: Discrete, mask_dims: int,
@@ -30,11 +34,18 @@ class MaskedActorCritic(ActorCritic):
         if not isinstance(action_space, Discrete) or action_space.n != mask_dims:
             raise TypeError(f"an action mask of {mask_dims} needs Discrete({mask_dims}) actions")
         super().__init__(obs_shape, action_space, hidden, activation, **kwargs)
-        if not self.flatten or self.encoder is not None:
+        if not self.flatten or not isinstance(self.encoder, DictEncoder | None):
             raise ConfigError("action masking needs the MLP on flat observations; drop the "
                               "custom net / encoder or set action_mask=false")
         self.mask_dims = mask_dims
 
-    def _dist(self, x: Tensor) -> ActionDist:
-        # x is the flattened observation (checked above), so it ends with the mask.
-        return Categorical(mask_scores(self.actor(x), legal_actions(x, self.mask_dims)))
+    def dist(self, obs: Tensor) -> ActionDist:
+        return self._masked(self.features(obs), obs)
+
+    def dist_value(self, obs: Tensor) -> tuple[ActionDist, Tensor]:
+        x = self.features(obs)
+        return self._masked(x, obs), self.critic(x).squeeze(-1)
+
+    def _masked(self, x: Tensor, obs: Tensor) -> ActionDist:
+        return Categorical(mask_scores(self.actor(x), legal_actions(obs.flatten(1),
+                                                                    self.mask_dims)))

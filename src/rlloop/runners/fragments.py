@@ -77,9 +77,10 @@ class FragmentSampler:
         runner, buf = algo.runner, algo.buffer
         runner.collect(algo._behaviour, buf)
         times = runner.pop_times()
-        # Only where an episode ended does the in-process runner write next_obs.
-        return Fragment(buf.obs.clone(), buf.actions.clone(), buf.rewards.clone(),
-                        buf.next_obs.clone(), buf.terminated.clone(), buf.truncated.clone(),
+        # Only where an episode ended does the in-process runner write next_obs. ``[:]``
+        # reads Dict observations' per-entry storage back as rows.
+        return Fragment(buf.obs[:].clone(), buf.actions.clone(), buf.rewards.clone(),
+                        buf.next_obs[:].clone(), buf.terminated.clone(), buf.truncated.clone(),
                         runner.obs.clone(), buf.log_probs.clone(), -1, -1,
                         times["time/env_s"], times["time/inference_s"])
 

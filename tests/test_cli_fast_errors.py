@@ -1,0 +1,72 @@
+"""Mistyped input to ``rlloop train`` answers before torch is imported: one line, exit 2.
+
+Each case runs the CLI in a real process and reports whether torch was loaded when it
+returned; torch's import alone is over a second, the answer should not wait for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlloop.algorithms import ALGORITHMS
+from rlloop.algorithms.keys import CONFIG_KEYS
+from rlloop.config import build_config, check_set_keys
+from rlloop.errors import ConfigError
+
+_PROBE = """
+import json, sys
+from rlloop.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "torch": "torch" in sys.modules}))
+"""
+
+
+def _train(args: list[str], env: dict[str, str], cwd: Path) -> tuple[dict[str, object], str]:
+    out = subprocess.run([sys.executable, "-c", _PROBE, "train", *args], env=env, cwd=cwd,
+                         capture_output=True, text=True, timeout=60)
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["ppo", "--env", "CartPol-v1"],
+     "rlloop: error: unknown env id 'CartPol-v1'; did you mean 'CartPole-v1'"),
+    (["ppo", "--set", "ppo.lrr=1"],
+     "rlloop: error: unknown config key 'ppo.lrr'; did you mean ppo.lr?"),
+    (["dqn", "--env", "CartPole-v1", "--set", "dqn.taus=0.1"],
+     "rlloop: error: unknown config key 'dqn.taus'; did you mean dqn.tau?"),
+    (["ppo", "--set", "seeed=1"],
+     "rlloop: error: unknown config key 'seeed'; did you mean seed?"),
+])
+def test_mistyped_env_or_key_fails_without_importing_torch(
+        tmp_path: Path, cli_env: dict[str, str], args: list[str], expected: str) -> None:
+    result, stderr = _train(args, cli_env, tmp_path)
+    lines = stderr.strip().splitlines()
+    assert result == {"code": 2, "torch": False}, stderr
+    assert len(lines) == 1 and lines[0].startswith(expected), stderr
+    assert not (tmp_path / "runs").exists()  # nothing was created
+
+
+def test_early_key_check_says_what_build_config_says() -> None:
+    for algo, item in (("ppo", "ppo.lrr=1"), ("sac", "sac.alpha=1"), ("ppo", "seeed=1")):
+        with pytest.raises(ConfigError) as early:
+            check_set_keys(algo, [item])
+        with pytest.raises(ConfigError) as full:
+            build_config(algo, "Pendulum-v1" if algo == "sac" else None, sets=[item])
+        assert str(early.value) == str(full.value)
+
+
+def test_early_key_check_passes_valid_keys_and_sections() -> None:
+    check_set_keys("ppo", ["ppo.lr=1e-3", "ppo.hidden=[8]", "seed=3", "env.mask_velocity=true",
+                           "ray.address=auto", "dqn.nonsense=1"])  # other algos: ignored
+
+
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_config_keys_are_the_dataclass_fields(algo: str) -> None:
+    fields = tuple(f.name for f in dataclasses.fields(ALGORITHMS[algo].config_cls))
+    assert CONFIG_KEYS[algo] == fields
