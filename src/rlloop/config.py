@@ -349,9 +349,12 @@ def _check_recurrent(algo: str, section: Any) -> None:
     key = next((k for k in RECURRENT_KEYS if k in section and (
         k not in fields or (k == "recurrent" and section[k] is not None))), None)
     if key is not None:
-        raise ConfigError(f"{algo}.{key}: {algo} has no recurrent policy; use "
-                          f"rlloop train ppo --set ppo.recurrent=lstm (or gru), or drop the "
-                          "setting")
+        raise _no_recurrent_policy(algo, key)
+
+
+def _no_recurrent_policy(algo: str, key: str) -> ConfigError:
+    return ConfigError(f"{algo}.{key}: {algo} has no recurrent policy; use rlloop train ppo "
+                       "--set ppo.recurrent=lstm (or gru), or drop the setting")
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
@@ -391,6 +394,8 @@ def check_set_keys(algo: str, sets: Sequence[str]) -> None:
         if top == algo and sub:
             name = sub.partition(".")[0]
             if name not in CONFIG_KEYS[algo]:
+                if name in RECURRENT_KEYS and algo not in RECURRENT_ALGOS:
+                    raise _no_recurrent_policy(algo, name)
                 raise _unknown_key(f"{algo}.", name, CONFIG_KEYS[algo])
         elif top not in ALGORITHMS and top not in run_keys:  # another algo's: ignored
             raise _unknown_key("", top, run_keys)
