@@ -39,6 +39,9 @@ def test_envpool_steps_preprocessed_frames_and_resets_in_the_same_step():
             res = env.step(torch.randint(4, (3,)))
             assert not (res.terminated & res.truncated).any()
             lives_lost += int(res.terminated.sum())
+            for i in torch.nonzero(res.terminated).flatten().tolist():
+                # The next life started (no-op, FIRE, RIGHT) in the same step.
+                assert not torch.equal(res.obs[i], res.final_obs[i])
             games_cut += int(res.truncated.sum())
             for i in torch.nonzero(res.truncated).flatten().tolist():
                 # A new game in the same step: its stack starts from one repeated frame,

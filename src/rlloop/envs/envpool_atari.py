@@ -8,7 +8,9 @@ adapts its batch to rlloop's ``VecEnv`` contract, the way :mod:`rlloop.envs.atar
 * Episodic life is done here, not by envpool: a lost life (``0 < lives < before``)
   ends the learner's episode (``terminated``) while the game goes on, as
   :class:`rlloop.envs.atari.EpisodicLife` does; only a game over or the time limit
-  resets the game. Logged returns are therefore per life on both backends.
+  resets the game. Logged returns are therefore per life on both backends. The next
+  life starts as there too: a no-op, then FIRE and RIGHT in games that wait for FIRE
+  (:class:`rlloop.envs.atari.FireReset`), their rewards dropped.
 * envpool resets a finished env on the *next* step (ignoring its action); rlloop wants
   the reset in the same step, so finished envs are reset at once (envpool steps and
   resets any subset of its envs) and their last observation goes to ``final_obs``.
@@ -99,6 +101,7 @@ class EnvpoolAtariVecEnv:
         self._seed = 0 if seed is None else seed
         self._pool = self._make_pool(self._seed)
         n = int(self._pool.action_space.n)
+        self._restart = (0, 1, 2) if _waits_for_fire(env_id, kwargs) else (0,)
         self.spec = EnvSpec(env_id=env_id, obs_shape=(FRAME_STACK, 84, 84),
                             action_space=Discrete(n),
                             max_episode_steps=kwargs.get("max_episode_steps"),
@@ -144,19 +147,39 @@ class EnvpoolAtariVecEnv:
         self._lives = lives.copy()
         arrays = [obs, np.asarray(reward, dtype=np.float32), terminated_np, truncated_np]
         ended = np.flatnonzero(game_over)
-        if ended.size:
+        next_life = np.flatnonzero(life_lost & ~game_over)
+        if ended.size or next_life.size:
             final = obs
             obs = obs.copy()
-            new_obs, new_info = self._pool.reset(self._ids[ended])
-            rows = np.asarray(new_info["env_id"], dtype=np.int64)
-            obs[rows] = new_obs
-            self._lives[rows] = np.asarray(new_info["lives"], dtype=np.int64)
+            if next_life.size:
+                ended = np.union1d(ended, self._next_life(obs, next_life))
+            if ended.size:
+                new_obs, new_info = self._pool.reset(self._ids[ended])
+                rows = np.asarray(new_info["env_id"], dtype=np.int64)
+                obs[rows] = new_obs
+                self._lives[rows] = np.asarray(new_info["lives"], dtype=np.int64)
             arrays[0] = obs
             arrays.append(final)
         tensors = arrays_to_device(tuple(arrays), self.device)
         return StepResult(obs=tensors[0], reward=tensors[1], terminated=tensors[2],
                           truncated=tensors[3],
-                          final_obs=tensors[4] if ended.size else tensors[0])
+                          final_obs=tensors[4] if len(tensors) > 4 else tensors[0])
+
+    def _next_life(self, obs: np.ndarray, envs: np.ndarray) -> np.ndarray:
+        """Step ``envs`` (after a lost life) through the restart actions into ``obs``;
+        returns those whose game ended meanwhile (to be reset)."""
+        over = np.zeros(self.num_envs, dtype=bool)
+        for action in self._restart:
+            live = envs[~over[envs]]
+            if not live.size:
+                break
+            step_obs, _, terminated, truncated, info = self._pool.step(
+                np.full(live.size, action, dtype=np.int32), self._ids[live])
+            rows = np.asarray(info["env_id"], dtype=np.int64)
+            obs[rows] = step_obs
+            self._lives[rows] = np.asarray(info["lives"], dtype=np.int64)
+            over[rows] = np.asarray(terminated, dtype=bool) | np.asarray(truncated, dtype=bool)
+        return np.flatnonzero(over)
 
     def get_state(self) -> dict[str, Any]:
         return {"envpool_seed": self._seed}
@@ -170,3 +193,18 @@ class EnvpoolAtariVecEnv:
 
     def close(self) -> None:
         self._pool.close()
+
+
+def _waits_for_fire(env_id: str, kwargs: dict[str, Any]) -> bool:
+    """Whether the game's action 1 is FIRE (of 3 or more), as :func:`make_atari` asks."""
+    import gymnasium
+
+    from rlloop.envs.ids import resolve_env_id
+
+    keep = {k: kwargs[k] for k in ("full_action_space", "mode", "difficulty") if k in kwargs}
+    env = gymnasium.make(resolve_env_id(env_id.rpartition(":")[2]), **keep)
+    try:
+        meanings = env.unwrapped.get_action_meanings()  # type: ignore[attr-defined]
+    finally:
+        env.close()
+    return len(meanings) > 2 and meanings[1] == "FIRE"
