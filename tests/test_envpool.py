@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import runpy
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +135,15 @@ def test_cli_trains_on_envpool_and_films_through_gymnasium(tmp_path):
                *[a for s in sets for a in ("--set", s)])
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "run" / "video.mp4").stat().st_size > 0
+
+
+@needs_envpool
+def test_atari_stepping_benchmark_runs_both_backends(monkeypatch, capsys):
+    script = TESTS.parent / "benchmarks" / "atari_stepping.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--steps", "5", "--rounds", "1",
+                                      "--num-envs", "2", "--json"])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script adds src
+    runpy.run_path(str(script), run_name="__main__")
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["backend"] for r in rows] == ["gymnasium", "envpool"]
+    assert all(r["env_steps_per_s"] > 0 for r in rows)
