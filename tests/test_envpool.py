@@ -53,8 +53,15 @@ def test_envpool_steps_preprocessed_frames_and_resets_in_the_same_step():
                 assert torch.equal(res.obs[i, 0], res.obs[i, -1])
         assert lives_lost > 0 and games_cut >= 3  # 60-step games cut twice in 130 steps
         assert res.obs.dtype == res.final_obs.dtype == torch.uint8
+        state = env.get_state()
     finally:
         env.close()
+    other = make_env("ALE/Breakout-v5", num_envs=3, backend="envpool", seed=5)
+    try:
+        other.set_state(state)  # another seed: the pool is rebuilt, and steps at once
+        assert other.step(torch.zeros(3, dtype=torch.long)).obs.shape == (3, 4, 84, 84)
+    finally:
+        other.close()
 
 
 @needs_envpool

@@ -187,9 +187,7 @@ class EnvpoolAtariVecEnv:
     def set_state(self, state: dict[str, Any]) -> None:
         seed = state.get("envpool_seed")
         if isinstance(seed, int) and seed != self._seed:
-            self._pool.close()
-            self._seed = seed
-            self._pool = self._make_pool(seed)
+            self.reset(seed)  # a rebuilt pool must be reset before it steps
 
     def close(self) -> None:
         self._pool.close()
