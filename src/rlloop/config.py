@@ -29,7 +29,7 @@ from rlloop.presets import preset
 from rlloop.profiling import ProfileConfig
 from rlloop.ray_cluster import RayConfig, check_env_runners
 
-BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async", "gymnasium-thread")
+BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async", "gymnasium-thread", "envpool")
 #: Seeds are 32-bit, the range every generator a run seeds (torch, NumPy, Gymnasium) accepts.
 MAX_SEED = 2**32 - 1
 #: More episodes than anyone evaluates on purpose; ``1e9`` would run for days.

@@ -156,6 +156,8 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
                                      "single-agent runs only; --set save_video=false skips it")
     if config.backend == "gymnasium-async":  # one env: no subprocesses needed
         config.backend = "gymnasium"
+    if config.backend == "envpool":  # it renders no frames; gymnasium's preprocessing is the same
+        config.backend = "gymnasium"
     state = load_checkpoint(policy_checkpoint(Path(run_dir)),
                             expected_components=COMPONENTS).components["algorithm"]
     algorithm = build_algorithm(acting_config(config))

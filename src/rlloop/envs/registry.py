@@ -9,6 +9,8 @@ Backends:
   process (for env steps that wait with the GIL released; see
   :mod:`rlloop.envs.gym_threads`). Env runners honour it too: each steps its envs in
   threads.
+* ``"envpool"``: Atari ids only, stepped by envpool's C++ thread pool (optional
+  package; see :mod:`rlloop.envs.envpool_atari`).
 * ``"auto"``: native when an implementation is registered for the id, else gymnasium.
 
 Env ids: a native id, a registered Gymnasium id, an id of a known provider package
@@ -27,6 +29,7 @@ import gymnasium
 import torch
 
 from rlloop.envs.core import EnvError, EnvSpec, VecEnv
+from rlloop.envs.envpool_atari import EnvpoolAtariVecEnv, check_envpool
 from rlloop.envs.gym import GymVecEnv, gym_env_spec
 from rlloop.envs.ids import NATIVE_IDS, is_pettingzoo_id, resolve_env_id
 from rlloop.envs.native.cartpole import CartPoleVecEnv
@@ -42,7 +45,8 @@ NATIVE_ENVS: dict[str, NativeFactory] = {"CartPole-v1": CartPoleVecEnv}
 __all__ = ["BACKENDS", "NATIVE_ENVS", "env_spec", "is_pettingzoo_id", "make_env",
            "register_native", "resolve_env_id"]
 
-BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async", "gymnasium-thread")
+BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async", "gymnasium-thread",
+            "envpool")
 
 
 def register_native(env_id: str, factory: NativeFactory) -> None:
@@ -58,6 +62,8 @@ def _resolve_backend(env_id: str, backend: str) -> str:
             f"unknown env backend {backend!r}; choose one of {', '.join(map(repr, BACKENDS))}"
         )
     resolve_env_id(env_id)
+    if backend == "envpool":
+        check_envpool(env_id)
     if backend == "auto":
         return "native" if env_id in NATIVE_ENVS else "gymnasium"
     if backend == "native" and env_id not in NATIVE_ENVS:
@@ -125,6 +131,9 @@ def make_env(
                 "add one to its factory or use backend='gymnasium'"
             )
         return factory(num_envs=num_envs, seed=seed, **kwargs)
+    if resolved == "envpool":
+        return EnvpoolAtariVecEnv(resolve_env_id(env_id), num_envs, seed=seed,
+                                  env_kwargs=kwargs, device=device)
     try:
         return GymVecEnv(
             resolve_env_id(env_id),
@@ -153,7 +162,12 @@ def env_spec(
         from rlloop.envs.multi_agent import multi_agent_spec
 
         return multi_agent_spec(env_id, env_kwargs).summary()
-    if _resolve_backend(env_id, backend) != "native":
+    resolved = _resolve_backend(env_id, backend)
+    if resolved == "envpool":
+        pool = EnvpoolAtariVecEnv(resolve_env_id(env_id), 1, seed=0, env_kwargs=env_kwargs)
+        pool.close()
+        return pool.spec
+    if resolved != "native":
         try:
             return gym_env_spec(resolve_env_id(env_id), env_kwargs)
         except (ImportError, gymnasium.error.UnregisteredEnv) as e:
