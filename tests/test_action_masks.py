@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import rlloop_cmd
 from mask_envs import N_ACTIONS, MaskedChoice
+from stepping import run_iterations
 
 from rlloop.config import build_config
 from rlloop.envs.core import Discrete
@@ -107,11 +108,7 @@ def _train(algo: str, sets: list[str], iterations: int) -> tuple[object, int]:
     MaskedChoice.illegal = MaskedChoice.steps = 0
     a = build_algorithm(build_config(algo, ENV, flags={"seed": 0, "num_envs": 4},
                                      sets=[*QUIET, *sets]))
-    steps = 0
-    for _ in range(iterations):
-        steps += int(a.collect()["env/steps"])
-        a.update(steps)
-    return a, steps
+    return a, run_iterations(a, iterations)
 
 
 def _evaluate_both_ways(a) -> None:  # type: ignore[no-untyped-def]

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import leaves, rlloop_cmd, same_leaf
 from dict_envs import N_ACTIONS, DictCue, DictMaskedCue
+from stepping import run_iterations
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.config import build_config
@@ -147,10 +148,7 @@ def _train(algo: str, sets: list[str], iterations: int, env: str = MASKED):  # t
     DictMaskedCue.illegal = DictMaskedCue.steps = 0
     a = build_algorithm(build_config(algo, env, flags={"seed": 0, "num_envs": 4},
                                      sets=[*QUIET, *sets]))
-    steps = 0
-    for _ in range(iterations):
-        steps += int(a.collect()["env/steps"])
-        a.update(steps)
+    run_iterations(a, iterations)
     return a
 
 

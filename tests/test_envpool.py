@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import rlloop_cmd
+from stepping import run_steps
 
 from rlloop.config import build_config
 from rlloop.envs import env_spec, make_env
@@ -83,10 +84,7 @@ def test_ppo_and_dqn_train_on_envpool_breakout_with_episode_stats():
     dqn = build_algorithm(build_config("dqn", "ALE/Breakout-v5", sets=[
         *QUIET, "dqn.learning_starts=200", "dqn.buffer_size=1000", "dqn.opt_interval=32"]))
     try:
-        steps = 0
-        while steps < 300:
-            steps += int(dqn.collect()["env/steps"])
-            dqn.update(steps)
+        run_steps(dqn, 300)
         batch = dqn.loop.replay.sample(8)
         assert batch.obs.shape == (8, 4, 84, 84) and batch.obs.dtype == torch.uint8
     finally:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import rlloop_cmd
 from pixel_envs import register, register_box
+from stepping import run_steps
 
 from rlloop.config import build_config
 from rlloop.data.frame_replay import FrameReplayBuffer
@@ -176,10 +177,7 @@ def test_atari_ppo_and_dqn_smoke_with_uint8_storage():
     dqn = build_algorithm(build_config("dqn", "ALE/Breakout-v5", sets=[
         *QUIET, "dqn.learning_starts=1000", "dqn.buffer_size=4000", "dqn.opt_interval=32"]))
     try:
-        steps = 0
-        while steps < 1200:
-            steps += int(dqn.collect()["env/steps"])
-            dqn.update(steps)
+        steps = run_steps(dqn, 1200)
         replay = dqn.loop.replay
         assert isinstance(replay, FrameReplayBuffer) and replay.frames.dtype == torch.uint8
         assert len(replay) == steps  # episodes (lives) are long enough: none left early
