@@ -48,3 +48,20 @@ def same_leaf(a, b) -> bool:
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
         return a.dtype == b.dtype and np.array_equal(a, b)
     return type(a) is type(b) and a == b
+
+
+def env_without(package: str, tmp_path: Path) -> dict[str, str]:
+    """A subprocess environment in which ``import <package>`` fails as if it were not
+    installed: a path entry whose ``sitecustomize`` refuses to find it."""
+    hide = tmp_path / f"hide-{package}"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] == {package!r}:\n"
+        "            raise ModuleNotFoundError(name, name=name)\n"
+        "sys.meta_path.insert(0, _Hide())\n")
+    src = str(Path(__file__).parents[1] / "src")
+    return {**os.environ, "PYTHONPATH": f"{hide}:{src}"}
+

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import runpy
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import rlloop_cmd
+from conftest import env_without, rlloop_cmd
 from stepping import run_steps
 
 from rlloop.config import build_config
@@ -109,18 +108,7 @@ def test_cli_non_atari_id_on_envpool_exits_2(tmp_path):
 
 
 def test_cli_envpool_missing_exits_2_naming_the_extra(tmp_path):
-    # A path entry whose sitecustomize makes envpool look uninstalled.
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text(
-        "import sys\n"
-        "class _Hide:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] == 'envpool':\n"
-        "            raise ModuleNotFoundError(name, name=name)\n"
-        "sys.meta_path.insert(0, _Hide())\n")
-    src = str(Path(__file__).parents[1] / "src")
-    env = {**os.environ, "PYTHONPATH": f"{hide}:{src}"}
+    env = env_without("envpool", tmp_path)
     out = _cli("train", "dqn", "--env", "ALE/Pong-v5", "--backend", "envpool",
                "--run-dir", str(tmp_path / "run"), "--set", "mlflow=false", env=env)
     assert out.returncode == 2, out.stderr

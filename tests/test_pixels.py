@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import rlloop_cmd
+from conftest import env_without, rlloop_cmd
 from pixel_envs import register, register_box
 from stepping import run_steps
 
@@ -204,18 +204,7 @@ def test_observation_space_without_an_encoder_exits_2_with_the_fix(tmp_path):
 
 
 def test_atari_without_ale_py_exits_2_naming_the_pip_command(tmp_path):
-    # A path entry whose sitecustomize makes `import ale_py` fail as if it were missing.
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text(
-        "import sys\n"
-        "class _Hide:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] == 'ale_py':\n"
-        "            raise ModuleNotFoundError(name, name=name)\n"
-        "sys.meta_path.insert(0, _Hide())\n")
-    src = str(Path(__file__).parents[1] / "src")
-    env = {**__import__("os").environ, "PYTHONPATH": f"{hide}:{src}"}
+    env = env_without("ale_py", tmp_path)
     out = _cli("train", "dqn", "--env", "ALE/Pong-v5", "--run-dir", str(tmp_path / "run"),
                env=env)
     assert out.returncode == 2, out.stderr
