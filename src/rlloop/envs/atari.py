@@ -91,10 +91,15 @@ def make_atari(env_id: str | EnvSpec, **kwargs: Any) -> gymnasium.Env[Any, Any]:
     env = AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
                              terminal_on_life_loss=False, grayscale_obs=True)
     env = EpisodicLife(env)
-    meanings = env.unwrapped.get_action_meanings()  # type: ignore[attr-defined]
-    if len(meanings) > 2 and meanings[1] == "FIRE":
+    if waits_for_fire(env.unwrapped.get_action_meanings()):  # type: ignore[attr-defined]
         env = FireReset(env)
     return FrameStackObservation(env, FRAME_STACK)
+
+
+def waits_for_fire(action_meanings: list[str]) -> bool:
+    """Whether a game waits for FIRE to start (action 1 is FIRE, of 3 or more): the games
+    that get the fire reset, on every backend."""
+    return len(action_meanings) > 2 and action_meanings[1] == "FIRE"
 
 
 def make(env_id: str | EnvSpec, **kwargs: Any) -> gymnasium.Env[Any, Any]:

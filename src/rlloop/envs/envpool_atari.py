@@ -197,12 +197,12 @@ def _waits_for_fire(env_id: str, kwargs: dict[str, Any]) -> bool:
     """Whether the game's action 1 is FIRE (of 3 or more), as :func:`make_atari` asks."""
     import gymnasium
 
+    from rlloop.envs.atari import waits_for_fire
     from rlloop.envs.ids import resolve_env_id
 
     keep = {k: kwargs[k] for k in ("full_action_space", "mode", "difficulty") if k in kwargs}
     env = gymnasium.make(resolve_env_id(env_id.rpartition(":")[2]), **keep)
     try:
-        meanings = env.unwrapped.get_action_meanings()  # type: ignore[attr-defined]
+        return waits_for_fire(env.unwrapped.get_action_meanings())  # type: ignore[attr-defined]
     finally:
         env.close()
-    return len(meanings) > 2 and meanings[1] == "FIRE"
