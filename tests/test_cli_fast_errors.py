@@ -70,3 +70,42 @@ def test_early_key_check_passes_valid_keys_and_sections() -> None:
 def test_config_keys_are_the_dataclass_fields(algo: str) -> None:
     fields = tuple(f.name for f in dataclasses.fields(ALGORITHMS[algo].config_cls))
     assert CONFIG_KEYS[algo] == fields
+
+
+def _args(*, sets: list[str] | None = None, config: str | None = None,
+          resume: Path | None = None):  # type: ignore[no-untyped-def]
+    import argparse
+
+    return argparse.Namespace(algo="ppo", env=None, sets=sets or [], resume=resume,
+                              config=config)
+
+
+def test_mlflow_child_is_prestarted_only_for_runs_that_log_to_mlflow(tmp_path):
+    """The MLflow child (whose import overlaps torch's) is started when the run's mlflow
+    setting, after every layer, is on: not for mlflow off in a config file or a saved run."""
+    import subprocess as sp
+
+    from rlloop.cli import _wants_mlflow
+
+    off = tmp_path / "off.yaml"
+    off.write_text("mlflow: false\n")
+    on = tmp_path / "on.yaml"
+    on.write_text("mlflow: true\nseed: 3\n")
+    assert _wants_mlflow(_args())
+    assert not _wants_mlflow(_args(sets=["mlflow = false"]))
+    assert not _wants_mlflow(_args(config=str(off)))
+    assert _wants_mlflow(_args(config=str(off), sets=["mlflow=true"]))
+    assert _wants_mlflow(_args(config=str(on)))
+    # a saved run without MLflow, resumed
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("algo: ppo\nenv: CartPole-v1\nmlflow: false\n")
+    assert not _wants_mlflow(_args(resume=run))
+    # input the run will refuse: the child is started as before (and killed at the end)
+    assert _wants_mlflow(_args(config=str(tmp_path / "missing.yaml")))
+    # and deciding never imports torch
+    probe = ("import argparse, sys\nfrom rlloop.cli import _wants_mlflow\n"
+             f"_wants_mlflow(argparse.Namespace(algo='ppo', env=None, sets=[], resume=None, "
+             f"config={str(off)!r}))\nprint('torch' in sys.modules)")
+    out = sp.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

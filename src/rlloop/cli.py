@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from rlloop.algorithms import ALGORITHMS
 from rlloop.config import BACKENDS, MAX_EVAL_EPISODES, check_set_keys, parse_int
 from rlloop.device_names import DEVICE_CHOICES
-from rlloop.errors import CheckpointError, ConfigError, EnvError, RunDirError
+from rlloop.errors import CheckpointError, ConfigError, EnvError, RlloopError, RunDirError
 from rlloop.runfiles import check_run_dir
 
 #: What ``rlloop eval --json`` prints besides ``episodes``: the evaluation's own names, also
@@ -190,13 +190,12 @@ def _train(args: argparse.Namespace) -> int:
     from rlloop.logging.process_sink import prestart
     from rlloop.report import FIGURE_PRELOAD
 
-    if not any(item.replace(" ", "").lower() in ("mlflow=false", "mlflow=0")
-               for item in args.sets):
+    if _wants_mlflow(args):
         from rlloop.logging.mlflow_sink import PRELOAD
 
         # MLflow's import (~2 s) then runs in its child on another core while this process
-        # imports torch and builds the run; unused (mlflow off in a config file, or bad
-        # input), it is killed when the command ends.
+        # imports torch and builds the run; unused (bad input), it is killed when the
+        # command ends.
         prestart(PRELOAD)
     # Likewise matplotlib's, for the report's figures (rlloop.report.FigureWriter). Niced:
     # the MLflow child's import is the longer one, and the figures are needed last.
@@ -207,6 +206,21 @@ def _train(args: argparse.Namespace) -> int:
         from rlloop.logging.process_sink import discard_spares
 
         discard_spares()
+
+
+def _wants_mlflow(args: argparse.Namespace) -> bool:
+    """Whether the run ``rlloop train`` is asked for logs to MLflow: its ``mlflow``
+    setting after the preset, the config file, the saved config (resume) and ``--set``,
+    read without importing torch. Input the run will refuse counts as yes."""
+    from rlloop.config import config_layers, load_yaml
+
+    try:
+        base = load_yaml(Path(args.resume) / "config.yaml") if args.resume else None
+        algo = str(base.get("algo", args.algo)) if base else args.algo
+        data = config_layers(algo, args.env, file=args.config, sets=args.sets, base=base)
+    except RlloopError:
+        return True
+    return data.get("mlflow", True) is not False
 
 
 def _train_run(args: argparse.Namespace) -> int:

@@ -266,6 +266,20 @@ def build_config(
 
     ``base`` replaces defaults + preset (used when resuming from a saved config).
     """
+    return from_dict(config_layers(algo, env, file=file, flags=flags, sets=sets, base=base))
+
+
+def config_layers(
+    algo: str,
+    env: str | None = None,
+    *,
+    file: str | Path | None = None,
+    flags: dict[str, Any] | None = None,
+    sets: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The plain data :func:`build_config` validates: its layers merged, nothing checked
+    but the algorithm's name and the file. Reading a setting here needs no torch."""
     if algo not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGORITHMS)}")
     file_data = load_yaml(file) if file else {}
@@ -281,7 +295,7 @@ def build_config(
     for item in sets or []:
         key, value = parse_set(item)
         _assign(data, key, value)
-    return from_dict(data)
+    return data
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from rlloop.checkpoint import (
 )
 from rlloop.conditions import Condition, HitsUpperBound
 from rlloop.config import RunConfig, build_config, load_yaml, resumable
-from rlloop.devices import resolve_device
+from rlloop.devices import keep_freed_host_memory, resolve_device
 from rlloop.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
 from rlloop.envs.core import Box, Discrete, MultiBinary, MultiDiscrete
 from rlloop.envs.imports import check_env_import, check_net_import
@@ -82,6 +82,7 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     Checks that need no env run first, so bad sizes fail before any env is created, and
     settings whose memory cannot fit fail before anything is allocated.
     """
+    keep_freed_host_memory()
     # With env runners the batch holds every runner's envs: num_env_runners x M.
     num_envs = config.num_envs
     if config.num_env_runners:

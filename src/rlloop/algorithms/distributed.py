@@ -12,7 +12,6 @@ What keeps L ranks equal to one learner on the whole batch, beyond the shared ma
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -23,7 +22,6 @@ from torch import Tensor, nn
 from rlloop.algorithms.offpolicy import ReplayBatch
 from rlloop.algorithms.ppo import PPOConfig, PPOLearner
 from rlloop.algorithms.sac import SACConfig, SACLearner, SACModule
-from rlloop.data.rollout import PPOBatch
 from rlloop.devices import build_module, new_generator
 from rlloop.errors import ConfigError
 from rlloop.learners.distributed import DataParallel, GroupInfo, Link, destroy_group
@@ -39,20 +37,8 @@ if TYPE_CHECKING:
 
 
 class DataParallelPPOLearner(DataParallel, PPOLearner):  # type: ignore[misc]
-    """:class:`PPOLearner` on one rank's shard of every minibatch."""
-
-    def __init__(self, modules: Mapping[str, nn.Module], config: PPOConfig,
-                 on_nonfinite: Literal["skip", "raise"] = "skip") -> None:
-        self.normalize_whole = config.normalize_advantages
-        super().__init__(modules, dataclasses.replace(config, normalize_advantages=False),
-                         on_nonfinite)
-
-    def prepare_minibatch(self, module_id: str, batch: PPOBatch) -> PPOBatch:
-        adv = batch.advantages
-        if not self.normalize_whole or adv.numel() <= 1:
-            return batch
-        # The same expression as rlloop.losses.ppo, over the whole minibatch.
-        return dataclasses.replace(batch, advantages=(adv - adv.mean()) / (adv.std() + 1e-8))
+    """:class:`PPOLearner` on one rank's shard of every minibatch (its
+    :meth:`~PPOLearner.prepare_minibatch` standardises the whole minibatch first)."""
 
 
 class AllReduceStep(GuardedStep):

@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Final
 
 PPO_KEYS: Final = (
-    "rollout_steps", "num_epochs", "minibatch_size", "lr", "lr_schedule", "lr_decay_steps",
-    "adam_eps", "gamma", "gae_lambda", "clip_coef", "vf_coef", "ent_coef", "clip_vf",
-    "normalize_advantages", "target_kl", "max_grad_norm", "grad_clip_by", "hidden",
-    "activation", "init_log_std", "use_sde", "sde_sample_freq", "full_std", "use_expln",
-    "ortho_init", "net", "encoder", "normalize_obs", "clip_rewards", "normalize_rewards",
-    "recurrent", "recurrent_hidden", "seq_len", "action_mask",
+    "rollout_steps", "num_epochs", "minibatch_size", "micro_batch", "lr", "lr_schedule",
+    "lr_decay_steps", "adam_eps", "gamma", "gae_lambda", "clip_coef", "vf_coef", "ent_coef",
+    "clip_vf", "normalize_advantages", "target_kl", "max_grad_norm", "grad_clip_by",
+    "hidden", "activation", "init_log_std", "use_sde", "sde_sample_freq", "full_std",
+    "use_expln", "ortho_init", "net", "encoder", "normalize_obs", "clip_rewards",
+    "normalize_rewards", "recurrent", "recurrent_hidden", "seq_len", "action_mask",
 )
 
 OFF_POLICY_KEYS: Final = (

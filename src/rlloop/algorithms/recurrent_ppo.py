@@ -17,7 +17,7 @@ What changes against feed-forward PPO, and nothing else:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +35,13 @@ class RecurrentPPOLearner(PPOLearner):
     """PPO's optimiser and loss on :class:`SequenceBatch` minibatches: each sequence is
     unrolled from its stored state (gradients flow through its ``seq_len`` steps) and the
     loss averages over real steps only."""
+
+    def micro_batch_rows(self, setting: int | Literal["auto"] | None) -> int | None:
+        return None  # its loss averages over real steps, not rows: whole minibatches
+
+    def prepare_minibatch(self, module_id: str, batch: SequenceBatch  # type: ignore[override]
+                          ) -> SequenceBatch:
+        return batch  # the loss standardises over real steps only (padding left out)
 
     def forward_train(self, module_id: str, batch: SequenceBatch  # type: ignore[override]
                       ) -> tuple[ActionDist, Tensor]:

@@ -273,10 +273,6 @@ class DataParallel(Learner[Any]):
         self._weights[module_id] = (stop - start) / n
         return (start, stop) if stop > start else (0, 1)
 
-    def prepare_minibatch(self, module_id: str, batch: Any) -> Any:
-        """The whole minibatch before it is split (e.g. PPO's advantage normalisation)."""
-        return batch
-
     def reduce_gradients(self) -> None:
         grads: list[Tensor] = []
         weights: list[float] = []
@@ -313,13 +309,19 @@ class DataParallel(Learner[Any]):
         for module_id, b in batch.items():
             b = self.prepare_minibatch(module_id, b)
             shards[module_id] = b.rows(*self.shard(module_id, len(b)))
+        shards = {m: b for m, b in shards.items() if self._updatable(m)}
+        if not shards:
+            return {}
         self._reduced_losses: dict[str, Tensor] = {}
-        stats = super().update_minibatch(shards)
+        stats = self.gradient_step(shards)
         for module_id, loss in self._reduced_losses.items():
             key = self._stat_key(module_id, "losses/total")
             if key in stats:  # absent on every rank when the update was skipped
                 stats[key] = loss
         return stats
+
+    def micro_batches(self, mb: Mapping[str, Any]) -> int:
+        return 1  # every rank must join the same collectives: one pass per shard
 
     def compute_losses(self, batch: Mapping[str, Any], fwd_out: Mapping[str, Any]
                        ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:

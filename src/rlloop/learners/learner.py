@@ -136,6 +136,9 @@ class Learner(Generic[BatchT]):
         self._module_configs: dict[str, Any] = {}
         self.env_steps = 0
         self.weights_seq_no = 0
+        #: Rows per forward/backward pass (:meth:`forward_backward`); ``None``: whole
+        #: minibatches.
+        self.micro_batch: int | None = None
         self._train_ids: frozenset[str] | None = None
         self._train_fn: Callable[[str], bool] | None = None
         # Learners written before ``fwd_out`` existed take (module_id, config, batch).
@@ -345,6 +348,12 @@ class Learner(Generic[BatchT]):
     def close(self) -> None:
         """Release the processes or process group the learner uses (none here)."""
 
+    def prepare_minibatch(self, module_id: str, batch: BatchT) -> BatchT:
+        """One module's whole minibatch before it is split into micro-batches (or a learner
+        group's shards): the place for statistics over the whole minibatch, such as PPO's
+        advantage standardisation. The default returns it as it is."""
+        return batch
+
     def update_minibatch(self, batch: MultiBatch[BatchT]) -> dict[str, Tensor]:
         """One gradient step on every module to be updated that has data in ``batch``.
 
@@ -355,17 +364,19 @@ class Learner(Generic[BatchT]):
         ids = [m for m in batch if self._updatable(m)]
         if not ids:
             return {}
-        mb = {m: batch[m] for m in ids}
-        losses, stats = self.compute_losses(mb, {m: self.forward_train(m, mb[m]) for m in ids})
-        total = torch.stack(list(losses.values())).sum()
-        optims = [(key, o) for key, o in self._optims.items() if key[0] in ids]
+        return self.gradient_step({m: self.prepare_minibatch(m, batch[m]) for m in ids})
+
+    def gradient_step(self, mb: MultiBatch[BatchT]) -> dict[str, Tensor]:
+        """:meth:`update_minibatch` on prepared minibatches of modules to be updated."""
+        optims = [(key, o) for key, o in self._optims.items() if key[0] in mb]
         for _, o in optims:
             o.optimizer.zero_grad(set_to_none=True)
-        total.backward()  # type: ignore[no-untyped-call]
+        losses, stats = self.forward_backward(mb)
+        total = torch.stack(list(losses.values())).sum()
         self.reduce_gradients()
         norms = {key: grad_norm(o.params) for key, o in optims}
         # One host read per minibatch for the loss and every gradient norm together.
-        if not bool(torch.isfinite(torch.stack([total.detach(), *norms.values()])).all()):
+        if not bool(torch.isfinite(torch.stack([total, *norms.values()])).all()):
             for _, o in optims:
                 o.optimizer.zero_grad(set_to_none=True)
             what = "loss" if not bool(torch.isfinite(total)) else "gradient"
@@ -375,15 +386,53 @@ class Learner(Generic[BatchT]):
             if o.clip.log_global_norm:
                 stats[f"{module_id}/gradients_{name}_global_norm"] = norms[(module_id, name)]
             o.optimizer.step()
-        for module_id in ids:
-            stats[self._stat_key(module_id, "losses/total")] = losses[module_id].detach()
-            n = len(mb[module_id])
+        for module_id, module_batch in mb.items():
+            stats[self._stat_key(module_id, "losses/total")] = losses[module_id]
+            n = len(module_batch)
             self.metrics.log_value((module_id, "num_samples_trained_lifetime"), n, reduce="sum")
             self.metrics.log_value("learner/num_samples_trained", n, reduce="sum",
                                    clear_on_reduce=True)
             self.metrics.log_value("learner/num_samples_trained_lifetime", n, reduce="sum",
                                    with_throughput=True)
         return stats
+
+    def micro_batches(self, mb: MultiBatch[BatchT]) -> int:
+        """How many forward/backward passes :meth:`forward_backward` splits ``mb`` into:
+        enough that none has more than ``micro_batch`` rows (1 when that is ``None``)."""
+        if self.micro_batch is None:
+            return 1
+        return max(1, -(-max(len(b) for b in mb.values()) // self.micro_batch))
+
+    def forward_backward(self, mb: MultiBatch[BatchT]
+                         ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """Forward, losses and backward of one gradient step; the gradients accumulate in
+        ``.grad``. Returns the detached per-module losses and the stats.
+
+        With several micro-batches each module's minibatch is cut into consecutive row
+        ranges; a range's loss and stats weigh ``rows / minibatch rows``, so the gradient
+        and every per-sample mean equal the whole minibatch's (the losses must be means over
+        rows, and whole-minibatch statistics belong in :meth:`prepare_minibatch`)."""
+        chunks = self.micro_batches(mb)
+        if chunks == 1:
+            losses, stats = self.compute_losses(mb, {m: self.forward_train(m, b)
+                                                     for m, b in mb.items()})
+            torch.stack(list(losses.values())).sum().backward()  # type: ignore[no-untyped-call]
+            return {m: loss.detach() for m, loss in losses.items()}, stats
+        summed: dict[str, Tensor] = {}
+        summed_stats: dict[str, Tensor] = {}
+        for module_id, module_batch in mb.items():
+            n = len(module_batch)
+            for start, stop in _chunk_bounds(n, chunks):
+                part = module_batch.rows(start, stop)
+                weight = (stop - start) / n
+                losses, stats = self.compute_losses(
+                    {module_id: part}, {module_id: self.forward_train(module_id, part)})
+                (losses[module_id] * weight).backward()  # type: ignore[no-untyped-call]
+                for into, key, value in ((summed, module_id, losses[module_id]),
+                                         *((summed_stats, k, v) for k, v in stats.items())):
+                    value = value.detach() * weight
+                    into[key] = into[key] + value if key in into else value
+        return summed, summed_stats
 
     def _skip(self, what: str, stats: dict[str, Tensor]) -> dict[str, Tensor]:
         self.skipped_updates += 1

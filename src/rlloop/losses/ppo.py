@@ -27,6 +27,11 @@ class PPOLossConfig:
     normalize_advantages: bool = True
 
 
+def standardize(advantages: Tensor) -> Tensor:
+    """``(A - mean) / (std + 1e-8)``: advantages standardised over their batch."""
+    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+
 def ppo_loss(
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -54,7 +59,7 @@ def ppo_loss(
 
     if cfg.normalize_advantages and advantages.numel() > 1:
         if mask is None:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+            advantages = standardize(advantages)
         else:
             centred = advantages - mean(advantages)
             n = mask.sum().clamp(min=2)
