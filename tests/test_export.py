@@ -132,3 +132,73 @@ def test_export_refuses_an_unknown_format_and_a_directory_that_is_not_a_run(runs
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2, out.stderr
         assert out.stderr.count("\n") == 1 and out.stderr.startswith("rlloop: error:")
+
+
+LOAD_RECURRENT_TORCHSCRIPT = """
+import sys, torch
+policy = torch.jit.load(sys.argv[1])
+obs = torch.load(sys.argv[2])
+state = torch.zeros(obs.shape[1], int(sys.argv[4]))
+actions = []
+for o in obs:
+    action, state = policy(o, state)
+    actions.append(action)
+torch.save(torch.stack(actions), sys.argv[3])
+"""
+
+
+@pytest.fixture(scope="module")
+def recurrent_run(tmp_path_factory):
+    from rlloop.config import build_config
+    from rlloop.run import train
+
+    run = tmp_path_factory.mktemp("export-recurrent") / "run"
+    train(build_config("ppo", "CartPole-v1", flags={"total_env_steps": 320}, sets=[
+        "mlflow=false", "progress=false", "save_video=false", "num_envs=4",
+        "env.mask_velocity=true", "ppo.recurrent=lstm", "ppo.recurrent_hidden=16",
+        "ppo.hidden=[16]", "ppo.rollout_steps=40", "ppo.seq_len=8", "ppo.minibatch_size=40",
+        "ppo.normalize_obs=true"]), run)
+    return run
+
+
+def _recurrent_eval_actions(run: Path) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A sequence of raw observations ``[T, B, 2]``, the actions the run's eval policy
+    takes on them in turn (its memory carried from step to step), and the state width."""
+    algorithm = load_run_policy(run, device="cpu")
+    try:
+        gen = torch.Generator().manual_seed(0)
+        obs = torch.randn(12, 3, 2, generator=gen) * 2.0
+        algorithm.begin_episodes(torch.ones(3, dtype=torch.bool))
+        stats = algorithm.obs_stats
+        assert stats is not None
+        actions = torch.stack([algorithm.act(stats.normalize(o)) for o in obs])
+        return obs, actions, algorithm.policy.state_size
+    finally:
+        algorithm.close()
+
+
+def test_a_recurrent_policy_exports_with_its_state_as_input_and_output(
+        recurrent_run, tmp_path, cli_env):
+    import onnxruntime
+
+    obs, want, size = _recurrent_eval_actions(recurrent_run)
+    path = _export(recurrent_run, "onnx", tmp_path, cli_env)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["obs", "state"]
+    zeros = np.zeros((3, size), dtype=np.float32)
+    state, got, forgetful = zeros, [], []
+    for o in obs:
+        action, state = session.run(["action", "next_state"], {"obs": o.numpy(), "state": state})
+        got.append(action)
+        forgetful.append(session.run(["action"], {"obs": o.numpy(), "state": zeros})[0])
+    np.testing.assert_array_equal(np.stack(got), want.numpy())
+    # the memory is what carries the actions: without it some of them differ
+    assert not np.array_equal(np.stack(forgetful), want.numpy())
+
+    path = _export(recurrent_run, "torchscript", tmp_path, cli_env)
+    torch.save(obs, tmp_path / "obs.pt")
+    out = subprocess.run([sys.executable, "-c", LOAD_RECURRENT_TORCHSCRIPT, str(path),
+                          str(tmp_path / "obs.pt"), str(tmp_path / "actions.pt"), str(size)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    np.testing.assert_array_equal(torch.load(tmp_path / "actions.pt").numpy(), want.numpy())

@@ -273,12 +273,12 @@ def test_memory_check_counts_frames_in_bytes(replay, per_transition):
 def test_predict_and_export_take_uint8_frames():
     # A float frame counts as already scaled, so predict must not turn frames into floats.
     from rlloop.api import PPO
-    from rlloop.export import example_obs
+    from rlloop.export import example_inputs
 
     model = PPO("rlloop-test/SidePixels-v0", mlflow=False)
     try:
         actor = model._acting()
-        assert example_obs(actor).dtype == torch.uint8
+        assert example_inputs(actor)[0].dtype == torch.uint8
         with torch.no_grad():  # biases make the network tell 0..255 from 0..1 inputs
             for layer in actor.policy.encoder.net:
                 if isinstance(layer, torch.nn.Conv2d):

@@ -5,6 +5,10 @@ algorithm's own ``act(obs, deterministic=True)`` (argmax for discrete actions, t
 ``tanh(mean)`` rescaled to the action box for continuous ones), traced once. Input
 ``obs`` ``[B, *obs_shape]`` float32; output ``action`` ``[B]`` int64 or ``[B, *act_shape]``
 float32.
+
+A recurrent PPO policy carries its memory through the graph instead: inputs ``obs`` and
+``state`` ``[B, S]`` (zeros at an episode's first step), outputs ``action`` and
+``next_state``, which the caller feeds back with the next observation.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from torch import Tensor, nn
 from rlloop.algorithms import AlgorithmBase
 from rlloop.errors import ConfigError
 from rlloop.modules.normalizer import RunningMeanStd
+from rlloop.modules.recurrent import RecurrentActorCritic
 from rlloop.runfiles import write_file
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
@@ -52,9 +57,6 @@ class DeterministicPolicy(nn.Module):
         if algorithm.name not in EXPORTABLE:
             raise ConfigError(f"rlloop export supports {', '.join(EXPORTABLE)} runs, not "
                               f"{algorithm.name}")
-        if getattr(getattr(algorithm, "config", None), "recurrent", None):
-            raise ConfigError("rlloop export writes feed-forward policies; this run's policy is "
-                              "recurrent (ppo.recurrent) and needs its state as an input")
         stats = algorithm.obs_stats
         self.normalizer: nn.Module = ObsNormalizer(stats) if stats else nn.Identity()
         # Registered so the weights are the graph's parameters, not anonymous constants.
@@ -66,13 +68,41 @@ class DeterministicPolicy(nn.Module):
         return self._act(self.normalizer(obs), True)
 
 
-def example_obs(algorithm: AlgorithmBase, batch: int = 4) -> Tensor:
+class RecurrentDeterministicPolicy(DeterministicPolicy):
+    """(observation, state) -> (deterministic action, next state) of a recurrent policy:
+    one step of its cells, then the heads' mode."""
+
+    def __init__(self, algorithm: AlgorithmBase) -> None:
+        super().__init__(algorithm)
+        self.policy: RecurrentActorCritic = algorithm.policy  # type: ignore[attr-defined]
+
+    def forward(self, obs: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        features, next_state = self.policy.step(self.normalizer(obs), state)
+        return self.policy.act(features, deterministic=True)[0], next_state
+
+
+def is_recurrent(algorithm: AlgorithmBase) -> bool:
+    return isinstance(getattr(algorithm, "policy", None), RecurrentActorCritic)
+
+
+def deterministic_policy(algorithm: AlgorithmBase) -> DeterministicPolicy:
+    """The exportable policy of ``algorithm``: with a state input when it is recurrent."""
+    if is_recurrent(algorithm):
+        return RecurrentDeterministicPolicy(algorithm)
+    return DeterministicPolicy(algorithm)
+
+
+def example_inputs(algorithm: AlgorithmBase, batch: int = 4) -> tuple[Tensor, ...]:
+    """Inputs to trace the policy with: observations (and a zero state if recurrent)."""
     spec = algorithm.settings.spec
     # Pixel policies take uint8 frames and scale them inside: export them that way.
-    return torch.zeros(batch, *spec.obs_shape, dtype=spec.obs_dtype)
+    obs = torch.zeros(batch, *spec.obs_shape, dtype=spec.obs_dtype)
+    if is_recurrent(algorithm):
+        return obs, algorithm.policy.initial_state(batch, obs.device)  # type: ignore[attr-defined]
+    return (obs,)
 
 
-def export_bytes(policy: DeterministicPolicy, example: Tensor, fmt: str) -> bytes:
+def export_bytes(policy: DeterministicPolicy, example: tuple[Tensor, ...], fmt: str) -> bytes:
     buf = io.BytesIO()
     # A trace keeps no no_grad context: without this a loaded policy's actions carry grad.
     policy.eval().requires_grad_(False)
@@ -83,9 +113,11 @@ def export_bytes(policy: DeterministicPolicy, example: Tensor, fmt: str) -> byte
         if fmt == "torchscript":
             torch.jit.save(torch.jit.trace(policy, example), buf)
         else:
-            torch.onnx.export(policy, (example,), buf,  # type: ignore[arg-type]
-                              dynamo=False, input_names=["obs"], output_names=["action"],
-                              dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}})
+            names = (["obs", "state"], ["action", "next_state"]) if len(example) == 2 \
+                else (["obs"], ["action"])
+            torch.onnx.export(policy, example, buf,  # type: ignore[arg-type]
+                              dynamo=False, input_names=names[0], output_names=names[1],
+                              dynamic_axes={n: {0: "batch"} for n in (*names[0], *names[1])})
     return buf.getvalue()
 
 
@@ -106,8 +138,8 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
     path = Path(out) if out else Path(run_dir) / FORMATS[fmt]
     algorithm = load_run_policy(run_dir, device="cpu", allow_import=allow_import)
     try:
-        policy = DeterministicPolicy(algorithm)
-        write_file(path, export_bytes(policy, example_obs(algorithm), fmt))
+        policy = deterministic_policy(algorithm)
+        write_file(path, export_bytes(policy, example_inputs(algorithm), fmt))
     finally:
         algorithm.close()
     return path
