@@ -339,3 +339,13 @@ def test_recurrent_settings_are_validated():
         build_config("ppo", sets=["ppo.recurrent=rnn"])
     with pytest.raises(ConfigError, match=r"ppo\.seq_len must be > 0"):
         build_config("ppo", sets=["ppo.recurrent=gru", "ppo.seq_len=0"])
+
+
+def test_samples_trained_count_real_steps_not_sequences_or_padding():
+    algo = _algo("ppo.num_epochs=2")  # 4 envs x 40 steps in sequences of 16: 8 padded
+    try:
+        algo.collect()
+        stats = algo.update(160)
+        assert stats["learner/num_samples_trained"] == 2 * 4 * 40
+    finally:
+        algo.close()

@@ -69,3 +69,7 @@ class SequenceBatch(TensorBatch):
     starts: Tensor
     mask: Tensor
     state: Tensor
+
+    def num_samples(self) -> Tensor:
+        """The real (unpadded) steps of these sequences."""
+        return self.mask.sum()

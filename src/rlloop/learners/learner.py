@@ -81,6 +81,11 @@ class TensorBatch:
                for f in dataclasses.fields(self)},  # type: ignore[arg-type]
         )
 
+    def num_samples(self) -> int | Tensor:
+        """The samples this batch trains on: its rows (a batch of padded sequences counts
+        its real steps, as a tensor, so that counting never waits for the device)."""
+        return len(self)
+
     def rows(self, start: int, stop: int):  # type: ignore[no-untyped-def]
         """Rows ``start:stop`` of every field as views (no copy)."""
         return self.select(slice(start, stop))  # type: ignore[arg-type]
@@ -388,7 +393,8 @@ class Learner(Generic[BatchT]):
             o.optimizer.step()
         for module_id, module_batch in mb.items():
             stats[self._stat_key(module_id, "losses/total")] = losses[module_id]
-            n = len(module_batch)
+            n = module_batch.num_samples() if isinstance(module_batch, TensorBatch) \
+                else len(module_batch)
             self.metrics.log_value((module_id, "num_samples_trained_lifetime"), n, reduce="sum")
             self.metrics.log_value("learner/num_samples_trained", n, reduce="sum",
                                    clear_on_reduce=True)
