@@ -227,7 +227,6 @@ def _train_run(args: argparse.Namespace) -> int:
     from rlloop.callbacks import load_callback
     from rlloop.config import build_config
     from rlloop.logging import format_number, print_summary
-    from rlloop.run import load_run_config, resume, train
 
     callbacks = [load_callback(spec) for spec in args.callbacks]
     if args.ray_address is not None:  # before --set: an explicit ray.address wins
@@ -241,6 +240,8 @@ def _train_run(args: argparse.Namespace) -> int:
     if args.profile:  # the defaults, under any profile: section the config file has
         flags["profile"] = {}
     if args.resume:
+        from rlloop.run import load_run_config, resume
+
         saved = load_run_config(args.resume, allow_import=args.allow_import)
         if saved.algo != args.algo:
             raise ConfigError(f"{args.resume} is a {saved.algo} run, not {args.algo}; "
@@ -251,8 +252,11 @@ def _train_run(args: argparse.Namespace) -> int:
                         **{k: v for k, v in flags.items() if v is not None})
     else:
         _check_new_run_dir(args.run_dir)
+        # Every setting is checked here, before torch's second of import.
         config = build_config(args.algo, args.env, file=args.config, flags=flags,
                               sets=args.sets)
+        from rlloop.run import train
+
         result = train(config, args.run_dir, callbacks=callbacks, started_at=_process_start())
     best = result.best_eval_return
     lines = {

@@ -22,7 +22,6 @@ from typing import Any, Literal
 import yaml
 
 from rlloop.algorithms import ALGORITHMS
-from rlloop.algorithms.keys import CONFIG_KEYS
 from rlloop.device_names import check_device_name
 from rlloop.errors import ConfigError, check_finite
 from rlloop.presets import preset
@@ -399,18 +398,20 @@ def _unknown_key(prefix: str, key: str, names: Sequence[str]) -> ConfigError:
 
 def check_set_keys(algo: str, sets: Sequence[str]) -> None:
     """The `ConfigError` `build_config` would raise for an unknown key in ``sets`` (``--set``
-    items), raised without importing the algorithm: its config class imports torch, a
-    second before a typo could be named. Keys inside sections are left to `build_config`.
+    items), raised without importing the algorithm (torch's second of import): the keys
+    are the fields of its config class, whose module is torch-free. Keys inside sections
+    are left to `build_config`.
     """
     run_keys = [f.name for f in dataclasses.fields(RunConfig)]
     for item in sets:
         top, _, sub = parse_set(item)[0].partition(".")
         if top == algo and sub:
             name = sub.partition(".")[0]
-            if name not in CONFIG_KEYS[algo]:
+            keys = [f.name for f in dataclasses.fields(ALGORITHMS[algo].config_cls)]
+            if name not in keys:
                 if name in RECURRENT_KEYS and algo not in RECURRENT_ALGOS:
                     raise _no_recurrent_policy(algo, name)
-                raise _unknown_key(f"{algo}.", name, CONFIG_KEYS[algo])
+                raise _unknown_key(f"{algo}.", name, keys)
         elif top not in ALGORITHMS and top not in run_keys:  # another algo's: ignored
             raise _unknown_key("", top, run_keys)
 

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from rlloop.algorithms.base import AlgorithmBase, EnvSettings
-    from rlloop.algorithms.dqn import DQN, DQNConfig
-    from rlloop.algorithms.ma_ppo import MultiAgentPPO, MultiAgentPPOConfig
-    from rlloop.algorithms.ppo import PPO, PPOConfig
-    from rlloop.algorithms.sac import SAC, SACConfig
-    from rlloop.algorithms.td3 import TD3, TD3Config
+    from rlloop.algorithms.dqn import DQN
+    from rlloop.algorithms.ma_ppo import MultiAgentPPO
+    from rlloop.algorithms.offpolicy_config import DQNConfig, SACConfig, TD3Config
+    from rlloop.algorithms.ppo import PPO
+    from rlloop.algorithms.ppo_config import MultiAgentPPOConfig, PPOConfig
+    from rlloop.algorithms.sac import SAC
+    from rlloop.algorithms.td3 import TD3
 
 
 @dataclass(frozen=True)
@@ -27,12 +29,14 @@ class AlgorithmEntry:
 
     ``kind`` picks the trainer's schedule: ``"on_policy"`` runs rl8's collect + update
     iterations, ``"off_policy"`` border's cadence (the algorithm then implements
-    ``rlloop.offpolicy_trainer.OffPolicyAlgorithm``). ``module`` holds ``config_name`` and
-    ``build_name``; it is imported on first use of :attr:`config_cls` or :attr:`build`.
+    ``rlloop.offpolicy_trainer.OffPolicyAlgorithm``). ``config_module`` (torch-free) holds
+    ``config_name`` and ``module`` holds ``build_name``; each is imported on first use of
+    :attr:`config_cls` or :attr:`build`, so reading a config's fields needs no torch.
     """
 
     name: str
     module: str
+    config_module: str
     config_name: str
     build_name: str
     discrete: bool = True
@@ -41,33 +45,38 @@ class AlgorithmEntry:
 
     @property
     def config_cls(self) -> type:
-        return getattr(importlib.import_module(self.module), self.config_name)  # type: ignore[no-any-return]
+        return getattr(importlib.import_module(self.config_module), self.config_name)  # type: ignore[no-any-return]
 
     @property
     def build(self) -> Callable[[Any, EnvSettings], AlgorithmBase]:
         return getattr(importlib.import_module(self.module), self.build_name)  # type: ignore[no-any-return]
 
 
+_PPO_CONFIG = "rlloop.algorithms.ppo_config"
+_OFF_POLICY_CONFIG = "rlloop.algorithms.offpolicy_config"
+
 ALGORITHMS: dict[str, AlgorithmEntry] = {
     # build_ppo makes a RecurrentPPO when ppo.recurrent is set.
-    "ppo": AlgorithmEntry("ppo", "rlloop.algorithms.recurrent_ppo", "PPOConfig", "build_ppo"),
-    "dqn": AlgorithmEntry("dqn", "rlloop.algorithms.dqn", "DQNConfig", "DQN",
-                          continuous=False, kind="off_policy"),
-    "sac": AlgorithmEntry("sac", "rlloop.algorithms.sac", "SACConfig", "SAC",
-                          discrete=False, kind="off_policy"),
-    "td3": AlgorithmEntry("td3", "rlloop.algorithms.td3", "TD3Config", "TD3",
-                          discrete=False, kind="off_policy"),
+    "ppo": AlgorithmEntry("ppo", "rlloop.algorithms.recurrent_ppo", _PPO_CONFIG, "PPOConfig",
+                          "build_ppo"),
+    "dqn": AlgorithmEntry("dqn", "rlloop.algorithms.dqn", _OFF_POLICY_CONFIG, "DQNConfig",
+                          "DQN", continuous=False, kind="off_policy"),
+    "sac": AlgorithmEntry("sac", "rlloop.algorithms.sac", _OFF_POLICY_CONFIG, "SACConfig",
+                          "SAC", discrete=False, kind="off_policy"),
+    "td3": AlgorithmEntry("td3", "rlloop.algorithms.td3", _OFF_POLICY_CONFIG, "TD3Config",
+                          "TD3", discrete=False, kind="off_policy"),
     # PettingZoo envs (--env pettingzoo:<family>.<env>); it has its own multi-agent runner,
     # so it implements the trainer's protocol rather than subclassing AlgorithmBase.
-    "ma_ppo": AlgorithmEntry("ma_ppo", "rlloop.algorithms.ma_ppo", "MultiAgentPPOConfig",
-                             "MultiAgentPPO"),
+    "ma_ppo": AlgorithmEntry("ma_ppo", "rlloop.algorithms.ma_ppo", _PPO_CONFIG,
+                             "MultiAgentPPOConfig", "MultiAgentPPO"),
 }
 
 # Where the classes this package exports live; imported on first access (PEP 562).
-_EXPORTS = {"AlgorithmBase": "base", "EnvSettings": "base", "DQN": "dqn", "DQNConfig": "dqn",
-            "MultiAgentPPO": "ma_ppo", "MultiAgentPPOConfig": "ma_ppo", "PPO": "ppo",
-            "PPOConfig": "ppo", "SAC": "sac", "SACConfig": "sac", "TD3": "td3",
-            "TD3Config": "td3"}
+_EXPORTS = {"AlgorithmBase": "base", "EnvSettings": "base", "DQN": "dqn",
+            "DQNConfig": "offpolicy_config", "MultiAgentPPO": "ma_ppo",
+            "MultiAgentPPOConfig": "ppo_config", "PPO": "ppo", "PPOConfig": "ppo_config",
+            "SAC": "sac", "SACConfig": "offpolicy_config", "TD3": "td3",
+            "TD3Config": "offpolicy_config"}
 
 
 def __getattr__(name: str) -> Any:

@@ -10,25 +10,23 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import EnvSettings
 from rlloop.algorithms.offpolicy import (
-    OffPolicyConfig,
     OffPolicyLoop,
     ReplayBatch,
-    check_hidden,
 )
 from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase, OffPolicyLearnerBase
+from rlloop.algorithms.offpolicy_config import DQNConfig as DQNConfig
 from rlloop.data.replay import PrioritizedReplayBuffer, Transitions
 from rlloop.devices import build_module
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
-from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip
+from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.learners.mlp_backprop import DQNBackprop, dqn_backprop
 from rlloop.learners.schedules import Linear
 from rlloop.losses.dqn import dqn_loss, dqn_target
@@ -41,71 +39,6 @@ from rlloop.modules.action_masks import (
 from rlloop.modules.encoders import build_encoder
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import QNetwork
-
-
-@dataclass
-class DQNConfig(OffPolicyConfig):
-    """DQN hyperparameters (defaults: Stable-Baselines3's DQN defaults, in rlloop's units)."""
-
-    section: ClassVar[str] = "dqn"
-    supports_prioritized: ClassVar[bool] = True
-
-    batch_size: int = 32
-    """Transitions per gradient update."""
-    learning_starts: int = 100
-    """Warm-up env steps of uniformly random actions."""
-    opt_interval: int = 4
-    """Env steps between optimisation steps."""
-    lr: float = 1e-4
-    """Adam learning rate."""
-    adam_eps: float = 1e-8
-    """Adam epsilon."""
-    max_grad_norm: float | None = 10.0
-    """Clip the global gradient norm to this (None: off)."""
-    hidden: list[int] = field(default_factory=lambda: [64, 64])
-    """Hidden layer sizes of the Q-network (ReLU)."""
-    dueling: bool = False
-    """Dueling head: Q = V + A - mean(A)."""
-    double_q: bool = False
-    """Double-DQN target: the online network picks the next action, the target rates it."""
-    target_update_interval: int = 2_500
-    """Gradient updates between target-network updates (SB3 counts env steps: its 10,000
-    at one update per 4 env steps is 2,500 updates)."""
-    tau: float = 1.0
-    """Target update: 1 copies the online network (hard), < 1 averages (Polyak)."""
-    exploration_initial_eps: float = 1.0
-    """Epsilon at env step 0."""
-    exploration_final_eps: float = 0.05
-    """Epsilon after exploration_steps env steps (also used by stochastic evaluation)."""
-    exploration_steps: int = 20_000
-    """Env steps over which epsilon decays linearly (SB3's exploration_fraction=0.1 of the
-    default 200k-step budget; a fraction would move with the budget, breaking resume)."""
-    manual_backward: bool = False
-    """Opt in: compute the gradient with a hand-derived backward pass instead of autograd
-    (rlloop.learners.mlp_backprop; same maths, faster on one CPU thread). Plain ReLU
-    Q-networks only: any other network warns once and uses autograd."""
-    action_mask: bool | Literal["auto"] = "auto"
-    """Invalid-action masking from the env's info["action_mask"]: greedy and random actions
-    come from the legal ones only, and the target's max runs over the next state's legal
-    actions. auto: on when the env gives masks; true: required; false: off."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.lr <= 0 or self.adam_eps <= 0:
-            raise ConfigError(f"dqn.lr and dqn.adam_eps must be > 0, got {self.lr}, "
-                              f"{self.adam_eps}")
-        if self.target_update_interval <= 0 or self.exploration_steps <= 0:
-            raise ConfigError("dqn.target_update_interval and dqn.exploration_steps must be > 0")
-        if not 0 < self.tau <= 1:
-            raise ConfigError(f"dqn.tau must be in (0, 1], got {self.tau}")
-        for name in ("exploration_initial_eps", "exploration_final_eps"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ConfigError(f"dqn.{name} must be in [0, 1], got {getattr(self, name)}")
-        check_hidden("dqn", self.hidden)
-        GradientClip(self.max_grad_norm)
-        if self.manual_backward and self.compile:
-            raise ConfigError("dqn.manual_backward and dqn.compile exclude each other (the "
-                              "hand-derived pass is not compiled); set one of them to false")
 
 
 class DQNModule(nn.Module):

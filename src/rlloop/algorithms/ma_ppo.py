@@ -15,15 +15,16 @@ Evaluation plays a *focal* agent, each seat in turn, against random opponents
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Literal
+from dataclasses import fields
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import EVAL_SEED_OFFSET, EnvSettings, horizon_starts
 from rlloop.algorithms.league import MAIN, League
-from rlloop.algorithms.ppo import PPOConfig, PPOLearner
+from rlloop.algorithms.ppo import PPOLearner
+from rlloop.algorithms.ppo_config import MultiAgentPPOConfig as MultiAgentPPOConfig
 from rlloop.data.multi_agent import AgentRollout, masked_gae
 from rlloop.data.rollout import PPOBatch
 from rlloop.devices import build_module, new_generator, resolve_device, set_generator_state
@@ -36,38 +37,6 @@ from rlloop.modules.encoders import build_encoder
 from rlloop.modules.masked import MaskedActorCritic
 from rlloop.runners.multi_agent import RANDOM, MultiAgentRunner, evaluate_multi_agent
 from rlloop.seeding import derive_seed, seed_global_rngs
-
-
-@dataclass
-class MultiAgentPPOConfig(PPOConfig):
-    """PPO's hyperparameters (same meaning, per module) plus how agents map to modules."""
-
-    section: ClassVar[str] = "ma_ppo"
-
-    policy_mapping: Literal["shared", "independent"] = "shared"
-    """shared: one module (default_policy) for all agents; independent: one per agent."""
-    policies_to_train: list[str] | None = None
-    """Module ids to train (None: all; with a league always just 'main')."""
-    league_every: int = 0
-    """Self-play league: every k iterations a frozen copy of 'main' becomes an opponent
-    module (0: no league). Needs a two-player env whose agents share their spaces."""
-    league_size: int = 5
-    """Most snapshots kept in the league; the oldest leaves when a new one comes."""
-    eval_opponent: Literal["random", "policy"] = "random"
-    """Who the evaluated agent plays: uniformly random (legal) moves, or the modules."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.league_every < 0:
-            raise ConfigError(f"ma_ppo.league_every must be >= 0, got {self.league_every}")
-        if self.league_size < 1:
-            raise ConfigError(f"ma_ppo.league_size must be >= 1, got {self.league_size}")
-        if self.use_sde or self.net is not None:
-            raise ConfigError("ma_ppo supports neither gSDE nor custom networks; drop "
-                              "ma_ppo.use_sde and ma_ppo.net")
-        if self.normalize_obs or self.normalize_rewards:
-            raise ConfigError("ma_ppo does not normalise observations or rewards; set "
-                              "ma_ppo.normalize_obs=false and ma_ppo.normalize_rewards=false")
 
 
 class MultiAgentPPO:

@@ -20,11 +20,13 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from time import perf_counter as _clock
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+from rlloop.algorithms.offpolicy_config import OffPolicyConfig as OffPolicyConfig
+from rlloop.algorithms.offpolicy_config import check_hidden as check_hidden
 from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.nstep import NStepProcessor
 from rlloop.data.obs_storage import ObsLayout
@@ -37,10 +39,9 @@ from rlloop.data.replay import (
 )
 from rlloop.devices import HOST
 from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
-from rlloop.errors import ConfigError, check_finite
+from rlloop.errors import ConfigError
 from rlloop.learners.learner import TensorBatch
 from rlloop.learners.schedules import Linear
-from rlloop.modules.encoders import ENCODERS
 from rlloop.runners.env_runner import EnvRunner
 
 Stats = dict[str, float]
@@ -240,95 +241,6 @@ RECORDERS: dict[str, Callable[[], Recorder]] = {"last": LastRecorder, "mean": Me
 
 
 # ---------------------------------------------------------------- config
-
-
-@dataclass
-class OffPolicyConfig:
-    """Settings every off-policy algorithm shares (its section: ``dqn.``, ``sac.``, ...)."""
-
-    section: ClassVar[str] = "offpolicy"
-    supports_prioritized: ClassVar[bool] = False
-
-    buffer_size: int = 1_000_000
-    """Replay capacity in transitions; the oldest are overwritten first."""
-    replay: str = "uniform"
-    """Replay buffer (REPLAY_BUFFERS): "uniform", "prioritized" (DQN only), or "frames"
-    (stacked uint8 frames such as Atari's, each frame stored once; one-step transitions)."""
-    per_alpha: float = 0.6
-    """Prioritized replay: prioritisation exponent (0 is uniform)."""
-    per_beta: float = 0.4
-    """Prioritized replay: importance-sampling exponent at the start, annealed to 1."""
-    per_beta_steps: int = 100_000
-    """Prioritized replay: env steps over which beta is annealed to 1."""
-    step_processor: str = "nstep"
-    """Step processor (STEP_PROCESSORS): "nstep" sums n_step rewards per transition and
-    keeps the final observation of truncated episodes for bootstrapping."""
-    n_step: int = 1
-    """Rewards summed per transition (1: one-step transitions)."""
-    gamma: float = 0.99
-    """Discount factor."""
-    batch_size: int = 256
-    """Transitions per gradient update."""
-    learning_starts: int = 100
-    """Warm-up: env steps of uniformly random actions; optimisation steps are skipped
-    until more env steps than this were taken."""
-    opt_interval: int = 1
-    """Env steps (summed over envs) between optimisation steps (SB3's train_freq)."""
-    gradient_steps: int = 1
-    """Gradient updates per optimisation step, each on a freshly sampled batch."""
-    eval_interval: int = 1000
-    """Optimisation steps between evaluations; a new best is saved under <run>/best."""
-    record_interval: int = 100
-    """Optimisation steps between records (env/fps, opt/steps_per_sec, losses)."""
-    save_interval: int = 0
-    """Optimisation steps between checkpoints <run>/checkpoints/<opt steps> (0: never;
-    a final checkpoint is always written)."""
-    max_opts: int = 0
-    """Stop after this many optimisation steps (0: no limit besides total_env_steps)."""
-    evaluator: str = "deterministic"
-    """Evaluator (EVALUATORS): "deterministic" (greedy or mean action) or "stochastic"."""
-    recorder: str = "mean"
-    """Recorder (RECORDERS): "mean" of the stats since the last record, or "last"."""
-    clip_rewards: bool = False
-    """Learn from the sign of each reward (Atari's convention); episode returns are still
-    logged unclipped."""
-    encoder: str = "auto"
-    """Observation encoder: "auto" (Nature CNN for image observations, else the MLP),
-    "mlp" (flattened observations, pixels too) or "nature_cnn". With the CNN the heads
-    are linear on its 512 features (hidden applies to vector observations only)."""
-    compile: bool = False
-    """Run each gradient update through torch.compile (compiled on the first updates,
-    which takes a while; the README says when it pays)."""
-
-    def __post_init__(self) -> None:
-        s = self.section
-        check_finite(s, self)
-        for name in ("buffer_size", "n_step", "batch_size", "opt_interval", "gradient_steps",
-                     "eval_interval", "record_interval", "per_beta_steps"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{s}.{name} must be > 0, got {getattr(self, name)}")
-        for name in ("learning_starts", "save_interval", "max_opts"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{s}.{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.gamma <= 1:
-            raise ConfigError(f"{s}.gamma must be in (0, 1], got {self.gamma}")
-        if self.per_alpha < 0 or not 0 <= self.per_beta <= 1:
-            raise ConfigError(f"{s}.per_alpha must be >= 0 and {s}.per_beta in [0, 1]")
-        for name, registry in (("replay", REPLAY_BUFFERS), ("step_processor", STEP_PROCESSORS),
-                               ("evaluator", EVALUATORS), ("recorder", RECORDERS)):
-            if getattr(self, name) not in registry:
-                raise ConfigError(f"{s}.{name} must be one of {sorted(registry)}, "
-                                  f"got {getattr(self, name)!r}")
-        if self.encoder not in ENCODERS:
-            raise ConfigError(f"{s}.encoder must be one of {list(ENCODERS)}, "
-                              f"got {self.encoder!r}")
-        if self.replay == "prioritized" and not self.supports_prioritized:
-            raise ConfigError(f"{s}.replay=prioritized is supported by dqn only; use uniform")
-
-
-def check_hidden(section: str, hidden: list[int]) -> None:
-    if not hidden or any(h <= 0 for h in hidden):
-        raise ConfigError(f"{section}.hidden must be a non-empty list of sizes > 0, got {hidden}")
 
 
 def check_env_settings(section: str, horizons_per_env_reset: int) -> None:

@@ -24,18 +24,15 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import EnvSettings
 from rlloop.algorithms.offpolicy import (
-    OffPolicyConfig,
     OffPolicyLoop,
     ReplayBatch,
-    check_hidden,
     unit_box,
 )
 from rlloop.algorithms.offpolicy_algorithm import (
@@ -43,6 +40,7 @@ from rlloop.algorithms.offpolicy_algorithm import (
     OffPolicyLearnerBase,
     continuous_actions,
 )
+from rlloop.algorithms.offpolicy_config import SACConfig as SACConfig
 from rlloop.devices import build_module
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
@@ -52,55 +50,6 @@ from rlloop.modules.encoders import Encoder, build_encoder
 from rlloop.modules.gsde import TanhGSDEActor
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import TanhGaussianActor, TwinQ, standard_normal
-
-
-@dataclass
-class SACConfig(OffPolicyConfig):
-    """SAC hyperparameters (defaults: Stable-Baselines3's SAC defaults)."""
-
-    section: ClassVar[str] = "sac"
-
-    lr: float = 3e-4
-    """Adam learning rate of the actor, the critics and alpha."""
-    tau: float = 0.005
-    """Polyak coefficient of the target critics."""
-    target_update_interval: int = 1
-    """Gradient updates between target-critic updates."""
-    init_alpha: float = 1.0
-    """Initial entropy temperature."""
-    autotune_alpha: bool = True
-    """Learn alpha so that the policy entropy tracks target_entropy."""
-    target_entropy: float | None = None
-    """Entropy target of the alpha loss (None: -action_dim)."""
-    hidden: list[int] = field(default_factory=lambda: [256, 256])
-    """Hidden layer sizes of the actor and of each critic (ReLU)."""
-    use_sde: bool = False
-    """Explore with gSDE (state-dependent noise matrices) instead of independent noise."""
-    sde_sample_freq: int = -1
-    """gSDE: env steps (per env) between new noise matrices; -1: only at the start of
-    each rollout (after each optimisation step)."""
-    init_log_std: float = -3.0
-    """gSDE: initial log std of the noise matrix entries (SB3's log_std_init)."""
-    full_std: bool = True
-    """gSDE: one std per (feature, action) pair; false: one per feature."""
-    use_expln: bool = False
-    """gSDE: std = expln(log_std) (exp below 0, log1p + 1 above) instead of exp."""
-    use_sde_at_warmup: bool = False
-    """gSDE: act with the policy during warm-up instead of uniformly at random."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.lr <= 0 or self.init_alpha <= 0:
-            raise ConfigError(f"sac.lr and sac.init_alpha must be > 0, got {self.lr}, "
-                              f"{self.init_alpha}")
-        if not 0 < self.tau <= 1:
-            raise ConfigError(f"sac.tau must be in (0, 1], got {self.tau}")
-        if self.target_update_interval <= 0:
-            raise ConfigError("sac.target_update_interval must be > 0")
-        if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
-            raise ConfigError(f"sac.sde_sample_freq must be > 0 or -1 (once per rollout), "
-                              f"got {self.sde_sample_freq}")
-        check_hidden("sac", self.hidden)
 
 
 class SACModule(nn.Module):

@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import EnvSettings
 from rlloop.algorithms.offpolicy import (
-    OffPolicyConfig,
     OffPolicyLoop,
     ReplayBatch,
-    check_hidden,
     unit_box,
 )
 from rlloop.algorithms.offpolicy_algorithm import (
@@ -31,8 +28,8 @@ from rlloop.algorithms.offpolicy_algorithm import (
     OffPolicyLearnerBase,
     continuous_actions,
 )
+from rlloop.algorithms.offpolicy_config import TD3Config as TD3Config
 from rlloop.devices import build_module
-from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.td3 import smoothed_target_action, td3_actor_loss, td3_critic_loss, td3_target
@@ -40,51 +37,6 @@ from rlloop.modules.action_noise import make_action_noise
 from rlloop.modules.encoders import Encoder, build_encoder
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import DeterministicActor, TwinQ, standard_normal
-
-
-@dataclass
-class TD3Config(OffPolicyConfig):
-    """TD3 hyperparameters (defaults: Stable-Baselines3's TD3 defaults, noise 0.1)."""
-
-    section: ClassVar[str] = "td3"
-
-    lr: float = 1e-3
-    """Adam learning rate of the actor and the critics."""
-    tau: float = 0.005
-    """Polyak coefficient of the target networks."""
-    policy_delay: int = 2
-    """Critic updates per actor (and target) update."""
-    target_policy_noise: float = 0.2
-    """Std of the target smoothing noise (normalised action units)."""
-    target_noise_clip: float = 0.5
-    """Clip of the target smoothing noise."""
-    action_noise: Literal["normal", "ornstein_uhlenbeck", "none"] = "normal"
-    """Exploration noise added to mu(s): independent Gaussian, an Ornstein-Uhlenbeck
-    process per env (restarted at each episode end), or none."""
-    action_noise_std: float = 0.1
-    """Std of the Gaussian noise, or the OU process's sigma (normalised action units)."""
-    ou_theta: float = 0.15
-    """OU mean-reversion rate theta (Stable-Baselines3's default)."""
-    ou_dt: float = 1e-2
-    """OU time step dt (Stable-Baselines3's default): each step adds
-    sigma * sqrt(dt) * N(0, 1) and pulls back by theta * dt."""
-    hidden: list[int] = field(default_factory=lambda: [400, 300])
-    """Hidden layer sizes of the actor and of each critic (ReLU)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.lr <= 0 or self.policy_delay <= 0:
-            raise ConfigError(f"td3.lr and td3.policy_delay must be > 0, got {self.lr}, "
-                              f"{self.policy_delay}")
-        if not 0 < self.tau <= 1:
-            raise ConfigError(f"td3.tau must be in (0, 1], got {self.tau}")
-        for name in ("target_policy_noise", "target_noise_clip", "action_noise_std",
-                     "ou_theta"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"td3.{name} must be >= 0, got {getattr(self, name)}")
-        if self.ou_dt <= 0:
-            raise ConfigError(f"td3.ou_dt must be > 0, got {self.ou_dt}")
-        check_hidden("td3", self.hidden)
 
 
 class TD3Module(nn.Module):

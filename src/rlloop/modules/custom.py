@@ -23,6 +23,7 @@ from typing import Any
 from torch import nn
 
 from rlloop.errors import ConfigError
+from rlloop.modules.choices import check_net_path as check_net_path
 
 NetFactory = Callable[[tuple[int, ...]], nn.Module]
 #: Factories handed to the Python API in this process, by their ``module:QualName``.
@@ -39,14 +40,6 @@ def net_path(factory: NetFactory | str) -> str:
     path = f"{factory.__module__}:{factory.__qualname__}"
     _REGISTERED[path] = factory
     return path
-
-
-def check_net_path(path: str, key: str) -> None:
-    """``ConfigError`` unless ``path`` has the form ``module:QualName``."""
-    module, sep, name = path.partition(":")
-    if not sep or not module.strip() or not name.strip() or "<" in name:
-        raise ConfigError(f"{key} must name a network as module:Class (e.g. mynets:Encoder), "
-                          f"got {path!r}")
 
 
 def resolve_net(path: str, key: str) -> NetFactory:

@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, cast
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
 from rlloop.errors import ConfigError
+from rlloop.modules.choices import ENCODERS as ENCODERS
+from rlloop.modules.choices import EncoderKind as EncoderKind
 from rlloop.modules.networks import mlp
-
-EncoderKind = Literal["auto", "mlp", "nature_cnn"]
-ENCODERS: tuple[str, ...] = ("auto", "mlp", "nature_cnn")
 
 #: Smallest side the Nature CNN's three unpadded convolutions (8/4, 4/2, 3/1) accept.
 NATURE_MIN_SIDE = 36

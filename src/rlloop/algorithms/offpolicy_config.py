@@ -1,0 +1,277 @@
+"""The off-policy family's settings (DQN, SAC, TD3 and what they share): dataclasses with
+a docstring under every field, checked when built. Torch-free, so that the CLI checks a
+config before torch's second of import; the algorithms' modules use them."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from rlloop.errors import ConfigError, check_finite
+from rlloop.learners.gradient_clip import GradientClip
+from rlloop.modules.choices import ENCODERS
+
+#: The parts a config names (setting -> the registry of :mod:`rlloop.algorithms.offpolicy`
+#: that builds them) and the names rlloop ships for each.
+PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "replay": ("REPLAY_BUFFERS", ("uniform", "prioritized", "frames")),
+    "step_processor": ("STEP_PROCESSORS", ("nstep",)),
+    "evaluator": ("EVALUATORS", ("deterministic", "stochastic")),
+    "recorder": ("RECORDERS", ("last", "mean")),
+}
+
+
+def part_names(setting: str) -> list[str]:
+    """The names ``setting`` accepts: rlloop's own parts, or once the registries are
+    imported (torch code, where a user may register more) the names they hold."""
+    registry_name, builtin = PARTS[setting]
+    registries = sys.modules.get("rlloop.algorithms.offpolicy")
+    return sorted(getattr(registries, registry_name) if registries is not None else builtin)
+
+
+@dataclass
+class OffPolicyConfig:
+    """Settings every off-policy algorithm shares (its section: ``dqn.``, ``sac.``, ...)."""
+
+    section: ClassVar[str] = "offpolicy"
+    supports_prioritized: ClassVar[bool] = False
+
+    buffer_size: int = 1_000_000
+    """Replay capacity in transitions; the oldest are overwritten first."""
+    replay: str = "uniform"
+    """Replay buffer (REPLAY_BUFFERS): "uniform", "prioritized" (DQN only), or "frames"
+    (stacked uint8 frames such as Atari's, each frame stored once; one-step transitions)."""
+    per_alpha: float = 0.6
+    """Prioritized replay: prioritisation exponent (0 is uniform)."""
+    per_beta: float = 0.4
+    """Prioritized replay: importance-sampling exponent at the start, annealed to 1."""
+    per_beta_steps: int = 100_000
+    """Prioritized replay: env steps over which beta is annealed to 1."""
+    step_processor: str = "nstep"
+    """Step processor (STEP_PROCESSORS): "nstep" sums n_step rewards per transition and
+    keeps the final observation of truncated episodes for bootstrapping."""
+    n_step: int = 1
+    """Rewards summed per transition (1: one-step transitions)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    batch_size: int = 256
+    """Transitions per gradient update."""
+    learning_starts: int = 100
+    """Warm-up: env steps of uniformly random actions; optimisation steps are skipped
+    until more env steps than this were taken."""
+    opt_interval: int = 1
+    """Env steps (summed over envs) between optimisation steps (SB3's train_freq)."""
+    gradient_steps: int = 1
+    """Gradient updates per optimisation step, each on a freshly sampled batch."""
+    eval_interval: int = 1000
+    """Optimisation steps between evaluations; a new best is saved under <run>/best."""
+    record_interval: int = 100
+    """Optimisation steps between records (env/fps, opt/steps_per_sec, losses)."""
+    save_interval: int = 0
+    """Optimisation steps between checkpoints <run>/checkpoints/<opt steps> (0: never;
+    a final checkpoint is always written)."""
+    max_opts: int = 0
+    """Stop after this many optimisation steps (0: no limit besides total_env_steps)."""
+    evaluator: str = "deterministic"
+    """Evaluator (EVALUATORS): "deterministic" (greedy or mean action) or "stochastic"."""
+    recorder: str = "mean"
+    """Recorder (RECORDERS): "mean" of the stats since the last record, or "last"."""
+    clip_rewards: bool = False
+    """Learn from the sign of each reward (Atari's convention); episode returns are still
+    logged unclipped."""
+    encoder: str = "auto"
+    """Observation encoder: "auto" (Nature CNN for image observations, else the MLP),
+    "mlp" (flattened observations, pixels too) or "nature_cnn". With the CNN the heads
+    are linear on its 512 features (hidden applies to vector observations only)."""
+    compile: bool = False
+    """Run each gradient update through torch.compile (compiled on the first updates,
+    which takes a while; the README says when it pays)."""
+
+    def __post_init__(self) -> None:
+        s = self.section
+        check_finite(s, self)
+        for name in ("buffer_size", "n_step", "batch_size", "opt_interval", "gradient_steps",
+                     "eval_interval", "record_interval", "per_beta_steps"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{s}.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("learning_starts", "save_interval", "max_opts"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{s}.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.gamma <= 1:
+            raise ConfigError(f"{s}.gamma must be in (0, 1], got {self.gamma}")
+        if self.per_alpha < 0 or not 0 <= self.per_beta <= 1:
+            raise ConfigError(f"{s}.per_alpha must be >= 0 and {s}.per_beta in [0, 1]")
+        for name in PARTS:
+            if getattr(self, name) not in (names := part_names(name)):
+                raise ConfigError(f"{s}.{name} must be one of {names}, "
+                                  f"got {getattr(self, name)!r}")
+        if self.encoder not in ENCODERS:
+            raise ConfigError(f"{s}.encoder must be one of {list(ENCODERS)}, "
+                              f"got {self.encoder!r}")
+        if self.replay == "prioritized" and not self.supports_prioritized:
+            raise ConfigError(f"{s}.replay=prioritized is supported by dqn only; use uniform")
+
+
+def check_hidden(section: str, hidden: list[int]) -> None:
+    if not hidden or any(h <= 0 for h in hidden):
+        raise ConfigError(f"{section}.hidden must be a non-empty list of sizes > 0, got {hidden}")
+
+
+@dataclass
+class DQNConfig(OffPolicyConfig):
+    """DQN hyperparameters (defaults: Stable-Baselines3's DQN defaults, in rlloop's units)."""
+
+    section: ClassVar[str] = "dqn"
+    supports_prioritized: ClassVar[bool] = True
+
+    batch_size: int = 32
+    """Transitions per gradient update."""
+    learning_starts: int = 100
+    """Warm-up env steps of uniformly random actions."""
+    opt_interval: int = 4
+    """Env steps between optimisation steps."""
+    lr: float = 1e-4
+    """Adam learning rate."""
+    adam_eps: float = 1e-8
+    """Adam epsilon."""
+    max_grad_norm: float | None = 10.0
+    """Clip the global gradient norm to this (None: off)."""
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    """Hidden layer sizes of the Q-network (ReLU)."""
+    dueling: bool = False
+    """Dueling head: Q = V + A - mean(A)."""
+    double_q: bool = False
+    """Double-DQN target: the online network picks the next action, the target rates it."""
+    target_update_interval: int = 2_500
+    """Gradient updates between target-network updates (SB3 counts env steps: its 10,000
+    at one update per 4 env steps is 2,500 updates)."""
+    tau: float = 1.0
+    """Target update: 1 copies the online network (hard), < 1 averages (Polyak)."""
+    exploration_initial_eps: float = 1.0
+    """Epsilon at env step 0."""
+    exploration_final_eps: float = 0.05
+    """Epsilon after exploration_steps env steps (also used by stochastic evaluation)."""
+    exploration_steps: int = 20_000
+    """Env steps over which epsilon decays linearly (SB3's exploration_fraction=0.1 of the
+    default 200k-step budget; a fraction would move with the budget, breaking resume)."""
+    manual_backward: bool = False
+    """Opt in: compute the gradient with a hand-derived backward pass instead of autograd
+    (rlloop.learners.mlp_backprop; same maths, faster on one CPU thread). Plain ReLU
+    Q-networks only: any other network warns once and uses autograd."""
+    action_mask: bool | Literal["auto"] = "auto"
+    """Invalid-action masking from the env's info["action_mask"]: greedy and random actions
+    come from the legal ones only, and the target's max runs over the next state's legal
+    actions. auto: on when the env gives masks; true: required; false: off."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lr <= 0 or self.adam_eps <= 0:
+            raise ConfigError(f"dqn.lr and dqn.adam_eps must be > 0, got {self.lr}, "
+                              f"{self.adam_eps}")
+        if self.target_update_interval <= 0 or self.exploration_steps <= 0:
+            raise ConfigError("dqn.target_update_interval and dqn.exploration_steps must be > 0")
+        if not 0 < self.tau <= 1:
+            raise ConfigError(f"dqn.tau must be in (0, 1], got {self.tau}")
+        for name in ("exploration_initial_eps", "exploration_final_eps"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"dqn.{name} must be in [0, 1], got {getattr(self, name)}")
+        check_hidden("dqn", self.hidden)
+        GradientClip(self.max_grad_norm)
+        if self.manual_backward and self.compile:
+            raise ConfigError("dqn.manual_backward and dqn.compile exclude each other (the "
+                              "hand-derived pass is not compiled); set one of them to false")
+
+
+@dataclass
+class SACConfig(OffPolicyConfig):
+    """SAC hyperparameters (defaults: Stable-Baselines3's SAC defaults)."""
+
+    section: ClassVar[str] = "sac"
+
+    lr: float = 3e-4
+    """Adam learning rate of the actor, the critics and alpha."""
+    tau: float = 0.005
+    """Polyak coefficient of the target critics."""
+    target_update_interval: int = 1
+    """Gradient updates between target-critic updates."""
+    init_alpha: float = 1.0
+    """Initial entropy temperature."""
+    autotune_alpha: bool = True
+    """Learn alpha so that the policy entropy tracks target_entropy."""
+    target_entropy: float | None = None
+    """Entropy target of the alpha loss (None: -action_dim)."""
+    hidden: list[int] = field(default_factory=lambda: [256, 256])
+    """Hidden layer sizes of the actor and of each critic (ReLU)."""
+    use_sde: bool = False
+    """Explore with gSDE (state-dependent noise matrices) instead of independent noise."""
+    sde_sample_freq: int = -1
+    """gSDE: env steps (per env) between new noise matrices; -1: only at the start of
+    each rollout (after each optimisation step)."""
+    init_log_std: float = -3.0
+    """gSDE: initial log std of the noise matrix entries (SB3's log_std_init)."""
+    full_std: bool = True
+    """gSDE: one std per (feature, action) pair; false: one per feature."""
+    use_expln: bool = False
+    """gSDE: std = expln(log_std) (exp below 0, log1p + 1 above) instead of exp."""
+    use_sde_at_warmup: bool = False
+    """gSDE: act with the policy during warm-up instead of uniformly at random."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lr <= 0 or self.init_alpha <= 0:
+            raise ConfigError(f"sac.lr and sac.init_alpha must be > 0, got {self.lr}, "
+                              f"{self.init_alpha}")
+        if not 0 < self.tau <= 1:
+            raise ConfigError(f"sac.tau must be in (0, 1], got {self.tau}")
+        if self.target_update_interval <= 0:
+            raise ConfigError("sac.target_update_interval must be > 0")
+        if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
+            raise ConfigError(f"sac.sde_sample_freq must be > 0 or -1 (once per rollout), "
+                              f"got {self.sde_sample_freq}")
+        check_hidden("sac", self.hidden)
+
+
+@dataclass
+class TD3Config(OffPolicyConfig):
+    """TD3 hyperparameters (defaults: Stable-Baselines3's TD3 defaults, noise 0.1)."""
+
+    section: ClassVar[str] = "td3"
+
+    lr: float = 1e-3
+    """Adam learning rate of the actor and the critics."""
+    tau: float = 0.005
+    """Polyak coefficient of the target networks."""
+    policy_delay: int = 2
+    """Critic updates per actor (and target) update."""
+    target_policy_noise: float = 0.2
+    """Std of the target smoothing noise (normalised action units)."""
+    target_noise_clip: float = 0.5
+    """Clip of the target smoothing noise."""
+    action_noise: Literal["normal", "ornstein_uhlenbeck", "none"] = "normal"
+    """Exploration noise added to mu(s): independent Gaussian, an Ornstein-Uhlenbeck
+    process per env (restarted at each episode end), or none."""
+    action_noise_std: float = 0.1
+    """Std of the Gaussian noise, or the OU process's sigma (normalised action units)."""
+    ou_theta: float = 0.15
+    """OU mean-reversion rate theta (Stable-Baselines3's default)."""
+    ou_dt: float = 1e-2
+    """OU time step dt (Stable-Baselines3's default): each step adds
+    sigma * sqrt(dt) * N(0, 1) and pulls back by theta * dt."""
+    hidden: list[int] = field(default_factory=lambda: [400, 300])
+    """Hidden layer sizes of the actor and of each critic (ReLU)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lr <= 0 or self.policy_delay <= 0:
+            raise ConfigError(f"td3.lr and td3.policy_delay must be > 0, got {self.lr}, "
+                              f"{self.policy_delay}")
+        if not 0 < self.tau <= 1:
+            raise ConfigError(f"td3.tau must be in (0, 1], got {self.tau}")
+        for name in ("target_policy_noise", "target_noise_clip", "action_noise_std",
+                     "ou_theta"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"td3.{name} must be >= 0, got {getattr(self, name)}")
+        if self.ou_dt <= 0:
+            raise ConfigError(f"td3.ou_dt must be > 0, got {self.ou_dt}")
+        check_hidden("td3", self.hidden)
