@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -108,7 +109,23 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
             "return_mean": ev["return_mean"], "return_std": ev["return_std"],
             "episodes": episodes, "best_training_eval": result.best_eval_return,
             "wall_s": round(wall, 1), "load_before": round(load, 2),
-            "load_after": round(os.getloadavg()[0], 2)}
+            "load_after": round(os.getloadavg()[0], 2), **provenance()}
+
+
+def provenance() -> dict[str, str]:
+    """What a measured seed was measured with: rlloop's commit (``+dirty`` when the
+    working tree had changes) and the versions that shape the numbers."""
+    from importlib.metadata import version
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=Path(__file__).parent,
+                              capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
+    return {"commit": commit + dirty,
+            **{f"{name}_version": version(name) for name in ("torch", "gymnasium", "numpy")}}
 
 
 def ratio(ours: float, zoo: float) -> float:
