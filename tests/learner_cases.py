@@ -32,12 +32,17 @@ def ppo_update_case(**config: Any) -> PPOUpdateCase:
     cfg = PPOConfig(minibatch_size=38, max_grad_norm=0.3, ent_coef=0.01, **config)
     module = ActorCritic((4,), Discrete(2), cfg.hidden, cfg.activation, 0.0)
     one = PPOLearner({DEFAULT_MODULE_ID: copy.deepcopy(module)}, cfg)
-    g = torch.Generator().manual_seed(1)
-    n = 75
-    batch = PPOBatch(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g),
-                     -torch.rand(n, generator=g) - 0.5, 3 * torch.randn(n, generator=g) + 1,
-                     torch.randn(n, generator=g), torch.randn(n, generator=g))
+    batch = ppo_batch(75, seed=1)
     kwargs = {"num_epochs": 2, "minibatch_size": 38, "env_steps": 1000}
     expected = one.update_from_batch({DEFAULT_MODULE_ID: batch},
                                      generator=torch.Generator().manual_seed(5), **kwargs)
     return PPOUpdateCase(cfg, module, one, batch, kwargs, expected)
+
+
+def ppo_batch(n: int, seed: int) -> PPOBatch:
+    """``n`` rows of CartPole-shaped PPO data: observations, actions, old log-probs,
+    advantages (mean 1, std 3: standardising them matters), returns and values."""
+    g = torch.Generator().manual_seed(seed)
+    return PPOBatch(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g),
+                    -torch.rand(n, generator=g) - 0.5, 3 * torch.randn(n, generator=g) + 1,
+                    torch.randn(n, generator=g), torch.randn(n, generator=g))

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from learner_cases import ppo_update_case
+from learner_cases import ppo_batch, ppo_update_case
 
 from rlloop.algorithms.ppo import AUTO_MICRO_BATCH, PPOConfig, PPOLearner
 from rlloop.config import build_config
@@ -25,13 +25,6 @@ def _learner(cfg: PPOConfig, module_ids: tuple[str, ...] = ("a",)) -> PPOLearner
     torch.manual_seed(0)
     module = ActorCritic((4,), Discrete(2), cfg.hidden, cfg.activation, 0.0)
     return PPOLearner({m: copy.deepcopy(module) for m in module_ids}, cfg)
-
-
-def _batch(n: int, seed: int) -> PPOBatch:
-    g = torch.Generator().manual_seed(seed)
-    return PPOBatch(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g),
-                    -torch.rand(n, generator=g) - 0.5, 3 * torch.randn(n, generator=g) + 1,
-                    torch.randn(n, generator=g), torch.randn(n, generator=g))
 
 
 def _update(learner: PPOLearner, batches: dict[str, PPOBatch]) -> dict[str, float]:
@@ -57,7 +50,7 @@ def test_micro_batches_make_the_whole_minibatchs_update(micro):
     cfg = PPOConfig(micro_batch=None, max_grad_norm=0.3, ent_coef=0.01, clip_vf=0.2)
     whole, chunked = _learner(cfg), _learner(cfg)
     chunked.micro_batch = micro
-    batch = _batch(75, seed=1)
+    batch = ppo_batch(75, seed=1)
     stats_w = _update(whole, {"a": batch})
     stats_c = _update(chunked, {"a": batch})
     _assert_same(chunked, whole, stats_c, stats_w)
@@ -69,7 +62,7 @@ def test_micro_batches_of_several_modules_with_uneven_batches():
     cfg = PPOConfig(micro_batch=None)
     whole, chunked = _learner(cfg, ("a", "b")), _learner(cfg, ("a", "b"))
     chunked.micro_batch = 10
-    batches = {"a": _batch(64, seed=1), "b": _batch(21, seed=2)}
+    batches = {"a": ppo_batch(64, seed=1), "b": ppo_batch(21, seed=2)}
     _assert_same(chunked, whole, _update(chunked, batches), _update(whole, batches))
 
 
@@ -92,7 +85,7 @@ def test_a_chunked_update_runs_one_pass_per_micro_batch():
         return forward(module_id, batch)
 
     learner.forward_train = counted  # type: ignore[method-assign]
-    learner.update_from_batch({"a": _batch(40, seed=3)}, num_epochs=1)
+    learner.update_from_batch({"a": ppo_batch(40, seed=3)}, num_epochs=1)
     assert rows == [14, 14, 12]  # ceil(40 / 16) = 3 passes of (nearly) equal rows
 
 

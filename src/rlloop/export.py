@@ -52,6 +52,10 @@ class ObsNormalizer(nn.Module):
 class DeterministicPolicy(nn.Module):
     """observation -> normalised observation -> deterministic action of ``algorithm``."""
 
+    #: The exported graph's input and output names, in ``forward``'s order.
+    input_names: tuple[str, ...] = ("obs",)
+    output_names: tuple[str, ...] = ("action",)
+
     def __init__(self, algorithm: AlgorithmBase) -> None:
         super().__init__()
         if algorithm.name not in EXPORTABLE:
@@ -71,6 +75,9 @@ class DeterministicPolicy(nn.Module):
 class RecurrentDeterministicPolicy(DeterministicPolicy):
     """(observation, state) -> (deterministic action, next state) of a recurrent policy:
     one step of its cells, then the heads' mode."""
+
+    input_names = ("obs", "state")
+    output_names = ("action", "next_state")
 
     def __init__(self, algorithm: AlgorithmBase) -> None:
         super().__init__(algorithm)
@@ -113,11 +120,11 @@ def export_bytes(policy: DeterministicPolicy, example: tuple[Tensor, ...], fmt: 
         if fmt == "torchscript":
             torch.jit.save(torch.jit.trace(policy, example), buf)
         else:
-            names = (["obs", "state"], ["action", "next_state"]) if len(example) == 2 \
-                else (["obs"], ["action"])
+            names = (*policy.input_names, *policy.output_names)
             torch.onnx.export(policy, example, buf,  # type: ignore[arg-type]
-                              dynamo=False, input_names=names[0], output_names=names[1],
-                              dynamic_axes={n: {0: "batch"} for n in (*names[0], *names[1])})
+                              dynamo=False, input_names=list(policy.input_names),
+                              output_names=list(policy.output_names),
+                              dynamic_axes={n: {0: "batch"} for n in names})
     return buf.getvalue()
 
 
