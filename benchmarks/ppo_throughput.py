@@ -1,11 +1,11 @@
 """Large-batch PPO throughput: rlloop vs rl8, both stepping rlloop's native CartPole.
 
 Run: ``python benchmarks/ppo_throughput.py --rl8-python PATH [--num-envs 1024]
-[--device cpu] [--iters 3] [--rounds 2]`` (``benchmarks/gpu.py`` is the same benchmark with
-GPU defaults). ``PATH`` is a Python interpreter that can import rl8 (rl8 pins its own
-mlflow, psutil and torchrl, so it usually lives in a virtualenv of its own, next to torch,
-numpy and gymnasium); without it, rl8 runs in this interpreter when it can import rl8,
-and otherwise only rlloop is measured.
+[--device cpu] [--iters 3] [--rounds 2] [--compile]`` (``benchmarks/gpu.py`` is the same
+benchmark with GPU defaults). ``PATH`` is a Python interpreter that can import rl8 (rl8
+pins its own mlflow, psutil and torchrl, so it usually lives in a virtualenv of its own,
+next to torch, numpy and gymnasium); without it, rl8 runs in this interpreter when it can
+import rl8, and otherwise only rlloop is measured.
 
 Both libraries train the same PPO: ``--steps`` (64) env steps per env per iteration, an
 actor and a critic MLP of 256x256 ReLU units each, 4 epochs over the whole batch as one
@@ -17,7 +17,9 @@ dynamics: rl8's side wraps rlloop's ``CartPoleVecEnv`` in rl8's ``Env`` interfac
 Each measurement builds a fresh trainer (rlloop in this process, rl8 in a process of its
 own), runs ``--warmup`` untimed iterations (the first counts FLOPs), then ``--iters`` timed
 ones. rlloop and rl8 alternate for ``--rounds`` rounds, so both see the same machine load;
-each one's fastest round, the one least slowed by other load, is reported. Every run uses
+each one's fastest round, the one least slowed by other load, is reported. ``--compile``
+adds a third contender, rlloop with ``ppo.compile=true`` (in a process of its own; its
+warm-up iteration compiles the update). Every run uses
 ``--threads`` torch threads (default 1: on a shared machine, more threads than idle cores
 make torch's thread pool wait on each other, and throughput collapses). Reported per
 library:
@@ -37,7 +39,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +73,19 @@ class Measurement:
 
 
 def timed(device: str, iterate: Callable[[], Any], warmup: int,
-          iters: int) -> tuple[float, float]:
+          iters: int, count_flops: bool = True) -> tuple[float, float]:
     """Seconds that ``iters`` calls of ``iterate`` take after ``warmup`` (>= 1) untimed
-    ones, and the FLOPs of one call (counted on the first, which is not timed)."""
+    ones, and the FLOPs of one call (counted on the first, which is not timed; 0.0
+    without ``count_flops``)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    with FlopCounterMode(display=False) as counter:
+    flops = 0.0
+    if count_flops:
+        with FlopCounterMode(display=False) as counter:
+            iterate()
+        flops = float(counter.get_total_flops())
+    else:
         iterate()
     for _ in range(warmup - 1):
         iterate()
@@ -86,14 +94,17 @@ def timed(device: str, iterate: Callable[[], Any], warmup: int,
     for _ in range(iters):
         iterate()
     sync()
-    return time.perf_counter() - start, float(counter.get_total_flops())
+    return time.perf_counter() - start, flops
 
 
 # ---------------------------------------------------------------- rlloop (this process)
 
 
 def rlloop_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
-                seed: int) -> Measurement:
+                seed: int, compile: bool = False) -> Measurement:
+    """rlloop's trainer; with ``compile`` its update runs through ``torch.compile``
+    (``ppo.compile=true``; the warm-up iteration compiles it, and the FLOPs, the same
+    maths, are the eager run's)."""
     from rlloop.config import build_config
     from rlloop.run import build_algorithm
     from rlloop.trainer import Trainer
@@ -103,20 +114,26 @@ def rlloop_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
             f"ppo.num_epochs={EPOCHS}", f"ppo.minibatch_size={steps * num_envs}",
             f"ppo.lr={LR}", "ppo.lr_schedule=constant", f"ppo.gamma={GAMMA}",
             f"ppo.gae_lambda={LAMBDA}", "ppo.normalize_obs=false",
-            "ppo.normalize_rewards=false", f"device={device}"]
+            "ppo.normalize_rewards=false", f"device={device}",
+            f"ppo.compile={str(compile).lower()}"]
     config = build_config("ppo", "CartPole-v1", flags={"seed": seed, "backend": "native"},
                           sets=sets)
     algo = build_algorithm(config)
     trainer = Trainer(algo)
     try:
-        seconds, flops = timed(device, trainer.step, warmup, iters)
+        seconds, flops = timed(device, trainer.step, warmup, iters, count_flops=not compile)
     finally:
         algo.close()
         del algo, trainer
         if device.startswith("cuda"):
             torch.cuda.empty_cache()  # rl8 runs next, in another process, on the same GPU
-    return Measurement("rlloop", device, num_envs, iters * steps * num_envs, seconds, flops,
-                       iters)
+    return Measurement("rlloop-compiled" if compile else "rlloop", device, num_envs,
+                       iters * steps * num_envs, seconds, flops, iters)
+
+
+def rlloop_compiled_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
+                         seed: int) -> Measurement:
+    return rlloop_side(device, num_envs, steps, warmup, iters, seed, compile=True)
 
 
 # ---------------------------------------------------------------- rl8 (its own interpreter)
@@ -174,7 +191,7 @@ def rl8_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
                        iters)
 
 
-SIDES = {"rlloop": rlloop_side, "rl8": rl8_side}
+SIDES = {"rlloop": rlloop_side, "rlloop-compiled": rlloop_compiled_side, "rl8": rl8_side}
 
 
 # ---------------------------------------------------------------- orchestration
@@ -182,7 +199,8 @@ SIDES = {"rlloop": rlloop_side, "rl8": rl8_side}
 
 def measure(library: str, python: str, args: argparse.Namespace, num_envs: int,
             device: str) -> Measurement:
-    """rlloop in this process; rl8 in a fresh ``python`` process (its last stdout line is
+    """rlloop in this process (compiled: in a fresh one, as rl8, so that no compiled
+    graph outlives its round); rl8 in a fresh ``python`` process (its last stdout line is
     the result)."""
     if library == "rlloop":
         return rlloop_side(device, num_envs, args.steps, args.warmup, args.iters, args.seed)
@@ -223,20 +241,26 @@ def report(results: dict[tuple[str, int], list[Measurement]], peak: float,
            device_name: str, threads: int) -> None:
     print(f"\ndevice: {device_name}; torch threads {threads}; matmul peak (fp32) "
           f"{peak / 1e9:,.1f} GFLOP/s; load average {os.getloadavg()[0]:.1f}")
-    head = (f"{'library':8s} {'envs':>6s} {'rounds':>6s} {'env/s (best)':>14s} "
+    head = (f"{'library':15s} {'envs':>6s} {'rounds':>6s} {'env/s (best)':>14s} "
             f"{'all rounds':>24s} {'GFLOP/it':>9s} {'peak':>6s}")
     print(head)
     print("-" * len(head))
     for (library, num_envs), runs in results.items():
         best = best_round(runs)
+        if not best.flops_per_iter:  # compiled: the eager run's count (the same maths)
+            eager = best_round(results["rlloop", num_envs])
+            best = replace(best, flops_per_iter=eager.flops_per_iter)
         rounds = " ".join(f"{m.env_sps:,.0f}" for m in runs)
-        print(f"{library:8s} {num_envs:6d} {len(runs):6d} {best.env_sps:14,.0f} {rounds:>24s} "
-              f"{best.flops_per_iter / 1e9:9.1f} {best.flops_ps / peak:6.1%}")
+        print(f"{library:15s} {num_envs:6d} {len(runs):6d} {best.env_sps:14,.0f} "
+              f"{rounds:>24s} {best.flops_per_iter / 1e9:9.1f} {best.flops_ps / peak:6.1%}")
     for num_envs in dict.fromkeys(n for _, n in results):
-        if ("rl8", num_envs) in results:
-            ours = best_round(results["rlloop", num_envs]).env_sps
-            theirs = best_round(results["rl8", num_envs]).env_sps
-            print(f"{num_envs} envs: rlloop / rl8 env steps/s {ours / theirs:.2f}x")
+        if ("rl8", num_envs) not in results:
+            continue
+        theirs = best_round(results["rl8", num_envs]).env_sps
+        for library in ("rlloop", "rlloop-compiled"):
+            if (library, num_envs) in results:
+                ours = best_round(results[library, num_envs]).env_sps
+                print(f"{num_envs} envs: {library} / rl8 env steps/s {ours / theirs:.2f}x")
 
 
 def device_name(device: str) -> str:
@@ -265,6 +289,8 @@ def parse_args(argv: Sequence[str] | None, device: str,
                         help="time spent measuring the matmul peak")
     parser.add_argument("--rl8-python", default=None,
                         help="interpreter that can import rl8 (default: this one, if it can)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also measure rlloop with ppo.compile=true (a third contender)")
     parser.add_argument("--side", choices=sorted(SIDES), default=None,
                         help="measure one library in this process and print it as JSON")
     args = parser.parse_args(argv)
@@ -292,7 +318,9 @@ def main(argv: Sequence[str] | None = None, *, device: str = "cpu",
     if rl8_python is None:
         print("rl8 is not importable here and --rl8-python was not given: "
               "measuring rlloop only")
-    contenders = {"rlloop": sys.executable, **({"rl8": rl8_python} if rl8_python else {})}
+    contenders = {"rlloop": sys.executable,
+                  **({"rlloop-compiled": sys.executable} if args.compile else {}),
+                  **({"rl8": rl8_python} if rl8_python else {})}
     results: dict[tuple[str, int], list[Measurement]] = {}
     for n in args.num_envs:
         for round_ in range(args.rounds):

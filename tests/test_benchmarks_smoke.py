@@ -47,3 +47,18 @@ def test_gpu_benchmark_on_cpu(monkeypatch: pytest.MonkeyPatch,
 def test_cuda_without_gpu_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SystemExit, match="no CUDA device is visible; use --device cpu"):
         run_gpu_benchmark(monkeypatch, "--device", "cuda", "--num-envs", "16")
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_measures_the_compiled_update(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    run_gpu_benchmark(monkeypatch, "--device", "cpu", "--num-envs", "16", "--steps", "4",
+                      "--iters", "1", "--rounds", "1", "--peak-seconds", "0.05", "--compile")
+    out = capsys.readouterr().out
+    # the compiled run (its own process) reports the eager run's FLOPs: the same maths
+    rows = {m[1]: m for m in re.finditer(
+        r"^(rlloop|rlloop-compiled)\s+16\s+1\s+([\d,]+)\s+[\d,]+\s+([\d.]+)\s+([\d.]+)%$", out,
+        re.MULTILINE)}
+    assert rows.keys() == {"rlloop", "rlloop-compiled"}, out
+    assert rows["rlloop-compiled"][3] == rows["rlloop"][3]
+    assert float(rows["rlloop-compiled"][4]) > 0

@@ -1,5 +1,6 @@
-"""``<algo>.compile=true``: the update runs through ``torch.compile`` and computes what the
-eager update computes (same batches, same noise, same losses and parameters).
+"""``<algo>.compile=true``: the update (PPO's: each micro-batch's forward pass and loss)
+runs through ``torch.compile`` and computes what the eager update computes (same batches,
+same noise, same losses and parameters).
 
 Compiling takes tens of seconds on a small CPU, so the comparisons are marked slow.
 """
@@ -13,6 +14,7 @@ import torch
 from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
+from rlloop.algorithms.ppo import PPO
 from rlloop.config import build_config
 from rlloop.errors import ConfigError
 from rlloop.run import build_algorithm
@@ -61,7 +63,46 @@ def test_top_level_compile_sets_the_algorithm_setting():
     assert not build_config("sac", "Pendulum-v1", sets=["compile=false",
                                                         "sac.compile=true"]).hparams.compile
     assert build_config("td3", "Pendulum-v1", sets=["td3.compile=true"]).hparams.compile
-    with pytest.raises(ConfigError, match="compile: ppo has no compiled update"):
-        build_config("ppo", "CartPole-v1", sets=["compile=true"])
+    assert build_config("ppo", "CartPole-v1", sets=["compile=true"]).hparams.compile
+    assert build_config("ma_ppo", "pettingzoo:classic.tictactoe_v3",
+                        sets=["ma_ppo.compile=true"]).hparams.compile
     with pytest.raises(ConfigError, match=r"manual_backward and dqn\.compile exclude"):
         build_config("dqn", "CartPole-v1", sets=["compile=true", "dqn.manual_backward=true"])
+
+
+def test_ppo_compile_refuses_recurrent_policies():
+    with pytest.raises(ConfigError, match=r"ppo\.compile covers feed-forward policies only"):
+        build_config("ppo", "CartPole-v1", sets=["ppo.compile=true", "ppo.recurrent=gru"])
+
+
+def _ppo(env: str, compile: bool, sets: list[str]) -> PPO:
+    sets = ["mlflow=false", "progress=false", "num_envs=4", "ppo.rollout_steps=32",
+            "ppo.hidden=[32,32]", "ppo.num_epochs=2", "ppo.minibatch_size=64",
+            "ppo.micro_batch=32", f"ppo.compile={str(compile).lower()}", *sets]
+    return cast(PPO, build_algorithm(build_config("ppo", env, flags={"seed": 3}, sets=sets)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("env", "sets"), [
+    ("CartPole-v1", []),
+    # Box actions with gSDE, and schedules that move clip_coef and ent_coef every update:
+    # they enter the graph as tensors, so they must not recompile it.
+    ("Pendulum-v1", ["ppo.use_sde=true",
+                     "ppo.clip_coef={type: linear, start: 0.3, end: 0.1, steps: 400}",
+                     "ppo.ent_coef={type: linear, start: 0.02, end: 0.0, steps: 400}"]),
+])
+def test_compiled_ppo_updates_equal_eager_updates(env, sets):
+    torch._dynamo.reset()  # graphs of the other case belong to the same function
+    eager, compiled = _ppo(env, False, sets), _ppo(env, True, sets)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for i in range(3):
+            eager.collect(), compiled.collect()
+            a, b = eager.update(128 * i), compiled.update(128 * i)
+            assert a.keys() == b.keys()
+            for key in (k for k in a if not k.endswith("_throughput")):  # wall-clock rates
+                assert_close(torch.as_tensor(b[key]), torch.as_tensor(a[key]),
+                             rtol=1e-4, atol=1e-5, msg=key)
+    assert compiled.learner._compiled_loss is not None  # it went through torch.compile
+    for p, q in zip(eager.learner.modules.parameters(), compiled.learner.modules.parameters(),
+                    strict=True):
+        assert_close(q, p, rtol=1e-4, atol=1e-5)

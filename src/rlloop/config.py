@@ -200,8 +200,8 @@ class RunConfig:
             self.hparams = ALGORITHMS[self.algo].config_cls()
         if self.compile is not None:
             if not hasattr(self.hparams, "compile"):
-                raise ConfigError(f"compile: {self.algo} has no compiled update (dqn, sac and "
-                                  "td3 have); drop the setting")
+                raise ConfigError(f"compile: {self.algo} has no compiled update (ppo, ma_ppo, "
+                                  "dqn, sac and td3 have); drop the setting")
             self.hparams.compile = self.compile
             self.hparams.__post_init__()  # re-check the combination (dqn.manual_backward)
         check_env_runners(self)

@@ -45,6 +45,8 @@ class PPOLearner(Learner[PPOBatch]):
         super().__init__(modules, config, on_nonfinite=on_nonfinite,  # type: ignore[arg-type]
                          policies_to_train=policies_to_train, stats_prefix=stats_prefix)
         self.micro_batch = self.micro_batch_rows(config.micro_batch)
+        #: ``ppo.compile``: :func:`_module_loss` through ``torch.compile`` (built on first use).
+        self._compiled_loss: Callable[..., tuple[Tensor, dict[str, Tensor]]] | None = None
 
     def micro_batch_rows(self, setting: int | Literal["auto"] | None) -> int | None:
         """``ppo.micro_batch`` resolved on the modules' device."""
@@ -74,7 +76,10 @@ class PPOLearner(Learner[PPOBatch]):
         self.register_hyperparameter(module_id, "clip_coef", config.clip_coef)
         self.register_hyperparameter(module_id, "ent_coef", config.ent_coef)
 
-    def forward_train(self, module_id: str, batch: PPOBatch) -> tuple[ActionDist, Tensor]:
+    def forward_train(self, module_id: str, batch: PPOBatch
+                      ) -> tuple[ActionDist, Tensor] | None:
+        if self.config.compile:
+            return None  # the compiled loss runs the module inside its own graph
         module = self.modules[module_id]
         assert isinstance(module, ActorCritic)
         return module.dist_value(batch.obs)
@@ -82,14 +87,44 @@ class PPOLearner(Learner[PPOBatch]):
     def compute_loss_for_module(self, module_id: str, config: PPOConfig, batch: PPOBatch,
                                 fwd_out: tuple[ActionDist, Tensor] | None = None,
                                 ) -> tuple[Tensor, dict[str, Tensor]]:
-        dist, values = fwd_out or self.forward_train(module_id, batch)
-        actions = batch.actions.flatten(1) if batch.actions.dim() > 1 else batch.actions
         # prepare_minibatch has standardised the advantages
-        cfg = PPOLossConfig(self.hyperparameter(module_id, "clip_coef"), config.vf_coef,
-                            self.hyperparameter(module_id, "ent_coef"), config.clip_vf,
-                            normalize_advantages=False)
-        return ppo_loss(dist.log_prob(actions), batch.log_probs, batch.advantages, values,
-                        batch.values, batch.returns, dist.entropy(), cfg)
+        coefs = (self.hyperparameter(module_id, "clip_coef"), config.vf_coef,
+                 self.hyperparameter(module_id, "ent_coef"), config.clip_vf)
+        if fwd_out is not None:
+            return _loss_of(fwd_out, batch, *coefs)
+        module = self.modules[module_id]
+        if not self.config.compile:
+            return _module_loss(module, batch, *coefs)
+        if self._compiled_loss is None:
+            # Built on first use: torch.compile imports torch._dynamo (about a second).
+            self._compiled_loss = torch.compile(_module_loss)
+        # The scheduled coefficients enter as 0-dim tensors, graph inputs: a float would be
+        # a constant of the graph, recompiled whenever a schedule moves it.
+        clip_coef, vf_coef, ent_coef, clip_vf = coefs
+        device = batch.advantages.device
+        return self._compiled_loss(module, batch, torch.tensor(clip_coef, device=device),
+                                   vf_coef, torch.tensor(ent_coef, device=device), clip_vf)
+
+
+def _module_loss(module: nn.Module, batch: PPOBatch, clip_coef: float | Tensor,
+                 vf_coef: float, ent_coef: float | Tensor, clip_vf: float | None
+                 ) -> tuple[Tensor, dict[str, Tensor]]:
+    """The PPO loss of ``module`` on ``batch``, its forward pass included: the function
+    ``ppo.compile`` compiles (forward, loss and, through autograd, their backward)."""
+    assert isinstance(module, ActorCritic)
+    return _loss_of(module.dist_value(batch.obs), batch, clip_coef, vf_coef, ent_coef, clip_vf)
+
+
+def _loss_of(fwd_out: tuple[ActionDist, Tensor], batch: PPOBatch, clip_coef: float | Tensor,
+             vf_coef: float, ent_coef: float | Tensor, clip_vf: float | None
+             ) -> tuple[Tensor, dict[str, Tensor]]:
+    """The PPO loss of a forward pass's ``(dist, values)`` on ``batch`` (advantages
+    standardised already)."""
+    dist, values = fwd_out
+    actions = batch.actions.flatten(1) if batch.actions.dim() > 1 else batch.actions
+    cfg = PPOLossConfig(clip_coef, vf_coef, ent_coef, clip_vf, normalize_advantages=False)
+    return ppo_loss(dist.log_prob(actions), batch.log_probs, batch.advantages, values,
+                    batch.values, batch.returns, dist.entropy(), cfg)
 
 
 class PPO(AlgorithmBase):

@@ -41,6 +41,10 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
     so a large minibatch's activations stay in the CPU's cache (1.8x faster per epoch at
     65,536 rows of a 256x256 MLP). "auto": 1024 rows on a CPU, whole minibatches on
     other devices; null: whole minibatches."""
+    compile: bool = False
+    """Run each micro-batch's forward pass and loss (and so their backward) through
+    torch.compile: fused elementwise kernels, about 15% off a large-batch update on a CPU.
+    The first update compiles (seconds to a minute); feed-forward policies only."""
     lr: float = 3e-4
     """Adam learning rate (start value when lr_schedule is linear)."""
     lr_schedule: Literal["constant", "linear"] = "constant"
@@ -145,6 +149,9 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
                               f"rollout), got {self.sde_sample_freq}")
         if self.net is not None:
             check_net_path(self.net, f"{self.section}.net")
+        if self.compile and self.recurrent is not None:
+            raise ConfigError(f"{self.section}.compile covers feed-forward policies only; drop "
+                              f"{self.section}.compile or {self.section}.recurrent")
         GradientClip(self.max_grad_norm, self.grad_clip_by)
         if self.encoder not in ENCODERS:
             raise ConfigError(f"{self.section}.encoder must be one of {list(ENCODERS)}, "

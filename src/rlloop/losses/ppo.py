@@ -13,16 +13,18 @@ class PPOLossConfig:
     """Coefficients of the PPO objective.
 
     Attributes:
-        clip_coef: epsilon of the clipped surrogate, ``ratio in [1-eps, 1+eps]``.
+        clip_coef: epsilon of the clipped surrogate, ``ratio in [1-eps, 1+eps]`` (a number,
+            or a 0-dim tensor: a compiled update's graph input).
         vf_coef: Weight of the value loss.
-        ent_coef: Weight of the entropy bonus (subtracted from the loss).
+        ent_coef: Weight of the entropy bonus (subtracted from the loss; a number or a
+            0-dim tensor).
         clip_vf: If set, clip the new value to ``old_value +- clip_vf`` (PPO2 style).
         normalize_advantages: Standardise advantages within the minibatch.
     """
 
-    clip_coef: float = 0.2
+    clip_coef: float | Tensor = 0.2
     vf_coef: float = 0.5
-    ent_coef: float = 0.0
+    ent_coef: float | Tensor = 0.0
     clip_vf: float | None = None
     normalize_advantages: bool = True
 
@@ -68,7 +70,8 @@ def ppo_loss(
     log_ratio = log_prob - old_log_prob
     ratio = log_ratio.exp()
     surrogate = ratio * advantages
-    clipped = ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef) * advantages
+    eps = cfg.clip_coef  # a float, or a 0-dim tensor (torch's stubs name one or the other)
+    clipped = ratio.clamp(1 - eps, 1 + eps) * advantages  # type: ignore[arg-type]
     policy_loss = -mean(torch.min(surrogate, clipped))
 
     value_err = (values - returns).pow(2)
