@@ -1,14 +1,15 @@
 """rlloop's presets against rl-zoo's published scores, one row per (env, algorithm).
 
 Run: ``python benchmarks/zoo.py [--only ENV/ALGO ...] [--fraction F] [--seeds 3]
-[--results zoo.jsonl] [--table table.md]``
+[--jobs N] [--results zoo.jsonl] [--table table.md]``
 
 Each preset with a ``benchmark:`` entry (rl-zoo's budget and score) trains for
-``F x budget`` env steps on each seed, one seed after another, with rlloop's stop-on-solve
-rule off (rl-zoo trains the whole budget). The best policy of the run (``<run>/best``, the
-one ``rlloop eval`` loads) is then evaluated afresh on ``--eval-episodes`` deterministic
-episodes with seeds the training never saw. rl-zoo's scores are one run each, also
-deterministic.
+``F x budget`` env steps on each seed, one seed after another (``--jobs N``: N seeds at
+once, each in a process of its own with one torch thread, for machines with N free
+cores), with rlloop's stop-on-solve rule off (rl-zoo trains the whole budget). The best
+policy of the run (``<run>/best``, the one ``rlloop eval`` loads) is then evaluated afresh
+on ``--eval-episodes`` deterministic episodes with seeds the training never saw. rl-zoo's
+scores are one run each, also deterministic.
 
 Resumable: every measured seed is one line of the ``--results`` JSONL file, and a
 (env, algo, seed, fraction) already there is not trained again, so the table fills over
@@ -21,12 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,6 +116,28 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
             "load_after": round(os.getloadavg()[0], 2), **provenance()}
 
 
+def trained(todo: list[tuple[Row, int]], fraction: float, episodes: int, runs: Path,
+            jobs: int) -> Iterator[dict[str, Any]]:
+    """Train every (row, seed) of ``todo``, yielding each result as it is measured: in
+    this process, or in ``jobs`` worker processes (spawned, one torch thread each)."""
+    if jobs == 1:
+        for row, seed in todo:
+            yield train_one(row, seed, fraction, episodes, runs)
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_one_thread) as pool:
+        futures = [pool.submit(train_one, row, seed, fraction, episodes, runs)
+                   for row, seed in todo]
+        for future in as_completed(futures):
+            yield future.result()
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def provenance() -> dict[str, str]:
     """What a measured seed was measured with: rlloop's commit (``+dirty`` when the
     working tree had changes) and the versions that shape the numbers."""
@@ -174,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fraction", type=float, default=1.0,
                    help="train this fraction of rl-zoo's budget (default 1)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="seeds trained at once, one process each (default 1)")
     p.add_argument("--eval-episodes", type=int, default=20)
     p.add_argument("--results", default=str(Path(__file__).with_name("zoo_results.jsonl")),
                    help="JSONL of measured seeds (default: the one beside this script)")
@@ -181,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table", help="also write the Markdown table to this file")
     p.add_argument("--table-only", action="store_true", help="train nothing; print the table")
     args = p.parse_args(argv)
-    if not 0 < args.fraction <= 1 or args.seeds < 1:
-        raise SystemExit("--fraction must be in (0, 1] and --seeds >= 1")
+    if not 0 < args.fraction <= 1 or args.seeds < 1 or args.jobs < 1:
+        raise SystemExit("--fraction must be in (0, 1], --seeds >= 1 and --jobs >= 1")
     import torch
 
     torch.set_num_threads(1)
@@ -190,19 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     results_path = Path(args.results)
     results = load_results(results_path)
     if not args.table_only:
+        todo = [(row, seed) for row in selected for seed in range(args.seeds)
+                if not measured(results, row, seed, args.fraction)]
         with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
             runs = Path(args.runs_dir or tmp)
-            for row in selected:
-                for seed in range(args.seeds):
-                    if measured(results, row, seed, args.fraction):
-                        continue
-                    out = train_one(row, seed, args.fraction, args.eval_episodes, runs)
-                    results.append(out)
-                    with results_path.open("a", encoding="utf-8") as f:
-                        f.write(json.dumps(out) + "\n")
-                    print(f"{row.name} seed {seed}: {out['return_mean']:.1f} "
-                          f"({out['env_steps']:,} steps, {out['wall_s']:.0f} s, "
-                          f"load {out['load_before']})", flush=True)
+            for out in trained(todo, args.fraction, args.eval_episodes, runs, args.jobs):
+                results.append(out)  # only this process writes the file: one line per seed
+                with results_path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(out) + "\n")
+                print(f"{out['env']}/{out['algo']} seed {out['seed']}: "
+                      f"{out['return_mean']:.1f} ({out['env_steps']:,} steps, "
+                      f"{out['wall_s']:.0f} s, load {out['load_before']})", flush=True)
     text = table(selected, results)
     print(text, end="")
     if args.table:
