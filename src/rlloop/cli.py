@@ -350,7 +350,7 @@ def _eval(args: argparse.Namespace) -> int:
     if not 0 < args.episodes <= MAX_EVAL_EPISODES:
         raise ConfigError(f"--episodes must be in 1..{MAX_EVAL_EPISODES}, got {args.episodes}")
     check_run_dir(args.run_dir)  # before torch is imported
-    from rlloop.run import evaluate_run
+    from rlloop.saved_runs import evaluate_run
 
     stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend, args.device,
                          allow_import=args.allow_import,

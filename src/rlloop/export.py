@@ -132,7 +132,7 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
                allow_import: bool = False) -> Path:
     """Write the deterministic policy of ``run_dir``'s best checkpoint as ``fmt`` (onnx or
     torchscript) to ``out`` (default ``<run>/policy.onnx`` or ``<run>/policy.pt``)."""
-    from rlloop.run import load_run_policy
+    from rlloop.saved_runs import load_run_policy
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; choose one of {sorted(FORMATS)}")

@@ -1,7 +1,8 @@
 """A training run on disk: run directory, sinks, checkpoints, signals, resume.
 
 This is the composition root the CLI calls. The :class:`~rlloop.trainer.Trainer`
-knows nothing about files; everything that touches the run directory lives here.
+knows nothing about files; everything that writes the run directory lives here (reading a
+finished run back is :mod:`rlloop.saved_runs`).
 
 Run directory layout::
 
@@ -21,7 +22,6 @@ Run directory layout::
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -38,88 +38,49 @@ from typing import Any, cast
 import torch
 import yaml
 
-from rlloop.algorithms import ALGORITHMS, AlgorithmBase, EnvSettings, PPOConfig
+from rlloop.algorithms import ALGORITHMS
+from rlloop.builder import COMPONENTS, build_algorithm
 from rlloop.callbacks import Callback, UserCallbacks
 from rlloop.checkpoint import (
-    CheckpointError,
     CheckpointManager,
     capture_rng_state,
-    load_checkpoint,
     restore_rng_state,
     save_replacing,
-    verify_checkpoint,
 )
 from rlloop.conditions import Condition, HitsUpperBound
-from rlloop.config import RunConfig, build_config, load_yaml, resumable
-from rlloop.devices import keep_freed_host_memory, resolve_device
+from rlloop.config import RunConfig, build_config, resumable
 from rlloop.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
-from rlloop.envs.core import Box, Discrete, MultiBinary, MultiDiscrete
-from rlloop.envs.imports import check_env_import, check_net_import
-from rlloop.envs.objects import check_object_env
-from rlloop.envs.registry import env_spec, resolve_env_id
+from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.learners.distributed import LearnerGroupError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
 from rlloop.logging.process_sink import has_spare
-from rlloop.memory import check_memory
 from rlloop.numerics import flushed_denormals
 from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.profiling import TraceProfiler
 from rlloop.report import FIGURE_PRELOAD, FigureWriter, read_metrics, write_figures, write_report
 from rlloop.run_lock import RunLock
 from rlloop.runfiles import check_members, check_run_dir, write_file
+from rlloop.saved_runs import (
+    acting_config,
+    evaluate_run,
+    load_policy,
+    load_run_config,
+    load_run_policy,
+    policy_checkpoint,
+)
 from rlloop.signals import StopInterrupted, save_due, supervised
 from rlloop.timing import PhaseTimes, TimedSink
 from rlloop.trainer import Stats, Trainer
 
-COMPONENTS = ("algorithm", "trainer", "rng")
+#: ``rlloop.run`` is the entry point users import from: building an algorithm
+#: (:mod:`rlloop.builder`) and reading a saved run (:mod:`rlloop.saved_runs`) are here too.
+__all__ = ["COMPONENTS", "RunResult", "Session", "acting_config", "build_algorithm",
+           "default_run_dir", "evaluate_run", "load_policy", "load_run_config",
+           "load_run_policy", "policy_checkpoint", "resume", "resume_config",
+           "solve_threshold", "train"]
+
 _log = logging.getLogger(__name__)
-
-
-def build_algorithm(config: RunConfig) -> AlgorithmBase:
-    """Validate the config against the env's spaces, then build the algorithm.
-
-    Checks that need no env run first, so bad sizes fail before any env is created, and
-    settings whose memory cannot fit fail before anything is allocated.
-    """
-    keep_freed_host_memory()
-    # With env runners the batch holds every runner's envs: num_env_runners x M.
-    num_envs = config.num_envs
-    if config.num_env_runners:
-        from rlloop.runners.ray_runners import envs_per_runner
-
-        num_envs = config.num_env_runners * envs_per_runner(config)
-    check = getattr(config.hparams, "check_batch", None)
-    if check is not None:
-        check(num_envs)
-    spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
-    entry = ALGORITHMS[config.algo]
-    space = spec.action_space
-    if isinstance(space, MultiDiscrete | MultiBinary) and config.algo != "ppo":
-        raise ConfigError(f"{config.algo} takes Discrete or Box actions but {config.env} has "
-                          f"{type(space).__name__} ones; use ppo for this env")
-    if isinstance(space, Discrete) and not entry.discrete:
-        raise ConfigError(f"{config.algo} needs continuous (Box) actions but {config.env} has "
-                          "discrete ones; use ppo or dqn for this env")
-    if isinstance(space, Box) and not entry.continuous:
-        raise ConfigError(f"{config.algo} needs discrete actions but {config.env} has "
-                          "continuous ones; use ppo, sac or td3 for this env")
-    check_memory(config, spec)
-    settings = EnvSettings(config.env, spec, num_envs, config.backend, config.seed,
-                           config.total_env_steps, config.horizons_per_env_reset,
-                           dict(config.env_kwargs), config.on_nonfinite,
-                           resolve_device(config.device),
-                           step_timeout=config.step_timeout)
-    algorithm = entry.build(config.hparams, settings)
-    if config.num_env_runners:
-        from rlloop.runners.ray_runners import attach_env_runners
-
-        try:
-            attach_env_runners(algorithm, config)
-        except BaseException:
-            algorithm.close()
-            raise
-    return algorithm
 
 
 def default_run_dir(config: RunConfig) -> Path:
@@ -587,43 +548,6 @@ def _no_checkpoint(run_dir: Path) -> RunDirError:
                        "directory or pick another --run-dir")
 
 
-def acting_config(config: RunConfig) -> RunConfig:
-    """``config`` with one training env, for loading a policy and acting with it.
-
-    Evaluation runs on the algorithm's own eval envs; building the run's ``num_envs``
-    training envs too would start a process per env for an async run. PPO's batch rule
-    (minibatch <= rollout_steps * num_envs) is relaxed to match: nothing is trained.
-    """
-    hparams = config.hparams
-    if isinstance(hparams, PPOConfig):
-        hparams = dataclasses.replace(
-            hparams, minibatch_size=min(hparams.minibatch_size, hparams.rollout_steps))
-    return dataclasses.replace(config, num_envs=1, num_env_runners=0, hparams=hparams)
-
-
-def load_run_config(run_dir: str | Path, *, allow_import: bool = False,
-                    **flags: Any) -> RunConfig:
-    """The saved config of a run, with ``flags`` (e.g. total_env_steps) overriding it.
-
-    A run directory is untrusted data: an env id in it that would import a module by name
-    is refused unless ``allow_import`` (see ``rlloop.envs.imports``).
-    """
-    path = check_run_dir(run_dir)
-    saved = load_yaml(path / "config.yaml")
-    env = saved.get("env")
-    if isinstance(env, str):
-        check_env_import(env, allow_import=allow_import, source=str(path))
-        check_object_env(env, source=str(path))
-        if allow_import:  # consented: import it now (make_env never imports a module:Id)
-            resolve_env_id(env, allow_import=True)
-    algo = saved.get("algo", "ppo")
-    section = saved.get(algo)
-    net = section.get("net") if isinstance(section, dict) else None
-    if isinstance(net, str):
-        check_net_import(net, allow_import=allow_import, source=str(path), key=f"{algo}.net")
-    return build_config(saved.get("algo", "ppo"), env, base=saved, flags=flags)
-
-
 def resume_config(run_dir: str | Path, *, allow_import: bool = False, env: str | None = None,
                   file: str | Path | None = None, sets: list[str] | None = None,
                   **flags: Any) -> RunConfig:
@@ -661,87 +585,6 @@ def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = Fal
         raise _no_checkpoint(Path(run_dir))
     return _run_session(config, Path(run_dir), resume=True, console=console,
                         callbacks=callbacks, started_at=started_at)
-
-
-def policy_checkpoint(run_dir: Path, notify: Callable[[str], None] | None = None) -> Path:
-    """The best checkpoint of a run, else its latest one.
-
-    A damaged or incomplete ``best/`` is passed over for the newest intact checkpoint, with
-    one line to ``notify`` (default: a logged warning) saying so.
-    """
-    best = run_dir / "best"
-    latest = CheckpointManager(run_dir / "checkpoints").latest
-    if best.exists():
-        try:
-            verify_checkpoint(best)
-            return best
-        except CheckpointError as e:
-            fallback = latest()
-            if fallback is None:
-                raise RunDirError(f"{best} is damaged ({_first_clause(e)}) and {run_dir} has "
-                                  "no intact checkpoint; train the run again") from e
-            (notify or _log.warning)(f"{best} is damaged ({_first_clause(e)}); using the "
-                                     f"newest intact checkpoint {fallback} instead")
-            return fallback
-    found = latest()
-    if found is None:
-        raise RunDirError(f"{run_dir} has no checkpoint yet; train it first")
-    return found
-
-
-def _first_clause(error: Exception) -> str:
-    """``<file>: <problem>`` of a checkpoint error, without its advice."""
-    return str(error).split(". ", 1)[0]
-
-
-def evaluate_run(run_dir: str | Path, episodes: int = 20, backend: str | None = None,
-                 device: str | None = None, *, allow_import: bool = False,
-                 notify: Callable[[str], None] | None = None) -> dict[str, float]:
-    """Load a run's best policy and evaluate it deterministically on ``episodes`` episodes
-    (on ``device``, default the run's own: checkpoints load on any device).
-
-    ``notify`` gets one line if a damaged ``best/`` is passed over (see `policy_checkpoint`).
-    """
-    algorithm = load_run_policy(run_dir, backend, device, allow_import=allow_import,
-                                notify=notify)
-    try:
-        return algorithm.evaluate(episodes)
-    finally:
-        algorithm.close()
-
-
-def load_run_policy(run_dir: str | Path, backend: str | None = None, device: str | None = None,
-                    *, allow_import: bool = False,
-                    notify: Callable[[str], None] | None = None) -> AlgorithmBase:
-    """A run's algorithm with its best policy loaded, built for acting (one training env);
-    the caller closes it. Arguments as for :func:`evaluate_run`."""
-    flags: dict[str, Any] = {"mlflow": False}
-    if backend:
-        flags["backend"] = backend
-    if device:
-        flags["device"] = device
-    config = load_run_config(run_dir, allow_import=allow_import, **flags)
-    # The run's thread count, as in training: torch's default (every core) makes each small
-    # op of acting wait on the others, several times slower on a busy machine.
-    torch.set_num_threads(config.torch_threads)
-    return load_policy(config, Path(run_dir), notify)
-
-
-def load_policy(config: RunConfig, run_dir: Path | None,
-                notify: Callable[[str], None] | None = None) -> AlgorithmBase:
-    """The algorithm of ``config`` built for acting (see `acting_config`), with the policy
-    of ``run_dir``'s `policy_checkpoint` loaded; untrained when ``run_dir`` is None."""
-    algorithm = build_algorithm(acting_config(config))
-    if run_dir is None:
-        return algorithm
-    try:
-        path = policy_checkpoint(run_dir, notify)
-        state = load_checkpoint(path, expected_components=COMPONENTS).components["algorithm"]
-        algorithm.set_policy_state(state)
-    except BaseException:
-        algorithm.close()
-        raise
-    return algorithm
 
 
 def _in_thread(work: Callable[[], Any]) -> Callable[[], Any]:

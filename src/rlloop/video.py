@@ -133,17 +133,12 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
             with ``render_mode="rgb_array"`` (Gymnasium).
     """
     from rlloop.algorithms.base import EVAL_SEED_OFFSET
+    from rlloop.builder import COMPONENTS, build_algorithm
     from rlloop.checkpoint import load_checkpoint
     from rlloop.envs.core import EnvError
     from rlloop.envs.registry import is_pettingzoo_id, make_env
     from rlloop.envs.wrappers import NormalizeObservation
-    from rlloop.run import (
-        COMPONENTS,
-        acting_config,
-        build_algorithm,
-        load_run_config,
-        policy_checkpoint,
-    )
+    from rlloop.saved_runs import acting_config, load_run_config, policy_checkpoint
 
     flags: dict[str, Any] = {"mlflow": False}
     if backend:

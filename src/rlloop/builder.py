@@ -1,0 +1,61 @@
+"""Building an algorithm from a run config: the checks that need the env's spaces, then
+the registry entry's builder (and Ray env runners when the config asks for them)."""
+
+from __future__ import annotations
+
+from rlloop.algorithms import ALGORITHMS, AlgorithmBase, EnvSettings
+from rlloop.config import RunConfig
+from rlloop.devices import keep_freed_host_memory, resolve_device
+from rlloop.envs.core import Box, Discrete, MultiBinary, MultiDiscrete
+from rlloop.envs.registry import env_spec
+from rlloop.errors import ConfigError
+from rlloop.memory import check_memory
+
+#: The components of a run's checkpoint.
+COMPONENTS = ("algorithm", "trainer", "rng")
+
+
+def build_algorithm(config: RunConfig) -> AlgorithmBase:
+    """Validate the config against the env's spaces, then build the algorithm.
+
+    Checks that need no env run first, so bad sizes fail before any env is created, and
+    settings whose memory cannot fit fail before anything is allocated.
+    """
+    keep_freed_host_memory()
+    # With env runners the batch holds every runner's envs: num_env_runners x M.
+    num_envs = config.num_envs
+    if config.num_env_runners:
+        from rlloop.runners.ray_runners import envs_per_runner
+
+        num_envs = config.num_env_runners * envs_per_runner(config)
+    check = getattr(config.hparams, "check_batch", None)
+    if check is not None:
+        check(num_envs)
+    spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
+    entry = ALGORITHMS[config.algo]
+    space = spec.action_space
+    if isinstance(space, MultiDiscrete | MultiBinary) and config.algo != "ppo":
+        raise ConfigError(f"{config.algo} takes Discrete or Box actions but {config.env} has "
+                          f"{type(space).__name__} ones; use ppo for this env")
+    if isinstance(space, Discrete) and not entry.discrete:
+        raise ConfigError(f"{config.algo} needs continuous (Box) actions but {config.env} has "
+                          "discrete ones; use ppo or dqn for this env")
+    if isinstance(space, Box) and not entry.continuous:
+        raise ConfigError(f"{config.algo} needs discrete actions but {config.env} has "
+                          "continuous ones; use ppo, sac or td3 for this env")
+    check_memory(config, spec)
+    settings = EnvSettings(config.env, spec, num_envs, config.backend, config.seed,
+                           config.total_env_steps, config.horizons_per_env_reset,
+                           dict(config.env_kwargs), config.on_nonfinite,
+                           resolve_device(config.device),
+                           step_timeout=config.step_timeout)
+    algorithm = entry.build(config.hparams, settings)
+    if config.num_env_runners:
+        from rlloop.runners.ray_runners import attach_env_runners
+
+        try:
+            attach_env_runners(algorithm, config)
+        except BaseException:
+            algorithm.close()
+            raise
+    return algorithm

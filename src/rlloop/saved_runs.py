@@ -1,0 +1,145 @@
+"""A saved run read back: its config, its best policy, and evaluating that policy.
+
+A run directory is untrusted data: env ids and network paths in it that would import a
+module by name are refused unless the caller consents (``allow_import``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlloop.algorithms import AlgorithmBase, PPOConfig
+from rlloop.builder import COMPONENTS, build_algorithm
+from rlloop.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, verify_checkpoint
+from rlloop.config import RunConfig, build_config, load_yaml
+from rlloop.envs.imports import check_env_import, check_net_import
+from rlloop.envs.objects import check_object_env
+from rlloop.envs.registry import resolve_env_id
+from rlloop.errors import RunDirError
+from rlloop.runfiles import check_run_dir
+
+_log = logging.getLogger(__name__)
+
+
+def acting_config(config: RunConfig) -> RunConfig:
+    """``config`` with one training env, for loading a policy and acting with it.
+
+    Evaluation runs on the algorithm's own eval envs; building the run's ``num_envs``
+    training envs too would start a process per env for an async run. PPO's batch rule
+    (minibatch <= rollout_steps * num_envs) is relaxed to match: nothing is trained.
+    """
+    hparams = config.hparams
+    if isinstance(hparams, PPOConfig):
+        hparams = dataclasses.replace(
+            hparams, minibatch_size=min(hparams.minibatch_size, hparams.rollout_steps))
+    return dataclasses.replace(config, num_envs=1, num_env_runners=0, hparams=hparams)
+
+
+def load_run_config(run_dir: str | Path, *, allow_import: bool = False,
+                    **flags: Any) -> RunConfig:
+    """The saved config of a run, with ``flags`` (e.g. total_env_steps) overriding it.
+
+    A run directory is untrusted data: an env id in it that would import a module by name
+    is refused unless ``allow_import`` (see ``rlloop.envs.imports``).
+    """
+    path = check_run_dir(run_dir)
+    saved = load_yaml(path / "config.yaml")
+    env = saved.get("env")
+    if isinstance(env, str):
+        check_env_import(env, allow_import=allow_import, source=str(path))
+        check_object_env(env, source=str(path))
+        if allow_import:  # consented: import it now (make_env never imports a module:Id)
+            resolve_env_id(env, allow_import=True)
+    algo = saved.get("algo", "ppo")
+    section = saved.get(algo)
+    net = section.get("net") if isinstance(section, dict) else None
+    if isinstance(net, str):
+        check_net_import(net, allow_import=allow_import, source=str(path), key=f"{algo}.net")
+    return build_config(saved.get("algo", "ppo"), env, base=saved, flags=flags)
+
+
+def policy_checkpoint(run_dir: Path, notify: Callable[[str], None] | None = None) -> Path:
+    """The best checkpoint of a run, else its latest one.
+
+    A damaged or incomplete ``best/`` is passed over for the newest intact checkpoint, with
+    one line to ``notify`` (default: a logged warning) saying so.
+    """
+    best = run_dir / "best"
+    latest = CheckpointManager(run_dir / "checkpoints").latest
+    if best.exists():
+        try:
+            verify_checkpoint(best)
+            return best
+        except CheckpointError as e:
+            fallback = latest()
+            if fallback is None:
+                raise RunDirError(f"{best} is damaged ({_first_clause(e)}) and {run_dir} has "
+                                  "no intact checkpoint; train the run again") from e
+            (notify or _log.warning)(f"{best} is damaged ({_first_clause(e)}); using the "
+                                     f"newest intact checkpoint {fallback} instead")
+            return fallback
+    found = latest()
+    if found is None:
+        raise RunDirError(f"{run_dir} has no checkpoint yet; train it first")
+    return found
+
+
+def _first_clause(error: Exception) -> str:
+    """``<file>: <problem>`` of a checkpoint error, without its advice."""
+    return str(error).split(". ", 1)[0]
+
+
+def evaluate_run(run_dir: str | Path, episodes: int = 20, backend: str | None = None,
+                 device: str | None = None, *, allow_import: bool = False,
+                 notify: Callable[[str], None] | None = None) -> dict[str, float]:
+    """Load a run's best policy and evaluate it deterministically on ``episodes`` episodes
+    (on ``device``, default the run's own: checkpoints load on any device).
+
+    ``notify`` gets one line if a damaged ``best/`` is passed over (see `policy_checkpoint`).
+    """
+    algorithm = load_run_policy(run_dir, backend, device, allow_import=allow_import,
+                                notify=notify)
+    try:
+        return algorithm.evaluate(episodes)
+    finally:
+        algorithm.close()
+
+
+def load_run_policy(run_dir: str | Path, backend: str | None = None, device: str | None = None,
+                    *, allow_import: bool = False,
+                    notify: Callable[[str], None] | None = None) -> AlgorithmBase:
+    """A run's algorithm with its best policy loaded, built for acting (one training env);
+    the caller closes it. Arguments as for :func:`evaluate_run`."""
+    flags: dict[str, Any] = {"mlflow": False}
+    if backend:
+        flags["backend"] = backend
+    if device:
+        flags["device"] = device
+    config = load_run_config(run_dir, allow_import=allow_import, **flags)
+    # The run's thread count, as in training: torch's default (every core) makes each small
+    # op of acting wait on the others, several times slower on a busy machine.
+    torch.set_num_threads(config.torch_threads)
+    return load_policy(config, Path(run_dir), notify)
+
+
+def load_policy(config: RunConfig, run_dir: Path | None,
+                notify: Callable[[str], None] | None = None) -> AlgorithmBase:
+    """The algorithm of ``config`` built for acting (see `acting_config`), with the policy
+    of ``run_dir``'s `policy_checkpoint` loaded; untrained when ``run_dir`` is None."""
+    algorithm = build_algorithm(acting_config(config))
+    if run_dir is None:
+        return algorithm
+    try:
+        path = policy_checkpoint(run_dir, notify)
+        state = load_checkpoint(path, expected_components=COMPONENTS).components["algorithm"]
+        algorithm.set_policy_state(state)
+    except BaseException:
+        algorithm.close()
+        raise
+    return algorithm
