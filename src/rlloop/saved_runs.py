@@ -111,17 +111,24 @@ def evaluate_run(run_dir: str | Path, episodes: int = 20, backend: str | None = 
         algorithm.close()
 
 
-def load_run_policy(run_dir: str | Path, backend: str | None = None, device: str | None = None,
-                    *, allow_import: bool = False,
-                    notify: Callable[[str], None] | None = None) -> AlgorithmBase:
-    """A run's algorithm with its best policy loaded, built for acting (one training env);
-    the caller closes it. Arguments as for :func:`evaluate_run`."""
+def replay_config(run_dir: str | Path, backend: str | None = None, device: str | None = None,
+                  *, allow_import: bool = False) -> RunConfig:
+    """A run's saved config for acting with its policy again: no MLflow, and the
+    ``backend`` and ``device`` given (default: the run's own)."""
     flags: dict[str, Any] = {"mlflow": False}
     if backend:
         flags["backend"] = backend
     if device:
         flags["device"] = device
-    config = load_run_config(run_dir, allow_import=allow_import, **flags)
+    return load_run_config(run_dir, allow_import=allow_import, **flags)
+
+
+def load_run_policy(run_dir: str | Path, backend: str | None = None, device: str | None = None,
+                    *, allow_import: bool = False,
+                    notify: Callable[[str], None] | None = None) -> AlgorithmBase:
+    """A run's algorithm with its best policy loaded, built for acting (one training env);
+    the caller closes it. Arguments as for :func:`evaluate_run`."""
+    config = replay_config(run_dir, backend, device, allow_import=allow_import)
     # The run's thread count, as in training: torch's default (every core) makes each small
     # op of acting wait on the others, several times slower on a busy machine.
     torch.set_num_threads(config.torch_threads)

@@ -138,14 +138,9 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
     from rlloop.envs.core import EnvError
     from rlloop.envs.registry import is_pettingzoo_id, make_env
     from rlloop.envs.wrappers import NormalizeObservation
-    from rlloop.saved_runs import acting_config, load_run_config, policy_checkpoint
+    from rlloop.saved_runs import acting_config, policy_checkpoint, replay_config
 
-    flags: dict[str, Any] = {"mlflow": False}
-    if backend:
-        flags["backend"] = backend
-    if device:
-        flags["device"] = device
-    config = load_run_config(run_dir, allow_import=allow_import, **flags)
+    config = replay_config(run_dir, backend, device, allow_import=allow_import)
     if is_pettingzoo_id(config.env):
         raise RenderUnavailableError(f"{config.env} is a multi-agent env and rlloop films "
                                      "single-agent runs only; --set save_video=false skips it")
