@@ -1,6 +1,6 @@
 """PPO on CartPole-v1: rlloop (native and Gymnasium backends) vs Stable-Baselines3.
 
-Run: ``python benchmarks/ppo_cartpole.py [--seeds 0 1 2] [--budget 200000]``
+Run: ``python benchmarks/ppo_cartpole.py [--seeds 0 1 2] [--budget 200000] [--compile]``
 
 For each contender and seed, training runs until a deterministic evaluation of
 ``--eval-episodes`` episodes, every ``--eval-every`` env steps, reaches 475 (the
@@ -11,9 +11,11 @@ env's reward threshold). Reported per contender (median over seeds):
 - ``solve_steps``: env steps at the solving evaluation;
 - ``train_sps``: env steps per second of training (evaluations excluded).
 
-SB3 uses its rl-zoo CartPole-v1 hyperparameters; rlloop uses its shipped preset. Both
-run with one torch thread (for these small MLPs, more threads do not help; see
-DESIGN.md), in the same process, one after another.
+SB3 uses its rl-zoo CartPole-v1 hyperparameters; rlloop uses its shipped preset
+(``--compile`` adds it with ``ppo.compile=true``, each seed compiling afresh, as a new
+run would: the compilation counts as training time). Both run with one torch thread
+(for these small MLPs, more threads do not help; see DESIGN.md), in the same process, one
+after another.
 """
 
 from __future__ import annotations
@@ -40,11 +42,17 @@ class Outcome:
     final_eval: float
 
 
-def run_rlloop(seed: int, backend: str, budget: int, eval_every: int, episodes: int) -> Outcome:
+def run_rlloop(seed: int, backend: str, budget: int, eval_every: int, episodes: int,
+               compile: bool = False) -> Outcome:
     from rlloop.config import build_config
 
     config = build_config("ppo", "CartPole-v1", flags={"seed": seed, "backend": backend},
-                          sets=["mlflow=false", "progress=false"])
+                          sets=["mlflow=false", "progress=false",
+                                f"ppo.compile={str(compile).lower()}"])
+    if compile:
+        import torch._dynamo
+
+        torch._dynamo.reset()  # no graph of an earlier seed: this run compiles its own
     return solve_rlloop(config, budget, eval_every, episodes)
 
 
@@ -172,6 +180,8 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=200_000)
     parser.add_argument("--eval-every", type=int, default=2560)
     parser.add_argument("--eval-episodes", type=int, default=20)
+    parser.add_argument("--compile", action="store_true",
+                        help="also run rlloop's native preset with ppo.compile=true")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -180,6 +190,9 @@ def main() -> None:
                                               args.eval_episodes),
         "rlloop gymnasium": lambda s: run_rlloop(s, "gymnasium", args.budget, args.eval_every,
                                                  args.eval_episodes),
+        **({"rlloop compiled": lambda s: run_rlloop(s, "native", args.budget, args.eval_every,
+                                                    args.eval_episodes, compile=True)}
+           if args.compile else {}),
         "sb3 (rl-zoo)": lambda s: run_sb3(s, args.budget, args.eval_every, args.eval_episodes),
     }
     results = run_seeds(contenders, args.seeds, width=18, digits=2)
