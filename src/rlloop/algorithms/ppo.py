@@ -38,6 +38,9 @@ class PPOLearner(Learner[PPOBatch]):
     read on every minibatch and logged with every update.
     """
 
+    #: The compiled loss's coefficient tensors: filled from the schedules before every use.
+    transient_attrs: ClassVar[frozenset[str]] = frozenset({"_coefs"})
+
     def __init__(self, modules: Mapping[str, nn.Module], config: PPOConfig,
                  on_nonfinite: Literal["skip", "raise"] = "skip", *,
                  policies_to_train: PoliciesToTrain = None,
@@ -47,6 +50,7 @@ class PPOLearner(Learner[PPOBatch]):
         self.micro_batch = self.micro_batch_rows(config.micro_batch)
         #: ``ppo.compile``: :func:`_module_loss` through ``torch.compile`` (built on first use).
         self._compiled_loss: Callable[..., tuple[Tensor, dict[str, Tensor]]] | None = None
+        self._coefs: dict[tuple[str, str], Tensor] = {}  # its scheduled coefficients
 
     def micro_batch_rows(self, setting: int | Literal["auto"] | None) -> int | None:
         """``ppo.micro_batch`` resolved on the modules' device."""
@@ -98,12 +102,20 @@ class PPOLearner(Learner[PPOBatch]):
         if self._compiled_loss is None:
             # Built on first use: torch.compile imports torch._dynamo (about a second).
             self._compiled_loss = torch.compile(_module_loss)
-        # The scheduled coefficients enter as 0-dim tensors, graph inputs: a float would be
-        # a constant of the graph, recompiled whenever a schedule moves it.
         clip_coef, vf_coef, ent_coef, clip_vf = coefs
-        device = batch.advantages.device
-        return self._compiled_loss(module, batch, torch.tensor(clip_coef, device=device),
-                                   vf_coef, torch.tensor(ent_coef, device=device), clip_vf)
+        return self._compiled_loss(module, batch, self._coef(module_id, "clip_coef", clip_coef),
+                                   vf_coef, self._coef(module_id, "ent_coef", ent_coef), clip_vf)
+
+    def _coef(self, module_id: str, name: str, value: float) -> Tensor:
+        """A scheduled coefficient as a 0-dim tensor on the module's device, for the
+        compiled loss: a float would be a constant of the graph, recompiled whenever a
+        schedule moves it. Made once and filled in place (no host-to-device copy, which
+        on a GPU would wait for the stream)."""
+        key = (module_id, name)
+        if key not in self._coefs:
+            device = next(self.modules[module_id].parameters()).device
+            self._coefs[key] = torch.zeros((), device=device)
+        return self._coefs[key].fill_(value)
 
 
 def _module_loss(module: nn.Module, batch: PPOBatch, clip_coef: float | Tensor,
