@@ -110,3 +110,11 @@ def test_zoo_benchmark_resumes_and_writes_the_table(tmp_path, cli_env):
     assert "seed 0:" not in again.stdout  # measured already: skipped, not trained again
     assert len(results.read_text().splitlines()) == 1
     assert "| CartPole-v1 | ppo | 2,000 |" in table.read_text()
+
+
+def test_atari_ppo_presets_double_sb3s_vf_coef():
+    # rl-zoo's `atari` entry: vf_coef 0.5 in SB3's value loss, which has no factor 1/2
+    atari = [f for f in all_files() if f.env.startswith("ALE/")]
+    assert len(atari) == 8
+    for found in atari:
+        assert found.algorithms["ppo"]["ppo"]["vf_coef"] == 1.0, found.env
