@@ -118,3 +118,11 @@ def test_atari_ppo_presets_double_sb3s_vf_coef():
     assert len(atari) == 8
     for found in atari:
         assert found.algorithms["ppo"]["ppo"]["vf_coef"] == 1.0, found.env
+
+
+def test_box2d_sac_presets_translate_rl_zoos_lr_schedule_and_gsde():
+    llc = build_config("sac", "LunarLanderContinuous-v3").hparams  # lin_7.3e-4 over 500k
+    assert (llc.lr, llc.lr_schedule, llc.lr_decay_steps) == (7.3e-4, "linear", 500_000)
+    bw = build_config("sac", "BipedalWalker-v3").hparams  # use_sde, log_std_init -3, expln
+    assert (bw.use_sde, bw.init_log_std, bw.use_expln, bw.sde_sample_freq) == (True, -3.0,
+                                                                               True, -1)

@@ -115,6 +115,24 @@ def test_sac_registers_three_optimisers_on_one_module():
         "actor", "critic", "alpha"}
 
 
+@pytest.mark.parametrize("name", ["sac", "td3"])
+def test_linear_lr_schedule_decays_every_optimiser_on_the_env_step_timeline(name):
+    # rl-zoo's lin_7.3e-4 (SAC on LunarLanderContinuous): from lr to 0 over lr_decay_steps
+    algo = _algo(name, f"{name}.lr=0.001", f"{name}.lr_schedule=linear",
+                 f"{name}.lr_decay_steps=100")
+    assert algo.optimize(30) is not None
+    optimizers = algo.learner.get_optimizers_for_module("default_policy")
+    assert len(optimizers) >= 2
+    for optimizer in optimizers.values():
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.001 * (1 - 30 / 100))
+    algo.optimize(150)  # past the decay: 0, not negative
+    assert all(o.param_groups[0]["lr"] == 0.0 for o in optimizers.values())
+    constant = _algo(name, f"{name}.lr=0.001")
+    constant.optimize(30)
+    assert all(o.param_groups[0]["lr"] == 0.001
+               for o in constant.learner.get_optimizers_for_module("default_policy").values())
+
+
 def test_sac_single_backward_gives_each_optimiser_its_own_gradient():
     algo = _algo("sac")
     learner, m = algo.learner, algo.learner.module()
@@ -227,6 +245,7 @@ def test_td3_actor_loss_reads_q1_with_frozen_critic():
         ("sac", ["sac.replay=prioritized"], "supported by dqn only"),
         ("td3", ["td3.policy_delay=0"], "td3.policy_delay must be > 0"),
         ("td3", ["td3.action_noise_std=-1"], "td3.action_noise_std must be >= 0"),
+        ("sac", ["sac.lr_decay_steps=0"], "sac.lr_decay_steps must be > 0"),
     ],
 )
 def test_bad_config_is_a_config_error(algo, sets, message):

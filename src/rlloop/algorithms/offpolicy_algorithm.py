@@ -70,9 +70,14 @@ class OffPolicyLearnerBase(Learner[ReplayBatch]):
 
     def add_adam(self, module_id: str, name: str, params: list[Tensor], lr: float,
                  max_grad_norm: float | None = None, eps: float = 1e-8) -> None:
-        """Register ``Adam(fused=True)`` over ``params`` (with global-norm clipping)."""
+        """Register ``Adam(fused=True)`` over ``params`` (with global-norm clipping), its
+        learning rate ``lr`` or, with ``lr_schedule: linear``, decaying from ``lr``."""
         optimizer = adam(params, lr, eps)
-        self.register_optimizer(module_id, name, optimizer, params, lr,
+        rate: float | dict[str, Any] = lr
+        if self.config.lr_schedule == "linear":
+            rate = {"type": "linear", "start": lr, "end": 0.0,
+                    "steps": self.config.lr_decay_steps}
+        self.register_optimizer(module_id, name, optimizer, params, rate,
                                 GradientClip(max_grad_norm))
         self.step.add(GuardedOptim(optimizer, params, max_grad_norm))
 

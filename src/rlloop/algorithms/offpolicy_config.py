@@ -57,6 +57,12 @@ class OffPolicyConfig:
     """Discount factor."""
     batch_size: int = 256
     """Transitions per gradient update."""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """"linear" decays every optimiser's learning rate from lr to 0 over lr_decay_steps env
+    steps (rl-zoo's lin_ values); "constant" keeps it."""
+    lr_decay_steps: int = 1_000_000
+    """Env steps of the linear decay (not tied to total_env_steps, so a run cut short and
+    resumed with a larger budget follows the same schedule)."""
     learning_starts: int = 100
     """Warm-up: env steps of uniformly random actions; optimisation steps are skipped
     until more env steps than this were taken."""
@@ -92,7 +98,7 @@ class OffPolicyConfig:
         s = self.section
         check_finite(s, self)
         for name in ("buffer_size", "n_step", "batch_size", "opt_interval", "gradient_steps",
-                     "eval_interval", "record_interval", "per_beta_steps"):
+                     "eval_interval", "record_interval", "per_beta_steps", "lr_decay_steps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{s}.{name} must be > 0, got {getattr(self, name)}")
         for name in ("learning_starts", "save_interval", "max_opts"):
@@ -100,6 +106,9 @@ class OffPolicyConfig:
                 raise ConfigError(f"{s}.{name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.gamma <= 1:
             raise ConfigError(f"{s}.gamma must be in (0, 1], got {self.gamma}")
+        if self.lr_schedule not in ("constant", "linear"):
+            raise ConfigError(f"{s}.lr_schedule must be constant or linear, got "
+                              f"{self.lr_schedule!r}")
         if self.per_alpha < 0 or not 0 <= self.per_beta <= 1:
             raise ConfigError(f"{s}.per_alpha must be >= 0 and {s}.per_beta in [0, 1]")
         for name in PARTS:
