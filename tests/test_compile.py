@@ -75,14 +75,19 @@ def test_ppo_compile_refuses_recurrent_policies():
         build_config("ppo", "CartPole-v1", sets=["ppo.compile=true", "ppo.recurrent=gru"])
 
 
-def _ppo(env: str, compile: bool, sets: list[str]) -> PPO:
+def _ppo(env: str, compile: bool, sets: list[str], device: str = "cpu") -> PPO:
     sets = ["mlflow=false", "progress=false", "num_envs=4", "ppo.rollout_steps=32",
             "ppo.hidden=[32,32]", "ppo.num_epochs=2", "ppo.minibatch_size=64",
-            "ppo.micro_batch=32", f"ppo.compile={str(compile).lower()}", *sets]
+            "ppo.micro_batch=32", f"ppo.compile={str(compile).lower()}", f"device={device}",
+            *sets]
     return cast(PPO, build_algorithm(build_config("ppo", env, flags={"seed": 3}, sets=sets)))
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize(("env", "sets"), [
     ("CartPole-v1", []),
     # Box actions with gSDE, and schedules that move clip_coef and ent_coef every update:
@@ -91,9 +96,9 @@ def _ppo(env: str, compile: bool, sets: list[str]) -> PPO:
                      "ppo.clip_coef={type: linear, start: 0.3, end: 0.1, steps: 400}",
                      "ppo.ent_coef={type: linear, start: 0.02, end: 0.0, steps: 400}"]),
 ])
-def test_compiled_ppo_updates_equal_eager_updates(env, sets):
+def test_compiled_ppo_updates_equal_eager_updates(env, sets, device):
     torch._dynamo.reset()  # graphs of the other case belong to the same function
-    eager, compiled = _ppo(env, False, sets), _ppo(env, True, sets)
+    eager, compiled = _ppo(env, False, sets, device), _ppo(env, True, sets, device)
     with torch._dynamo.config.patch(error_on_recompile=True):
         for i in range(3):
             eager.collect(), compiled.collect()
