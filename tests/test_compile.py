@@ -111,3 +111,10 @@ def test_compiled_ppo_updates_equal_eager_updates(env, sets, device):
     for p, q in zip(eager.learner.modules.parameters(), compiled.learner.modules.parameters(),
                     strict=True):
         assert_close(q, p, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_without_a_cpu_compiler_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-c++-compiler")
+    with pytest.raises(ConfigError, match=r"ppo\.compile=true on the CPU needs a C\+\+ "
+                                          r"compiler.*no-such-c\+\+-compiler"):
+        build_algorithm(build_config("ppo", "CartPole-v1", sets=["mlflow=false", "compile=true"]))

@@ -3,6 +3,10 @@ the registry entry's builder (and Ray env runners when the config asks for them)
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+
 from rlloop.algorithms import ALGORITHMS, AlgorithmBase, EnvSettings
 from rlloop.config import RunConfig
 from rlloop.devices import keep_freed_host_memory, resolve_device
@@ -31,6 +35,8 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     check = getattr(config.hparams, "check_batch", None)
     if check is not None:
         check(num_envs)
+    if getattr(config.hparams, "compile", False) and resolve_device(config.device).type == "cpu":
+        check_cpu_compiler(config.algo)
     spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
     entry = ALGORITHMS[config.algo]
     space = spec.action_space
@@ -59,3 +65,15 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
             algorithm.close()
             raise
     return algorithm
+
+
+def check_cpu_compiler(algo: str) -> None:
+    """``compile=true`` on a CPU needs the C++ compiler torch.compile builds its kernels
+    with (``$CXX``, else g++; clang++ on macOS): say so before anything is built, not at the
+    first update."""
+    cxx = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+    if shutil.which(cxx) is None:
+        raise ConfigError(f"{algo}.compile=true on the CPU needs a C++ compiler: torch.compile "
+                          f"builds its kernels with {cxx}, which is not on PATH; install it "
+                          "(e.g. apt install g++), point CXX at one, or set compile=false")
+
