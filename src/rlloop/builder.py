@@ -76,4 +76,3 @@ def check_cpu_compiler(algo: str) -> None:
         raise ConfigError(f"{algo}.compile=true on the CPU needs a C++ compiler: torch.compile "
                           f"builds its kernels with {cxx}, which is not on PATH; install it "
                           "(e.g. apt install g++), point CXX at one, or set compile=false")
-
