@@ -126,3 +126,16 @@ def test_box2d_sac_presets_translate_rl_zoos_lr_schedule_and_gsde():
     bw = build_config("sac", "BipedalWalker-v3").hparams  # use_sde, log_std_init -3, expln
     assert (bw.use_sde, bw.init_log_std, bw.use_expln, bw.sde_sample_freq) == (True, -3.0,
                                                                                True, -1)
+
+
+@pytest.mark.slow
+def test_zoo_benchmark_trains_seeds_in_parallel_processes(tmp_path, cli_env):
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo.py"
+    results = tmp_path / "zoo.jsonl"
+    args = [sys.executable, str(script), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
+            "--seeds", "2", "--jobs", "2", "--eval-episodes", "2", "--results", str(results)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=cli_env)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted(r["seed"] for r in rows) == [0, 1]  # one line each, written by the parent
+    assert "| CartPole-v1 | ppo | 2,000 |" in done.stdout and "2 seeds" in done.stdout
