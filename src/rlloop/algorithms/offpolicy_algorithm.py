@@ -30,6 +30,7 @@ from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import GradientClip, Learner
 from rlloop.learners.optim_step import GuardedOptim, GuardedStep, adam
+from rlloop.learners.schedules import learning_rate
 from rlloop.seeding import derive_seed
 
 
@@ -73,10 +74,7 @@ class OffPolicyLearnerBase(Learner[ReplayBatch]):
         """Register ``Adam(fused=True)`` over ``params`` (with global-norm clipping), its
         learning rate ``lr`` or, with ``lr_schedule: linear``, decaying from ``lr``."""
         optimizer = adam(params, lr, eps)
-        rate: float | dict[str, Any] = lr
-        if self.config.lr_schedule == "linear":
-            rate = {"type": "linear", "start": lr, "end": 0.0,
-                    "steps": self.config.lr_decay_steps}
+        rate = learning_rate(lr, self.config.lr_schedule, self.config.lr_decay_steps)
         self.register_optimizer(module_id, name, optimizer, params, rate,
                                 GradientClip(max_grad_norm))
         self.step.add(GuardedOptim(optimizer, params, max_grad_norm))

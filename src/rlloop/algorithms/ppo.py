@@ -21,6 +21,7 @@ from rlloop.envs.wrappers import discounted_reward_scale
 from rlloop.errors import ConfigError
 from rlloop.learners.adam import Adam
 from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner, PoliciesToTrain
+from rlloop.learners.schedules import learning_rate
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss, standardize
 from rlloop.modules.action_masks import resolve_action_mask
 from rlloop.modules.actor_critic import ActorCritic
@@ -69,14 +70,11 @@ class PPOLearner(Learner[PPOBatch]):
 
     def configure_optimizers_for_module(self, module_id: str, config: PPOConfig) -> None:
         params = list(self.modules[module_id].parameters())
-        lr: Any = config.lr
-        if config.lr_schedule == "linear":
-            lr = {"type": "linear", "start": config.lr, "end": 0.0,
-                  "steps": config.lr_decay_steps}
         self.register_optimizer(module_id, "default",
                                 Adam(params, lr=config.lr, eps=config.adam_eps, fused=True),
-                                params, lr, GradientClip(config.max_grad_norm,
-                                                         config.grad_clip_by))
+                                params, learning_rate(config.lr, config.lr_schedule,
+                                                      config.lr_decay_steps),
+                                GradientClip(config.max_grad_norm, config.grad_clip_by))
         self.register_hyperparameter(module_id, "clip_coef", config.clip_coef)
         self.register_hyperparameter(module_id, "ent_coef", config.ent_coef)
 

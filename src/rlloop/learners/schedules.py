@@ -121,6 +121,13 @@ _KINDS: dict[str, type] = {
 }
 
 
+def learning_rate(lr: float, schedule: str, decay_steps: int) -> Schedule:
+    """A config's ``lr`` under its ``lr_schedule``: ``"constant"``, or ``"linear"`` from
+    ``lr`` to 0 over ``decay_steps`` env steps (rl-zoo's ``lin_`` values)."""
+    return Linear(float(lr), 0.0, int(decay_steps)) if schedule == "linear" else Constant(
+        float(lr))
+
+
 def make_schedule(spec: float | int | dict[str, Any] | Schedule) -> Schedule:
     """Build a schedule from a number, a ``{"type": ..., ...}`` dict or a schedule."""
     if isinstance(spec, bool):
