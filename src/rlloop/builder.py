@@ -35,7 +35,8 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     check = getattr(config.hparams, "check_batch", None)
     if check is not None:
         check(num_envs)
-    if getattr(config.hparams, "compile", False) and resolve_device(config.device).type == "cpu":
+    device = resolve_device(config.device)
+    if getattr(config.hparams, "compile", False) and device.type == "cpu":
         check_cpu_compiler(config.algo)
     spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
     entry = ALGORITHMS[config.algo]
@@ -53,8 +54,7 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     settings = EnvSettings(config.env, spec, num_envs, config.backend, config.seed,
                            config.total_env_steps, config.horizons_per_env_reset,
                            dict(config.env_kwargs), config.on_nonfinite,
-                           resolve_device(config.device),
-                           step_timeout=config.step_timeout)
+                           device, step_timeout=config.step_timeout)
     algorithm = entry.build(config.hparams, settings)
     if config.num_env_runners:
         from rlloop.runners.ray_runners import attach_env_runners
