@@ -40,6 +40,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -131,11 +132,6 @@ def rlloop_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
                        iters * steps * num_envs, seconds, flops, iters)
 
 
-def rlloop_compiled_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
-                         seed: int) -> Measurement:
-    return rlloop_side(device, num_envs, steps, warmup, iters, seed, compile=True)
-
-
 # ---------------------------------------------------------------- rl8 (its own interpreter)
 
 
@@ -191,7 +187,8 @@ def rl8_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
                        iters)
 
 
-SIDES = {"rlloop": rlloop_side, "rlloop-compiled": rlloop_compiled_side, "rl8": rl8_side}
+SIDES = {"rlloop": rlloop_side, "rlloop-compiled": partial(rlloop_side, compile=True),
+         "rl8": rl8_side}
 
 
 # ---------------------------------------------------------------- orchestration
