@@ -114,7 +114,9 @@ def test_compiled_ppo_updates_equal_eager_updates(env, sets, device):
 
 
 def test_compile_without_a_cpu_compiler_is_a_clear_error(monkeypatch):
+    """On the CPU (pinned: ``device=auto`` picks CUDA where a GPU is present)."""
     monkeypatch.setenv("CXX", "no-such-c++-compiler")
     with pytest.raises(ConfigError, match=r"ppo\.compile=true on the CPU needs a C\+\+ "
                                           r"compiler.*no-such-c\+\+-compiler"):
-        build_algorithm(build_config("ppo", "CartPole-v1", sets=["mlflow=false", "compile=true"]))
+        build_algorithm(build_config("ppo", "CartPole-v1", sets=["mlflow=false", "compile=true",
+                                                          "device=cpu"]))

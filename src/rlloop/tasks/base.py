@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 from rlloop.devices import check_device_name, resolve_device, to_device
 from rlloop.envs.pool import WorkerPool
 from rlloop.errors import ConfigError
+from rlloop.learners.optim_step import adam
 from rlloop.tasks.dataset import TrajectoryDataset, make_dataloader
 from rlloop.tasks.sampling import Sample, SamplingStats, iter_trajectories
 from rlloop.worker_loop import EnvFactory
@@ -196,7 +197,9 @@ class Task(ABC, Generic[ModelT]):
         return to_device(torch.from_numpy(np.stack(states)), self.device)
 
     def get_optimizer(self, model: ModelT) -> torch.optim.Optimizer:
-        return torch.optim.Adam(model.parameters(), lr=self.config.lr)
+        """Adam with the fused kernel where the model's device has one (its step counts
+        then live on that device too, never on torch's default device)."""
+        return adam(list(model.parameters()), lr=self.config.lr)
 
     # ---- sampling --------------------------------------------------------------------
     def get_worker_pool(self, force_sync: bool = False) -> WorkerPool:
