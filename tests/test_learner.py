@@ -196,3 +196,71 @@ def test_nonfinite_raise_names_the_step():
     bad.y[0] = float("inf")
     with pytest.raises(NonFiniteError, match="env step 1234"):
         learner.update_from_batch({"a": bad})
+
+
+class FusedAdamLearner(MSELearner):
+    def configure_optimizers_for_module(self, module_id, config):
+        params = list(self.modules[module_id].parameters())
+        self.register_optimizer(module_id, "default",
+                                torch.optim.Adam(params, lr=0.01, fused=True), params, 0.01)
+
+
+def _host_reads(fn) -> int:
+    """How many scalar reads (``bool(t)``, ``t.item()``: host syncs on a GPU) ``fn`` makes
+    outside the metrics logger (which converts its values when a record is written, all
+    in one read on a GPU; one ``item()`` each on the CPU, where there is no sync to save)."""
+    import traceback
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default and not any(
+                    f.filename.endswith("logging/metrics.py") for f in traceback.extract_stack()):
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+def test_fused_adam_skips_a_nonfinite_step_on_the_device():
+    """``Adam(fused=True)`` skips a non-finite step itself (``found_inf``): the learner
+    reads no flag per minibatch, yet the skipped step moves nothing, is counted, and its
+    non-finite stats stay out of the means; the other minibatches train as they would."""
+    good = _data(48)
+    huge = XY(torch.full((16, 3), 1e30), torch.full((16,), -1e30))  # its loss is inf
+    mixed = XY(torch.cat([good.x[:16], huge.x, good.x[16:]]),
+               torch.cat([good.y[:16], huge.y, good.y[16:]]))
+    torch.manual_seed(0)
+    learner = FusedAdamLearner({"a": nn.Linear(3, 1)}, {})
+    out = learner.update_from_batch({"a": mixed}, minibatch_size=16,
+                                    shuffle_batch_per_epoch=False)
+    torch.manual_seed(0)
+    clean = FusedAdamLearner({"a": nn.Linear(3, 1)}, {})
+    expected = clean.update_from_batch({"a": good}, minibatch_size=16,
+                                       shuffle_batch_per_epoch=False)
+    assert learner.skipped_updates == 1 and out["guard/skipped_updates"] == 1
+    assert out["losses/mse"] == pytest.approx(expected["losses/mse"])
+    for p, q in zip(learner.modules.parameters(), clean.modules.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert clean.get_optimizer("a", "default").state_dict()["state"][0]["step"] == 3
+    assert learner.get_optimizer("a", "default").state_dict()["state"][0]["step"] == 3
+
+    def update(minibatch_size):
+        return lambda: clean.update_from_batch({"a": good}, minibatch_size=minibatch_size)
+
+    assert _host_reads(update(48)) == _host_reads(update(6))  # 1 minibatch or 8: no more reads
+
+
+def test_raise_mode_and_plain_optimisers_read_the_flag_per_minibatch():
+    """The host read stays where it must decide: ``on_nonfinite="raise"`` stops at the bad
+    minibatch, and optimisers without ``found_inf`` (SGD) skip by the read."""
+    torch.manual_seed(0)
+    learner = FusedAdamLearner({"a": nn.Linear(3, 1)}, {}, on_nonfinite="raise")
+    assert learner._skip_on_device(list(learner._optims.items()), torch.tensor(True)) is None
+    sgd = _learner()
+    assert sgd._skip_on_device(list(sgd._optims.items()), torch.tensor(True)) is None

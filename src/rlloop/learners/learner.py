@@ -37,6 +37,7 @@ from rlloop.learners.gradients import (
     clip_gradients,
     grad_norm,
 )
+from rlloop.learners.optim_step import skips_on_device
 from rlloop.learners.schedules import Schedule, make_schedule
 from rlloop.logging.metrics import MetricsLogger
 
@@ -93,6 +94,11 @@ class TensorBatch:
 
 BatchT = TypeVar("BatchT", bound=TensorBatch)
 MultiBatch = Mapping[str, BatchT]
+
+
+#: The 0-dim flag :meth:`Learner.gradient_step` adds to a step's stats when the step's
+#: skip was decided on the device (1.0: skipped); read and removed before logging.
+SKIPPED_KEY = "guard/_step_skipped"
 
 
 @dataclass
@@ -380,8 +386,10 @@ class Learner(Generic[BatchT]):
         total = torch.stack(list(losses.values())).sum()
         self.reduce_gradients()
         norms = {key: grad_norm(o.params) for key, o in optims}
-        # One host read per minibatch for the loss and every gradient norm together.
-        if not bool(torch.isfinite(torch.stack([total, *norms.values()])).all()):
+        finite = torch.isfinite(torch.stack([total, *norms.values()])).all()
+        skipped = self._skip_on_device(optims, finite)
+        # Else one host read per minibatch for the loss and every gradient norm together.
+        if skipped is None and not bool(finite):
             for _, o in optims:
                 o.optimizer.zero_grad(set_to_none=True)
             what = "loss" if not bool(torch.isfinite(total)) else "gradient"
@@ -391,6 +399,10 @@ class Learner(Generic[BatchT]):
             if o.clip.log_global_norm:
                 stats[f"{module_id}/gradients_{name}_global_norm"] = norms[(module_id, name)]
             o.optimizer.step()
+            if skipped is not None:
+                o.optimizer.found_inf = None  # type: ignore[attr-defined]
+        if skipped is not None:
+            stats[SKIPPED_KEY] = skipped
         for module_id, module_batch in mb.items():
             stats[self._stat_key(module_id, "losses/total")] = losses[module_id]
             n = module_batch.num_samples() if isinstance(module_batch, TensorBatch) \
@@ -440,6 +452,35 @@ class Learner(Generic[BatchT]):
                     into[key] = into[key] + value if key in into else value
         return summed, summed_stats
 
+    def _skip_on_device(self, optims: Sequence[tuple[tuple[str, str], _Optim]],
+                        finite: Tensor) -> Tensor | None:
+        """With ``on_nonfinite="skip"`` and optimisers that skip a step on the device
+        (``Adam(fused=True)`` reads ``found_inf``, as under ``torch.amp.GradScaler``), arm
+        them with ``not finite`` and return that flag (1.0: skipped): the step is decided
+        without a host read. None where a host read must decide (``"raise"``, another
+        optimiser, parameters on another device than the loss)."""
+        if self.on_nonfinite != "skip" or not all(
+                skips_on_device(o.optimizer) and all(p.device == finite.device for p in o.params)
+                for _, o in optims):
+            return None
+        flag = torch.logical_not(finite).float()
+        for _, o in optims:
+            o.optimizer.found_inf = flag  # type: ignore[attr-defined]
+            o.optimizer.grad_scale = None  # type: ignore[attr-defined]
+        return flag
+
+    def _log_step_stats(self, steps: list[dict[str, Tensor]]) -> None:
+        """Log the minibatches' stats, leaving out the non-finite ones of steps skipped on
+        the device; their flags are read together, one host read per update."""
+        marked = [i for i, stats in enumerate(steps) if SKIPPED_KEY in stats]
+        flags = torch.stack([steps[i].pop(SKIPPED_KEY) for i in marked]).tolist() if marked \
+            else []
+        for i, flag in zip(marked, flags, strict=True):
+            if flag:
+                steps[i] = self._skip("loss or gradient", steps[i])
+        for stats in steps:
+            self.metrics.log_dict(stats, clear_on_reduce=True)
+
     def _skip(self, what: str, stats: dict[str, Tensor]) -> dict[str, Tensor]:
         self.skipped_updates += 1
         if self.on_nonfinite == "raise":
@@ -454,14 +495,15 @@ class Learner(Generic[BatchT]):
             "or check the env's observations and rewards, or set on_nonfinite=skip")
 
     def batch_is_finite(self, batch: MultiBatch[BatchT]) -> bool:
-        """True if every float tensor of every module's batch is finite."""
+        """True if every float tensor of every module's batch is finite (one host read per
+        device for the whole batch)."""
+        checks: dict[torch.device, list[Tensor]] = {}
         for b in batch.values():
             for f in dataclasses.fields(b):  # type: ignore[arg-type]
                 v = getattr(b, f.name)
-                if isinstance(v, Tensor) and v.is_floating_point() and not bool(
-                        torch.isfinite(v).all()):
-                    return False
-        return True
+                if isinstance(v, Tensor) and v.is_floating_point():
+                    checks.setdefault(v.device, []).append(torch.isfinite(v).all())
+        return all(bool(torch.stack(flags).all()) for flags in checks.values())
 
     def update_from_batch(
         self,
@@ -542,15 +584,14 @@ class Learner(Generic[BatchT]):
 
     def _run(self, minibatches: Iterable[MultiBatch[BatchT]],
              stop: Callable[[dict[str, Tensor]], bool] | None) -> dict[str, float]:
-        steps = 0
+        steps: list[dict[str, Tensor]] = []
         for mb in minibatches:
-            step_stats = self.update_minibatch(mb)
-            steps += 1
-            self.metrics.log_dict(step_stats, clear_on_reduce=True)
-            if stop is not None and stop(step_stats):
+            steps.append(self.update_minibatch(mb))
+            if stop is not None and stop(steps[-1]):
                 break
+        self._log_step_stats(steps)
         self.after_gradient_based_update()
-        return self._finish(steps)
+        return self._finish(len(steps))
 
     def _finish(self, steps: int) -> dict[str, float]:
         self.metrics.log_value("learner/minibatch_updates", steps, reduce="sum",
