@@ -1,11 +1,12 @@
 """Large-batch PPO throughput: rlloop vs rl8, both stepping rlloop's native CartPole.
 
 Run: ``python benchmarks/ppo_throughput.py --rl8-python PATH [--num-envs 1024]
-[--device cpu] [--iters 3] [--rounds 2] [--compile]`` (``benchmarks/gpu.py`` is the same
-benchmark with GPU defaults). ``PATH`` is a Python interpreter that can import rl8 (rl8
-pins its own mlflow, psutil and torchrl, so it usually lives in a virtualenv of its own,
-next to torch, numpy and gymnasium); without it, rl8 runs in this interpreter when it can
-import rl8, and otherwise only rlloop is measured.
+[--device cpu] [--iters 3] [--rounds 2] [--compile] [--cuda-graph]``
+(``benchmarks/gpu.py`` is the same benchmark with GPU defaults). ``PATH`` is a Python
+interpreter that can import rl8 (rl8 pins its own mlflow, psutil and torchrl, so it
+usually lives in a virtualenv of its own, next to torch, numpy and gymnasium); without
+it, rl8 runs in this interpreter when it can import rl8, and otherwise only rlloop is
+measured.
 
 Both libraries train the same PPO: ``--steps`` (64) env steps per env per iteration, an
 actor and a critic MLP of 256x256 ReLU units each, 4 epochs over the whole batch as one
@@ -19,7 +20,9 @@ own), runs ``--warmup`` untimed iterations (the first counts FLOPs), then ``--it
 ones. rlloop and rl8 alternate for ``--rounds`` rounds, so both see the same machine load;
 each one's fastest round, the one least slowed by other load, is reported. ``--compile``
 adds a third contender, rlloop with ``ppo.compile=true`` (in a process of its own; its
-warm-up iteration compiles the update). Every run uses
+warm-up iteration compiles the update); ``--cuda-graph`` (CUDA only) one more, rlloop with
+``ppo.cuda_graph=true`` (rollouts replayed from a CUDA graph, captured in one more untimed
+iteration). Every run uses
 ``--threads`` torch threads (default 1: on a shared machine, more threads than idle cores
 make torch's thread pool wait on each other, and throughput collapses). Reported per
 library:
@@ -102,10 +105,11 @@ def timed(device: str, iterate: Callable[[], Any], warmup: int,
 
 
 def rlloop_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
-                seed: int, compile: bool = False) -> Measurement:
+                seed: int, compile: bool = False, cuda_graph: bool = False) -> Measurement:
     """rlloop's trainer; with ``compile`` its update runs through ``torch.compile``
     (``ppo.compile=true``; the warm-up iteration compiles it, and the FLOPs, the same
-    maths, are the eager run's)."""
+    maths, are the eager run's); with ``cuda_graph`` its rollouts replay a CUDA graph
+    (``ppo.cuda_graph=true``; one more untimed iteration captures it)."""
     from rlloop.config import build_config
     from rlloop.run import build_algorithm
     from rlloop.trainer import Trainer
@@ -116,20 +120,22 @@ def rlloop_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
             f"ppo.lr={LR}", "ppo.lr_schedule=constant", f"ppo.gamma={GAMMA}",
             f"ppo.gae_lambda={LAMBDA}", "ppo.normalize_obs=false",
             "ppo.normalize_rewards=false", f"device={device}",
-            f"ppo.compile={str(compile).lower()}"]
+            f"ppo.compile={str(compile).lower()}", f"ppo.cuda_graph={str(cuda_graph).lower()}"]
     config = build_config("ppo", "CartPole-v1", flags={"seed": seed, "backend": "native"},
                           sets=sets)
     algo = build_algorithm(config)
     trainer = Trainer(algo)
     try:
-        seconds, flops = timed(device, trainer.step, warmup, iters, count_flops=not compile)
+        seconds, flops = timed(device, trainer.step, warmup + cuda_graph, iters,
+                               count_flops=not compile)
     finally:
         algo.close()
         del algo, trainer
         if device.startswith("cuda"):
             torch.cuda.empty_cache()  # rl8 runs next, in another process, on the same GPU
-    return Measurement("rlloop-compiled" if compile else "rlloop", device, num_envs,
-                       iters * steps * num_envs, seconds, flops, iters)
+    library = "rlloop-compiled" if compile else "rlloop-graphed" if cuda_graph else "rlloop"
+    return Measurement(library, device, num_envs, iters * steps * num_envs, seconds, flops,
+                       iters)
 
 
 # ---------------------------------------------------------------- rl8 (its own interpreter)
@@ -188,17 +194,17 @@ def rl8_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
 
 
 SIDES = {"rlloop": rlloop_side, "rlloop-compiled": partial(rlloop_side, compile=True),
-         "rl8": rl8_side}
+         "rlloop-graphed": partial(rlloop_side, cuda_graph=True), "rl8": rl8_side}
 
 
 # ---------------------------------------------------------------- orchestration
 
 
 def measure(library: str, python: str, args: argparse.Namespace, num_envs: int,
-            device: str) -> Measurement:
+            device: str) -> Measurement | None:
     """rlloop in this process (compiled: in a fresh one, as rl8, so that no compiled
-    graph outlives its round); rl8 in a fresh ``python`` process (its last stdout line is
-    the result)."""
+    graph outlives its round); the others each in a fresh ``python`` process (its last
+    stdout line is the result; None, its error printed, where it failed)."""
     if library == "rlloop":
         return rlloop_side(device, num_envs, args.steps, args.warmup, args.iters, args.seed)
     cmd = [python, str(Path(__file__).resolve()), "--side", library, "--device", device,
@@ -209,7 +215,9 @@ def measure(library: str, python: str, args: argparse.Namespace, num_envs: int,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        sys.exit(f"{library} side failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+        print(f"{library} side failed (exit {done.returncode}):\n{done.stderr[-4000:]}",
+              file=sys.stderr, flush=True)
+        return None
     return Measurement(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -254,7 +262,7 @@ def report(results: dict[tuple[str, int], list[Measurement]], peak: float,
         if ("rl8", num_envs) not in results:
             continue
         theirs = best_round(results["rl8", num_envs]).env_sps
-        for library in ("rlloop", "rlloop-compiled"):
+        for library in ("rlloop", "rlloop-compiled", "rlloop-graphed"):
             if (library, num_envs) in results:
                 ours = best_round(results[library, num_envs]).env_sps
                 print(f"{num_envs} envs: {library} / rl8 env steps/s {ours / theirs:.2f}x")
@@ -288,6 +296,8 @@ def parse_args(argv: Sequence[str] | None, device: str,
                         help="interpreter that can import rl8 (default: this one, if it can)")
     parser.add_argument("--compile", action="store_true",
                         help="also measure rlloop with ppo.compile=true (a third contender)")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="also measure rlloop with ppo.cuda_graph=true (CUDA only)")
     parser.add_argument("--side", choices=sorted(SIDES), default=None,
                         help="measure one library in this process and print it as JSON")
     args = parser.parse_args(argv)
@@ -311,18 +321,25 @@ def main(argv: Sequence[str] | None = None, *, device: str = "cpu",
         return
     if device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit(f"--device {device}: no CUDA device is visible; use --device cpu")
+    if args.cuda_graph and not device.startswith("cuda"):
+        sys.exit(f"--cuda-graph needs a CUDA device, got --device {device}")
     rl8_python = rl8_interpreter(args.rl8_python)
     if rl8_python is None:
         print("rl8 is not importable here and --rl8-python was not given: "
               "measuring rlloop only")
     contenders = {"rlloop": sys.executable,
                   **({"rlloop-compiled": sys.executable} if args.compile else {}),
+                  **({"rlloop-graphed": sys.executable} if args.cuda_graph else {}),
                   **({"rl8": rl8_python} if rl8_python else {})}
     results: dict[tuple[str, int], list[Measurement]] = {}
+    failed: set[str] = set()  # a contender that failed once is not run again
     for n in args.num_envs:
         for round_ in range(args.rounds):
             for library, python in contenders.items():
-                m = measure(library, python, args, n, device)
+                m = None if library in failed else measure(library, python, args, n, device)
+                if m is None:
+                    failed.add(library)
+                    continue
                 results.setdefault((library, n), []).append(m)
                 print(f"round {round_}: {library:6s} {n} envs x {args.steps} steps: "
                       f"{m.env_sps:,.0f} env steps/s ({m.seconds:.1f} s)", flush=True)
@@ -332,6 +349,8 @@ def main(argv: Sequence[str] | None = None, *, device: str = "cpu",
     peak = matmul_peak_flops(args.peak_seconds, device,
                              (1024, 2048, 4096) if device.startswith("cuda") else (256, 512, 1024))
     report(results, peak, device_name(device), args.threads)
+    if failed:
+        sys.exit(f"failed: {', '.join(sorted(failed))} (errors above)")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     settings whose memory cannot fit fail before anything is allocated.
     """
     keep_freed_host_memory()
+    if getattr(config.hparams, "cuda_graph", False) and config.num_env_runners:
+        raise ConfigError(f"{config.algo}.cuda_graph captures the rollout this process "
+                          "collects, and env runners collect it elsewhere; set "
+                          f"num_env_runners=0 or drop {config.algo}.cuda_graph")
     # With env runners the batch holds every runner's envs: num_env_runners x M.
     num_envs = config.num_envs
     if config.num_env_runners:

@@ -30,6 +30,7 @@ from rlloop.modules.distributions import ActionDist
 from rlloop.modules.encoders import DictEncoder, Encoder, NatureCNN, build_encoder
 from rlloop.modules.masked import MaskedActorCritic
 from rlloop.modules.normalizer import RunningMeanStd
+from rlloop.runners.graphed import GraphedCollect
 
 
 class PPOLearner(Learner[PPOBatch]):
@@ -193,10 +194,24 @@ class PPO(AlgorithmBase):
                 encoder is not None or self.device.type == "cpu") else None
         self._t = 0
         self._values_fresh = False
+        self._graphed = self._graphed_collect() if config.cuda_graph else None
         self.reward_stats = RunningMeanStd(device=self.device) \
             if config.normalize_rewards else None
         self.reward_running = torch.zeros(self.env.num_envs, dtype=stats_dtype(self.device),
                                           device=self.device)
+
+    def _graphed_collect(self) -> GraphedCollect:
+        """``ppo.cuda_graph``: the rollout as a CUDA graph, where one can capture it."""
+        section = self.config.section
+        if self.device.type != "cuda":
+            raise ConfigError(f"{section}.cuda_graph needs a CUDA device, the run's is "
+                              f"{self.device}; set device=cuda or drop {section}.cuda_graph")
+        if not getattr(self.env, "graph_safe", False):
+            raise ConfigError(f"{section}.cuda_graph needs a native env stepped on the GPU "
+                              f"(backend=native), and {self.settings.env_id} here is not one; "
+                              f"drop {section}.cuda_graph")
+        env: Any = self.env  # a graph-safe env names its generators
+        return GraphedCollect(self.runner, [self.generator, *env.generators])
 
     def _policy_factory(self) -> Callable[[], nn.Module]:
         spec, config = self.env.spec, self.config
@@ -240,7 +255,11 @@ class PPO(AlgorithmBase):
     def collect(self) -> dict[str, float]:
         self._sde_age = 0  # gSDE: a rollout starts with new noise matrices
         self._t = 0
-        steps = self.runner.collect(self._behaviour, self.buffer)
+        if self._graphed is not None:
+            steps = self._graphed.collect(self._behaviour, self.buffer)
+            self._t = self.buffer.steps  # a replay filled every row (its Python ran once)
+        else:
+            steps = self.runner.collect(self._behaviour, self.buffer)
         self._values_fresh = self._t == self.buffer.steps
         return {"env/steps": float(steps), **self.runner.episodes.stats()}
 

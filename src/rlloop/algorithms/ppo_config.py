@@ -45,6 +45,12 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
     """Run each micro-batch's forward pass and loss (and so their backward) through
     torch.compile: fused elementwise kernels, about 15% off a large-batch update on a CPU.
     The first update compiles (seconds to a minute); feed-forward policies only."""
+    cuda_graph: bool = False
+    """On a CUDA device with a native env, record each rollout's collection (policy,
+    sampling, env physics, storage) once as a CUDA graph and replay it: one launch per
+    rollout instead of dozens per env step, where the host's launching, not the GPU,
+    bounds collection. The same numbers as without it; feed-forward policies without
+    gSDE or observation normalisation only."""
     lr: float = 3e-4
     """Adam learning rate (start value when lr_schedule is linear)."""
     lr_schedule: Literal["constant", "linear"] = "constant"
@@ -152,6 +158,12 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
         if self.compile and self.recurrent is not None:
             raise ConfigError(f"{self.section}.compile covers feed-forward policies only; drop "
                               f"{self.section}.compile or {self.section}.recurrent")
+        if self.cuda_graph:
+            what = ("recurrent" if self.recurrent is not None else "use_sde"
+                    if self.use_sde else "normalize_obs" if self.normalize_obs else None)
+            if what is not None:
+                raise ConfigError(f"{self.section}.cuda_graph cannot capture a rollout with "
+                                  f"{self.section}.{what}; drop one of the two")
         GradientClip(self.max_grad_norm, self.grad_clip_by)
         if self.encoder not in ENCODERS:
             raise ConfigError(f"{self.section}.encoder must be one of {list(ENCODERS)}, "
@@ -197,9 +209,9 @@ class MultiAgentPPOConfig(PPOConfig):
             raise ConfigError(f"ma_ppo.league_every must be >= 0, got {self.league_every}")
         if self.league_size < 1:
             raise ConfigError(f"ma_ppo.league_size must be >= 1, got {self.league_size}")
-        if self.use_sde or self.net is not None:
-            raise ConfigError("ma_ppo supports neither gSDE nor custom networks; drop "
-                              "ma_ppo.use_sde and ma_ppo.net")
+        if self.use_sde or self.net is not None or self.cuda_graph:
+            raise ConfigError("ma_ppo supports neither gSDE, custom networks nor CUDA "
+                              "graphs; drop ma_ppo.use_sde, ma_ppo.net and ma_ppo.cuda_graph")
         if self.normalize_obs or self.normalize_rewards:
             raise ConfigError("ma_ppo does not normalise observations or rewards; set "
                               "ma_ppo.normalize_obs=false and ma_ppo.normalize_rewards=false")

@@ -62,13 +62,13 @@ class EpisodeTracker:
         self.totals.masked_fill_(done, 0.0)
         self._logged += 1
         if self._logged == self.log_steps:
-            self._fold()
+            self.fold()
 
     def restart(self) -> None:
         """Forget the running episodes (their envs were reset); finished ones are kept."""
         self.totals.zero_()
 
-    def _fold(self) -> None:
+    def fold(self) -> None:
         """Move the logged finished episodes into the ring, oldest first."""
         if not self._logged:
             return
@@ -87,7 +87,7 @@ class EpisodeTracker:
     def stats(self) -> dict[str, float]:
         """``episode/count`` and, once an episode ended, the mean and max return and the
         mean length of the last ``window`` (the only host synchronisation)."""
-        self._fold()
+        self.fold()
         filled = self._slots < self._episodes
         n = self._episodes.clamp(1, self.window).to(self._ring.dtype)
         ring = self._ring[: self.window]
@@ -102,7 +102,7 @@ class EpisodeTracker:
                 "episode/length_mean": length, "episode/count": count}
 
     def get_state(self) -> dict[str, Any]:
-        self._fold()
+        self.fold()
         return {"returns": self.totals[0].clone(), "lengths": self.totals[1].long(),
                 "recent_returns": self._ring[: self.window, 0].clone(),
                 "recent_lengths": self._ring[: self.window, 1].long(),

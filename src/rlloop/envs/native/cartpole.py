@@ -134,6 +134,9 @@ class CartPoleVecEnv:
     spec: EnvSpec = CARTPOLE_SPEC
     #: Scratch storage, redrawn every step before it is read: not state.
     transient_attrs: ClassVar[frozenset[str]] = frozenset({"_fresh"})
+    #: ``step`` runs device ops on state it updates in place, with no host read: a CUDA
+    #: graph can capture it (``ppo.cuda_graph``).
+    graph_safe: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -206,6 +209,11 @@ class CartPoleVecEnv:
         reward = torch.ones(self.num_envs, device=self.device)  # +1 on every step, terminal too
         return StepResult(self._observe(self._state), reward, terminated, truncated,
                           self._observe(final_obs) if self.mask_velocity else final_obs)
+
+    @property
+    def generators(self) -> tuple[torch.Generator, ...]:
+        """The generators ``step`` draws from (registered with a CUDA graph that captures it)."""
+        return (self._generator,)
 
     def get_state(self) -> dict[str, Any]:
         """Physics state, episode step counters and generator state: enough to resume exactly."""
