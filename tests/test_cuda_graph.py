@@ -68,9 +68,17 @@ def _trace(trainer: Trainer, iterations: int) -> list[dict[str, torch.Tensor]]:
 
 
 def _assert_same(a: list[dict], b: list[dict]) -> None:
+    """Actions, rewards, episode ends and observations equal; log-probabilities and
+    weights equal to float rounding (cuBLAS may pick other matmul kernels on the stream a
+    graph is captured on)."""
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
         for key in x:
-            assert torch.equal(x[key], y[key]), f"iteration {i}: {key} differs"
+            if key.startswith("param/") or key == "log_probs":
+                torch.testing.assert_close(x[key], y[key], rtol=1e-4, atol=1e-6,
+                                           msg=lambda m, i=i, key=key: f"iteration {i}: "
+                                                                       f"{key}: {m}")
+            else:
+                assert torch.equal(x[key], y[key]), f"iteration {i}: {key} differs"
 
 
 @CUDA
@@ -80,7 +88,8 @@ def test_a_graphed_rollout_equals_the_eager_one():
     graphed = Trainer(build_algorithm(_config("ppo.cuda_graph=true")))
     _assert_same(_trace(eager, 5), _trace(graphed, 5))
     assert graphed.algorithm._graphed.graph is not None  # it did capture and replay
-    assert eager.step()["episode/return_mean"] == graphed.step()["episode/return_mean"]
+    assert eager.step()["episode/return_mean"] == pytest.approx(
+        graphed.step()["episode/return_mean"])
 
 
 @CUDA
