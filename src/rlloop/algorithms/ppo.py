@@ -210,8 +210,7 @@ class PPO(AlgorithmBase):
             raise ConfigError(f"{section}.cuda_graph needs a native env stepped on the GPU "
                               f"(backend=native), and {self.settings.env_id} here is not one; "
                               f"drop {section}.cuda_graph")
-        env: Any = self.env  # a graph-safe env names its generators
-        return GraphedCollect(self.runner, [self.generator, *env.generators])
+        return GraphedCollect(self.runner, [self.generator])
 
     def _policy_factory(self) -> Callable[[], nn.Module]:
         spec, config = self.env.spec, self.config

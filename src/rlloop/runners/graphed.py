@@ -28,6 +28,7 @@ capture with CUDA's own error instead of producing a wrong graph.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -40,9 +41,12 @@ class GraphedCollect:
     on every call.
 
     Args:
-        runner: The runner whose env is graph safe (stepped by in-place device ops).
-        generators: Every CUDA generator the rollout draws from besides torch's default
-            one (the algorithm's, the env's).
+        runner: The runner whose env is graph safe (stepped by in-place device ops; it
+            names the generators it draws from as ``env.generators``).
+        generators: The other CUDA generators the rollout draws from besides torch's
+            default one (the algorithm's).
+
+    A new env (``env_config`` changed at a horizon) is warmed up and captured afresh.
     """
 
     def __init__(self, runner: EnvRunner, generators: Sequence[torch.Generator]) -> None:
@@ -50,12 +54,12 @@ class GraphedCollect:
         self.generators = list(generators)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.obs: torch.Tensor | None = None  # the observation tensor the graph reads
-        self._warmed_up = False
+        self._env: object = None  # the env the graph (or the warm-up) stepped
 
     def collect(self, policy: PolicyFn, buf: RolloutBuffer) -> int:
         runner = self.runner
-        if not self._warmed_up:
-            self._warmed_up = True
+        if runner.env is not self._env:  # the first collect, or an env made anew
+            self._env, self.graph, self.obs = runner.env, None, None
             return self._warm_up(policy, buf)
         if self.graph is None or self.obs is None:
             self.graph, self.obs = self._capture(policy, buf)
@@ -83,8 +87,9 @@ class GraphedCollect:
         obs = runner.obs.clone()  # owned here: nothing else rebinds or frees it
         runner.obs = obs
         graph = torch.cuda.CUDAGraph()
+        env: Any = runner.env  # graph safe: it names its generators
         with torch.cuda.device(runner.device):
-            for generator in self.generators:
+            for generator in (*self.generators, *env.generators):
                 graph.register_generator_state(generator)
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             runner.collect(policy, buf)
