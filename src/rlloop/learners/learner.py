@@ -37,7 +37,7 @@ from rlloop.learners.gradients import (
     clip_gradients,
     grad_norm,
 )
-from rlloop.learners.optim_step import skips_on_device
+from rlloop.learners.optim_step import arm_skip, skips_on_device
 from rlloop.learners.schedules import Schedule, make_schedule
 from rlloop.logging.metrics import MetricsLogger
 
@@ -400,7 +400,7 @@ class Learner(Generic[BatchT]):
                 stats[f"{module_id}/gradients_{name}_global_norm"] = norms[(module_id, name)]
             o.optimizer.step()
             if skipped is not None:
-                o.optimizer.found_inf = None  # type: ignore[attr-defined]
+                arm_skip(o.optimizer, None)
         if skipped is not None:
             stats[SKIPPED_KEY] = skipped
         for module_id, module_batch in mb.items():
@@ -465,8 +465,7 @@ class Learner(Generic[BatchT]):
             return None
         flag = torch.logical_not(finite).float()
         for _, o in optims:
-            o.optimizer.found_inf = flag  # type: ignore[attr-defined]
-            o.optimizer.grad_scale = None  # type: ignore[attr-defined]
+            arm_skip(o.optimizer, flag)
         return flag
 
     def _log_step_stats(self, steps: list[dict[str, Tensor]]) -> None:

@@ -40,6 +40,14 @@ def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
         g.get("fused") for g in optimizer.param_groups)
 
 
+def arm_skip(optimizer: torch.optim.Optimizer, flag: Tensor | None) -> None:
+    """Have ``optimizer.step()`` skip itself where ``flag`` (a 0-dim float tensor on the
+    parameters' device) is 1.0, read on the device as ``found_inf`` (for optimisers where
+    :func:`skips_on_device`); ``None`` disarms it."""
+    optimizer.found_inf = flag  # type: ignore[attr-defined]
+    optimizer.grad_scale = None  # type: ignore[attr-defined]
+
+
 @dataclass
 class GuardedOptim:
     """One optimiser of a :class:`GuardedStep` and the global-norm clip of its gradients."""
@@ -77,8 +85,7 @@ class GuardedStep:
             self.skipped = torch.zeros((), device=device)
         if skips_on_device(optim.optimizer):
             # Set once and written in place: no attribute changes per update (compile).
-            optim.optimizer.found_inf = self.flag  # type: ignore[attr-defined]
-            optim.optimizer.grad_scale = None  # type: ignore[attr-defined]
+            arm_skip(optim.optimizer, self.flag)
         else:
             self._eager = True
         self.optims.append(optim)
