@@ -95,14 +95,18 @@ def test_runners_sample_like_in_process_with_the_learners_weights(ray_instance: 
 
 
 def test_runner_steps_its_envs_in_threads_and_samples_as_sync(ray_instance: None) -> None:
-    """backend=gymnasium-thread reaches the runners: a runner's 8 envs that sleep 10 ms per
-    step take about T x 10 ms per fragment, not the 8 x T x 10 ms of the sequential backend
+    """backend=gymnasium-thread reaches the runners: a runner's 8 envs that sleep 40 ms per
+    step take about T x 40 ms per fragment, not the 8 x T x 40 ms of the sequential backend
     (the same runner algorithm in this process); the fragment itself (steps, observations,
-    actions, rewards, episode ends) equals the sequential one's, same seeds and weights."""
-    steps, m, sleep_s = 8, 8, 0.01
+    actions, rewards, episode ends) equals the sequential one's, same seeds and weights.
+
+    Few long sleeps rather than many short ones: the bound leaves a loaded machine about
+    0.35 s of thread wake-ups and overhead (it failed once with 10 ms sleeps beside a
+    training job on two cores)."""
+    steps, m, sleep_s = 4, 8, 0.04
     sets = ["num_env_runners=1", f"num_envs={m}", f"ppo.rollout_steps={steps}",
             "ppo.minibatch_size=32", "max_weight_lag=0", f"env_kwargs.sleep_s={sleep_s}",
-            "env_kwargs.max_episode_steps=5"]
+            "env_kwargs.max_episode_steps=3"]
     threaded = config(*sets, "backend=gymnasium-thread", env=SLOW_ENV)
     remote = build_algorithm(threaded)
     # What a sequential runner 0 would build: its seed, its envs, the learner's weights.
