@@ -145,3 +145,15 @@ def test_optimisation_steps_read_nothing_from_the_device(name, env, extra):
     record = recorder.pop()  # the record is where values reach the host
     assert record["guard/skipped_updates"] == 0 and math.isfinite(record[
         "losses/q" if name == "dqn" else "losses/critic"])
+
+
+def test_mean_recorder_averages_finite_values_per_stat():
+    recorder = MeanRecorder()
+    recorder.add({"a": torch.tensor(1.0), "b": torch.tensor(float("nan")), "n": 2})
+    recorder.add({"a": torch.tensor(3.0), "b": torch.tensor(4.0), "n": 4})
+    recorder.add({"a": torch.tensor(float("inf")), "b": torch.tensor(8.0), "n": 6})
+    recorder.add({"a": torch.tensor(5.0), "c": torch.tensor(1.0, dtype=torch.float64)})
+    assert recorder.pop() == {"a": 3.0, "b": 6.0, "n": 4.0, "c": 1.0}  # 5 joins a's sum
+    assert recorder.pop() == {}
+    recorder.add({"b": torch.tensor(float("nan"))})
+    assert recorder.pop() == {}  # no finite value: no stat
