@@ -62,3 +62,19 @@ def test_gpu_benchmark_measures_the_compiled_update(monkeypatch: pytest.MonkeyPa
     assert rows.keys() == {"rlloop", "rlloop-compiled"}, out
     assert rows["rlloop-compiled"][3] == rows["rlloop"][3]
     assert float(rows["rlloop-compiled"][4]) > 0
+
+
+def test_zoo_sb3_benchmark_runs_a_row(monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("stable_baselines3")
+    script = GPU_BENCHMARK.with_name("zoo_sb3.py")
+    monkeypatch.setattr(sys, "argv", [str(script), "MountainCar-v0/dqn", "--seeds", "1",
+                                      "--fraction", "0.02", "--eval-episodes", "1"])
+    threads = torch.get_num_threads()
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert re.search(r"SB3 seed 0: best while training -?[\d.]+, fresh -?[\d.]+", out), out
+    assert "SB3 mean over 1 seeds:" in out

@@ -1,0 +1,104 @@
+"""Stable-Baselines3 with rl-zoo's hyperparameters on a zoo row, measured as ``zoo.py``
+measures rlloop: how often SB3 itself reaches rl-zoo's published score.
+
+Run: ``python benchmarks/zoo_sb3.py MountainCar-v0/dqn [--seeds 3] [--fraction F]
+[--eval-episodes N]``
+
+rl-zoo publishes one run per row. Where rlloop's 3-seed mean falls short because a seed
+fails, this says whether SB3 fails on some seeds too. The method is ``zoo.py``'s: train
+rl-zoo's full budget, evaluate every ``eval_every`` env steps on ``eval_episodes``
+deterministic episodes (the same cadence as rlloop's preset), keep the best policy, then
+score it afresh on 20 deterministic episodes with seeds the training never saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: rl-zoo's hyperparameters (SB3's units) and rlloop's preset evaluation cadence per row.
+ROWS: dict[str, dict[str, Any]] = {
+    "MountainCar-v0/dqn": {
+        "budget": 120_000, "eval_every": 2_000, "eval_episodes": 20,
+        "kwargs": {"learning_rate": 4e-3, "batch_size": 128, "buffer_size": 10_000,
+                   "learning_starts": 1_000, "gamma": 0.98, "target_update_interval": 600,
+                   "train_freq": 16, "gradient_steps": 8, "exploration_fraction": 0.2,
+                   "exploration_final_eps": 0.07,
+                   "policy_kwargs": {"net_arch": [256, 256]}},
+    },
+}
+
+
+def fresh_score(model: Any, env_id: str, episodes: int | None = None, seed: int = 10_000
+                ) -> float:
+    """Mean return of ``episodes`` deterministic episodes on seeds training never saw."""
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    returns = []
+    for i in range(episodes or 20):
+        obs, _ = env.reset(seed=seed + i)
+        done, total = False, 0.0
+        while not done:
+            action, _ = model.predict(obs, deterministic=True)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return statistics.fmean(returns)
+
+
+def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None = None
+               ) -> tuple[float, float]:
+    """(best evaluation while training, the best policy's fresh score) of one seed, on
+    ``fraction`` of rl-zoo's budget; ``episodes`` per evaluation (default: the row's)."""
+    import gymnasium as gym
+    import stable_baselines3
+    from stable_baselines3.common.callbacks import EvalCallback
+    from stable_baselines3.common.monitor import Monitor
+
+    env_id, algo = row.split("/")
+    spec = ROWS[row]
+    cls = getattr(stable_baselines3, algo.upper())
+    model = cls("MlpPolicy", gym.make(env_id), seed=seed, device="cpu", **spec["kwargs"])
+    with tempfile.TemporaryDirectory(prefix="zoo-sb3-") as tmp:
+        episodes = episodes or spec["eval_episodes"]
+        callback = EvalCallback(Monitor(gym.make(env_id)), n_eval_episodes=episodes,
+                                eval_freq=spec["eval_every"], best_model_save_path=tmp,
+                                deterministic=True, verbose=0)
+        model.learn(total_timesteps=round(fraction * spec["budget"]), callback=callback)
+        best = cls.load(Path(tmp) / "best_model.zip", device="cpu")
+        return float(callback.best_mean_reward), fresh_score(best, env_id, episodes)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("row", choices=sorted(ROWS), help="ENV/ALGO")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
+    p.add_argument("--fraction", type=float, default=1.0,
+                   help="train this fraction of rl-zoo's budget (default 1)")
+    p.add_argument("--eval-episodes", type=int, default=None,
+                   help="episodes per evaluation and for the fresh score (default: the "
+                        "row's cadence, 20 fresh)")
+    args = p.parse_args()
+    if not 0 < args.fraction <= 1 or args.seeds < 1:
+        raise SystemExit("--fraction must be in (0, 1] and --seeds >= 1")
+    import torch
+
+    torch.set_num_threads(1)
+    scores = []
+    for seed in range(args.seeds):
+        best, score = train_seed(args.row, seed, args.fraction, args.eval_episodes)
+        scores.append(score)
+        print(f"{args.row} SB3 seed {seed}: best while training {best:.1f}, "
+              f"fresh {score:.1f}", flush=True)
+    spread = f" ± {statistics.pstdev(scores):.1f}" if len(scores) > 1 else ""
+    print(f"{args.row} SB3 mean over {len(scores)} seeds: {statistics.fmean(scores):.1f}{spread}")
+
+
+if __name__ == "__main__":
+    main()
