@@ -15,13 +15,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import gymnasium
 import psutil
 import pytest
+import torch
 from conftest import rlloop_cmd
 from proc_utils import still_alive, wait_for
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.envs.core import EnvError
+from rlloop.envs.registry import make_env
+from rlloop.signals import handle_signals, interrupted
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "reinforce_cartpole.py"
 
@@ -134,3 +140,45 @@ def test_no_worker_outlives_an_interrupted_or_killed_trainer(tmp_path, cli_env, 
         proc.kill()
         proc.communicate(timeout=60)
     assert still_alive(workers, timeout=10.0) == []
+
+
+class SwigLikeInterrupt(gymnasium.Wrapper):
+    """Gets two stop signals inside ``step()`` and turns the ``KeyboardInterrupt`` of the
+    second into a TypeError, as Box2D's SWIG layer does when it strikes in a contact
+    callback; with ``signals=False`` it just raises the TypeError (a real env bug)."""
+
+    def __init__(self, env: gymnasium.Env, signals: bool) -> None:
+        super().__init__(env)
+        self.signals = signals
+
+    def step(self, action):
+        try:
+            if self.signals:
+                os.kill(os.getpid(), signal.SIGTERM)  # the first asks for a clean stop
+                os.kill(os.getpid(), signal.SIGTERM)  # the second interrupts at once
+            raise TypeError("in method 'b2World_Step', argument 2 of type 'float32'")
+        except KeyboardInterrupt:
+            raise TypeError("a KeyboardInterrupt from a Python callback") from None
+
+
+gymnasium.register("SwigLikeCartPole-v0", disable_env_checker=True,
+                   entry_point=lambda signals: SwigLikeInterrupt(gymnasium.make("CartPole-v1"),
+                                                                  signals))
+
+
+@pytest.mark.parametrize("signals", [True, False])
+def test_a_second_stop_signal_inside_an_env_is_not_blamed_on_the_env(signals):
+    target = SimpleNamespace(stop_requested=None, save_requested=False)
+    env = make_env("SwigLikeCartPole-v0", 1, backend="gymnasium", seed=0,
+                   env_kwargs={"signals": signals})
+    env.reset()
+    with handle_signals(target):
+        if signals:
+            with pytest.raises(KeyboardInterrupt):
+                env.step(torch.zeros(1, dtype=torch.int64))
+            assert target.stop_requested == "SIGTERM"
+        else:
+            with pytest.raises(EnvError, match=r"raised TypeError in step\(\).*fix the env"):
+                env.step(torch.zeros(1, dtype=torch.int64))
+    assert not interrupted()  # the block's end forgets it
+    env.close()

@@ -23,6 +23,7 @@ from types import FrameType
 from typing import Protocol
 
 _stop_since: float | None = None
+_interrupted = False  # the second stop signal raised KeyboardInterrupt
 
 
 class SignalTarget(Protocol):
@@ -40,20 +41,29 @@ def stop_requested_since() -> float | None:
     return _stop_since
 
 
+def interrupted() -> bool:
+    """Whether a second stop signal raised ``KeyboardInterrupt`` inside
+    :func:`handle_signals`. Code that wraps an env's errors asks this first: C extensions
+    that run Python callbacks (Box2D's contact listener) can turn that interrupt into an
+    error of their own, which would otherwise be blamed on the env."""
+    return _interrupted
+
+
 @contextmanager
 def handle_signals(target: SignalTarget) -> Iterator[None]:
     """Install the handlers for the duration of the block, in the main thread only (no
     import-time side effects; other threads cannot install handlers)."""
-    global _stop_since
+    global _stop_since, _interrupted
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum: int, _: FrameType | None) -> None:
-        global _stop_since
+        global _stop_since, _interrupted
         if target.stop_requested:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, signal.SIG_DFL)
+            _interrupted = True
             raise KeyboardInterrupt
         target.stop_requested = signal.Signals(signum).name
         _stop_since = time.monotonic()
@@ -63,11 +73,11 @@ def handle_signals(target: SignalTarget) -> Iterator[None]:
 
     wanted = {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR1: save}
     previous = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
-    _stop_since = None
+    _stop_since, _interrupted = None, False
     try:
         yield
     finally:
-        _stop_since = None
+        _stop_since, _interrupted = None, False
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

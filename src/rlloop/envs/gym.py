@@ -37,7 +37,7 @@ from rlloop.envs.core import (
 from rlloop.envs.gym_async import GuardedAsyncVectorEnv
 from rlloop.envs.gym_threads import ThreadedVectorEnv
 from rlloop.errors import RlloopError
-from rlloop.signals import StopInterrupted
+from rlloop.signals import StopInterrupted, interrupted
 
 
 def _one_line(space: gymnasium.Space[Any]) -> str:
@@ -454,8 +454,12 @@ class GymVecEnv:
         return StepResult(obs=obs_t, reward=reward_t, terminated=terminated_t,
                           truncated=truncated_t, final_obs=tensors[4] if ended.size else obs_t)
 
-    def _env_failed(self, method: str, e: Exception) -> EnvError:
-        """The env's own code raised: one line naming it (the cause stays chained)."""
+    def _env_failed(self, method: str, e: Exception) -> EnvError | KeyboardInterrupt:
+        """The env's own code raised: one line naming it (the cause stays chained). A
+        second stop signal that a C extension turned into an error of its own (Box2D's
+        SWIG layer makes a TypeError of it) stays the interrupt it was."""
+        if interrupted():
+            return KeyboardInterrupt()
         first = str(e).splitlines()[0] if str(e) else ""
         return EnvError(f"env {self.spec.env_id!r} raised {type(e).__name__} in {method}(): "
                         f"{first}; fix the env (gymnasium.make({self.spec.env_id!r}) "
