@@ -18,7 +18,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from ray.exceptions import RayActorError  # noqa: E402
+from ray.exceptions import GetTimeoutError, RayActorError  # noqa: E402
 
 import rlloop.envs.slow  # noqa: E402, F401  (registers SlowCartPole-v1, as --env would)
 from rlloop.cli import main as cli_main  # noqa: E402
@@ -147,16 +147,19 @@ class _KillRunner:
         pass
 
 
-def _wait_until_back(actor: Any, timeout_s: float = 60.0) -> None:
+def _wait_until_back(actor: Any, timeout_s: float = 180.0) -> None:
     """Block until Ray has restarted ``actor``, so the run still has iterations left in
     which the group sees the restart (a failed call, or a fragment from the new life)
-    rather than finishing on the other runner's fragments first."""
+    rather than finishing on the other runner's fragments first.
+
+    Each call waits at most 10 s and is retried: on a loaded machine one call can block
+    for most of a minute and then report the actor as still restarting."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            ray.get(actor.current_weights_seq_no.remote(), timeout=timeout_s)
+            ray.get(actor.current_weights_seq_no.remote(), timeout=10.0)
             return
-        except RayActorError:
+        except (RayActorError, GetTimeoutError):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
