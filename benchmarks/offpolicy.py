@@ -152,11 +152,12 @@ def count_flops(fn: Callable[[], Any]) -> float:
     return float(counter.get_total_flops())
 
 
-def evaluate_gym(env_id: str, act: Callable[[np.ndarray], Any]) -> float:
-    """Mean return of ``act`` on ``EVAL_EPISODES`` seeded Gymnasium episodes."""
+def evaluate_gym(env_id: str, act: Callable[[np.ndarray], Any],
+                 episodes: int = EVAL_EPISODES) -> float:
+    """Mean return of ``act`` on ``episodes`` Gymnasium episodes seeded from ``EVAL_SEED``."""
     env = gym.make(env_id)
     returns = []
-    for episode in range(EVAL_EPISODES):
+    for episode in range(episodes):
         obs, _ = env.reset(seed=EVAL_SEED + episode)
         done, total = False, 0.0
         while not done:

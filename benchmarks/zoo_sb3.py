@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from offpolicy import evaluate_gym  # a sibling script: 20 episodes on seeds 10,000 and up
 
 #: rl-zoo's hyperparameters (SB3's units) and rlloop's preset evaluation cadence per row.
 ROWS: dict[str, dict[str, Any]] = {
@@ -30,26 +34,6 @@ ROWS: dict[str, dict[str, Any]] = {
                    "policy_kwargs": {"net_arch": [256, 256]}},
     },
 }
-
-
-def fresh_score(model: Any, env_id: str, episodes: int | None = None, seed: int = 10_000
-                ) -> float:
-    """Mean return of ``episodes`` deterministic episodes on seeds training never saw."""
-    import gymnasium as gym
-
-    env = gym.make(env_id)
-    returns = []
-    for i in range(episodes or 20):
-        obs, _ = env.reset(seed=seed + i)
-        done, total = False, 0.0
-        while not done:
-            action, _ = model.predict(obs, deterministic=True)
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-    env.close()
-    return statistics.fmean(returns)
 
 
 def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None = None
@@ -72,7 +56,9 @@ def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None 
                                 deterministic=True, verbose=0)
         model.learn(total_timesteps=round(fraction * spec["budget"]), callback=callback)
         best = cls.load(Path(tmp) / "best_model.zip", device="cpu")
-        return float(callback.best_mean_reward), fresh_score(best, env_id, episodes)
+        fresh = evaluate_gym(env_id, lambda obs: best.predict(obs, deterministic=True)[0],
+                             episodes)
+        return float(callback.best_mean_reward), fresh
 
 
 def main() -> None:

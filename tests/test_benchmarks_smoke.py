@@ -1,4 +1,5 @@
-"""benchmarks/gpu.py keeps running where no GPU is at hand: a tiny budget on the CPU.
+"""benchmarks/gpu.py keeps running where no GPU is at hand: a tiny budget on the CPU (and
+benchmarks/zoo_sb3.py on 2% of a row's budget).
 
 rl8 is measured too when this interpreter can import it; otherwise only rlloop is.
 """
@@ -16,14 +17,18 @@ import torch
 GPU_BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
 
 
-def run_gpu_benchmark(monkeypatch: pytest.MonkeyPatch, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", [str(GPU_BENCHMARK), *args])
+def run_benchmark(monkeypatch: pytest.MonkeyPatch, script: Path, *args: str) -> None:
+    monkeypatch.setattr(sys, "argv", [str(script), *args])
     monkeypatch.setattr(sys, "path", list(sys.path))  # the script adds its own folder
     threads = torch.get_num_threads()
     try:
-        runpy.run_path(str(GPU_BENCHMARK), run_name="__main__")
+        runpy.run_path(str(script), run_name="__main__")
     finally:
         torch.set_num_threads(threads)
+
+
+def run_gpu_benchmark(monkeypatch: pytest.MonkeyPatch, *args: str) -> None:
+    run_benchmark(monkeypatch, GPU_BENCHMARK, *args)
 
 
 def test_gpu_benchmark_on_cpu(monkeypatch: pytest.MonkeyPatch,
@@ -67,14 +72,8 @@ def test_gpu_benchmark_measures_the_compiled_update(monkeypatch: pytest.MonkeyPa
 def test_zoo_sb3_benchmark_runs_a_row(monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("stable_baselines3")
-    script = GPU_BENCHMARK.with_name("zoo_sb3.py")
-    monkeypatch.setattr(sys, "argv", [str(script), "MountainCar-v0/dqn", "--seeds", "1",
-                                      "--fraction", "0.02", "--eval-episodes", "1"])
-    threads = torch.get_num_threads()
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    finally:
-        torch.set_num_threads(threads)
+    run_benchmark(monkeypatch, GPU_BENCHMARK.with_name("zoo_sb3.py"), "MountainCar-v0/dqn",
+                  "--seeds", "1", "--fraction", "0.02", "--eval-episodes", "1")
     out = capsys.readouterr().out
     assert re.search(r"SB3 seed 0: best while training -?[\d.]+, fresh -?[\d.]+", out), out
     assert "SB3 mean over 1 seeds:" in out
