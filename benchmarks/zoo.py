@@ -13,9 +13,13 @@ scores are one run each, also deterministic.
 
 Resumable: every measured seed is one line of the ``--results`` JSONL file, and a
 (env, algo, seed, fraction) already there is not trained again, so the table fills over
-several sittings. ``--table-only`` prints (and with ``--table`` writes) the Markdown table
-from the file without training. The ratio is rlloop / rl-zoo for positive scores and
-rl-zoo / rlloop for negative ones: >= 1 means rlloop scored at least rl-zoo's score.
+several sittings. A seed longer than a sitting can span sittings too: with
+``--runs-dir`` on a disk that persists, stop the script with Ctrl-C or SIGTERM (the run
+saves a checkpoint first) and the next sitting resumes that seed from its checkpoint,
+exactly (``rlloop train --resume``); ``wall_s`` then sums the sittings. ``--table-only``
+prints (and with ``--table`` writes) the Markdown table from the file without training.
+The ratio is rlloop / rl-zoo for positive scores and rl-zoo / rlloop for negative ones:
+>= 1 means rlloop scored at least rl-zoo's score.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -117,17 +122,25 @@ def measured(results: list[dict[str, Any]], row: Row, seed: int, fraction: float
 def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
               ) -> dict[str, Any]:
     from rlloop.config import build_config
-    from rlloop.run import evaluate_run, train
+    from rlloop.run import evaluate_run, resume, train
 
     steps = max(1, round(row.budget * fraction))
-    config = build_config(row.algo, row.env, flags={"seed": seed, "total_env_steps": steps},
-                          sets=QUIET)
+    run_dir = runs / f"{row.env}-{row.algo}-{seed}-{fraction:g}"
     start, load = time.perf_counter(), os.getloadavg()[0]
-    result = train(config, runs / f"{row.env}-{row.algo}-{seed}-{fraction:g}")
-    wall = time.perf_counter() - start
-    if result.env_steps < steps:  # a stop signal: train() saved and returned early
+    if resumable(run_dir):  # an earlier sitting stopped this seed part-way
+        print(f"{row.name} seed {seed}: resuming {run_dir}", flush=True)
+        result = resume(run_dir, total_env_steps=steps)
+    else:
+        if run_dir.exists():  # killed before its first checkpoint: nothing to keep
+            shutil.rmtree(run_dir)
+        config = build_config(row.algo, row.env, flags={"seed": seed, "total_env_steps": steps},
+                              sets=QUIET)
+        result = train(config, run_dir)
+    wall = add_sitting(run_dir, time.perf_counter() - start)
+    if result.env_steps < steps:  # a stop signal: the run saved a checkpoint and returned
         raise SystemExit(f"{row.name} seed {seed} stopped at {result.env_steps:,} of {steps:,} "
-                         f"steps ({result.stopped_by}); not recorded")
+                         f"steps ({result.stopped_by}); not recorded: the next sitting with "
+                         f"--runs-dir {runs} resumes it")
     ev = evaluate_run(result.run_dir, episodes=episodes)
     return {"env": row.env, "algo": row.algo, "seed": seed, "fraction": fraction,
             "budget": row.budget, "env_steps": result.env_steps,
@@ -135,6 +148,22 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
             "episodes": episodes, "best_training_eval": result.best_eval_return,
             "wall_s": round(wall, 1), "load_before": round(load, 2),
             "load_after": round(os.getloadavg()[0], 2), **provenance()}
+
+
+def resumable(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run stopped part-way with a checkpoint to resume."""
+    from rlloop.checkpoint.manager import CheckpointManager
+
+    return CheckpointManager(run_dir / "checkpoints").latest() is not None
+
+
+def add_sitting(run_dir: Path, seconds: float) -> float:
+    """Record a sitting's training time in ``run_dir``; the seconds of all its sittings."""
+    path = run_dir / "zoo_sittings.json"
+    sittings = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+    sittings.append(round(seconds, 1))
+    path.write_text(json.dumps(sittings), encoding="utf-8")
+    return float(sum(sittings))
 
 
 def trained(todo: list[tuple[Row, int]], fraction: float, episodes: int, runs: Path,

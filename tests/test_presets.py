@@ -112,6 +112,31 @@ def test_zoo_benchmark_resumes_and_writes_the_table(tmp_path, cli_env):
     assert "| CartPole-v1 | ppo | 2,000 |" in table.read_text()
 
 
+def test_zoo_benchmark_resumes_a_seed_stopped_part_way(tmp_path, cli_env):
+    from rlloop.config import build_config
+    from rlloop.run import train
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo.py"
+    runs, results = tmp_path / "runs", tmp_path / "zoo.jsonl"
+    # An earlier sitting's seed, stopped with a checkpoint at 1,024 of its 2,048 env steps
+    stopped = train(build_config("ppo", "CartPole-v1", flags={"seed": 0,
+                                                              "total_env_steps": 1024},
+                                 sets=["mlflow=false", "progress=false", "save_video=false",
+                                       "stop_on_solve=false"]),
+                    runs / "CartPole-v1-ppo-0-0.02")
+    assert stopped.env_steps == 1024
+    (stopped.run_dir / "zoo_sittings.json").write_text("[5.0]")
+    args = [sys.executable, str(script), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
+            "--seeds", "1", "--eval-episodes", "2", "--results", str(results),
+            "--runs-dir", str(runs)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=cli_env)
+    assert done.returncode == 0, done.stderr
+    assert "CartPole-v1/ppo seed 0: resuming" in done.stdout
+    row = json.loads(results.read_text())
+    assert (row["seed"], row["env_steps"]) == (0, 2048)
+    assert row["wall_s"] > 5.0  # both sittings
+
+
 def test_atari_ppo_presets_double_sb3s_vf_coef():
     # rl-zoo's `atari` entry: vf_coef 0.5 in SB3's value loss, which has no factor 1/2
     atari = [f for f in all_files() if f.env.startswith("ALE/")]
