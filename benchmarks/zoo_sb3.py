@@ -33,6 +33,11 @@ ROWS: dict[str, dict[str, Any]] = {
                    "exploration_final_eps": 0.07,
                    "policy_kwargs": {"net_arch": [256, 256]}},
     },
+    "LunarLanderContinuous-v3/ppo": {
+        "budget": 1_000_000, "n_envs": 16, "eval_every": 16_384, "eval_episodes": 20,
+        "kwargs": {"n_steps": 1024, "batch_size": 64, "gae_lambda": 0.98, "gamma": 0.999,
+                   "n_epochs": 4, "ent_coef": 0.01},
+    },
 }
 
 
@@ -43,16 +48,21 @@ def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None 
     import gymnasium as gym
     import stable_baselines3
     from stable_baselines3.common.callbacks import EvalCallback
+    from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.monitor import Monitor
 
     env_id, algo = row.split("/")
     spec = ROWS[row]
+    n_envs = spec.get("n_envs", 1)
     cls = getattr(stable_baselines3, algo.upper())
-    model = cls("MlpPolicy", gym.make(env_id), seed=seed, device="cpu", **spec["kwargs"])
+    env = gym.make(env_id) if n_envs == 1 else make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    model = cls("MlpPolicy", env, seed=seed, device="cpu", **spec["kwargs"])
     with tempfile.TemporaryDirectory(prefix="zoo-sb3-") as tmp:
         episodes = episodes or spec["eval_episodes"]
+        # EvalCallback counts vectorised steps: every eval_every env steps over all envs
         callback = EvalCallback(Monitor(gym.make(env_id)), n_eval_episodes=episodes,
-                                eval_freq=spec["eval_every"], best_model_save_path=tmp,
+                                eval_freq=max(spec["eval_every"] // n_envs, 1),
+                                best_model_save_path=tmp,
                                 deterministic=True, verbose=0)
         model.learn(total_timesteps=round(fraction * spec["budget"]), callback=callback)
         best = cls.load(Path(tmp) / "best_model.zip", device="cpu")
