@@ -1,7 +1,7 @@
 """Atari throughput: rlloop's PPO and DQN against Stable-Baselines3 on Breakout.
 
 Run: ``python benchmarks/pixels.py [--algos ppo dqn] [--ppo-iters 2] [--dqn-steps 4000]
-[--rounds 2] [--threads 1] [--device cpu] [--json]``
+[--rounds 2] [--threads 1] [--device cpu] [--cnn-precision float32 bfloat16] [--json]``
 
 Both libraries train on the same envs: rlloop's Atari preprocessing
 (:func:`rlloop.envs.atari.make_atari`: no-op reset, frame skip 4, episodic life, fire
@@ -17,6 +17,8 @@ Each measurement builds a fresh agent, runs one untimed warm-up (a PPO iteration
 warm-up and first updates), then times the env steps that follow, learning included.
 rlloop and SB3 alternate for ``--rounds`` rounds so that both see the same machine load;
 each one's fastest round is reported with the 1-minute load average around it.
+``--cnn-precision`` lists rlloop's contenders by the Nature CNN's precision
+(``<algo>.cnn_precision``; ``bfloat16`` is reported as ``rlloop-bf16``).
 """
 
 from __future__ import annotations
@@ -67,9 +69,13 @@ def _timed(library: str, algo: str, fn: Any) -> Measurement:
 # ---------------------------------------------------------------- rlloop
 
 
-def rlloop_ppo(iters: int, device: str) -> Measurement:
+def _label(precision: str) -> str:
+    return "rlloop" if precision == "float32" else "rlloop-bf16"
+
+
+def rlloop_ppo(iters: int, device: str, precision: str = "float32") -> Measurement:
     algo = build_algorithm(build_config("ppo", ENV, flags={"seed": 0, "device": device},
-                                        sets=QUIET))
+                                        sets=[*QUIET, f"ppo.cnn_precision={precision}"]))
     try:
         steps = int(algo.collect()["env/steps"])
         algo.update(steps)
@@ -82,15 +88,17 @@ def rlloop_ppo(iters: int, device: str) -> Measurement:
                 algo.update(steps)
             return steps - start
 
-        return _timed("rlloop", "ppo", run)
+        return _timed(_label(precision), "ppo", run)
     finally:
         algo.close()
 
 
-def rlloop_dqn(env_steps: int, buffer: int, device: str) -> Measurement:
+def rlloop_dqn(env_steps: int, buffer: int, device: str, precision: str = "float32"
+               ) -> Measurement:
     algo = build_algorithm(build_config(
         "dqn", ENV, flags={"seed": 0, "device": device},
-        sets=[*QUIET, f"dqn.buffer_size={buffer}", "dqn.learning_starts=1000"]))
+        sets=[*QUIET, f"dqn.buffer_size={buffer}", "dqn.learning_starts=1000",
+              f"dqn.cnn_precision={precision}"]))
     try:
         steps = 0
         while steps < 1200:  # warm-up and the first updates, untimed
@@ -105,7 +113,7 @@ def rlloop_dqn(env_steps: int, buffer: int, device: str) -> Measurement:
                 algo.update(steps)
             return steps - start
 
-        return _timed("rlloop", "dqn", run)
+        return _timed(_label(precision), "dqn", run)
     finally:
         algo.close()
 
@@ -161,15 +169,19 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--cnn-precision", nargs="+", default=["float32"],
+                        choices=["float32", "bfloat16"])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    runs = {
-        "ppo": {"rlloop": lambda: rlloop_ppo(args.ppo_iters, args.device),
-                "sb3": lambda: sb3_ppo(args.ppo_iters, args.device)},
-        "dqn": {"rlloop": lambda: rlloop_dqn(args.dqn_steps, args.buffer, args.device),
-                "sb3": lambda: sb3_dqn(args.dqn_steps, args.buffer, args.device)},
-    }
+    runs: dict[str, dict[str, Any]] = {"ppo": {}, "dqn": {}}
+    for precision in args.cnn_precision:
+        runs["ppo"][_label(precision)] = (
+            lambda p=precision: rlloop_ppo(args.ppo_iters, args.device, p))
+        runs["dqn"][_label(precision)] = (
+            lambda p=precision: rlloop_dqn(args.dqn_steps, args.buffer, args.device, p))
+    runs["ppo"]["sb3"] = lambda: sb3_ppo(args.ppo_iters, args.device)
+    runs["dqn"]["sb3"] = lambda: sb3_dqn(args.dqn_steps, args.buffer, args.device)
     results: list[Measurement] = []
     for algo in args.algos:
         best: dict[str, Measurement] = {}
@@ -179,11 +191,12 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
                 if library not in best or m.env_sps > best[library].env_sps:
                     best[library] = m
         results += best.values()
-        r, s = best["rlloop"], best["sb3"]
-        if not args.json:
-            print(f"{algo}: rlloop {r.env_sps:7.1f} env/s (load {r.load:.1f}), "
-                  f"sb3 {s.env_sps:7.1f} env/s (load {s.load:.1f}), "
-                  f"ratio {r.env_sps / s.env_sps:.2f}x", flush=True)
+        s = best["sb3"]
+        for label, r in best.items():
+            if label != "sb3" and not args.json:
+                print(f"{algo}: {label} {r.env_sps:7.1f} env/s (load {r.load:.1f}), "
+                      f"sb3 {s.env_sps:7.1f} env/s (load {s.load:.1f}), "
+                      f"ratio {r.env_sps / s.env_sps:.2f}x", flush=True)
     if args.json:
         print(json.dumps([{**asdict(m), "env_sps": m.env_sps} for m in results]))
     return results

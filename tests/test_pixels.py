@@ -77,6 +77,55 @@ def test_cnn_convolves_channels_last_with_the_channels_first_results():
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_bfloat16_cnn_convolves_in_bfloat16_and_trains_float32_weights():
+    torch.manual_seed(0)
+    ref = NatureCNN((4, 84, 84))
+    bf16 = NatureCNN((4, 84, 84), precision="bfloat16")
+    bf16.load_state_dict(ref.state_dict())
+    dtypes = []
+    for layer in bf16.net:
+        if isinstance(layer, torch.nn.Conv2d | torch.nn.Linear):
+            layer.register_forward_hook(lambda _, args, out: dtypes.append(
+                (args[0].dtype, out.dtype)))
+    frames = torch.randint(0, 256, (16, 4, 84, 84), dtype=torch.uint8)
+    out, expected = bf16(frames), ref(frames)
+    assert dtypes == [(torch.bfloat16, torch.bfloat16)] * 4
+    assert out.dtype == torch.float32
+    # bfloat16 keeps 8 bits of mantissa: features within a few percent of float32's
+    assert (out - expected).norm() / expected.norm() < 0.03
+    out.square().mean().backward()
+    expected.square().mean().backward()
+    for mine, theirs in zip(bf16.parameters(), ref.parameters(), strict=True):
+        assert mine.dtype == torch.float32 and mine.grad is not None
+        assert mine.grad.dtype == torch.float32
+        cosine = torch.nn.functional.cosine_similarity(mine.grad.flatten(),
+                                                       theirs.grad.flatten(), dim=0)
+        assert cosine > 0.99
+
+
+def test_cnn_precision_is_checked_and_reaches_every_algorithms_encoder():
+    with pytest.raises(ConfigError, match=r"dqn.cnn_precision must be one of \['float32', "
+                                          r"'bfloat16'\], got 'float16'"):
+        build_config("dqn", "CartPole-v1", sets=[*QUIET, "dqn.cnn_precision=float16"])
+    for algo, env in (("ppo", "rlloop-test/SidePixels-v0"), ("dqn", "rlloop-test/SidePixels-v0"),
+                      ("sac", "rlloop-test/SidePixelsBox-v0"),
+                      ("td3", "rlloop-test/SidePixelsBox-v0")):
+        algorithm = build_algorithm(build_config(
+            algo, env, sets=[*QUIET, "num_envs=2", f"{algo}.cnn_precision=bfloat16"]))
+        try:
+            cnns = [m for m in _all_modules(algorithm) if isinstance(m, NatureCNN)]
+            assert cnns and all(c.dtype == torch.bfloat16 for c in cnns), algo
+        finally:
+            algorithm.close()
+
+
+def _all_modules(algorithm):
+    """Every submodule of the algorithm's networks (policy, Q-network, actor-critic)."""
+    for value in vars(algorithm).values():
+        if isinstance(value, torch.nn.Module):
+            yield from value.modules()
+
+
 def test_ppo_cnn_values_come_from_the_acting_pass():
     # The rollout records V(s) as it acts; the batch passes only the last observations
     # through the CNN again, unless the rollout did not come from this policy's acting.
@@ -117,12 +166,13 @@ def test_encoder_selection_and_override():
         build_encoder("dqn", "nature_cnn", (8,), image=False)
 
 
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 @pytest.mark.parametrize(("algo", "env"), [
     ("ppo", "rlloop-test/SidePixels-v0"), ("dqn", "rlloop-test/SidePixels-v0"),
     ("sac", "rlloop-test/SidePixelsBox-v0"), ("td3", "rlloop-test/SidePixelsBox-v0"),
 ])
-def test_every_algorithm_trains_on_uint8_frames(algo, env):
-    sets = [*QUIET, "num_envs=2"]
+def test_every_algorithm_trains_on_uint8_frames(algo, env, precision):
+    sets = [*QUIET, "num_envs=2", f"{algo}.cnn_precision={precision}"]
     if algo != "ppo":
         sets += [f"{algo}.learning_starts=8", f"{algo}.batch_size=8", f"{algo}.buffer_size=64"]
     else:
@@ -215,12 +265,13 @@ def test_atari_without_ale_py_exits_2_naming_the_pip_command(tmp_path):
 
 
 @pytest.mark.slow
-def test_ppo_cnn_learns_to_read_the_side_of_a_square_from_pixels():
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_ppo_cnn_learns_to_read_the_side_of_a_square_from_pixels(precision):
     # A blind policy scores 5 of 10: only a policy that reads the frames gets near 10.
     algorithm = build_algorithm(build_config(
         "ppo", "rlloop-test/SidePixels-v0", flags={"seed": 0, "num_envs": 8},
         sets=[*QUIET, "ppo.rollout_steps=32", "ppo.minibatch_size=64", "ppo.lr=0.001",
-              "ppo.num_epochs=4"]))
+              "ppo.num_epochs=4", f"ppo.cnn_precision={precision}"]))
     try:
         steps, best = 0, 0.0
         while steps < 12_000 and best < 9.5:

@@ -168,7 +168,7 @@ class DQN(OffPolicyAlgorithmBase):
         self.q = build_module(lambda: QNetwork(
             flat_dim(spec.obs_shape), self.space.n, config.hidden, config.dueling,
             build_encoder("dqn", config.encoder, spec.obs_shape, spec.image_obs,
-                          spec.obs_parts, config.hidden),
+                          spec.obs_parts, config.hidden, cnn_precision=config.cnn_precision),
             mask_dims=self.mask_dims), self.device)
         self.learner = DQNLearner({DEFAULT_MODULE_ID: DQNModule(self.q)}, config,
                                   env.on_nonfinite)

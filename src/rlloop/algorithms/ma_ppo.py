@@ -103,8 +103,9 @@ class MultiAgentPPO:
                                          spec.action_mask, cfg.hidden, cfg.activation)
             # PettingZoo observations reach rlloop as float vectors: "auto" is the MLP.
             return ActorCritic(spec.obs_shape, spec.action_space, cfg.hidden, cfg.activation,
-                               cfg.init_log_std, build_encoder(cfg.section, cfg.encoder,
-                                                               spec.obs_shape, image=False))
+                               cfg.init_log_std, build_encoder(
+                                   cfg.section, cfg.encoder, spec.obs_shape, image=False,
+                                   cnn_precision=cfg.cnn_precision))
 
         return build_module(build, self.device)
 

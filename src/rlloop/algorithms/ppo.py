@@ -231,8 +231,10 @@ class PPO(AlgorithmBase):
     def _encoder(self) -> Encoder | None:
         spec, config = self.env.spec, self.config
         if spec.obs_parts and config.encoder != "mlp":  # one encoder per Dict entry
-            return DictEncoder(spec.obs_parts, config.hidden, config.activation)
-        return build_encoder(config.section, config.encoder, spec.obs_shape, spec.image_obs)
+            return DictEncoder(spec.obs_parts, config.hidden, config.activation,
+                               config.cnn_precision)
+        return build_encoder(config.section, config.encoder, spec.obs_shape, spec.image_obs,
+                             cnn_precision=config.cnn_precision)
 
     def _behaviour(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         sde = self.policy.sde

@@ -177,7 +177,7 @@ class SAC(OffPolicyAlgorithmBase):
         self.module = build_module(lambda: SACModule(
             flat_dim(spec.obs_shape), space.dim, config, lambda: build_encoder(
                 "sac", config.encoder, spec.obs_shape, spec.image_obs, spec.obs_parts,
-                config.hidden)), self.device)
+                config.hidden, cnn_precision=config.cnn_precision)), self.device)
         self.learner = SACLearner({DEFAULT_MODULE_ID: self.module}, config, entropy,
                                   self.generator, env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env,

@@ -63,10 +63,17 @@ class NatureCNN(nn.Module):
     uint8 input is scaled by 1/255 inside ``forward`` (on whatever device the module is);
     float input is taken as already scaled. Orthogonal initialisation with gain
     ``sqrt(2)``, as in Stable-Baselines3's and CleanRL's Atari PPO.
+
+    ``precision="bfloat16"`` runs the convolutions and the linear layer under
+    ``torch.autocast`` (frames converted straight to bfloat16): the weights stay float32
+    (autocast casts a bfloat16 copy per pass, and the gradients reach the float32 weights),
+    and the features come out float32.
     """
 
-    def __init__(self, obs_shape: Sequence[int], features: int = 512) -> None:
+    def __init__(self, obs_shape: Sequence[int], features: int = 512,
+                 precision: str = "float32") -> None:
         super().__init__()
+        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[precision]
         c, h, w, self.channels_last = image_layout(obs_shape)
         self.add_channel = len(obs_shape) == 2
         if min(h, w) < NATURE_MIN_SIDE:
@@ -101,11 +108,15 @@ class NatureCNN(nn.Module):
         if x.dtype == torch.uint8:
             # One conversion straight into the layout, scaled in place: a fresh float
             # batch costs page faults, a second one (out of place) as many again.
-            x = x.to(torch.float32, memory_format=layout).mul_(1.0 / 255.0)
+            x = x.to(self.dtype, memory_format=layout).mul_(1.0 / 255.0)
         else:
-            x = x.to(torch.float32, memory_format=layout)
-        out: Tensor = self.net(x)
-        return out
+            x = x.to(self.dtype, memory_format=layout)
+        if self.dtype == torch.float32:
+            out: Tensor = self.net(x)
+            return out
+        with torch.autocast(x.device.type, dtype=self.dtype):
+            out = self.net(x)
+        return out.float()
 
 
 #: ``EnvSpec.obs_parts``: a Dict observation's entries as ``(key, shape, image)``.
@@ -123,7 +134,8 @@ class DictEncoder(nn.Module):
     entries get an MLP of ``hidden`` units.
     """
 
-    def __init__(self, parts: ObsParts, hidden: Sequence[int], activation: str) -> None:
+    def __init__(self, parts: ObsParts, hidden: Sequence[int], activation: str,
+                 cnn_precision: str = "float32") -> None:
         super().__init__()
         self.shapes = [shape for _, shape, _ in parts]
         self.sizes = [math.prod(shape) for shape in self.shapes]
@@ -132,7 +144,7 @@ class DictEncoder(nn.Module):
         self.cnn = [image and len(shape) in (2, 3) and min(image_layout(shape)[1:3])
                     >= NATURE_MIN_SIDE for _, shape, image in parts]
         self.encoders = nn.ModuleList(
-            NatureCNN(shape) if cnn else
+            NatureCNN(shape, precision=cnn_precision) if cnn else
             mlp(size, list(hidden)[:-1], list(hidden)[-1], activation=activation,
                 out_gain=math.sqrt(2))
             for (_, shape, _), size, cnn in zip(parts, self.sizes, self.cnn, strict=True))
@@ -158,19 +170,20 @@ Encoder = NatureCNN | DictEncoder
 
 def build_encoder(section: str, kind: str, obs_shape: Sequence[int], image: bool,
                   parts: ObsParts = (), hidden: Sequence[int] = (256, 256),
-                  activation: str = "relu") -> Encoder | None:
+                  activation: str = "relu", cnn_precision: str = "float32") -> Encoder | None:
     """The encoder ``kind`` selects for observations of ``obs_shape``, or None where the
     algorithm's MLP takes the flattened observation directly.
 
     ``auto`` picks the Nature CNN for image observations and the MLP otherwise; ``mlp``
     flattens everything (pixels too, as floats); ``nature_cnn`` insists on the CNN.
     Dict observations (``parts``, ``EnvSpec.obs_parts``) get a :class:`DictEncoder` of
-    ``hidden`` units per vector entry unless ``kind`` is ``mlp``.
+    ``hidden`` units per vector entry unless ``kind`` is ``mlp``. ``cnn_precision`` is the
+    Nature CNN's (``<algo>.cnn_precision``).
     """
     if kind not in ENCODERS:
         raise ConfigError(f"{section}.encoder must be one of {list(ENCODERS)}, got {kind!r}")
     if parts and kind != "mlp":
-        return DictEncoder(parts, hidden, activation)
+        return DictEncoder(parts, hidden, activation, cnn_precision)
     if kind == "mlp" or (kind == "auto" and not image):
         return None
-    return NatureCNN(obs_shape)
+    return NatureCNN(obs_shape, precision=cnn_precision)
