@@ -340,3 +340,29 @@ def test_predict_and_export_take_uint8_frames():
         assert (model.predict(frames.numpy()) == expected).all()
     finally:
         model.close()
+
+
+def test_a_bfloat16_cnn_run_exports_to_onnx_in_float32(tmp_path):
+    import onnxruntime
+
+    from rlloop.export import deterministic_policy, export_run, float32_cnns
+    from rlloop.run import load_run_policy, train
+
+    run = train(build_config("ppo", "rlloop-test/SidePixels-v0",
+                             flags={"seed": 0, "total_env_steps": 64, "num_envs": 2},
+                             sets=[*QUIET, "ppo.rollout_steps=32", "ppo.minibatch_size=32",
+                                   "ppo.cnn_precision=bfloat16"]), tmp_path / "run").run_dir
+    session = onnxruntime.InferenceSession(str(export_run(run, "onnx")),
+                                           providers=["CPUExecutionProvider"])
+    frames = torch.randint(0, 256, (32, 36, 36, 1), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(0))
+    (got,) = session.run(["action"], {"obs": frames.numpy()})
+    algorithm = load_run_policy(run, device="cpu")
+    try:  # the same float32 weights, the CNN computing in float32
+        policy = deterministic_policy(algorithm)
+        assert float32_cnns(policy) == 1
+        with torch.no_grad():
+            assert (got == policy(frames).numpy()).all()
+    finally:
+        algorithm.close()
+

@@ -6,6 +6,10 @@ algorithm's own ``act(obs, deterministic=True)`` (argmax for discrete actions, t
 ``obs`` ``[B, *obs_shape]`` float32; output ``action`` ``[B]`` int64 or ``[B, *act_shape]``
 float32.
 
+A run trained with ``<algo>.cnn_precision=bfloat16`` exports its CNN computing in
+float32 for ONNX (the same float32 weights; ONNX runtimes have no bfloat16 convolutions),
+and in bfloat16, as it trained and evaluates, for TorchScript.
+
 A recurrent PPO policy carries its memory through the graph instead: inputs ``obs`` and
 ``state`` ``[B, S]`` (zeros at an episode's first step), outputs ``action`` and
 ``next_state``, which the caller feeds back with the next observation.
@@ -128,6 +132,17 @@ def export_bytes(policy: DeterministicPolicy, example: tuple[Tensor, ...], fmt: 
     return buf.getvalue()
 
 
+def float32_cnns(module: nn.Module) -> int:
+    """Have every bfloat16 Nature CNN in ``module`` compute in float32; how many did not."""
+    from rlloop.modules.encoders import NatureCNN
+
+    cnns = [m for m in module.modules()
+            if isinstance(m, NatureCNN) and m.dtype != torch.float32]
+    for cnn in cnns:
+        cnn.dtype = torch.float32
+    return len(cnns)
+
+
 def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
                allow_import: bool = False) -> Path:
     """Write the deterministic policy of ``run_dir``'s best checkpoint as ``fmt`` (onnx or
@@ -146,6 +161,8 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
     algorithm = load_run_policy(run_dir, device="cpu", allow_import=allow_import)
     try:
         policy = deterministic_policy(algorithm)
+        if fmt == "onnx":
+            float32_cnns(policy)
         write_file(path, export_bytes(policy, example_inputs(algorithm), fmt))
     finally:
         algorithm.close()
