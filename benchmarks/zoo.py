@@ -51,7 +51,10 @@ REASONS: dict[str, str] = {
                             "the 20 fresh episodes (std 70 and 98; seed 2: 293.1 ± 2.0)",
     "LunarLanderContinuous-v3/ppo": "within rl-zoo's own spread (one run of 270.9 ± 32.1 "
                                     "over its episodes): every seed's best policy still "
-                                    "crashes in some episodes (std 27-29 within a seed)",
+                                    "crashes in some episodes (std 27-29 within a seed); "
+                                    "SB3 2.9 with the same rl-zoo hyperparameters, "
+                                    "measured the same way (benchmarks/zoo_sb3.py): 256.8 "
+                                    "and 261.1 on seeds 0 and 1",
     "MountainCar-v0/dqn": "seed 1 never reaches the flag (-188.3); seeds 3-5 (not in the "
                           "mean) -99.5, -105.2, -102.0; SB3 2.9 with the same rl-zoo "
                           "hyperparameters, measured the same way (benchmarks/zoo_sb3.py): "
