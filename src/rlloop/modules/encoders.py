@@ -114,7 +114,8 @@ class NatureCNN(nn.Module):
         if self.dtype == torch.float32:
             out: Tensor = self.net(x)
             return out
-        with torch.autocast(x.device.type, dtype=self.dtype):
+        # Each weight is read once per pass: no cast cache (which a CUDA graph must not keep).
+        with torch.autocast(x.device.type, dtype=self.dtype, cache_enabled=False):
             out = self.net(x)
         return out.float()
 
