@@ -125,12 +125,12 @@ def measured(results: list[dict[str, Any]], row: Row, seed: int, fraction: float
 def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
               ) -> dict[str, Any]:
     from rlloop.config import build_config
-    from rlloop.run import evaluate_run, resume, train
+    from rlloop.run import evaluate_run, has_checkpoint, resume, train
 
     steps = max(1, round(row.budget * fraction))
     run_dir = runs / f"{row.env}-{row.algo}-{seed}-{fraction:g}"
     start, load = time.perf_counter(), os.getloadavg()[0]
-    if resumable(run_dir):  # an earlier sitting stopped this seed part-way
+    if has_checkpoint(run_dir):  # an earlier sitting stopped this seed part-way
         print(f"{row.name} seed {seed}: resuming {run_dir}", flush=True)
         result = resume(run_dir, total_env_steps=steps)
     else:
@@ -151,13 +151,6 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
             "episodes": episodes, "best_training_eval": result.best_eval_return,
             "wall_s": round(wall, 1), "load_before": round(load, 2),
             "load_after": round(os.getloadavg()[0], 2), **provenance()}
-
-
-def resumable(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run stopped part-way with a checkpoint to resume."""
-    from rlloop.checkpoint.manager import CheckpointManager
-
-    return CheckpointManager(run_dir / "checkpoints").latest() is not None
 
 
 def add_sitting(run_dir: Path, seconds: float) -> float:

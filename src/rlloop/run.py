@@ -505,7 +505,7 @@ def train(config: RunConfig, run_dir: str | Path | None = None, *,
     path = Path(run_dir) if run_dir else default_run_dir(config)
     if (path / "config.yaml").exists():
         RunLock(path).acquire().release()  # a live trainer holds it: name its PID instead
-        if not _has_checkpoint(path):  # then "resume it" would only send the user back here
+        if not has_checkpoint(path):  # then "resume it" would only send the user back here
             raise _no_checkpoint(path)
     _refuse_existing_run(path)
     return _run_session(config, path, resume=False, console=console, callbacks=callbacks,
@@ -522,7 +522,7 @@ def _run_session(config: RunConfig, path: Path, *, resume: bool, console: Any,
             return Session(config, path, resume=resume, console=console,
                            callbacks=callbacks, started_at=started_at).run()
         except LearnerGroupError as e:
-            if restarts >= config.max_learner_restarts or not _has_checkpoint(path):
+            if restarts >= config.max_learner_restarts or not has_checkpoint(path):
                 raise
             restarts += 1
             resume = True
@@ -537,7 +537,7 @@ def _refuse_existing_run(path: Path) -> None:
                           "or choose another --run-dir")
 
 
-def _has_checkpoint(run_dir: Path) -> bool:
+def has_checkpoint(run_dir: Path) -> bool:
     """Whether ``resume`` has a checkpoint to start from (``best/`` alone is not one)."""
     return CheckpointManager(run_dir / "checkpoints").latest() is not None
 
@@ -581,7 +581,7 @@ def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = Fal
     RunLock(check_run_dir(run_dir)).acquire().release()  # fail fast if a trainer holds it
     config = resume_config(run_dir, allow_import=allow_import, env=env, file=file, sets=sets,
                            **flags)
-    if not _has_checkpoint(Path(run_dir)):  # before Session starts envs and sinks
+    if not has_checkpoint(Path(run_dir)):  # before Session starts envs and sinks
         raise _no_checkpoint(Path(run_dir))
     return _run_session(config, Path(run_dir), resume=True, console=console,
                         callbacks=callbacks, started_at=started_at)
