@@ -1,8 +1,8 @@
 """Stable-Baselines3 with rl-zoo's hyperparameters on a zoo row, measured as ``zoo.py``
 measures rlloop: how often SB3 itself reaches rl-zoo's published score.
 
-Run: ``python benchmarks/zoo_sb3.py MountainCar-v0/dqn [--seeds 3] [--fraction F]
-[--eval-episodes N]``
+Run: ``python benchmarks/zoo_sb3.py MountainCar-v0/dqn [--seeds 3] [--first-seed 0]
+[--fraction F] [--eval-episodes N]``
 
 rl-zoo publishes one run per row. Where rlloop's 3-seed mean falls short because a seed
 fails, this says whether SB3 fails on some seeds too. The method is ``zoo.py``'s: train
@@ -74,20 +74,23 @@ def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("row", choices=sorted(ROWS), help="ENV/ALGO")
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
+    p.add_argument("--seeds", type=int, default=3, help="how many seeds (default 3)")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="the first seed: seeds FIRST..FIRST+N-1 (default 0), so that a seed "
+                        "left out of an earlier sitting can be run on its own")
     p.add_argument("--fraction", type=float, default=1.0,
                    help="train this fraction of rl-zoo's budget (default 1)")
     p.add_argument("--eval-episodes", type=int, default=None,
                    help="episodes per evaluation and for the fresh score (default: the "
                         "row's cadence, 20 fresh)")
     args = p.parse_args()
-    if not 0 < args.fraction <= 1 or args.seeds < 1:
-        raise SystemExit("--fraction must be in (0, 1] and --seeds >= 1")
+    if not 0 < args.fraction <= 1 or args.seeds < 1 or args.first_seed < 0:
+        raise SystemExit("--fraction must be in (0, 1], --seeds >= 1 and --first-seed >= 0")
     import torch
 
     torch.set_num_threads(1)
     scores = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         best, score = train_seed(args.row, seed, args.fraction, args.eval_episodes)
         scores.append(score)
         print(f"{args.row} SB3 seed {seed}: best while training {best:.1f}, "
