@@ -1,7 +1,8 @@
 """Off-policy training throughput: rlloop vs Stable-Baselines3, in one process, one run.
 
 Run: ``python benchmarks/offpolicy.py [--quick] [--dqn-steps N] [--sac-steps N]
-[--tasks dqn sac] [--paths autograd compiled manual] [--seeds 0 1 2] [--jobs N]``
+[--tasks dqn sac] [--paths autograd compiled manual] [--seeds 0 1 2] [--jobs N]
+[--threads N]``
 (several seeds add a summary of means and
 of how rlloop's returns compare with SB3's; ``--jobs`` trains that many seeds at once, one
 process each, for machines with more cores than the two this project's is measured on).
@@ -46,10 +47,11 @@ clock runs only during its own training. Reported per run:
   is mostly seed luck; ``late`` averages over the end of the learning curve;
 - ``share``: FLOPs of one gradient update (counted with
   ``torch.utils.flop_counter.FlopCounterMode``) times updates per second, divided by the
-  matmul FLOP/s this CPU reaches on one thread (the best of square fp32 matmuls): the
+  matmul FLOP/s this CPU reaches on the run's threads (the best of square fp32 matmuls): the
   share of the machine's compute bound that training reaches.
 
-Everything runs with one torch thread. The machine may be shared: the load average is
+Everything runs with one torch thread (``--threads N``: N for both libraries; CPU time
+then counts every thread). The machine may be shared: the load average is
 printed with the results, and ``--clock cpu`` times training by this process's CPU time
 instead of the wall clock.
 
@@ -129,7 +131,7 @@ def load_average() -> float:
 def matmul_peak_flops(seconds: float = 1.0, device: str = "cpu",
                       sizes: Sequence[int] = (256, 512, 1024)) -> float:
     """Best fp32 matmul FLOP/s over square ``sizes`` on ``device``, with torch's current
-    thread count (this benchmark sets one)."""
+    thread count (this benchmark sets it: one unless ``--threads``)."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     best = 0.0
     for n in sizes:
@@ -299,7 +301,8 @@ def train_all(algo: str, env_id: str, steps: int, seed: int, chunk: int,
 
 
 def report(results: list[Result], peak: float) -> None:
-    print(f"\nmatmul peak (1 thread, fp32): {peak / 1e9:.1f} GFLOP/s")
+    print(f"\nmatmul peak ({torch.get_num_threads()} thread(s), fp32): "
+          f"{peak / 1e9:.1f} GFLOP/s")
     head = (f"{'task':20s} {'seed':>4s} {'library':24s} {'env steps':>9s} {'train s':>8s} "
             f"{'env/s':>8s} {'warm s':>6s} {'env/s*':>8s} {'upd/s':>8s} {'opt/s':>8s} "
             f"{'return':>8s} {'late':>7s} {'MFLOP/upd':>9s} {'share':>6s} {'load':>9s}")
@@ -340,17 +343,17 @@ PATHS: dict[str, Callable[[str], list[str]]] = {
 
 
 def train_seed(algo: str, steps: int, seed: int, paths: Sequence[str] = tuple(PATHS),
-               clock_name: str = "wall") -> list[Result]:
-    """Every contender of ``algo`` on one seed (one torch thread; a worker's entry point);
-    rlloop's runs on the gradient ``paths`` only, timed by ``clock_name``."""
+               clock_name: str = "wall", threads: int = 1) -> list[Result]:
+    """Every contender of ``algo`` on one seed with ``threads`` torch threads (a worker's
+    entry point); rlloop's runs on the gradient ``paths`` only, timed by ``clock_name``."""
     global clock
     clock = CLOCKS[clock_name]
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     env_id, chunk, runs = TASKS[algo]
     return train_all(algo, env_id, steps, seed, chunk, [r for r in runs if r[2] in paths])
 
 
-def train_seeds(jobs: Sequence[tuple[str, int, int, Sequence[str], str]],
+def train_seeds(jobs: Sequence[tuple[str, int, int, Sequence[str], str, int]],
                 workers: int) -> list[Result]:
     """``train_seed`` for each ``(algo, steps, seed)``, ``workers`` processes at a time
     (in this process when 1); results in job order."""
@@ -385,15 +388,17 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1,
                         help="seeds trained at once, one process each (default 1: in turn, "
                              "as the README's figures on two cores)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads, the same for both libraries (default 1)")
     args = parser.parse_args()
-    if args.jobs < 1:
-        parser.error(f"--jobs must be >= 1, got {args.jobs}")
-    torch.set_num_threads(1)
+    if args.jobs < 1 or args.threads < 1:
+        parser.error(f"--jobs and --threads must be >= 1, got {args.jobs}, {args.threads}")
+    torch.set_num_threads(args.threads)
     steps = {"dqn": args.dqn_steps or (6_000 if args.quick else 40_000),
              "sac": args.sac_steps or (600 if args.quick else 5_000)}
     peak = matmul_peak_flops()
-    print(f"clock: {args.clock}")
-    jobs = [(algo, steps[algo], seed, tuple(args.paths), args.clock)
+    print(f"clock: {args.clock}, torch threads: {args.threads}")
+    jobs = [(algo, steps[algo], seed, tuple(args.paths), args.clock, args.threads)
             for seed in args.seeds for algo in args.tasks]
     results = train_seeds(jobs, args.jobs)
     report(results, peak)

@@ -96,6 +96,8 @@ def test_tanh_gaussian_log_prob_matches_torch_distributions():
     assert action.abs().max() < 1
     assert_close(log_prob, dist.log_prob(action).sum(-1), rtol=1e-4, atol=1e-4)
     assert_close(actor.mode(obs), torch.tanh(mean))
+    # Acting samples without the log-probability: the same action from the same draw.
+    assert torch.equal(actor.sample(obs, torch.Generator().manual_seed(1)), action)
 
 
 def test_box_rescaler_maps_unit_box_to_bounds():

@@ -195,7 +195,7 @@ class SAC(OffPolicyAlgorithmBase):
     def _explore(self, obs: Tensor) -> Tensor:
         actor = self.module.actor
         if not isinstance(actor, TanhGSDEActor):
-            return actor(obs, self.generator)[0].view(-1, *self.space.shape)
+            return actor.sample(obs, self.generator).view(-1, *self.space.shape)
         freq = self.config.sde_sample_freq
         if self._sde_age == 0 or (freq > 0 and self._sde_age % freq == 0):
             self._sde_eps = actor.sde.sample_eps((len(obs),), self.generator, obs)

@@ -197,12 +197,22 @@ class TanhGaussianActor(nn.Module):
 
         ``noise`` is the standard normal draw ``[B, d]``; when None it is drawn from
         ``generator`` (a compiled update draws it outside and passes it in)."""
+        u, eps, log_std = self._gaussian_sample(obs, generator, noise)
+        gauss = (-0.5 * eps.square() - log_std).sum(-1) - self.act_dim * _LOG_SQRT_2PI
+        return torch.tanh(u), gauss - tanh_log_det(u)
+
+    def sample(self, obs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """:meth:`forward`'s action alone (the same draw from ``generator``), without the
+        log-probability that only the losses read: what acting needs."""
+        return torch.tanh(self._gaussian_sample(obs, generator, None)[0])
+
+    def _gaussian_sample(self, obs: Tensor, generator: torch.Generator | None,
+                         noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """``(u, eps, log sigma)``: the pre-tanh sample ``u = mu + eps sigma`` ``[B, d]``."""
         mean, raw_log_std = self.net(encode(self.encoder, obs)).chunk(2, dim=-1)
         log_std = raw_log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
         eps = standard_normal(mean.shape, mean, generator) if noise is None else noise
-        u = mean + eps * log_std.exp()
-        gauss = (-0.5 * eps.square() - log_std).sum(-1) - self.act_dim * _LOG_SQRT_2PI
-        return torch.tanh(u), gauss - tanh_log_det(u)
+        return mean + eps * log_std.exp(), eps, log_std
 
     def mode(self, obs: Tensor) -> Tensor:
         """The deterministic action ``tanh(mu(s))``."""
