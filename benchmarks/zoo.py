@@ -53,8 +53,9 @@ REASONS: dict[str, str] = {
                                     "over its episodes): every seed's best policy still "
                                     "crashes in some episodes (std 27-29 within a seed); "
                                     "SB3 2.9 with the same rl-zoo hyperparameters, "
-                                    "measured the same way (benchmarks/zoo_sb3.py): 256.8 "
-                                    "and 261.1 on seeds 0 and 1",
+                                    "measured the same way (benchmarks/zoo_sb3.py): 263.9 "
+                                    "± 7.2 over 3 seeds (256.8, 261.1, 273.7), the "
+                                    "same as rlloop's 263.1 ± 4.5",
     "MountainCar-v0/dqn": "seed 1 never reaches the flag (-188.3); seeds 3-5 (not in the "
                           "mean) -99.5, -105.2, -102.0; SB3 2.9 with the same rl-zoo "
                           "hyperparameters, measured the same way (benchmarks/zoo_sb3.py): "
