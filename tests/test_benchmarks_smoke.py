@@ -78,3 +78,14 @@ def test_zoo_sb3_benchmark_runs_a_row(monkeypatch: pytest.MonkeyPatch,
     out = capsys.readouterr().out
     assert re.search(r"SB3 seed 1: best while training -?[\d.]+, fresh -?[\d.]+", out), out
     assert "SB3 mean over 1 seeds:" in out
+
+
+def test_offpolicy_benchmark_runs_sac_on_the_threads_asked(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("stable_baselines3")
+    run_benchmark(monkeypatch, GPU_BENCHMARK.with_name("offpolicy.py"), "--tasks", "sac",
+                  "--sac-steps", "300", "--paths", "autograd", "--threads", "2",
+                  "--clock", "cpu")
+    out = capsys.readouterr().out
+    assert "torch threads: 2" in out and "matmul peak (2 thread(s), fp32)" in out, out
+    assert re.search(r"sac Pendulum-v1 seed 0: rlloop 1 env / SB3 env steps/s [\d.]+x", out), out
