@@ -176,6 +176,7 @@ def test_sde_log_prob_equals_a_direct_gaussian_and_sac_adds_the_tanh_term():
     expected = direct.log_prob(u).sum(-1) - tanh.log_abs_det_jacobian(u, torch.tanh(u)).sum(-1)
     assert_close(action, torch.tanh(u))
     assert_close(log_prob, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(actor.sample(obs, noise=eps), action)  # acting: no log-probability
     # The gradient reaches sigma through the noise (the reparameterised matrix).
     log_prob.sum().backward()
     assert actor.sde.log_std.grad is not None and actor.sde.log_std.grad.abs().sum() > 0

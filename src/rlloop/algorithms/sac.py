@@ -200,7 +200,7 @@ class SAC(OffPolicyAlgorithmBase):
         if self._sde_age == 0 or (freq > 0 and self._sde_age % freq == 0):
             self._sde_eps = actor.sde.sample_eps((len(obs),), self.generator, obs)
         self._sde_age += 1
-        return actor(obs, noise=self._sde_eps)[0].view(-1, *self.space.shape)
+        return actor.sample(obs, noise=self._sde_eps).view(-1, *self.space.shape)
 
     def optimize(self, env_steps: int) -> dict[str, Tensor | float] | None:
         """As the base class; with gSDE the next env step starts a new rollout."""
@@ -212,7 +212,7 @@ class SAC(OffPolicyAlgorithmBase):
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
         """Env-scaled actions: ``tanh(mean)``, or a sample (from an eval-only RNG)."""
         actor = self.module.actor
-        action = actor.mode(obs) if deterministic else actor(obs, self._eval_generator)[0]
+        action = actor.mode(obs) if deterministic else actor.sample(obs, self._eval_generator)
         return self.to_env(action.view(-1, *self.space.shape))
 
     def get_state(self) -> dict[str, Any]:

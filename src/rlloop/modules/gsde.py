@@ -126,12 +126,21 @@ class TanhGSDEActor(nn.Module):
         shared by the batch, or ``[B, latent, d]``); when None one matrix is drawn from
         ``generator``."""
         phi, mean = self.features(obs)
-        eps = self.sde.sample_eps((), generator, mean) if noise is None else noise
-        u = mean + self.sde.noise(phi, eps)
+        u = self._pre_tanh(phi, mean, generator, noise)
         log_std = self.sde.log_std_of(phi)
         z = (u - mean) * torch.exp(-log_std)
         gauss = (-0.5 * z.square() - log_std - _LOG_SQRT_2PI).sum(-1)
         return torch.tanh(u), gauss - tanh_log_det(u)
+
+    def sample(self, obs: Tensor, generator: torch.Generator | None = None,
+               noise: Tensor | None = None) -> Tensor:
+        """:meth:`forward`'s action alone, without the log-probability (for acting)."""
+        return torch.tanh(self._pre_tanh(*self.features(obs), generator, noise))
+
+    def _pre_tanh(self, phi: Tensor, mean: Tensor, generator: torch.Generator | None,
+                  noise: Tensor | None) -> Tensor:
+        eps = self.sde.sample_eps((), generator, mean) if noise is None else noise
+        return mean + self.sde.noise(phi, eps)
 
     def mode(self, obs: Tensor) -> Tensor:
         """The deterministic action ``tanh(mu(s))``."""

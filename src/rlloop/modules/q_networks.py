@@ -201,10 +201,11 @@ class TanhGaussianActor(nn.Module):
         gauss = (-0.5 * eps.square() - log_std).sum(-1) - self.act_dim * _LOG_SQRT_2PI
         return torch.tanh(u), gauss - tanh_log_det(u)
 
-    def sample(self, obs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """:meth:`forward`'s action alone (the same draw from ``generator``), without the
-        log-probability that only the losses read: what acting needs."""
-        return torch.tanh(self._gaussian_sample(obs, generator, None)[0])
+    def sample(self, obs: Tensor, generator: torch.Generator | None = None,
+               noise: Tensor | None = None) -> Tensor:
+        """:meth:`forward`'s action alone (the same draw), without the log-probability
+        that only the losses read: what acting needs."""
+        return torch.tanh(self._gaussian_sample(obs, generator, noise)[0])
 
     def _gaussian_sample(self, obs: Tensor, generator: torch.Generator | None,
                          noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
