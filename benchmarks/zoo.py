@@ -1,7 +1,7 @@
 """rlloop's presets against rl-zoo's published scores, one row per (env, algorithm).
 
 Run: ``python benchmarks/zoo.py [--only ENV/ALGO ...] [--fraction F] [--seeds 3]
-[--jobs N] [--results zoo.jsonl] [--table table.md]``
+[--first-seed 0] [--jobs N] [--results zoo.jsonl] [--table table.md]``
 
 Each preset with a ``benchmark:`` entry (rl-zoo's budget and score) trains for
 ``F x budget`` env steps on each seed, one seed after another (``--jobs N``: N seeds at
@@ -251,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="only this row (repeatable), e.g. LunarLander-v3/ppo")
     p.add_argument("--fraction", type=float, default=1.0,
                    help="train this fraction of rl-zoo's budget (default 1)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
+    p.add_argument("--seeds", type=int, default=3, help="how many seeds (default 3)")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="seeds FIRST..FIRST+N-1 (default 0): e.g. one seed per sitting on "
+                        "each free core, beside another sitting training an earlier seed")
     p.add_argument("--jobs", type=int, default=1,
                    help="seeds trained at once, one process each (default 1)")
     p.add_argument("--eval-episodes", type=int, default=20)
@@ -261,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table", help="also write the Markdown table to this file")
     p.add_argument("--table-only", action="store_true", help="train nothing; print the table")
     args = p.parse_args(argv)
-    if not 0 < args.fraction <= 1 or args.seeds < 1 or args.jobs < 1:
-        raise SystemExit("--fraction must be in (0, 1], --seeds >= 1 and --jobs >= 1")
+    if not 0 < args.fraction <= 1 or min(args.seeds, args.jobs) < 1 or args.first_seed < 0:
+        raise SystemExit("--fraction must be in (0, 1], --seeds and --jobs >= 1, "
+                         "--first-seed >= 0")
     import torch
 
     torch.set_num_threads(1)
@@ -270,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     results_path = Path(args.results)
     results = load_results(results_path)
     if not args.table_only:
-        todo = [(row, seed) for row in selected for seed in range(args.seeds)
+        seeds = range(args.first_seed, args.first_seed + args.seeds)
+        todo = [(row, seed) for row in selected for seed in seeds
                 if not measured(results, row, seed, args.fraction)]
         with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
             runs = Path(args.runs_dir or tmp)

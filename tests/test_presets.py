@@ -118,22 +118,22 @@ def test_zoo_benchmark_resumes_a_seed_stopped_part_way(tmp_path, cli_env):
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo.py"
     runs, results = tmp_path / "runs", tmp_path / "zoo.jsonl"
-    # An earlier sitting's seed, stopped with a checkpoint at 1,024 of its 2,048 env steps
-    stopped = train(build_config("ppo", "CartPole-v1", flags={"seed": 0,
+    # An earlier sitting's seed 1, stopped with a checkpoint at 1,024 of its 2,048 env steps
+    stopped = train(build_config("ppo", "CartPole-v1", flags={"seed": 1,
                                                               "total_env_steps": 1024},
                                  sets=["mlflow=false", "progress=false", "save_video=false",
                                        "stop_on_solve=false"]),
-                    runs / "CartPole-v1-ppo-0-0.02")
+                    runs / "CartPole-v1-ppo-1-0.02")
     assert stopped.env_steps == 1024
     (stopped.run_dir / "zoo_sittings.json").write_text("[5.0]")
     args = [sys.executable, str(script), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
-            "--seeds", "1", "--eval-episodes", "2", "--results", str(results),
-            "--runs-dir", str(runs)]
+            "--seeds", "1", "--first-seed", "1", "--eval-episodes", "2",
+            "--results", str(results), "--runs-dir", str(runs)]
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=cli_env)
     assert done.returncode == 0, done.stderr
-    assert "CartPole-v1/ppo seed 0: resuming" in done.stdout
+    assert "CartPole-v1/ppo seed 1: resuming" in done.stdout
     row = json.loads(results.read_text())
-    assert (row["seed"], row["env_steps"]) == (0, 2048)
+    assert (row["seed"], row["env_steps"]) == (1, 2048)  # seed 0 was not asked for
     assert row["wall_s"] > 5.0  # both sittings
 
 
