@@ -124,13 +124,19 @@ def measured(results: list[dict[str, Any]], row: Row, seed: int, fraction: float
 
 
 def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
-              ) -> dict[str, Any]:
+              ) -> dict[str, Any] | None:
+    """One seed trained (or resumed) and scored; None when another process is training
+    it (its run directory is locked): that sitting records it."""
     from rlloop.config import build_config
     from rlloop.run import evaluate_run, has_checkpoint, resume, train
 
     steps = max(1, round(row.budget * fraction))
     run_dir = runs / f"{row.env}-{row.algo}-{seed}-{fraction:g}"
     start, load = time.perf_counter(), os.getloadavg()[0]
+    busy = in_use(run_dir)
+    if busy is not None:
+        print(f"{row.name} seed {seed}: skipped, {busy}", flush=True)
+        return None
     if has_checkpoint(run_dir):  # an earlier sitting stopped this seed part-way
         print(f"{row.name} seed {seed}: resuming {run_dir}", flush=True)
         result = resume(run_dir, total_env_steps=steps)
@@ -154,6 +160,20 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
             "load_after": round(os.getloadavg()[0], 2), **provenance()}
 
 
+def in_use(run_dir: Path) -> str | None:
+    """Why ``run_dir`` is not ours to train in (another process holds its lock), or None."""
+    from rlloop.errors import RunDirError
+    from rlloop.run_lock import RunLock
+
+    if not run_dir.is_dir():
+        return None
+    try:
+        RunLock(run_dir).acquire().release()
+    except RunDirError as e:
+        return str(e)
+    return None
+
+
 def add_sitting(run_dir: Path, seconds: float) -> float:
     """Record a sitting's training time in ``run_dir``; the seconds of all its sittings."""
     path = run_dir / "zoo_sittings.json"
@@ -169,14 +189,16 @@ def trained(todo: list[tuple[Row, int]], fraction: float, episodes: int, runs: P
     this process, or in ``jobs`` worker processes (spawned, one torch thread each)."""
     if jobs == 1:
         for row, seed in todo:
-            yield train_one(row, seed, fraction, episodes, runs)
+            if (out := train_one(row, seed, fraction, episodes, runs)) is not None:
+                yield out
         return
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_one_thread) as pool:
         futures = [pool.submit(train_one, row, seed, fraction, episodes, runs)
                    for row, seed in todo]
         for future in as_completed(futures):
-            yield future.result()
+            if (out := future.result()) is not None:
+                yield out
 
 
 def _one_thread() -> None:

@@ -137,6 +137,28 @@ def test_zoo_benchmark_resumes_a_seed_stopped_part_way(tmp_path, cli_env):
     assert row["wall_s"] > 5.0  # both sittings
 
 
+def test_zoo_benchmark_leaves_a_seed_that_another_process_trains(tmp_path, cli_env):
+    from rlloop.run_lock import RunLock
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo.py"
+    runs, results = tmp_path / "runs", tmp_path / "zoo.jsonl"
+    # Another sitting trains seed 0 and has not reached its first checkpoint yet.
+    live = runs / "CartPole-v1-ppo-0-0.02"
+    lock = RunLock(live).acquire()
+    (live / "metrics.jsonl").write_text("{}\n")
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
+             "--seeds", "1", "--results", str(results), "--runs-dir", str(runs)],
+            capture_output=True, text=True, timeout=300, env=cli_env)
+    finally:
+        lock.release()
+    assert done.returncode == 0, done.stderr
+    assert "CartPole-v1/ppo seed 0: skipped" in done.stdout and "in use by" in done.stdout
+    assert (live / "metrics.jsonl").read_text() == "{}\n"  # neither removed nor resumed
+    assert not results.exists() or not results.read_text().strip()
+
+
 def test_atari_ppo_presets_double_sb3s_vf_coef():
     # rl-zoo's `atari` entry: vf_coef 0.5 in SB3's value loss, which has no factor 1/2
     atari = [f for f in all_files() if f.env.startswith("ALE/")]
