@@ -89,3 +89,16 @@ def test_offpolicy_benchmark_runs_sac_on_the_threads_asked(
     out = capsys.readouterr().out
     assert "torch threads: 2" in out and "matmul peak (2 thread(s), fp32)" in out, out
     assert re.search(r"sac Pendulum-v1 seed 0: rlloop 1 env / SB3 env steps/s [\d.]+x", out), out
+
+
+@pytest.mark.slow
+def test_atari_learning_benchmark_reports_untrained_and_trained_returns(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ale_py")
+    run_benchmark(monkeypatch, GPU_BENCHMARK.with_name("atari_learn.py"), "--steps", "1024",
+                  "--episodes", "1")
+    out = capsys.readouterr().out
+    number = r"-?[\d.]+ ± [\d.]+"
+    assert re.search(rf"ALE/Breakout-v5 ppo seed 0: 1,024 env steps in \d+ s; per-life return "
+                     rf"over 1 episodes: untrained \(sampled\) {number}, trained \(sampled\) "
+                     rf"{number}, trained \(greedy\) {number}", out), out
