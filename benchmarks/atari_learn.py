@@ -26,13 +26,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from zoo import QUIET  # a sibling script: no MLflow, progress or video; no solve stop
 
 from rlloop.algorithms.base import AlgorithmBase
 from rlloop.config import build_config
 from rlloop.run import train
 from rlloop.saved_runs import load_policy, load_run_policy
-
-QUIET = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false"]
 
 
 def score(algorithm: AlgorithmBase, episodes: int, deterministic: bool) -> str:

@@ -163,12 +163,10 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
 def in_use(run_dir: Path) -> str | None:
     """Why ``run_dir`` is not ours to train in (another process holds its lock), or None."""
     from rlloop.errors import RunDirError
-    from rlloop.run_lock import RunLock
+    from rlloop.run_lock import ensure_free
 
-    if not run_dir.is_dir():
-        return None
     try:
-        RunLock(run_dir).acquire().release()
+        ensure_free(run_dir)
     except RunDirError as e:
         return str(e)
     return None

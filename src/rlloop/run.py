@@ -59,7 +59,7 @@ from rlloop.numerics import flushed_denormals
 from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.profiling import TraceProfiler
 from rlloop.report import FIGURE_PRELOAD, FigureWriter, read_metrics, write_figures, write_report
-from rlloop.run_lock import RunLock
+from rlloop.run_lock import RunLock, ensure_free
 from rlloop.runfiles import check_members, check_run_dir, write_file
 from rlloop.saved_runs import (
     acting_config,
@@ -504,7 +504,7 @@ def train(config: RunConfig, run_dir: str | Path | None = None, *,
     e.g. the process's start for the CLI."""
     path = Path(run_dir) if run_dir else default_run_dir(config)
     if (path / "config.yaml").exists():
-        RunLock(path).acquire().release()  # a live trainer holds it: name its PID instead
+        ensure_free(path)  # a live trainer holds it: name its PID instead
         if not has_checkpoint(path):  # then "resume it" would only send the user back here
             raise _no_checkpoint(path)
     _refuse_existing_run(path)
@@ -578,7 +578,7 @@ def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = Fal
     """Continue a run from its last checkpoint with its saved config, changed by the
     overrides a resume allows (``flags``, ``--set`` items, a YAML ``file``); ``started_at``
     as for `train`."""
-    RunLock(check_run_dir(run_dir)).acquire().release()  # fail fast if a trainer holds it
+    ensure_free(check_run_dir(run_dir))  # fail fast if a trainer holds it
     config = resume_config(run_dir, allow_import=allow_import, env=env, file=file, sets=sets,
                            **flags)
     if not has_checkpoint(Path(run_dir)):  # before Session starts envs and sinks

@@ -91,6 +91,13 @@ class RunLock:
         self.release()
 
 
+def ensure_free(run_dir: str | Path) -> None:
+    """`RunDirError` naming the holder's PID if another process holds ``run_dir``'s lock;
+    a probe that keeps nothing (a directory that does not exist is free, and is not made)."""
+    if Path(run_dir).is_dir():
+        RunLock(run_dir).acquire().release()
+
+
 def _holder(fd: int) -> str:
     """The PID written by the lock's holder ("unknown" if it has not written it yet)."""
     for _ in range(20):  # the holder writes its PID right after it takes the lock
