@@ -19,7 +19,7 @@ from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.envs.core import EnvError, StepResult, VecEnv
 from rlloop.envs.registry import make_env
 from rlloop.envs.wrappers import NormalizeObservation
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, RunDirError
 from rlloop.run import COMPONENTS, acting_config, build_algorithm, policy_checkpoint
 from rlloop.runners.evaluation import evaluate
 
@@ -194,6 +194,30 @@ def test_settings_are_checked_and_untrusted_runs_refused(tmp_path):
     (run / "config.yaml").write_text("algo: ppo\nenv: 'evil_payload:Evil-v0'\n")
     with pytest.raises(EnvError, match="allow_import=True"):
         load(run)
+
+
+def test_bad_arguments_are_refused_before_training(tmp_path):
+    """A model on a directory that holds a run trained that run with its own settings
+    (these were dropped); callbacks and episode counts were not checked."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("algo: ppo\nenv: CartPole-v1\n")
+    with pytest.raises(RunDirError, match=r"already holds a run; continue it with rlloop.load"):
+        PPO("Acrobot-v1", run_dir=run, lr=1e-3)
+    model = PPO("CartPole-v1", run_dir=tmp_path / "new", **QUIET)
+    for bad in ([lambda stats: False], "stop", 3):
+        with pytest.raises(ConfigError, match=r"callbacks must be rlloop\.Callback instances"):
+            model.learn(256, callbacks=bad)
+    for episodes in (0, -1, 2.5, "3", True):
+        with pytest.raises(ConfigError, match=r"episodes must be an integer in 1\.\."):
+            model.evaluate(episodes)
+    assert not (tmp_path / "new").exists()  # nothing trained
+
+    class Stop(Callback):
+        def on_step(self, stats):
+            return False
+
+    assert model.learn(10_000, callbacks=Stop()).stopped_by == "callback Stop"  # one, alone
 
 
 def test_save_then_load_resumes(tmp_path):

@@ -7,6 +7,7 @@ returned; torch's import alone is over a second, the answer should not wait for 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,9 @@ def _train(args: list[str], env: dict[str, str], cwd: Path) -> tuple[dict[str, o
     (["dqn", "--env", "CartPole-v1", "--set", "dqn.tau=2"],
      "rlloop: error: dqn.tau must be in (0, 1], got 2"),
     (["ppo", "--set", "ppo.micro_batch=0"], "rlloop: error: ppo.micro_batch must be > 0"),
+    # An empty --resume trained a new run; --set env= kept the first env's preset.
+    (["ppo", "--resume", ""], "rlloop: error: --resume is empty"),
+    (["ppo", "--set", "env=Acrobot-v1"], "rlloop: error: --set env=... would keep the preset"),
 ])
 def test_mistyped_env_or_key_fails_without_importing_torch(
         tmp_path: Path, cli_env: dict[str, str], args: list[str], expected: str) -> None:
@@ -51,6 +55,17 @@ def test_mistyped_env_or_key_fails_without_importing_torch(
     assert result == {"code": 2, "torch": False}, stderr
     assert len(lines) == 1 and lines[0].startswith(expected), stderr
     assert not (tmp_path / "runs").exists()  # nothing was created
+
+
+def test_run_dir_beside_resume_is_refused_not_ignored(tmp_path: Path,
+                                                     cli_env: dict[str, str]) -> None:
+    """``--run-dir`` with ``--resume`` was ignored: the run went on in the resumed dir."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "config.yaml").write_text("algo: ppo\n")
+    result, stderr = _train(["ppo", "--resume", "a", "--run-dir", "b"], cli_env, tmp_path)
+    assert result == {"code": 2, "torch": False}, stderr
+    assert "a resumed run stays in its own directory" in stderr
+    assert not (tmp_path / "b").exists()
 
 
 def test_early_key_check_says_what_build_config_says() -> None:
@@ -64,7 +79,26 @@ def test_early_key_check_says_what_build_config_says() -> None:
 
 def test_early_key_check_passes_valid_keys_and_sections() -> None:
     check_set_keys("ppo", ["ppo.lr=1e-3", "ppo.hidden=[8]", "seed=3", "env.mask_velocity=true",
-                           "ray.address=auto", "dqn.nonsense=1"])  # other algos: ignored
+                           "ray.address=auto"])
+
+
+@pytest.mark.parametrize(("item", "fix"), [("env=Acrobot-v1", "--env ID"),
+                                           ("algo=td3", "rlloop train ALGO"),
+                                           ("dqn.lr=0.1", "--set ppo.KEY=VALUE")])
+def test_a_set_item_that_would_be_dropped_or_switch_the_preset_is_refused(item, fix) -> None:
+    """``--set env=X`` kept the first env's preset, ``--set algo=`` switched the algorithm
+    under the first one's settings, and another algorithm's section was dropped unread."""
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        check_set_keys("ppo", [item])
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        build_config("ppo", "CartPole-v1", sets=[item])
+
+
+def test_a_config_file_for_another_algorithm_is_refused(tmp_path) -> None:
+    file = tmp_path / "sac.yaml"
+    file.write_text("algo: sac\nsac:\n  lr: 0.001\n")
+    with pytest.raises(ConfigError, match="is for sac, not ppo"):
+        build_config("ppo", "Pendulum-v1", file=file)
 
 
 def test_every_config_class_and_build_config_import_without_torch() -> None:

@@ -27,7 +27,7 @@ from proc_utils import still_alive, wait_for
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.envs.core import EnvError
 from rlloop.envs.registry import make_env
-from rlloop.signals import handle_signals, interrupted
+from rlloop.signals import atomic, handle_signals, interrupted, supervised, terminate_as_interrupt
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "reinforce_cartpole.py"
 
@@ -182,3 +182,46 @@ def test_a_second_stop_signal_inside_an_env_is_not_blamed_on_the_env(signals):
                 env.step(torch.zeros(1, dtype=torch.int64))
     assert not interrupted()  # the block's end forgets it
     env.close()
+
+
+def _stop_target() -> SimpleNamespace:
+    return SimpleNamespace(stop_requested=None, save_requested=False)
+
+
+def test_a_second_stop_signal_waits_for_the_update_to_end():
+    """It used to cut the update short, so the final checkpoint held a half-applied update
+    with counters that had already counted it."""
+    target, done = _stop_target(), []
+    with pytest.raises(KeyboardInterrupt), handle_signals(target):
+        os.kill(os.getpid(), signal.SIGTERM)  # the first: stop at the next boundary
+        assert target.stop_requested == "SIGTERM"
+        with atomic():
+            os.kill(os.getpid(), signal.SIGTERM)  # the second, mid-update
+            done.append("update")
+        done.append("next iteration")
+    assert done == ["update"]
+
+
+@pytest.mark.parametrize("stopped_first", [True, False])
+def test_a_stop_signal_during_the_final_checkpoint_waits_for_it(stopped_first):
+    """It used to get the default action there (the process died with no checkpoint)."""
+    target, written = _stop_target(), []
+    before = signal.getsignal(signal.SIGTERM)
+
+    def finish(status: str) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        written.append(status)
+
+    with pytest.raises(KeyboardInterrupt), supervised(target, finish):
+        if stopped_first:
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert written == ["KILLED" if stopped_first else "FINISHED"]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigterm_after_training_interrupts_like_ctrl_c():
+    """After the loop (video, report) SIGTERM had its default action: the MLflow run was
+    never closed."""
+    with pytest.raises(KeyboardInterrupt), terminate_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)

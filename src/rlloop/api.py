@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ import torch
 from rlloop.algorithms import ALGORITHMS, AlgorithmBase
 from rlloop.callbacks import Callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.config import RunConfig, build_config
+from rlloop.config import MAX_EVAL_EPISODES, RunConfig, build_config
 from rlloop.envs.core import Box
 from rlloop.envs.objects import env_id_of, is_object_env, register_object_env
 from rlloop.errors import ConfigError, RunDirError
@@ -73,6 +73,11 @@ class Model:
         flags[self.algo] = {k: v for k, v in kwargs.items() if k in section}
         self.config = build_config(self.algo, env_id_of(env), flags=flags)
         self.run_dir: Path | None = Path(run_dir) if run_dir is not None else None
+        if self.run_dir is not None and (self.run_dir / "config.yaml").exists():
+            # Training it would resume that run with its own settings, not these.
+            raise RunDirError(f"{self.run_dir} already holds a run; continue it with "
+                              f"rlloop.load({str(self.run_dir)!r}).learn(...) or pass "
+                              "another run_dir")
         self.allow_import = True  # the env id is the caller's own choice
         self._overrides: dict[str, Any] = {}  # load()'s flags, for a resumed run too
         self._actor: AlgorithmBase | None = None
@@ -88,11 +93,12 @@ class Model:
 
     # ---- training ---------------------------------------------------------------------
     def learn(self, total_env_steps: int | float,
-              callbacks: Sequence[Callback] = ()) -> RunResult:
+              callbacks: Callback | Sequence[Callback] = ()) -> RunResult:
         """Train for ``total_env_steps`` env steps; a later call trains that many more,
         continuing the same run (and MLflow run) from its last checkpoint."""
         if isinstance(total_env_steps, float) and total_env_steps.is_integer():
             total_env_steps = int(total_env_steps)  # learn(1e5), as the CLI takes 1e5
+        callbacks = _callbacks(callbacks)
         if (not isinstance(total_env_steps, int) or isinstance(total_env_steps, bool)
                 or total_env_steps <= 0):
             raise ConfigError(f"total_env_steps must be an integer > 0, got {total_env_steps!r}")
@@ -156,6 +162,10 @@ class Model:
     def evaluate(self, episodes: int = 20) -> dict[str, float]:
         """Deterministic returns over ``episodes`` episodes, as ``rlloop eval`` reports them
         (``return_mean``, ``return_std``, ...)."""
+        if (not isinstance(episodes, int) or isinstance(episodes, bool)
+                or not 1 <= episodes <= MAX_EVAL_EPISODES):
+            raise ConfigError(f"episodes must be an integer in 1..{MAX_EVAL_EPISODES}, got "
+                              f"{episodes!r}")
         if self.run_dir is not None and _latest(self.run_dir) is not None:
             return evaluate_run(self.run_dir, episodes, device=self.config.device,
                                 allow_import=self.allow_import)
@@ -249,6 +259,19 @@ def _register_again(run_dir: Path, env: EnvLike) -> None:
         raise ConfigError(f"env= must be a gymnasium.Env or a function returning one, got "
                           f"{type(env).__name__}")
     register_object_env(env, "", env_id=env_id)
+
+
+def _callbacks(callbacks: object) -> list[Callback]:
+    """``learn``'s callbacks as a list (one may be passed alone, as in SB3); anything that is
+    not a :class:`~rlloop.callbacks.Callback` is refused before training starts."""
+    one = isinstance(callbacks, Callback) or not isinstance(callbacks, Iterable)
+    items: list[object] = [callbacks] if one else list(cast(Iterable[object], callbacks))
+    good = [cb for cb in items if isinstance(cb, Callback)]
+    if len(good) < len(items):
+        wrong = ", ".join(repr(cb) for cb in items if not isinstance(cb, Callback))
+        raise ConfigError(f"callbacks must be rlloop.Callback instances (subclass it and "
+                          f"override on_step, on_eval, ...), got {wrong}")
+    return good
 
 
 def _latest(run_dir: Path | None) -> Path | None:

@@ -179,8 +179,15 @@ def _presets(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     if args.algo not in ALGORITHMS:  # before torch is imported: a typo answers at once
         raise ConfigError(f"unknown algorithm {args.algo!r}; choose one of {sorted(ALGORITHMS)}")
-    if args.resume:
+    if args.resume is not None:
+        if not args.resume.strip():
+            raise RunDirError("--resume is empty; pass the run directory to continue")
         check_run_dir(args.resume)
+        if args.run_dir is not None and Path(args.run_dir).resolve() != Path(
+                args.resume).resolve():
+            raise RunDirError(f"--run-dir {args.run_dir} with --resume {args.resume}: a "
+                              "resumed run stays in its own directory; drop --run-dir (copy "
+                              "the run first to continue it elsewhere)")
     # Typos in the env id or a --set key answer here, before torch's second of import.
     check_set_keys(args.algo, args.sets)
     if args.env and not args.resume:  # typed by the user: its module may be imported

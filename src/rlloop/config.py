@@ -290,9 +290,13 @@ def config_layers(
     layers += [file_data, {k: v for k, v in (flags or {}).items() if v is not None}]
     for layer in layers:
         _merge(data, layer)
+    if file_data.get("algo", algo) != algo:
+        raise ConfigError(f"config file {str(file)!r} is for {file_data['algo']}, not {algo}; "
+                          f"train it with rlloop train {file_data['algo']} --config {file}")
     data["algo"], data["env"] = algo, env_id
     for item in sets or []:
         key, value = parse_set(item)
+        _check_set_target(algo, key)
         _assign(data, key, value)
     return data
 
@@ -404,7 +408,9 @@ def check_set_keys(algo: str, sets: Sequence[str]) -> None:
     """
     run_keys = [f.name for f in dataclasses.fields(RunConfig)]
     for item in sets:
-        top, _, sub = parse_set(item)[0].partition(".")
+        key = parse_set(item)[0]
+        top, _, sub = key.partition(".")
+        _check_set_target(algo, key)
         if top == algo and sub:
             name = sub.partition(".")[0]
             keys = [f.name for f in dataclasses.fields(ALGORITHMS[algo].config_cls)]
@@ -412,8 +418,24 @@ def check_set_keys(algo: str, sets: Sequence[str]) -> None:
                 if name in RECURRENT_KEYS and algo not in RECURRENT_ALGOS:
                     raise _no_recurrent_policy(algo, name)
                 raise _unknown_key(f"{algo}.", name, keys)
-        elif top not in ALGORITHMS and top not in run_keys:  # another algo's: ignored
+        elif top not in ALGORITHMS and top not in run_keys:
             raise _unknown_key("", top, run_keys)
+
+
+def _check_set_target(algo: str, key: str) -> None:
+    """ConfigError for a ``--set`` key that would be dropped or switch what the preset
+    was chosen for: ``env`` (the id; ``env.<option>`` is fine), ``algo`` or another
+    algorithm's section."""
+    top = key.partition(".")[0]
+    if key == "env":
+        raise ConfigError("--set env=... would keep the preset of the other env; pass the "
+                          "env as --env ID")
+    if top == "algo":
+        raise ConfigError(f"--set algo=... cannot change the algorithm; it is the command's "
+                          f"argument (rlloop train ALGO), here {algo}")
+    if top in ALGORITHMS and top != algo:
+        raise ConfigError(f"--set {top}.... does not apply: this run trains {algo}; use "
+                          f"--set {algo}.KEY=VALUE")
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:

@@ -45,6 +45,7 @@ from rlloop.algorithms.offpolicy import (
     Recorder,
     opts_due,
 )
+from rlloop.signals import atomic
 from rlloop.trainer import RL8_COUNTERS, Algorithm, Callback, MetricsSink, Stats, Trainer
 
 _clock = time.perf_counter
@@ -131,12 +132,13 @@ class BorderSchedule:
             state["env/steps"] += steps
             self.pending_opts = opts_due(state["env/steps"], steps, self.cadence.opt_interval)
         while self.pending_opts:
-            self.pending_opts -= 1
-            opt = algo.optimize(state["env/steps"])
-            if opt is None:
-                continue
-            state["algorithm/steps"] += 1
-            self.recorder.add(opt)
+            with atomic():  # made and counted whole, or not at all
+                self.pending_opts -= 1
+                opt = algo.optimize(state["env/steps"])
+                if opt is None:
+                    continue
+                state["algorithm/steps"] += 1
+                self.recorder.add(opt)
             stats.update(self._after_optimization(trainer))
             if self.finished(trainer):
                 self.pending_opts = 0

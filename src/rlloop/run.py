@@ -42,8 +42,10 @@ from rlloop.algorithms import ALGORITHMS
 from rlloop.builder import COMPONENTS, build_algorithm
 from rlloop.callbacks import Callback, UserCallbacks
 from rlloop.checkpoint import (
+    CheckpointError,
     CheckpointManager,
     capture_rng_state,
+    load_checkpoint,
     restore_rng_state,
     save_replacing,
 )
@@ -69,7 +71,7 @@ from rlloop.saved_runs import (
     load_run_policy,
     policy_checkpoint,
 )
-from rlloop.signals import StopInterrupted, save_due, supervised
+from rlloop.signals import StopInterrupted, save_due, supervised, terminate_as_interrupt
 from rlloop.timing import PhaseTimes, TimedSink
 from rlloop.trainer import Stats, Trainer
 
@@ -131,6 +133,9 @@ class _Checkpoints:
                 save_replacing(self.session.run_dir / "best",
                                self.session.components(policy=True),
                                metadata=self.session.metadata(), replace_incomplete=True)
+        # Here, not in a stop condition: its evaluation then comes before the iteration's
+        # checkpoint, which must count it (the eval count seeds the next evaluation).
+        self.session.check_solved(value)
 
 
 class Session:
@@ -165,6 +170,8 @@ class Session:
         self.save_requested = False
         self.stop_requested: str | None = None
         self.solved = False
+        self._training = False  # inside the training loop (evals there may solve the run)
+        self._solve_threshold: float | None = None  # known when the loop starts
         check_members(run_dir)
         torch.set_num_threads(config.torch_threads)
         self.algorithm = build_algorithm(config)
@@ -180,7 +187,8 @@ class Session:
         identity = _read_json(run_dir / "run.json") if resume else {}
         self.console = ConsoleSink(config.total_env_steps, console=console,
                                    enabled=config.progress)
-        sinks: list[Sink] = [JsonlSink(run_dir / "metrics.jsonl"), self.console]
+        self.jsonl = JsonlSink(run_dir / "metrics.jsonl")
+        sinks: list[Sink] = [self.jsonl, self.console]
         self.identity = {"algo": config.algo, "env": config.env,
                          "mlflow_run_id": identity.get("mlflow_run_id")}
         self.mlflow: ProcessSink | None = None
@@ -300,21 +308,36 @@ class Session:
             raise _no_checkpoint(self.run_dir)
         self.algorithm.set_state(ckpt.components["algorithm"])
         self.trainer.set_state(ckpt.components["trainer"])
-        self.best_eval_return = ckpt.components["trainer"].get("best_eval_return")
+        # best/ may hold a better policy than this checkpoint knows of (one found after it
+        # by a run that then crashed): a resumed run must not replace it with a worse one.
+        returns = [r for r in (ckpt.components["trainer"].get("best_eval_return"),
+                               saved_best_return(self.run_dir / "best")) if r is not None]
+        self.best_eval_return = max(returns) if returns else None
         restore_rng_state(ckpt.components["rng"])
+        # Rows a crashed run logged after this checkpoint: the resumed run logs them anew.
+        self.jsonl.drop_rows_after(self.trainer.state["env/steps"])
 
     # ---- the run -------------------------------------------------------------------------
     def stop_conditions(self) -> list[Condition]:
         conditions: list[Condition] = [HitsUpperBound("env/steps", self.config.total_env_steps),
                                        lambda _: self.stop_requested is not None,
                                        self.user_callbacks.stop]
-        threshold = solve_threshold(self.config)
-        if self.config.stop_on_solve and threshold is not None:
-            reached = HitsUpperBound("eval/return_mean", threshold)
-            conditions.append(lambda stats: reached(stats) and self._confirm_solved(threshold))
+        if self.config.stop_on_solve and self._solve_threshold is not None:
+            conditions.append(lambda _: self.solved)
         return conditions
 
-    def _confirm_solved(self, threshold: float) -> bool:
+    def check_solved(self, eval_return: float) -> None:
+        """Mark the run :attr:`solved` when an evaluation while training reaches the solve
+        threshold (``stop_on_solve``), confirmed by :meth:`_confirm_solved`."""
+        threshold = self._solve_threshold
+        if (self._training and self.config.stop_on_solve and threshold is not None
+                and not self.solved and not self.stop_requested
+                # the budget ends the run anyway: no confirming evaluation
+                and self.trainer.state["env/steps"] < self.config.total_env_steps
+                and not math.isnan(eval_return) and eval_return >= threshold):
+            self._confirm_solved(threshold)
+
+    def _confirm_solved(self, threshold: float) -> None:
         """Solved only if a fresh evaluation over ``solve_episodes`` episodes reaches the
         threshold too: the mean of a few episodes can be lucky (PPO on Acrobot-v1 once
         "solved" at -79.8 right after evaluations of -500 and -295)."""
@@ -327,9 +350,8 @@ class Session:
                                    "eval/solve_episodes": float(result["episodes"])},
                                   self.trainer.state["env/steps"])
             if value < threshold:
-                return False
+                return
         self.solved = True
-        return True
 
     def run(self) -> RunResult:
         """Train until a stop condition; always writes a final checkpoint and the report.
@@ -337,7 +359,8 @@ class Session:
         Raises :class:`~rlloop.errors.DiskFullError` (one line) when the disk fills up.
         """
         try:
-            return self._run()
+            with terminate_as_interrupt():
+                return self._run()
         except Exception as e:
             self._raise_if_disk_full(e)
             raise
@@ -378,8 +401,13 @@ class Session:
             try:
                 if trainer.state["env/steps"] < cfg.total_env_steps:
                     every = None if self.off_policy else cfg.eval_every or None
-                    stats = trainer.run(steps_per_eval=every,
-                                        stop_conditions=self.stop_conditions())
+                    self._solve_threshold = solve_threshold(cfg)
+                    self._training = True
+                    try:
+                        stats = trainer.run(steps_per_eval=every,
+                                            stop_conditions=self.stop_conditions())
+                    finally:
+                        self._training = False
                 if "eval/return_mean" not in stats:
                     # The final checkpoint holds the state as training left it: this extra
                     # evaluation advances eval seeds (and any global RNG the env draws
@@ -529,6 +557,19 @@ def _run_session(config: RunConfig, path: Path, *, resume: bool, console: Any,
             _log.warning("%s; restarting the learners from the newest checkpoint (restart "
                          "%d of %d)", str(e).split(";")[0], restarts,
                          config.max_learner_restarts)
+
+
+def saved_best_return(best: Path) -> float | None:
+    """The eval return a ``best/`` policy checkpoint was saved for; None when there is no
+    intact one."""
+    if not best.exists():
+        return None
+    try:
+        trainer = load_checkpoint(best).components.get("trainer") or {}
+    except CheckpointError:
+        return None
+    value = trainer.get("best_eval_return")
+    return None if value is None else float(value)
 
 
 def _refuse_existing_run(path: Path) -> None:

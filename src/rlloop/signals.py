@@ -3,7 +3,8 @@
 ``SIGTERM``/``SIGINT`` set ``target.stop_requested`` (the signal's name) so the loop stops
 at its next boundary and saves a final checkpoint. A second ``SIGTERM`` or ``SIGINT``
 raises ``KeyboardInterrupt`` at once (an env that hangs in-process never lets the loop
-reach a boundary), and a third one gets the default action: the process dies even if
+reach a boundary), or where an :func:`atomic` block (an update) ends, and a third one
+gets the default action: the process dies even if
 the main thread is stuck in C code. ``SIGUSR1`` sets ``target.save_requested`` so the
 loop saves a checkpoint and goes on.
 
@@ -15,6 +16,7 @@ a few seconds after a stop request, so a hung worker cannot hold a stop back.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,8 +24,10 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Protocol
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _stop_since: float | None = None
 _interrupted = False  # the second stop signal raised KeyboardInterrupt
+_atomic_depth = 0  # inside `atomic` blocks: the second stop signal waits for their end
 
 
 class SignalTarget(Protocol):
@@ -61,9 +65,11 @@ def handle_signals(target: SignalTarget) -> Iterator[None]:
     def stop(signum: int, _: FrameType | None) -> None:
         global _stop_since, _interrupted
         if target.stop_requested:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in _STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             _interrupted = True
+            if _atomic_depth:  # raised where the iteration's update is whole (`atomic`)
+                return
             raise KeyboardInterrupt
         target.stop_requested = signal.Signals(signum).name
         _stop_since = time.monotonic()
@@ -83,6 +89,41 @@ def handle_signals(target: SignalTarget) -> Iterator[None]:
 
 
 @contextmanager
+def atomic() -> Iterator[None]:
+    """A part of an iteration that a second stop signal does not cut: the update and the
+    counters that count it. The interrupt waits for the block's end, so the final
+    checkpoint never holds a half-applied update or counters that disagree with the
+    weights (a third signal still kills at once)."""
+    global _atomic_depth
+    _atomic_depth += 1
+    try:
+        yield
+    finally:
+        _atomic_depth -= 1
+    if not _atomic_depth and _interrupted and sys.exception() is None:
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """In the block, ``SIGTERM`` raises ``KeyboardInterrupt`` as Ctrl-C does (main thread
+    only), so a run stopped after training (its video, report, MLflow artifacts) still
+    closes its sinks and its MLflow run; :func:`handle_signals` takes over inside it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
 def supervised(target: SignalTarget, finish: Callable[[str], None]) -> Iterator[None]:
     """Run the block with the signal handlers installed, then always ``finish(status)``.
 
@@ -96,7 +137,38 @@ def supervised(target: SignalTarget, finish: Callable[[str], None]) -> Iterator[
             yield
         status = "KILLED" if target.stop_requested else "FINISHED"
     finally:
-        finish(status)
+        with _held(interrupted_already=isinstance(sys.exception(), KeyboardInterrupt)):
+            finish(status)
+
+
+@contextmanager
+def _held(*, interrupted_already: bool) -> Iterator[None]:
+    """Run ``finish`` (the final checkpoint) to its end through a stop signal.
+
+    A ``SIGTERM``/``SIGINT`` that arrives meanwhile waits until the block is done, then
+    ends the run as interrupted (``KeyboardInterrupt``: exit code 130); one more kills at
+    once. Where a second stop signal has interrupted the run already, the next one kills
+    (the default action), as :func:`handle_signals` promises.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, _: FrameType | None) -> None:
+        held.append(signum)
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+
+    handler = signal.SIG_DFL if interrupted_already else hold
+    previous = {sig: signal.signal(sig, handler) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    if held and sys.exception() is None:
+        raise KeyboardInterrupt
 
 
 def save_due(target: SignalTarget, every: int, count: int) -> bool:

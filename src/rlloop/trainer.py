@@ -25,6 +25,7 @@ from torch import Tensor
 
 from rlloop.conditions import Condition
 from rlloop.numerics import flushed_denormals
+from rlloop.signals import atomic
 
 Stats = dict[str, float]
 
@@ -122,8 +123,21 @@ class Trainer:
 
     def step(self, *, env_config: dict[str, Any] | None = None) -> Stats:
         """One iteration of the schedule (collect -> update -> log); returns flat stats."""
+        return self._iteration(env_config, None, evaluate=False)
+
+    def _iteration(self, env_config: dict[str, Any] | None,
+                   eval_env_config: dict[str, Any] | None, *, evaluate: bool) -> Stats:
+        """One iteration, its eval (with ``evaluate``, where the schedule says one is due),
+        then the callbacks' ``on_step``.
+
+        ``on_step`` comes last, so a checkpoint it writes holds the iteration whole, its
+        eval included (the eval count seeds the next eval: a checkpoint taken before it
+        would resume with every later eval on other episodes)."""
         with flushed_denormals(self.flush_denormal):
             stats = self.schedule.step(self, env_config)
+        if evaluate and self.schedule.eval_due(self):
+            stats = {**stats, **self.eval(env_config=eval_env_config)}
+        with flushed_denormals(self.flush_denormal):
             for cb in self.callbacks:
                 cb.on_step(self, stats)
         return stats
@@ -187,9 +201,7 @@ class Trainer:
         eval_env_config = eval_env_config or env_config
         conditions = list(stop_conditions or [])
         while True:
-            stats = self.step(env_config=env_config)
-            if self.schedule.eval_due(self):
-                stats = {**stats, **self.eval(env_config=eval_env_config)}
+            stats = self._iteration(env_config, eval_env_config, evaluate=True)
             if self.schedule.finished(self) or any(condition(stats) for condition in conditions):
                 return stats
 
@@ -226,19 +238,20 @@ class Rl8Schedule:
         algo.begin_horizon(state["algorithm/collects"], env_config)
         t0 = time.perf_counter()
         collect_stats = algo.collect()
-        new_steps = int(collect_stats.pop("env/steps"))
-        state["algorithm/collects"] += 1
-        state["env/steps"] += new_steps
-        t1 = time.perf_counter()
-        learn_stats = algo.update(state["env/steps"])
-        t2 = time.perf_counter()
-        state["algorithm/steps"] += 1
-        trainer.wall_time += t2 - t0
-        stats: Stats = {**collect_stats, **learn_stats, **algo.pop_times(),
-                        "time/learn_s": t2 - t1, "time/iteration_s": t2 - t0,
-                        "time/total_s": trainer.wall_time,
-                        "env/steps_per_s": new_steps / max(t2 - t0, 1e-9)}
-        trainer.log(trainer.count(stats))
+        with atomic():  # counted and updated whole, or not at all
+            new_steps = int(collect_stats.pop("env/steps"))
+            state["algorithm/collects"] += 1
+            state["env/steps"] += new_steps
+            t1 = time.perf_counter()
+            learn_stats = algo.update(state["env/steps"])
+            t2 = time.perf_counter()
+            state["algorithm/steps"] += 1
+            trainer.wall_time += t2 - t0
+            stats: Stats = {**collect_stats, **learn_stats, **algo.pop_times(),
+                            "time/learn_s": t2 - t1, "time/iteration_s": t2 - t0,
+                            "time/total_s": trainer.wall_time,
+                            "env/steps_per_s": new_steps / max(t2 - t0, 1e-9)}
+            trainer.log(trainer.count(stats))
         return stats
 
     def start(self, trainer: Trainer, steps_per_eval: int | None,

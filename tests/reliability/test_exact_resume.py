@@ -13,13 +13,16 @@ touch the state a resume continues from.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
 import pytest
 import torch
 from conftest import leaves, rlloop_cmd, same_leaf
 
-from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.checkpoint import CheckpointManager, load_checkpoint, save_replacing
+from rlloop.config import build_config
+from rlloop.run import resume, saved_best_return, train
 
 CASES = {
     "ppo": ["CartPole-v1", "4096"],
@@ -67,3 +70,43 @@ def test_resume_is_bit_exact(tmp_path, cli_env, algo):
     # Evaluations after the cut see the same policy with the same eval seeds.
     ea, eb = _evals(tmp_path / "a"), _evals(tmp_path / "b")
     assert ea and all(eb[step] == value for step, value in ea.items()), (ea, eb)
+
+
+def _crashed_copy(run, dest, last_step):
+    """``run`` as a crash right after its checkpoint at ``last_step`` would have left it:
+    later checkpoints gone, ``best/`` and the metrics rows logged since still there."""
+    shutil.copytree(run, dest, ignore=shutil.ignore_patterns(".lock"))
+    for path in CheckpointManager(dest / "checkpoints").all():
+        if int(path.name) > last_step:
+            shutil.rmtree(path)
+    return dest
+
+
+def test_resume_after_a_crash_past_a_periodic_checkpoint(tmp_path):
+    """A periodic checkpoint on an eval iteration used to be taken before that eval, so a
+    resume from it evaluated on other episodes from then on; the resumed run also took its
+    best return from the checkpoint, not from ``best/``, and replaced a better policy
+    found after the checkpoint; and metrics.jsonl got the re-run steps twice."""
+    sets = ["mlflow=false", "progress=false", "save_video=false", "num_envs=4",
+            "ppo.rollout_steps=32", "ppo.minibatch_size=64", "eval_every=2",
+            "checkpoint_every=2", "eval_episodes=3",
+            "stop_on_solve=false", "keep_checkpoints=10"]
+    config = build_config("ppo", "CartPole-v1", flags={"seed": 3, "total_env_steps": 1280},
+                          sets=sets)
+    train(config, tmp_path / "a")
+    cut = 512  # iteration 4 of 10: checkpointed and evaluated
+
+    b = _crashed_copy(tmp_path / "a", tmp_path / "b", cut)
+    resume(b)
+    ea, eb = _evals(tmp_path / "a"), _evals(b)
+    assert any(step > cut for step in ea) and eb == ea
+    steps = [json.loads(line)["step"] for line in (b / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps)  # no step logged twice over
+
+    # best/ holds a policy better than any evaluation the resumed run will make.
+    c = _crashed_copy(tmp_path / "a", tmp_path / "c", cut)
+    best = load_checkpoint(c / "best")
+    best.components["trainer"]["best_eval_return"] = 1e9
+    save_replacing(c / "best", best.components, metadata=best.metadata)
+    assert resume(c).best_eval_return == 1e9
+    assert saved_best_return(c / "best") == 1e9

@@ -65,6 +65,29 @@ class JsonlSink:
             f.seek(-1, os.SEEK_END)
             return f.read(1) != b"\n"
 
+    def drop_rows_after(self, step: int) -> int:
+        """Cut the file before its first row past ``step`` (a resume from an older
+        checkpoint logs those steps again); how many rows went. Truncates in place: the
+        append handle writes on at the new end."""
+        self._file.flush()
+        offset, cut = 0, None
+        # The file this sink appends to (opened never through a link), read likewise.
+        with os.fdopen(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+            lines = f.read().splitlines(keepends=True)
+        for i, line in enumerate(lines):
+            try:
+                row_step = json.loads(line).get("step")
+            except (ValueError, AttributeError):
+                row_step = None
+            if isinstance(row_step, int) and row_step > step:
+                cut = i
+                break
+            offset += len(line)
+        if cut is None:
+            return 0
+        os.ftruncate(self._file.fileno(), offset)
+        return len(lines) - cut
+
     def log_params(self, params: Mapping[str, Any]) -> None:
         merged: dict[str, Any] = {}
         if self.params_path.exists():
