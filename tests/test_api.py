@@ -20,7 +20,13 @@ from rlloop.envs.core import EnvError, StepResult, VecEnv
 from rlloop.envs.registry import make_env
 from rlloop.envs.wrappers import NormalizeObservation
 from rlloop.errors import ConfigError, RunDirError
-from rlloop.run import COMPONENTS, acting_config, build_algorithm, policy_checkpoint
+from rlloop.run import (
+    COMPONENTS,
+    acting_config,
+    build_algorithm,
+    policy_checkpoint,
+    solve_threshold,
+)
 from rlloop.runners.evaluation import evaluate
 
 QUIET = {"save_video": False, "progress": False, "mlflow": False}
@@ -169,6 +175,8 @@ def test_factory_and_instance_envs_train(tmp_path, cli_env):
 
     model = PPO(cartpole, seed=0, run_dir=tmp_path / "run", num_envs=4,
                 minibatch_size=64, **QUIET)
+    # The factory's env keeps its solve threshold, as an instance's does (it was lost).
+    assert solve_threshold(model.config) == 475.0
     assert model.learn(1024).env_steps == 1024
     assert model.predict(np.zeros((2, 4))).shape == (2,)
     instance = PPO(gymnasium.make("CartPole-v1"), run_dir=tmp_path / "inst", num_envs=2,
@@ -237,3 +245,15 @@ def test_import_rlloop_stays_light(cli_env, tmp_path):
     out = _run([sys.executable, "-c", code], cli_env, tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "False"
+
+
+def test_predict_takes_the_envs_own_discrete_observations():
+    """FrozenLake's observation is an index; predict refused it ("expects shape (16,)")."""
+    model = PPO("FrozenLake-v1", seed=0, **QUIET)
+    obs, _ = gymnasium.make("FrozenLake-v1").reset(seed=0)
+    one_hot = np.eye(16, dtype=np.float32)
+    assert model.predict(obs) == model.predict(one_hot[obs])
+    np.testing.assert_array_equal(model.predict(np.array([0, 5, 15])),
+                                  model.predict(one_hot[[0, 5, 15]]))
+    with pytest.raises(EnvError, match=r"indices in Discrete\(16\)"):
+        model.predict(16)

@@ -128,3 +128,10 @@ def test_resume_applies_safe_overrides_and_refuses_the_rest(tmp_path, cli_env):
     out = _run(["train", "ppo", "--resume", str(run), "--env", "CartPole-v1",
                 "--total-env-steps", "2560", *quiet], cli_env, tmp_path)
     assert out.returncode == 0, out.stderr
+    assert "progress: false" in (run / "config.yaml").read_text()
+    # --quiet held for the invocations that passed it, not for every later resume.
+    out = _run(["train", "ppo", "--resume", str(run), "--total-env-steps", "3072",
+                "--set", "mlflow=false", "--set", "save_video=false"], cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    saved = (run / "config.yaml").read_text()
+    assert "progress: true" in saved and "profile: null" in saved

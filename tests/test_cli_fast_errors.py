@@ -57,6 +57,16 @@ def test_mistyped_env_or_key_fails_without_importing_torch(
     assert not (tmp_path / "runs").exists()  # nothing was created
 
 
+def test_an_empty_run_directory_is_not_the_working_directory(tmp_path: Path,
+                                                             cli_env: dict[str, str]) -> None:
+    """``rlloop eval ""`` evaluated the working directory's run, if it was one."""
+    (tmp_path / "config.yaml").write_text("algo: ppo\n")
+    out = subprocess.run([sys.executable, "-c", _PROBE, "eval", ""], env=cli_env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"code": 2, "torch": False}
+    assert out.stderr.startswith("rlloop: error: the run directory is empty")
+
+
 def test_run_dir_beside_resume_is_refused_not_ignored(tmp_path: Path,
                                                      cli_env: dict[str, str]) -> None:
     """``--run-dir`` with ``--resume`` was ignored: the run went on in the resumed dir."""

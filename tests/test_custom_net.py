@@ -5,6 +5,7 @@ CLI. rlloop puts its heads on the user's bodies; a bad class path is one line an
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 from pathlib import Path
@@ -54,6 +55,22 @@ def test_bad_networks_are_config_errors(net, match):
     with pytest.raises(ConfigError, match=match):
         build_algorithm(build_config("ppo", "CartPole-v1", sets=[
             "mlflow=false", "num_envs=2", "ppo.minibatch_size=64", f"ppo.net={net}"]))
+
+
+def _inner_class() -> type:
+    class Inner(TinyEncoder):
+        pass
+    return Inner
+
+
+@pytest.mark.parametrize("policy", [lambda shape: TinyEncoder(shape), _inner_class(),
+                                    functools.partial(TinyEncoder), TinyEncoder((4,))],
+                         ids=["lambda", "local class", "partial", "instance"])
+def test_a_policy_a_saved_run_could_not_name_is_refused_in_one_line(policy):
+    """These raised a raw AttributeError or blamed a 'module:Class' string never typed."""
+    with pytest.raises(ConfigError, match=r"policy= must be a class or function defined at "
+                                          r"the top level of a module"):
+        PPO("CartPole-v1", policy=policy)
 
 
 def test_policy_is_refused_where_unsupported():

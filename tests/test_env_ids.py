@@ -17,7 +17,7 @@ from conftest import rlloop_cmd
 from rlloop.config import build_config
 from rlloop.envs.core import EnvError
 from rlloop.envs.registry import resolve_env_id
-from rlloop.run import default_run_dir
+from rlloop.run import claim_default_run_dir, default_run_dir
 
 MODULE = """
 import gymnasium
@@ -96,3 +96,16 @@ def test_minigrid_ids_import_minigrid_on_demand(cli_env):
     # Found; MiniGrid's Dict observations are then refused with the fix.
     assert "unknown env id" not in out.stderr
     assert "observation space Dict" in out.stderr and "FlattenObservation" in out.stderr
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):
+    """Two seeds launched together used to get one default directory; the second failed on
+    the first one's lock."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("time.strftime", lambda fmt: "20260101-000000")
+    config = build_config("ppo", "CartPole-v1")
+    paths = [claim_default_run_dir(config) for _ in range(3)]
+    assert [p.name for p in paths] == ["ppo-CartPole-v1-20260101-000000",
+                                       "ppo-CartPole-v1-20260101-000000-2",
+                                       "ppo-CartPole-v1-20260101-000000-3"]
+    assert all(p.is_dir() for p in paths)

@@ -22,12 +22,16 @@ from rlloop.callbacks import Callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.config import MAX_EVAL_EPISODES, RunConfig, build_config
 from rlloop.envs.core import Box
-from rlloop.envs.objects import env_id_of, is_object_env, register_object_env
+from rlloop.envs.objects import (
+    env_id_of,
+    is_object_env,
+    register_object_env,
+    reward_threshold_of,
+)
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.modules.custom import NetFactory, net_path
 from rlloop.run import (
     RunResult,
-    default_run_dir,
     evaluate_run,
     load_policy,
     load_run_config,
@@ -110,8 +114,8 @@ class Model:
                             **self._overrides, total_env_steps=done + total_env_steps)
         else:
             config = dataclasses.replace(self.config, total_env_steps=total_env_steps)
-            self.run_dir = self.run_dir or default_run_dir(config)
             result = train(config, self.run_dir, callbacks=callbacks)
+            self.run_dir = result.run_dir
         self.config = load_run_config(self.run_dir, allow_import=self.allow_import,
                                       **self._overrides)
         return result
@@ -137,7 +141,8 @@ class Model:
         ``[B, *obs_shape]``; observations are normalised as in evaluation."""
         actor = self._acting()
         spec = actor.settings.spec
-        if isinstance(obs, Mapping):  # a Dict observation: flattened as the env does it
+        if isinstance(obs, Mapping) or _indices_of_discrete_obs(actor.env, obs):
+            # Flattened (a Dict) or one-hot encoded (Discrete indices) as the env does it.
             rows, one = _gym_env(actor.env).flatten_obs(obs)
             obs = rows[0] if one else rows
         # uint8 frames stay uint8: pixel encoders scale them (a float frame counts as scaled).
@@ -189,6 +194,16 @@ class Model:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config.env!r}, run_dir={self.run_dir})"
+
+
+def _indices_of_discrete_obs(env: Any, obs: Any) -> bool:
+    """Whether ``obs`` holds integer indices of a Discrete observation space (the env's
+    own observations, which predict one-hot encodes; float rows are taken as encoded)."""
+    while not hasattr(env, "flatten_obs"):
+        if not hasattr(env, "env"):
+            return False
+        env = env.env
+    return bool(env.discrete_obs) and np.asarray(obs).dtype.kind in "iu"
 
 
 def _gym_env(env: Any) -> Any:
@@ -258,7 +273,7 @@ def _register_again(run_dir: Path, env: EnvLike) -> None:
     if not callable(env):
         raise ConfigError(f"env= must be a gymnasium.Env or a function returning one, got "
                           f"{type(env).__name__}")
-    register_object_env(env, "", env_id=env_id)
+    register_object_env(env, "", reward_threshold_of(env), env_id=env_id)
 
 
 def _callbacks(callbacks: object) -> list[Callback]:

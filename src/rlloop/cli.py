@@ -253,8 +253,12 @@ def _train_run(args: argparse.Namespace) -> int:
         if saved.algo != args.algo:
             raise ConfigError(f"{args.resume} is a {saved.algo} run, not {args.algo}; "
                               f"use `rlloop train {saved.algo} --resume {args.resume}`")
+        # --quiet and --profile hold for the invocation that passes them: a resume without
+        # them shows progress and does not profile, whatever the run's config.yaml says.
+        flags["progress"] = not args.quiet
+        sets = args.sets if args.profile else ["profile=null", *args.sets]
         result = resume(args.resume, allow_import=args.allow_import, env=args.env,
-                        file=args.config, sets=args.sets, callbacks=callbacks,
+                        file=args.config, sets=sets, callbacks=callbacks,
                         started_at=_process_start(),
                         **{k: v for k, v in flags.items() if v is not None})
     else:

@@ -22,6 +22,7 @@ Run directory layout::
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -90,6 +91,20 @@ def default_run_dir(config: RunConfig) -> Path:
     # One path component whatever the id holds ("ale_py:ALE/Pong-v5" -> ale_py-ALE-Pong-v5).
     env = re.sub(r"[^\w.-]+", "-", config.env)
     return Path("runs") / f"{config.algo}-{env}-{stamp}"
+
+
+def claim_default_run_dir(config: RunConfig) -> Path:
+    """:func:`default_run_dir`, created here so that no other run takes it: runs started
+    in the same second (two seeds launched together) get ``-2``, ``-3``, ... suffixes."""
+    base = default_run_dir(config)
+    for k in itertools.count(1):
+        path = base if k == 1 else base.with_name(f"{base.name}-{k}")
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        return path
+    raise AssertionError("unreachable")
 
 
 def solve_threshold(config: RunConfig) -> float | None:
@@ -530,7 +545,19 @@ def train(config: RunConfig, run_dir: str | Path | None = None, *,
 
     ``started_at`` (``time.time()``, default now) is when start-up began (``time/startup_s``),
     e.g. the process's start for the CLI."""
-    path = Path(run_dir) if run_dir else default_run_dir(config)
+    if not run_dir:
+        made = [p for p in reversed(default_run_dir(config).parents) if not p.exists()]
+        path = claim_default_run_dir(config)
+        try:
+            return _run_session(config, path, resume=False, console=console,
+                                callbacks=callbacks, started_at=started_at)
+        except BaseException:
+            # Left empty, the run never started: remove it, and runs/ if this made it.
+            for p in (path, *reversed(made)):
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+            raise
+    path = Path(run_dir)
     if (path / "config.yaml").exists():
         ensure_free(path)  # a live trainer holds it: name its PID instead
         if not has_checkpoint(path):  # then "resume it" would only send the user back here

@@ -76,6 +76,9 @@ def open_append(path: Path) -> IO[str]:
 
 def check_run_dir(run_dir: str | Path) -> Path:
     """``run_dir`` as a Path if it holds a run (its ``config.yaml``), else RunDirError."""
+    if not str(run_dir).strip():  # Path("") is the working directory
+        raise RunDirError("the run directory is empty; pass a directory made by "
+                          "`rlloop train`, e.g. runs/<run-name>")
     path = Path(run_dir)
     if not (path / "config.yaml").is_file():
         raise RunDirError(f"{path} is not an rlloop run directory (no config.yaml); pass a "

@@ -12,7 +12,6 @@ return the final observation and spend the following step on the reset.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 from typing import Any
 
 import gymnasium
@@ -36,6 +35,7 @@ from rlloop.envs.core import (
 )
 from rlloop.envs.gym_async import GuardedAsyncVectorEnv
 from rlloop.envs.gym_threads import ThreadedVectorEnv
+from rlloop.envs.objects import is_object_env
 from rlloop.errors import RlloopError
 from rlloop.signals import StopInterrupted, interrupted
 
@@ -211,10 +211,12 @@ def gym_env_spec(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSp
 
 
 def _kwargs_error(env_id: str, kwargs: dict[str, Any], error: TypeError) -> EnvError:
-    return EnvError(
-        f"gymnasium.make({env_id!r}) rejected env_kwargs {sorted(kwargs)} ({error}); "
-        "check the env's constructor arguments"
-    )
+    hint = "check the env's constructor arguments"
+    if is_object_env(env_id) and "render_mode" in kwargs:  # the run's video asks for frames
+        hint = ("for videos the function must take render_mode, e.g. lambda render_mode=None: "
+                "gymnasium.make(ID, render_mode=render_mode); or pass save_video=False")
+    return EnvError(f"gymnasium.make({env_id!r}) rejected env_kwargs {sorted(kwargs)} "
+                    f"({error}); {hint}")
 
 
 def _dependency_error(env_id: str, error: Exception) -> EnvError:
@@ -346,10 +348,23 @@ class GymVecEnv:
             return np.asarray(obs, dtype=np.uint8)
         return np.asarray(obs, dtype=np.float32)
 
-    def flatten_obs(self, obs: Mapping[str, Any]) -> tuple[np.ndarray, bool]:
+    @property
+    def discrete_obs(self) -> bool:
+        """Whether observations are Discrete indices (``step`` one-hot encodes them)."""
+        return isinstance(self._obs_space, spaces.Discrete)
+
+    def flatten_obs(self, obs: Any) -> tuple[np.ndarray, bool]:
         """Rows ``[B, *obs_shape]``, as ``step`` returns them, of one Dict observation or
-        of a batch of ``B`` (each entry stacked), and whether it was one (``predict``)."""
+        of a batch of ``B`` (each entry stacked), or of one Discrete index or a batch of
+        them, and whether it was one (``predict``)."""
         space = self._obs_space
+        if isinstance(space, spaces.Discrete):
+            index = np.asarray(obs)
+            if index.ndim > 1 or index.dtype.kind not in "iu" or not all(
+                    space.contains(int(i)) for i in index.reshape(-1)):
+                raise EnvError(f"{self.spec.env_id} observations are indices in "
+                               f"{_describe(space)}; got {obs!r}")
+            return self._obs_array_plain(index.reshape(-1)), index.ndim == 0
         if not isinstance(space, spaces.Dict):
             raise EnvError(f"{self.spec.env_id} has {_describe(space)} observations, not a Dict; "
                            "pass an array")

@@ -35,7 +35,8 @@ def env_id_of(env: Any) -> str:
         threshold = None if spec is None else spec.reward_threshold
         return register_object_env(lambda **kwargs: _copy_of(env, kwargs), name, threshold)
     if callable(env):
-        return register_object_env(env, getattr(env, "__name__", type(env).__name__))
+        return register_object_env(env, getattr(env, "__name__", type(env).__name__),
+                                   reward_threshold_of(env))
     raise EnvError(f"env must be an env id, a gymnasium.Env or a function returning one, got "
                    f"{type(env).__name__}")
 
@@ -52,10 +53,29 @@ def register_object_env(factory: Callable[..., Any], name: str,
     return env_id
 
 
+def reward_threshold_of(factory: Callable[..., Any]) -> float | None:
+    """The solve threshold of the env ``factory`` makes (its spec's, as for an instance),
+    read from one env made and closed here; None when it has none or cannot be made now
+    (the run then reports the factory's error)."""
+    try:
+        probe = factory()
+    except Exception:
+        return None
+    try:
+        spec = getattr(probe, "spec", None)
+        return None if spec is None else spec.reward_threshold
+    finally:
+        close = getattr(probe, "close", None)
+        if callable(close):
+            close()
+
+
 def _copy_of(env: gymnasium.Env[Any, Any], kwargs: dict[str, Any]) -> gymnasium.Env[Any, Any]:
     if kwargs:
         raise EnvError(f"an env instance takes no env_kwargs (got {sorted(kwargs)}); pass a "
-                       "function that makes the env instead")
+                       "function that makes the env instead (for videos, one taking "
+                       "render_mode: lambda render_mode=None: gymnasium.make(ID, "
+                       "render_mode=render_mode)), or save_video=False")
     return copy.deepcopy(env)
 
 

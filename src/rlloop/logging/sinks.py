@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging as pylogging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -146,13 +147,14 @@ class MultiSink:
         return tuple(s for i, s in enumerate(self.sinks) if i not in self._failed)
 
     def _disable(self, index: int, method: str) -> None:
+        """One warning line naming the error (its traceback at debug level)."""
         self._failed.add(index)
-        _log.warning(
-            "%s.%s failed; this sink is disabled for the rest of the run",
-            type(self.sinks[index]).__name__,
-            method,
-            exc_info=True,
-        )
+        name = type(self.sinks[index]).__name__
+        error = sys.exception()
+        cause = " ".join(str(error).split()) if error is not None else "unknown error"
+        _log.warning("%s.%s failed (%s); this sink is disabled for the rest of the run",
+                     name, method, cause)
+        _log.debug("%s.%s failed", name, method, exc_info=True)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         for i, sink in enumerate(self.sinks):

@@ -37,7 +37,14 @@ def net_path(factory: NetFactory | str) -> str:
     if not callable(factory):
         raise ConfigError(f"policy= must be a network class, a factory or 'module:Class', got "
                           f"{type(factory).__name__}")
-    path = f"{factory.__module__}:{factory.__qualname__}"
+    module, name = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(name, str)) or "<" in name:
+        # A run directory names its network, for eval and resume in another process.
+        raise ConfigError(f"policy= must be a class or function defined at the top level of "
+                          f"a module (a saved run names it as module:Name), got {factory!r}; "
+                          "define it with class/def at module level (give extra arguments "
+                          "defaults there instead of functools.partial or a lambda)")
+    path = f"{module}:{name}"
     _REGISTERED[path] = factory
     return path
 
