@@ -234,7 +234,9 @@ def test_save_then_load_resumes(tmp_path):
     model.save(tmp_path / "copy")
     with pytest.raises(Exception, match="not empty"):
         model.save(tmp_path / "copy")
-    copy = load(tmp_path / "copy")
+    with pytest.raises(ConfigError, match="a resumed run cannot change seed"):
+        load(tmp_path / "copy", seed=3)  # refused here, not by a later learn()
+    copy = load(tmp_path / "copy", device="cpu")
     obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
     np.testing.assert_array_equal(copy.predict(obs), model.predict(obs))
     assert copy.learn(512).env_steps == 1536

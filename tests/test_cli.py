@@ -121,7 +121,7 @@ def test_resume_applies_safe_overrides_and_refuses_the_rest(tmp_path, cli_env):
                 "--set", "ppo.hidden=[8]", "--set", "total_env_steps=4096"], cli_env, tmp_path)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("rlloop: error: --resume cannot change")
+    assert len(lines) == 1 and lines[0].startswith("rlloop: error: a resumed run cannot change")
     assert "env" in lines[0] and "ppo.hidden" in lines[0] and "total_env_steps," not in lines[0]
     assert CheckpointManager(run / "checkpoints").latest().name == f"{2048:09d}"
     # Repeating a setting with its saved value is not a change.

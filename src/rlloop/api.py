@@ -36,6 +36,7 @@ from rlloop.run import (
     load_policy,
     load_run_config,
     resume,
+    resume_config,
     train,
 )
 
@@ -250,6 +251,7 @@ def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = 
     if env is not None:
         _register_again(run_dir, env)
     config = load_run_config(run_dir, allow_import=allow_import, **flags)
+    resume_config(run_dir, allow_import=allow_import, **flags)  # what learn() would refuse
     cls = MODELS.get(config.algo)
     if cls is None:
         raise ConfigError(f"{run_dir} is a {config.algo} run; the Python API loads "
