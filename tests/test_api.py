@@ -15,6 +15,7 @@ from conftest import rlloop_cmd
 from torch import Tensor
 
 from rlloop import DQN, PPO, Callback, load
+from rlloop.callbacks import load_callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.envs.core import EnvError, StepResult, VecEnv
 from rlloop.envs.registry import make_env
@@ -169,6 +170,17 @@ def test_cli_callback_flag(tmp_path, cli_env):
     assert bad.returncode == 2 and "cannot import 'nosuchmodule'" in bad.stderr
 
 
+def test_a_callback_class_that_needs_arguments_is_one_config_error(tmp_path, monkeypatch):
+    """It was a raw TypeError, exit 1."""
+    (tmp_path / "cbargs.py").write_text("from rlloop import Callback\n"
+                                        "class Needs(Callback):\n"
+                                        "    def __init__(self, n):\n"
+                                        "        self.n = n\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"Needs\(\) cannot be made without arguments"):
+        load_callback("cbargs:Needs")
+
+
 def test_factory_and_instance_envs_train(tmp_path, cli_env):
     def cartpole() -> gymnasium.Env:
         return gymnasium.make("CartPole-v1")
@@ -259,3 +271,17 @@ def test_predict_takes_the_envs_own_discrete_observations():
                                   model.predict(one_hot[[0, 5, 15]]))
     with pytest.raises(EnvError, match=r"indices in Discrete\(16\)"):
         model.predict(16)
+
+
+def test_recurrent_predict_starts_memory_afresh_where_an_episode_starts():
+    """predict carried an LSTM's memory across unrelated calls, with no way to reset it."""
+    model = PPO("CartPole-v1", recurrent="lstm", seed=0, **QUIET)
+    obs = np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)
+
+    def episode() -> tuple[list[int], np.ndarray]:
+        actions = [int(model.predict(o, episode_start=i == 0)) for i, o in enumerate(obs)]
+        return actions, model._acting()._act_state.clone().numpy()
+
+    (a1, s1), (a2, s2) = episode(), episode()
+    assert a1 == a2
+    np.testing.assert_array_equal(s1, s2)  # not the first episode's memory carried on

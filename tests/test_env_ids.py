@@ -68,6 +68,12 @@ def test_console_script_finds_a_module_in_the_working_directory(tmp_path, cli_en
     assert out.returncode == 0, out.stderr
     (run,) = (tmp_path / "runs").iterdir()  # one directory, not nested by the id
     assert run.name.startswith("ppo-myenvs-MyCart-v0-") and (run / "summary.json").is_file()
+    # eval (and resume, export) with consent find it where train did (they did not).
+    cmd = [sys.executable, "-P", *rlloop_cmd("eval", str(run), "--episodes", "1",
+                                             "--allow-import")[1:]]
+    out = subprocess.run(cmd, cwd=tmp_path, env=cli_env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr
 
 
 def test_run_dir_is_one_component_for_any_id():

@@ -124,6 +124,18 @@ def test_export_replaces_a_linked_output_instead_of_writing_through_it(runs, tmp
     assert not link.is_symlink() and link.stat().st_size > 1000
 
 
+def test_export_refuses_an_output_over_the_runs_own_files(runs):
+    """``-o <run>/config.yaml`` wrote ONNX bytes over the run's config: the run was gone."""
+    from rlloop.errors import RunDirError
+    from rlloop.export import export_run
+
+    config = (runs["sac"] / "config.yaml").read_bytes()
+    for out in (runs["sac"] / "config.yaml", runs["sac"] / "best" / "manifest.json"):
+        with pytest.raises(RunDirError, match="would overwrite"):
+            export_run(runs["sac"], "onnx", out)
+    assert (runs["sac"] / "config.yaml").read_bytes() == config
+
+
 def test_export_refuses_an_unknown_format_and_a_directory_that_is_not_a_run(runs, tmp_path,
                                                                             cli_env):
     for args in (["export", str(runs["ppo"]), "--format", "tflite"],

@@ -187,6 +187,8 @@ def test_bad_multi_agent_configs_are_typed_errors():
         _config("ma_ppo.normalize_obs=true")
     with pytest.raises(EnvError, match="rlloop train ma_ppo"):
         build_algorithm(build_config("ppo", TTT, sets=["mlflow=false"]))
+    with pytest.raises(ConfigError, match="--backend gymnasium does not apply"):
+        build_algorithm(_config("backend=gymnasium"))  # was recorded and not used
 
 
 def test_state_round_trips_through_a_checkpoint(tmp_path):

@@ -100,9 +100,10 @@ def test_runner_steps_its_envs_in_threads_and_samples_as_sync(ray_instance: None
     (the same runner algorithm in this process); the fragment itself (steps, observations,
     actions, rewards, episode ends) equals the sequential one's, same seeds and weights.
 
-    Few long sleeps rather than many short ones: the bound (0.4 of the sequential time)
-    leaves a loaded machine about 0.35 s of thread wake-ups and overhead, twice what 8
-    steps of 10 ms left (that failed once beside a training job on two cores)."""
+    Few long sleeps rather than many short ones, and the bound is 0.6 of the sequential
+    runner's own measured time (both under the same load; threads ideally take 1/8 of
+    it): a fixed 0.4 of the nominal time failed at 0.54 beside three other jobs on two
+    cores."""
     steps, m, sleep_s = 4, 8, 0.04
     sets = ["num_env_runners=1", f"num_envs={m}", f"ppo.rollout_steps={steps}",
             "ppo.minibatch_size=32", "max_weight_lag=0", f"env_kwargs.sleep_s={sleep_s}",
@@ -122,7 +123,7 @@ def test_runner_steps_its_envs_in_threads_and_samples_as_sync(ray_instance: None
             assert torch.equal(getattr(frag, name), getattr(ref, name)), name
         assert frag.truncated.any()  # episodes ended inside the fragment (3-step limit)
         assert ref.env_s >= m * steps * sleep_s
-        assert frag.env_s < 0.4 * m * steps * sleep_s, (frag.env_s, ref.env_s)
+        assert frag.env_s < 0.6 * ref.env_s, (frag.env_s, ref.env_s)
     finally:
         local.close()
         remote.close()

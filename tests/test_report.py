@@ -3,6 +3,7 @@ real short training runs."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 
@@ -61,6 +62,26 @@ def test_sac_diagnostics_come_from_q_statistics(runs):
 
     keys = {k for row in read_metrics(runs["sac"] / "metrics.jsonl") for k in row}
     assert {"q/mean", "alpha/value"} <= keys & set(DIAGNOSTICS)
+    # Off-policy runs end on an evaluation: their throughput was left out (null).
+    summary = json.loads((runs["sac"] / "summary.json").read_text())
+    assert summary["env_steps_per_s"] > 0
+
+
+def test_plot_outputs_that_would_destroy_a_run_are_refused(runs, tmp_path, cli_env):
+    """``-o <run>/metrics.jsonl`` wrote a PNG over the run's metrics; a run named twice
+    counted as two seeds; an output in a missing directory was a raw FileNotFoundError."""
+    before = (runs["ppo"] / "metrics.jsonl").read_bytes()
+    for out, match in ((runs["ppo"] / "metrics.jsonl", "would overwrite"),
+                       (tmp_path / "nowhere" / "f.png", "does not exist")):
+        res = subprocess.run(rlloop_cmd("plot", str(runs["ppo"]), "-o", str(out)),
+                             env=cli_env, cwd=tmp_path, capture_output=True, text=True,
+                             timeout=120)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1 and match in res.stderr
+    assert (runs["ppo"] / "metrics.jsonl").read_bytes() == before
+    res = subprocess.run(rlloop_cmd("plot", str(runs["ppo"]), str(runs["ppo"]), "-o",
+                                    str(tmp_path / "f.png")),
+                         env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "1 runs in 1 curves" in res.stdout, res.stderr
 
 
 def test_plot_overlays_runs_and_groups_seeds(runs, tmp_path, cli_env):

@@ -115,6 +115,10 @@ def test_a_killed_study_resumes_and_retries_the_cut_trial(tmp_path, cli_env):
     ("ppo.gamma: []", "the list of choices is empty"),
     ("ppo.lr: 0.01", "expected a list of choices or a mapping"),
     ("ppo.lr: {lo: 0.001, high: 0.01}", "a range takes low, high"),
+    # Both ends and every choice are checked (one end let these through), and infinities.
+    ("ppo.gamma: {low: 0.9, high: 1.5}", "search space key ppo.gamma: ppo.gamma must be"),
+    ("ppo.activation: [tanh, foo]", "search space key ppo.activation"),
+    ("ppo.lr: {low: 0.001, high: .inf}", "high must be a finite number"),
 ])
 def test_a_bad_search_space_is_one_line_exit_2(tmp_path, capsys, space, expected):
     file = tmp_path / "space.yaml"
@@ -123,6 +127,13 @@ def test_a_bad_search_space_is_one_line_exit_2(tmp_path, capsys, space, expected
     err = capsys.readouterr().err
     assert expected in err and err.count("\n") == 1
     assert not (tmp_path / "s").exists()
+
+
+def test_options_beside_tune_resume_are_refused_not_ignored(tmp_path, capsys):
+    assert main(["tune", "--resume", str(tmp_path), "--set", "ppo.lr=0.5", "--env",
+                 "Pendulum-v1", "--total-env-steps", "512"]) == 2
+    err = capsys.readouterr().err
+    assert "--env, --set, --total-env-steps cannot change them" in err and err.count("\n") == 1
 
 
 def test_resume_of_a_directory_without_a_study_is_one_line_exit_2(tmp_path, capsys):

@@ -137,9 +137,15 @@ class Model:
         return dest
 
     # ---- acting -------------------------------------------------------------------------
-    def predict(self, obs: Any, deterministic: bool = True) -> np.ndarray:
+    def predict(self, obs: Any, deterministic: bool = True,
+                episode_start: bool | np.ndarray = False) -> np.ndarray:
         """The action for one observation (shaped as the env's), or actions for a batch
-        ``[B, *obs_shape]``; observations are normalised as in evaluation."""
+        ``[B, *obs_shape]``; observations are normalised as in evaluation.
+
+        A recurrent policy (``ppo.recurrent``) carries its memory from one call to the next
+        (call once per env step); ``episode_start`` (True, or a bool per row of a batch)
+        marks observations that begin an episode, whose memory starts afresh, as SB3's
+        ``RecurrentPPO.predict`` takes it. Other policies ignore it."""
         actor = self._acting()
         spec = actor.settings.spec
         if isinstance(obs, Mapping) or _indices_of_discrete_obs(actor.env, obs):
@@ -157,6 +163,9 @@ class Model:
         batch = x.unsqueeze(0) if single else x
         if actor.obs_stats is not None:  # what the eval env's NormalizeObservation does
             batch = actor.obs_stats.normalize(batch)
+        starts = np.broadcast_to(np.asarray(episode_start, dtype=bool), (len(batch),))
+        if starts.any():
+            actor.begin_episodes(torch.as_tensor(starts.copy(), device=actor.device))
         actions = actor.act(batch, deterministic).cpu().numpy()
         if isinstance(spec.action_space, Box):  # the env clips them too (GymVecEnv)
             low = np.asarray(spec.action_space.low, np.float32).reshape(spec.action_space.shape)

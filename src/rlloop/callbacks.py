@@ -91,7 +91,14 @@ def load_callback(spec: str) -> Callback:
     cls = getattr(module, attr, None)
     if cls is None:
         raise ConfigError(f"--callback {spec}: module {module_name!r} has no {attr!r}")
-    callback = cls()
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
+        raise ConfigError(f"--callback {spec}: {attr} is not a subclass of "
+                          "rlloop.callbacks.Callback")
+    try:
+        callback = cls()
+    except TypeError as e:
+        raise ConfigError(f"--callback {spec}: {attr}() cannot be made without arguments "
+                          f"({e}); give its parameters defaults") from None
     if not isinstance(callback, Callback):
         raise ConfigError(f"--callback {spec}: {attr} is not a subclass of "
                           "rlloop.callbacks.Callback")

@@ -287,10 +287,20 @@ def _train_run(args: argparse.Namespace) -> int:
 
 
 def _process_start() -> float:
-    """When this process started (``time.time()`` scale)."""
-    import psutil
+    """When this process started (``time.time()`` scale). On Linux from its start in
+    clock ticks since boot and the uptime (to ~10 ms): psutil's ``create_time`` adds
+    the boot time, which the kernel gives in whole seconds (up to 1 s off)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            fields = f.read().rpartition(")")[2].split()  # after the command name
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+        return time.time() - max(age, 0.0)
+    except (OSError, ValueError, IndexError):
+        import psutil
 
-    return float(psutil.Process().create_time())
+        return float(psutil.Process().create_time())
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -312,6 +322,15 @@ def _tune(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in (("seed", args.seed), ("total_env_steps", args.total_env_steps),
                                ("num_envs", args.num_envs), ("backend", args.backend),
                                ("device", args.device)) if v is not None}
+    if args.resume:  # a study keeps the settings it started with: they were ignored
+        given = [name for name, value in (
+            ("--env", args.env), ("--space", args.space), ("--config", args.config),
+            ("--set", args.sets), ("--run-dir", args.run_dir),
+            *((f"--{k.replace('_', '-')}", v) for k, v in flags.items())) if value]
+        if given:
+            raise ConfigError(f"tune --resume continues a study with its own settings; "
+                              f"{', '.join(given)} cannot change them (only --trials and "
+                              "--jobs may be given): drop them, or start a new study")
     path, settings = prepare(args.algo, args.env, trials=args.trials, run_dir=args.run_dir,
                              resume=args.resume, space_file=args.space, config_file=args.config,
                              sets=args.sets, flags=flags, startup_trials=args.startup_trials,

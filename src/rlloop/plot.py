@@ -17,7 +17,7 @@ import numpy as np
 from rlloop.config import load_yaml
 from rlloop.errors import ConfigError
 from rlloop.report import curve, new_figure, png_bytes, read_metrics
-from rlloop.runfiles import write_file
+from rlloop.runfiles import check_output_file, write_file
 
 #: Settings that do not make two runs different settings (seeds of one setting differ here).
 _NOT_A_SETTING = ("seed", "progress", "mlflow", "mlflow_tracking_uri", "tensorboard",
@@ -56,7 +56,9 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path,
               metric: str = "eval/return_mean", x: str = "env/steps") -> dict[str, int]:
     """Write a PNG of ``metric`` against ``x`` ("env/steps" or "wall") for ``run_dirs``;
     returns the runs drawn per group label."""
-    groups = group_runs([Path(r) for r in run_dirs])
+    runs = list({Path(r).resolve(): Path(r) for r in run_dirs}.values())  # each run once
+    check_output_file(Path(out), runs)
+    groups = group_runs(runs)
     fig, (ax,) = new_figure(1, width=8.0, height=4.5)
     drawn: dict[str, int] = {}
     for label, runs in groups.items():
@@ -65,8 +67,8 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path,
         if not curves:
             continue
         grid, mean, low, high = mean_and_band(curves)
-        seeds = f", {len(curves)} seeds" if len(curves) > 1 else ""
-        (line,) = ax.plot(grid, mean, label=f"{label}{seeds}")
+        count = f", {len(curves)} runs" if len(curves) > 1 else ""
+        (line,) = ax.plot(grid, mean, label=f"{label}{count}")
         if len(curves) > 1:
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
         drawn[label] = len(curves)

@@ -11,7 +11,7 @@ import html
 import io
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -285,6 +285,17 @@ class FigureWriter:
             self.result["figures"] = write_figures(self.run_dir, rows)
 
 
+def _env_steps_per_s(result: RunResult, rows: Sequence[Mapping[str, Any]]) -> float | None:
+    """Training env steps per second of training time: from the last stats, else (border's
+    cadence, whose last stats are the final evaluation) from the last record with a
+    ``time/total_s``; None when nothing was timed."""
+    total = result.last_stats.get("time/total_s")
+    if _finite(total) and total:
+        return result.env_steps / float(total)
+    timed = [r for r in rows if _finite(r.get("time/total_s")) and r["time/total_s"] > 0]
+    return float(timed[-1]["step"]) / float(timed[-1]["time/total_s"]) if timed else None
+
+
 def write_report(run_dir: Path, result: RunResult, config: RunConfig,
                  figures: Sequence[str] | None = None) -> None:
     """Write summary.json, the figures, report.md and report.html into ``run_dir``
@@ -298,8 +309,7 @@ def write_report(run_dir: Path, result: RunResult, config: RunConfig,
         "last_eval_return": last.get("eval/return_mean"),
         "last_eval_return_std": last.get("eval/return_std"),
         "stopped_by": result.stopped_by,
-        "env_steps_per_s": result.env_steps / max(last.get("time/total_s", 0.0), 1e-9)
-        if last.get("time/total_s") else None,
+        "env_steps_per_s": _env_steps_per_s(result, rows),
     }
     write_file(run_dir / "summary.json", json.dumps(summary, indent=2))
     if figures is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
@@ -43,6 +44,27 @@ def check_members(run_dir: Path) -> None:
             raise RunDirError(
                 f"{member} is a symbolic link (to {os.readlink(member)}); rlloop never writes "
                 "through links in a run directory: remove the link or use another --run-dir")
+
+
+def check_output_file(out: Path, run_dirs: Iterable[Path], allowed: Iterable[str] = ()
+                      ) -> None:
+    """``RunDirError`` unless ``out`` can be written as a new or replaced file: its
+    directory exists, it is no directory, and it is none of the runs' own files (an
+    output over ``config.yaml`` or ``metrics.jsonl`` destroyed the run); ``allowed``
+    names members that may be written."""
+    if out.is_dir():
+        raise RunDirError(f"-o {out} is a directory; name the file to write")
+    if not out.parent.is_dir():
+        raise RunDirError(f"-o {out}: the directory {out.parent} does not exist; create it "
+                          "or write elsewhere")
+    target = out.resolve()
+    for run in run_dirs:
+        root = run.resolve()
+        if target.is_relative_to(root) and target != root:
+            member = target.relative_to(root).parts[0]
+            if member in MEMBERS and member not in set(allowed):
+                raise RunDirError(f"-o {out} would overwrite {run}'s own {member}; write "
+                                  "the output elsewhere")
 
 
 def write_file(path: Path, data: str | bytes) -> None:

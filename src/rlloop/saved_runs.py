@@ -54,8 +54,9 @@ def load_run_config(run_dir: str | Path, *, allow_import: bool = False,
     if isinstance(env, str):
         check_env_import(env, allow_import=allow_import, source=str(path))
         check_object_env(env, source=str(path))
-        if allow_import:  # consented: import it now (make_env never imports a module:Id)
-            resolve_env_id(env, allow_import=True)
+        if allow_import:  # consented: import it now (make_env never imports a module:Id),
+            # from the working directory too, as for an id typed to `rlloop train`
+            resolve_env_id(env, allow_import=True, search_cwd=True)
     algo = saved.get("algo", "ppo")
     section = saved.get(algo)
     net = section.get("net") if isinstance(section, dict) else None

@@ -47,6 +47,10 @@ class MultiAgentPPO:
     transient_attrs: ClassVar[frozenset[str]] = frozenset({"rollout"})
 
     def __init__(self, config: MultiAgentPPOConfig, settings: EnvSettings) -> None:
+        if settings.backend != "auto":  # it was recorded in config.yaml and not used
+            raise ConfigError(f"ma_ppo steps its PettingZoo envs in this process; "
+                              f"--backend {settings.backend} does not apply to it: leave "
+                              "the flag out")
         config.check_batch(settings.num_envs)
         self.config, self.settings = config, settings
         self.device = resolve_device(settings.device)

@@ -15,6 +15,7 @@ budgets); ``rlloop tune`` writes the space it used to ``<dir>/space.yaml``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,11 +87,13 @@ class Param:
         labels = [_label(c) for c in self.choices]
         return self.choices[labels.index(trial.suggest_categorical(self.key, labels))]
 
-    def example(self) -> Any:
-        """A value inside the space, to check the key and its type before any trial."""
+    def examples(self) -> tuple[Any, ...]:
+        """The values a config must accept before any trial: every choice, or both ends
+        of a range (a check at one end let ``gamma: {low: 0.9, high: 1.5}`` through)."""
         if self.kind == "categorical":
-            return self.choices[0]
-        return int(self.low) if self.kind == "int" else self.low
+            return self.choices
+        ends = (self.low, self.high)
+        return tuple(int(v) for v in ends) if self.kind == "int" else ends
 
     def to_data(self) -> Any:
         if self.kind == "categorical":
@@ -149,8 +152,9 @@ def _param(key: str, spec: Any, where: str) -> Param:
                           f"choices list); got {sorted(spec)}")
     low, high, log = spec["low"], spec["high"], spec.get("log", False)
     for name, value in (("low", low), ("high", high)):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: {name} must be a number, got {value!r}")
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value)):
+            raise ConfigError(f"{where}: {name} must be a finite number, got {value!r}")
     kind = spec.get("type") or ("int" if isinstance(low, int) and isinstance(high, int)
                                 else "float")
     if kind not in ("int", "float"):

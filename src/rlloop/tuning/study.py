@@ -36,7 +36,7 @@ import yaml
 from rlloop.algorithms import ALGORITHMS
 from rlloop.callbacks import Callback
 from rlloop.config import RunConfig, build_config, load_yaml
-from rlloop.errors import ConfigError, RunDirError
+from rlloop.errors import ConfigError, EnvError, RunDirError
 from rlloop.run_lock import RunLock
 from rlloop.runfiles import write_file
 from rlloop.tuning.space import Param, as_set, default_space, load_space, parse_space, space_data
@@ -165,11 +165,12 @@ def _check(settings: TuneSettings, config_file: str | None) -> None:
     build_config(settings.algo, settings.env, file=config_file, flags=settings.flags,
                  sets=settings.sets)
     for param in settings.params():
-        try:
-            build_config(settings.algo, settings.env, file=config_file, flags=settings.flags,
-                         sets=[*settings.sets, as_set(param.key, param.example())])
-        except ConfigError as e:
-            raise ConfigError(f"search space key {param.key}: {e}") from None
+        for value in param.examples():
+            try:
+                build_config(settings.algo, settings.env, file=config_file,
+                             flags=settings.flags, sets=[*settings.sets, as_set(param.key, value)])
+            except ConfigError as e:
+                raise ConfigError(f"search space key {param.key}: {e}") from None
 
 
 class Study:
@@ -271,7 +272,11 @@ class Study:
             trial.set_user_attr("error", str(e))
             raise
         pruning = OptunaPruning(trial)
-        result = train(config, run_dir, callbacks=[pruning])
+        try:
+            result = train(config, run_dir, callbacks=[pruning])
+        except (ConfigError, EnvError) as e:  # e.g. the algorithm does not fit the env
+            trial.set_user_attr("error", str(e))
+            raise ConfigError(str(e)) from None
         if result.stopped_by.startswith("signal"):
             # Stopped by the user: not a result. The next `--resume` tries it again.
             self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
