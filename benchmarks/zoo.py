@@ -60,8 +60,8 @@ REASONS: dict[str, str] = {
                           "mean) -99.5, -105.2, -102.0; SB3 2.9 with the same rl-zoo "
                           "hyperparameters, measured the same way (benchmarks/zoo_sb3.py): "
                           "-103.4 ± 2.6 over 3 seeds, below rl-zoo's one run too",
-    "LunarLanderContinuous-v3/sac": "seeds 278.0 and 62.1 (seed 2 still training): seed 0 "
-                                    "landed by 110k env steps; seed 1 learned to hover "
+    "LunarLanderContinuous-v3/sac": "seeds 278.0, 62.1, 254.9: seeds 0 and 2 land; "
+                                    "seed 1 learned to hover "
                                     "(episodes of 850-1000 steps, evaluations -80 to +66 "
                                     "from 35k to 500k) and never landed in its budget",
     "Hopper-v5/ppo": "SB3 2.9 with the same rl-zoo hyperparameters on Hopper-v5 stands "
