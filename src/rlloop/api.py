@@ -209,22 +209,27 @@ class Model:
 def _indices_of_discrete_obs(env: Any, obs: Any) -> bool:
     """Whether ``obs`` holds integer indices of a Discrete observation space (the env's
     own observations, which predict one-hot encodes; float rows are taken as encoded)."""
+    gym = _find_gym_env(env)
+    return gym is not None and bool(gym.discrete_obs) and np.asarray(obs).dtype.kind in "iu"
+
+
+def _find_gym_env(env: Any) -> Any | None:
+    """The Gymnasium env under ``env``'s wrappers (it knows how observations flatten and
+    encode), or None for an env that is none."""
     while not hasattr(env, "flatten_obs"):
         if not hasattr(env, "env"):
-            return False
+            return None
         env = env.env
-    return bool(env.discrete_obs) and np.asarray(obs).dtype.kind in "iu"
+    return env
 
 
 def _gym_env(env: Any) -> Any:
-    """The Gymnasium env under ``env``'s wrappers (it knows how a Dict observation
-    flattens); ``ConfigError`` for an env that is none."""
-    while not hasattr(env, "flatten_obs"):
-        if not hasattr(env, "env"):
-            raise ConfigError(f"predict takes a Dict observation only from a Gymnasium env, "
-                              f"not a {type(env).__name__}; pass the flattened row instead")
-        env = env.env
-    return env
+    """:func:`_find_gym_env`, or ``ConfigError`` for an env that is none."""
+    gym = _find_gym_env(env)
+    if gym is None:
+        raise ConfigError(f"predict takes a Dict observation only from a Gymnasium env, "
+                          f"not a {type(env).__name__}; pass the flattened row instead")
+    return gym
 
 
 class PPO(Model):
@@ -259,8 +264,8 @@ def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = 
     run_dir = Path(path)
     if env is not None:
         _register_again(run_dir, env)
-    config = load_run_config(run_dir, allow_import=allow_import, **flags)
-    resume_config(run_dir, allow_import=allow_import, **flags)  # what learn() would refuse
+    # The saved config with the overrides a later learn() (a resume) accepts; others refused.
+    config = resume_config(run_dir, allow_import=allow_import, **flags)
     cls = MODELS.get(config.algo)
     if cls is None:
         raise ConfigError(f"{run_dir} is a {config.algo} run; the Python API loads "

@@ -11,7 +11,7 @@ import html
 import io
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -285,7 +285,7 @@ class FigureWriter:
             self.result["figures"] = write_figures(self.run_dir, rows)
 
 
-def _env_steps_per_s(result: RunResult, rows: Sequence[Mapping[str, Any]]) -> float | None:
+def _env_steps_per_s(result: RunResult, rows: Sequence[Row]) -> float | None:
     """Training env steps per second of training time: from the last stats, else (border's
     cadence, whose last stats are the final evaluation) from the last record with a
     ``time/total_s``; None when nothing was timed."""
@@ -293,7 +293,7 @@ def _env_steps_per_s(result: RunResult, rows: Sequence[Mapping[str, Any]]) -> fl
     if _finite(total) and total:
         return result.env_steps / float(total)
     timed = [r for r in rows if _finite(r.get("time/total_s")) and r["time/total_s"] > 0]
-    return float(timed[-1]["step"]) / float(timed[-1]["time/total_s"]) if timed else None
+    return _steps(timed[-1]) / float(timed[-1]["time/total_s"]) if timed else None
 
 
 def write_report(run_dir: Path, result: RunResult, config: RunConfig,

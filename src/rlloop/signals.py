@@ -19,11 +19,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import FrameType
-from typing import Protocol
+from typing import Any, Protocol
 
+#: What ``signal.signal`` takes: a function of (signum, frame), SIG_DFL or SIG_IGN.
+Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _stop_since: float | None = None
 _interrupted = False  # the second stop signal raised KeyboardInterrupt
@@ -54,13 +56,26 @@ def interrupted() -> bool:
 
 
 @contextmanager
-def handle_signals(target: SignalTarget) -> Iterator[None]:
-    """Install the handlers for the duration of the block, in the main thread only (no
-    import-time side effects; other threads cannot install handlers)."""
-    global _stop_since, _interrupted
+def _installed(handlers: Mapping[int, Handler]) -> Iterator[bool]:
+    """``handlers`` (signal -> handler) for the duration of the block, the previous ones
+    restored after it; in the main thread only (no import-time side effects; other threads
+    cannot install handlers, and their block runs without). Yields whether they were."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield False
         return
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    try:
+        yield True
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def handle_signals(target: SignalTarget) -> Iterator[None]:
+    """Install the stop and save handlers for the duration of the block (see
+    :func:`_installed`)."""
+    global _stop_since, _interrupted
 
     def stop(signum: int, _: FrameType | None) -> None:
         global _stop_since, _interrupted
@@ -77,15 +92,16 @@ def handle_signals(target: SignalTarget) -> Iterator[None]:
     def save(signum: int, _: FrameType | None) -> None:
         target.save_requested = True
 
-    wanted = {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR1: save}
-    previous = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
-    _stop_since, _interrupted = None, False
-    try:
-        yield
-    finally:
+    with _installed({signal.SIGTERM: stop, signal.SIGINT: stop,
+                     signal.SIGUSR1: save}) as installed:
+        if not installed:
+            yield
+            return
         _stop_since, _interrupted = None, False
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        try:
+            yield
+        finally:
+            _stop_since, _interrupted = None, False
 
 
 @contextmanager
@@ -109,18 +125,11 @@ def terminate_as_interrupt() -> Iterator[None]:
     """In the block, ``SIGTERM`` raises ``KeyboardInterrupt`` as Ctrl-C does (main thread
     only), so a run stopped after training (its video, report, MLflow artifacts) still
     closes its sinks and its MLflow run; :func:`handle_signals` takes over inside it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
     def interrupt(signum: int, _: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
+    with _installed({signal.SIGTERM: interrupt}):
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
@@ -150,9 +159,6 @@ def _held(*, interrupted_already: bool) -> Iterator[None]:
     once. Where a second stop signal has interrupted the run already, the next one kills
     (the default action), as :func:`handle_signals` promises.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     held: list[int] = []
 
     def hold(signum: int, _: FrameType | None) -> None:
@@ -160,13 +166,9 @@ def _held(*, interrupted_already: bool) -> Iterator[None]:
         for sig in _STOP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
 
-    handler = signal.SIG_DFL if interrupted_already else hold
-    previous = {sig: signal.signal(sig, handler) for sig in _STOP_SIGNALS}
-    try:
+    handler: Handler = signal.SIG_DFL if interrupted_already else hold
+    with _installed(dict.fromkeys(_STOP_SIGNALS, handler)):
         yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
     if held and sys.exception() is None:
         raise KeyboardInterrupt
 

@@ -135,9 +135,8 @@ class Trainer:
         would resume with every later eval on other episodes)."""
         with flushed_denormals(self.flush_denormal):
             stats = self.schedule.step(self, env_config)
-        if evaluate and self.schedule.eval_due(self):
-            stats = {**stats, **self.eval(env_config=eval_env_config)}
-        with flushed_denormals(self.flush_denormal):
+            if evaluate and self.schedule.eval_due(self):
+                stats = {**stats, **self.eval(env_config=eval_env_config)}
             for cb in self.callbacks:
                 cb.on_step(self, stats)
         return stats
