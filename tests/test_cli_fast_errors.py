@@ -171,3 +171,34 @@ def test_mlflow_child_is_prestarted_only_for_runs_that_log_to_mlflow(tmp_path):
              f"config={str(off)!r}))\nprint('torch' in sys.modules)")
     out = sp.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_an_mlflow_file_store_is_refused_before_training(tmp_path: Path,
+                                                         cli_env: dict[str, str]) -> None:
+    """MLflow 3 refuses its ``file:`` store (unless MLFLOW_ALLOW_FILE_STORE=true) when the
+    sink opens it, after training: the run trained, then lost every MLflow row with a
+    warning. It is refused first, and nothing is written."""
+    from rlloop.logging.mlflow_sink import file_store_refusal
+
+    env = {k: v for k, v in cli_env.items() if k != "MLFLOW_ALLOW_FILE_STORE"}
+    store = f"file:{tmp_path / 'mlruns'}"
+    out = subprocess.run(
+        [sys.executable, "-m", "rlloop", "train", "ppo", "--run-dir", "run",
+         "--set", "total_env_steps=256", "--set", f"mlflow_tracking_uri={store}"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        f"rlloop: error: mlflow_tracking_uri {store!r} is MLflow's file store"), out.stderr
+    assert "MLFLOW_ALLOW_FILE_STORE=true" in out.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "mlruns").exists()
+    # A bare path is the same store; database and server stores are not looked at.
+    assert file_store_refusal(str(tmp_path / "mlruns")) is not None
+    assert file_store_refusal("sqlite:///x.db") is None
+    assert file_store_refusal("http://127.0.0.1:5000") is None
+
+
+def test_an_mlflow_file_store_is_taken_when_the_user_opts_in(monkeypatch) -> None:
+    from rlloop.logging.mlflow_sink import file_store_refusal
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert file_store_refusal("file:/tmp/mlruns") is None

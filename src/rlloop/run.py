@@ -188,6 +188,7 @@ class Session:
         self._training = False  # inside the training loop (evals there may solve the run)
         self._solve_threshold: float | None = None  # known when the loop starts
         check_members(run_dir)
+        _check_tracking_store(config)
         torch.set_num_threads(config.torch_threads)
         self.algorithm = build_algorithm(config)
         if config.num_learners > 1:
@@ -597,6 +598,16 @@ def saved_best_return(best: Path) -> float | None:
         return None
     value = trainer.get("best_eval_return")
     return None if value is None else float(value)
+
+
+def _check_tracking_store(config: RunConfig) -> None:
+    """Refuse, before training, an MLflow store that MLflow would refuse after it."""
+    if config.mlflow and config.mlflow_tracking_uri:
+        from rlloop.logging.mlflow_sink import file_store_refusal
+
+        reason = file_store_refusal(config.mlflow_tracking_uri)
+        if reason is not None:
+            raise ConfigError(reason)
 
 
 def _refuse_existing_run(path: Path) -> None:

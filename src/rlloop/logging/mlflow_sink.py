@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
+from urllib.parse import urlparse
 
 from rlloop.logging.keys import flatten_mapping
 
@@ -64,6 +65,25 @@ def _sqlite_path(tracking_uri: str) -> Path | None:
         return None
     path = tracking_uri[len(_SQLITE_PREFIX) :].split("?", 1)[0]
     return None if path in ("", ":memory:") else Path(path)
+
+
+def file_store_refusal(tracking_uri: str) -> str | None:
+    """Why MLflow would refuse ``tracking_uri`` (its ``file:`` store, or a bare path), in
+    one line naming the fix; None when it takes it. MLflow 3.x refuses the file store
+    unless ``MLFLOW_ALLOW_FILE_STORE=true``, and says so only when the store opens (in the
+    sink's process, after training): a run checks first. MLflow is imported only for a
+    file store."""
+    scheme = urlparse(tracking_uri).scheme
+    if scheme not in ("", "file") and len(scheme) != 1:  # one letter: a Windows drive
+        return None
+    from mlflow import environment_variables
+
+    allowed = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)
+    if allowed is None or allowed.get():  # an MLflow that takes it, or the user opted in
+        return None
+    return (f"mlflow_tracking_uri {tracking_uri!r} is MLflow's file store, which this MLflow "
+            "refuses; use a database store (e.g. sqlite:///mlruns.db), leave it unset (a "
+            "store inside the run directory), or set MLFLOW_ALLOW_FILE_STORE=true")
 
 
 def ui_hint(tracking_uri: str) -> str:
