@@ -139,3 +139,23 @@ def test_options_beside_tune_resume_are_refused_not_ignored(tmp_path, capsys):
 def test_resume_of_a_directory_without_a_study_is_one_line_exit_2(tmp_path, capsys):
     assert main(["tune", "--resume", str(tmp_path)]) == 2
     assert "holds no rlloop study" in capsys.readouterr().err
+
+
+def test_a_study_and_a_training_run_never_share_a_directory(tmp_path, capsys):
+    """``tune --run-dir`` a training run wrote the study into it (and the reverse trained
+    into a study), mixing config, checkpoints, reports and ``best/``: both are refused."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("algo: ppo\nenv: CartPole-v1\n")
+    assert main(["tune", "ppo", *TINY, "--run-dir", str(run)]) == 2
+    assert "holds a training run, not a study" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "tune.json").write_text("{}")
+    assert main(["train", "ppo", *TINY, *NO_MLFLOW, "--run-dir", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert "holds a tuning study (rlloop tune), not a training run" in err
+    assert err.count("\n") == 1
+    assert sorted(p.name for p in study.iterdir()) == ["tune.json"]

@@ -63,7 +63,7 @@ from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.profiling import TraceProfiler
 from rlloop.report import FIGURE_PRELOAD, FigureWriter, read_metrics, write_figures, write_report
 from rlloop.run_lock import RunLock, ensure_free
-from rlloop.runfiles import check_members, check_run_dir, write_file
+from rlloop.runfiles import check_members, check_run_dir, refuse_study_dir, write_file
 from rlloop.saved_runs import (
     acting_config,
     evaluate_run,
@@ -559,6 +559,7 @@ def train(config: RunConfig, run_dir: str | Path | None = None, *,
                     p.rmdir()
             raise
     path = Path(run_dir)
+    refuse_study_dir(path)
     if (path / "config.yaml").exists():
         ensure_free(path)  # a live trainer holds it: name its PID instead
         if not has_checkpoint(path):  # then "resume it" would only send the user back here

@@ -96,6 +96,19 @@ def open_append(path: Path) -> IO[str]:
     return os.fdopen(fd, "a", encoding="utf-8", buffering=1)
 
 
+#: The file that marks a tuning study's directory (``rlloop tune``).
+STUDY_FILE = "tune.json"
+
+
+def refuse_study_dir(path: Path) -> None:
+    """RunDirError when ``path`` holds a tuning study: a training run there would mix its
+    files (config, checkpoints, report, ``best/``) with the study's."""
+    if (path / STUDY_FILE).is_file():
+        raise RunDirError(f"{path} holds a tuning study (rlloop tune), not a training run; "
+                          f"train in another --run-dir (continue the study with `rlloop tune "
+                          f"--resume {path}`)")
+
+
 def check_run_dir(run_dir: str | Path) -> Path:
     """``run_dir`` as a Path if it holds a run (its ``config.yaml``), else RunDirError."""
     if not str(run_dir).strip():  # Path("") is the working directory

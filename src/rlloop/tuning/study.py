@@ -38,11 +38,11 @@ from rlloop.callbacks import Callback
 from rlloop.config import RunConfig, build_config, load_yaml
 from rlloop.errors import ConfigError, EnvError, RunDirError
 from rlloop.run_lock import RunLock
-from rlloop.runfiles import write_file
+from rlloop.runfiles import STUDY_FILE, write_file
 from rlloop.tuning.space import Param, as_set, default_space, load_space, parse_space, space_data
 
 STUDY_NAME = "rlloop"
-_SETTINGS = "tune.json"
+_SETTINGS = STUDY_FILE
 
 
 @dataclass
@@ -113,6 +113,9 @@ def prepare(algo: str | None, env: str | None, *, trials: int | None, run_dir: s
     trial will need (config keys, the space, the env) before anything is written."""
     path = Path(resume or run_dir or default_tune_dir(algo or "ppo", env or "CartPole-v1"))
     saved = path / _SETTINGS
+    if not saved.is_file() and (path / "config.yaml").is_file():
+        raise RunDirError(f"{path} holds a training run, not a study; tune in another "
+                          "--run-dir")
     if resume and not saved.is_file():
         raise RunDirError(f"{path} holds no rlloop study (no {_SETTINGS}); pass a directory "
                           "made by `rlloop tune`, or start one with --run-dir")
