@@ -159,3 +159,12 @@ def test_a_study_and_a_training_run_never_share_a_directory(tmp_path, capsys):
     assert "holds a tuning study (rlloop tune), not a training run" in err
     assert err.count("\n") == 1
     assert sorted(p.name for p in study.iterdir()) == ["tune.json"]
+
+
+def test_an_algorithm_that_does_not_fit_the_env_is_refused_before_any_trial(tmp_path, capsys):
+    """dqn on Pendulum ran five failing trials, then blamed the search space."""
+    study = tmp_path / "s"
+    assert main(["tune", "dqn", "--env", "Pendulum-v1", "--quiet", "--run-dir", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert "dqn needs discrete actions but Pendulum-v1 has continuous ones" in err
+    assert err.count("\n") == 1 and not study.exists()

@@ -20,10 +20,26 @@ COMPONENTS = ("algorithm", "trainer", "rng")
 
 
 def build_algorithm(config: RunConfig) -> AlgorithmBase:
-    """Validate the config against the env's spaces, then build the algorithm.
+    """Validate the config against the env's spaces (:func:`check_fit`), then build the
+    algorithm (and its Ray env runners when the config asks for them)."""
+    algorithm = ALGORITHMS[config.algo].build(config.hparams, check_fit(config))
+    if config.num_env_runners:
+        from rlloop.runners.ray_runners import attach_env_runners
 
-    Checks that need no env run first, so bad sizes fail before any env is created, and
-    settings whose memory cannot fit fail before anything is allocated.
+        try:
+            attach_env_runners(algorithm, config)
+        except BaseException:
+            algorithm.close()
+            raise
+    return algorithm
+
+
+def check_fit(config: RunConfig) -> EnvSettings:
+    """Whether ``config`` can train here: the algorithm fits the env's action space, the
+    batch its env count, the device, compiler and memory are there; the env settings the
+    algorithm is built with. Checks that need no env run first, so bad sizes fail before
+    any env is created, and settings whose memory cannot fit fail before anything is
+    allocated. ``ConfigError`` names the problem and the fix.
     """
     keep_freed_host_memory()
     if getattr(config.hparams, "cuda_graph", False) and config.num_env_runners:
@@ -43,8 +59,7 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
     if getattr(config.hparams, "compile", False) and device.type == "cpu":
         check_cpu_compiler(config.algo)
     spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
-    entry = ALGORITHMS[config.algo]
-    space = spec.action_space
+    entry, space = ALGORITHMS[config.algo], spec.action_space
     if isinstance(space, MultiDiscrete | MultiBinary) and config.algo != "ppo":
         raise ConfigError(f"{config.algo} takes Discrete or Box actions but {config.env} has "
                           f"{type(space).__name__} ones; use ppo for this env")
@@ -55,20 +70,10 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
         raise ConfigError(f"{config.algo} needs discrete actions but {config.env} has "
                           "continuous ones; use ppo, sac or td3 for this env")
     check_memory(config, spec)
-    settings = EnvSettings(config.env, spec, num_envs, config.backend, config.seed,
-                           config.total_env_steps, config.horizons_per_env_reset,
-                           dict(config.env_kwargs), config.on_nonfinite,
-                           device, step_timeout=config.step_timeout)
-    algorithm = entry.build(config.hparams, settings)
-    if config.num_env_runners:
-        from rlloop.runners.ray_runners import attach_env_runners
-
-        try:
-            attach_env_runners(algorithm, config)
-        except BaseException:
-            algorithm.close()
-            raise
-    return algorithm
+    return EnvSettings(config.env, spec, num_envs, config.backend, config.seed,
+                       config.total_env_steps, config.horizons_per_env_reset,
+                       dict(config.env_kwargs), config.on_nonfinite, device,
+                       step_timeout=config.step_timeout)
 
 
 def check_cpu_compiler(algo: str) -> None:

@@ -165,8 +165,8 @@ def _check(settings: TuneSettings, config_file: str | None) -> None:
     """The base config and one point of the space build; ``ConfigError`` names the key."""
     if settings.trials <= 0:
         raise ConfigError(f"--trials must be > 0, got {settings.trials}")
-    build_config(settings.algo, settings.env, file=config_file, flags=settings.flags,
-                 sets=settings.sets)
+    base = build_config(settings.algo, settings.env, file=config_file, flags=settings.flags,
+                        sets=settings.sets)
     for param in settings.params():
         for value in param.examples():
             try:
@@ -174,6 +174,9 @@ def _check(settings: TuneSettings, config_file: str | None) -> None:
                              flags=settings.flags, sets=[*settings.sets, as_set(param.key, value)])
             except ConfigError as e:
                 raise ConfigError(f"search space key {param.key}: {e}") from None
+    from rlloop.builder import check_fit  # imports torch: after the checks that need none
+
+    check_fit(base)  # the algorithm fits the env, the device is there: before any trial
 
 
 class Study:
