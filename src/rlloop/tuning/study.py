@@ -176,7 +176,7 @@ def _check(settings: TuneSettings, config_file: str | None) -> None:
                 raise ConfigError(f"search space key {param.key}: {e}") from None
     from rlloop.builder import check_fit  # imports torch: after the checks that need none
 
-    check_fit(base)  # the algorithm fits the env, the device is there: before any trial
+    check_fit(_fit_batch(base))  # the algorithm fits the env, the device is there
 
 
 class Study:
