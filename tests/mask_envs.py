@@ -39,7 +39,7 @@ class MaskedChoice(gymnasium.Env[np.ndarray, np.int64]):
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         a = int(action)
-        cls = type(self)
+        cls = MaskedChoice
         cls.steps += 1
         cls.illegal += int(not self._legal[a])
         reward = float(a == self._target)
@@ -48,9 +48,24 @@ class MaskedChoice(gymnasium.Env[np.ndarray, np.int64]):
         return obs, reward, False, self._t >= 8, info
 
 
+class MaskedChoiceDict(MaskedChoice):
+    """:class:`MaskedChoice` with a Dict observation (``{"target": one-hot}``) and its
+    mask still in ``info["action_mask"]``. Counts into MaskedChoice's counters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observation_space = spaces.Dict(  # type: ignore[assignment]
+            {"target": spaces.Box(0.0, 1.0, (N_ACTIONS,), np.float32)})
+
+    def _draw(self) -> tuple[Any, dict[str, Any]]:
+        obs, info = super()._draw()
+        return {"target": obs}, info
+
+
 def register() -> None:
     if "rlloop-test/MaskedChoice-v0" not in gymnasium.registry:
         gymnasium.register("rlloop-test/MaskedChoice-v0", entry_point=MaskedChoice)
+        gymnasium.register("rlloop-test/MaskedChoiceDict-v0", entry_point=MaskedChoiceDict)
 
 
 register()  # on import too: a `--env mask_envs:rlloop-test/...` subprocess imports it

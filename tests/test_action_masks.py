@@ -127,6 +127,41 @@ def test_ppo_never_takes_a_masked_action():
         a.close()  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("algo, sets", [
+    ("ppo", ["ppo.rollout_steps=32", "ppo.num_epochs=1"]),
+    ("dqn", ["dqn.learning_starts=100", "dqn.batch_size=16"]),
+])
+def test_info_masks_of_a_dict_observation_env_are_honoured(algo, sets):
+    """A Dict observation with its mask in ``info`` (not an entry) was trained unmasked."""
+    MaskedChoice.illegal = MaskedChoice.steps = 0
+    a = build_algorithm(build_config(algo, "rlloop-test/MaskedChoiceDict-v0",
+                                     flags={"seed": 0, "num_envs": 4}, sets=[*QUIET, *sets]))
+    try:
+        assert a.env.spec.action_mask == N_ACTIONS  # type: ignore[attr-defined]
+        run_iterations(a, 4 if algo == "ppo" else 80)
+        _evaluate_both_ways(a)
+        assert MaskedChoice.steps > 300 and MaskedChoice.illegal == 0
+    finally:
+        a.close()  # type: ignore[attr-defined]
+
+
+def test_the_async_backend_passes_info_masks_on():
+    """``backend=gymnasium-async`` dropped every info: an env with info masks failed with
+    "stopped returning info['action_mask']". Its workers are other processes, so the
+    rollout's stored masks are checked: each step's action is legal under its mask, and
+    the masks are the env's (some actions masked), not a default."""
+    a = build_algorithm(build_config("ppo", "mask_envs:" + ENV, flags={
+        "seed": 0, "num_envs": 2, "backend": "gymnasium-async"},
+        sets=[*QUIET, "ppo.rollout_steps=32", "ppo.minibatch_size=32", "ppo.num_epochs=1"]))
+    try:
+        run_iterations(a, 3)  # episodes of 8 steps: final observations' masks too
+        buf = a.buffer  # type: ignore[attr-defined]
+        legal = buf.obs[..., N_ACTIONS:] > 0
+        assert legal.gather(-1, buf.actions[..., None]).all() and (~legal).any()
+    finally:
+        a.close()  # type: ignore[attr-defined]
+
+
 def test_without_masking_the_same_run_takes_masked_actions():
     a, _ = _train("ppo", ["ppo.rollout_steps=32", "ppo.num_epochs=2", "ppo.action_mask=false"],
                   2)

@@ -11,6 +11,7 @@ from pathlib import Path
 import gymnasium
 import numpy as np
 import pytest
+import torch
 from conftest import rlloop_cmd
 from torch import Tensor
 
@@ -285,3 +286,71 @@ def test_recurrent_predict_starts_memory_afresh_where_an_episode_starts():
     (a1, s1), (a2, s2) = episode(), episode()
     assert a1 == a2
     np.testing.assert_array_equal(s1, s2)  # not the first episode's memory carried on
+
+
+class _Offset(gymnasium.Env):  # type: ignore[type-arg]
+    """Actions with a ``start`` offset: Discrete(3, start=-1), or MultiDiscrete."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def __init__(self, multi: bool = False) -> None:
+        self.action_space = (gymnasium.spaces.MultiDiscrete([2, 5], start=[1, -2]) if multi
+                             else gymnasium.spaces.Discrete(3, start=-1))
+
+    def reset(self, *, seed=None, options=None):  # type: ignore[no-untyped-def]
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        assert self.action_space.contains(action), action
+        return np.zeros(2, np.float32), 0.0, False, True, {}
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_predict_gives_actions_as_the_env_takes_them(multi):
+    """predict returned indices from 0 where the action space starts elsewhere (as
+    ``Discrete(3, start=-1)``): actions the env rejects or that mean another action."""
+    model = PPO(lambda: _Offset(multi), seed=0, **QUIET)
+    space = _Offset(multi).action_space
+    one = model.predict(np.zeros(2, np.float32))
+    batch = model.predict(np.zeros((5, 2), np.float32))
+    assert space.contains(one) if multi else space.contains(int(one))
+    assert all(space.contains(a) if multi else space.contains(int(a)) for a in batch)
+    # the same action the env is stepped with: the policy's index shifted by start
+    policy = model._acting()
+    index = policy.act(torch.zeros(1, 2), True).numpy()[0]
+    np.testing.assert_array_equal(one, index + space.start)
+
+
+def test_predict_names_a_dict_entry_of_the_wrong_shape():
+    """A wrong Dict entry gave numpy's concatenation error, or a negative Discrete index
+    wrapped round to the last one-hot position."""
+    from dict_envs import DictCue
+
+    model = PPO(DictCue, seed=0, **QUIET)
+    obs, _ = DictCue().reset(seed=0)
+    assert model.predict(obs).shape == ()
+    with pytest.raises(EnvError, match=r"entry 'cue' has shape \(5,\); .* takes \(3,\) for one "):
+        model.predict({**obs, "cue": np.zeros(5, np.float32)})
+    with pytest.raises(EnvError, match=r"entry 'pixels' has shape \(2,\)"):
+        model.predict({**obs, "pixels": np.zeros(2, np.uint8)})
+    with pytest.raises(EnvError, match=r"entry 'cue' has shape \(2, 3\)"):  # B of 2 and 3
+        model.predict({"cue": np.zeros((2, 3), np.float32), "pixels": np.zeros((3, 2, 2))})
+    with pytest.raises(ConfigError, match=r"episode_start must be one bool or one per "
+                                          r"observation \(2\), got shape \(3,\)"):
+        model.predict({k: np.stack([v, v]) for k, v in obs.items()},
+                      episode_start=[True, False, True])
+
+
+def test_a_dict_image_entry_is_scaled_once_under_normalize_obs():
+    """Standardised observations had their image entries divided by 255 again, which
+    all but erased them from the policy's input."""
+    from dict_envs import DictCue
+
+    from rlloop.modules.encoders import DictEncoder
+
+    for normalize, image_scale in ((False, 1 / 255), (True, 1.0)):
+        model = PPO(DictCue, seed=0, normalize_obs=normalize, **QUIET)
+        encoder = model._acting().policy.encoder
+        assert isinstance(encoder, DictEncoder)
+        assert encoder.scales == [1.0, image_scale]  # cue, pixels

@@ -71,8 +71,8 @@ def test_ppo_learns_a_bit_pattern_with_bernoulli_heads():
     assert _learn("rlloop-test/BitPattern-v0", 40) == 4.0
 
 
-@pytest.mark.parametrize("algo", ["dqn", "sac"])
-def test_other_algorithms_refuse_multi_discrete_actions_with_the_fix(algo):
-    with pytest.raises(ConfigError, match=rf"^{algo} takes Discrete or Box actions but "
+@pytest.mark.parametrize("algo, takes", [("dqn", "Discrete"), ("sac", "Box"), ("td3", "Box")])
+def test_other_algorithms_refuse_multi_discrete_actions_with_the_fix(algo, takes):
+    with pytest.raises(ConfigError, match=rf"^{algo} takes {takes} actions but "
                                           r".*TwoBandits-v0 has MultiDiscrete ones; use ppo"):
         build_algorithm(build_config(algo, "rlloop-test/TwoBandits-v0", sets=QUIET))

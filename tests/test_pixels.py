@@ -19,7 +19,7 @@ from rlloop.data.returns import gae
 from rlloop.envs import env_spec, make_env
 from rlloop.errors import ConfigError
 from rlloop.memory import estimate
-from rlloop.modules.encoders import NatureCNN, build_encoder, image_layout
+from rlloop.modules.encoders import NatureCNN, build_encoder, flat_input, image_layout
 from rlloop.run import build_algorithm
 
 register()
@@ -187,6 +187,46 @@ def test_every_algorithm_trains_on_uint8_frames(algo, env, precision):
         store = algorithm.buffer.obs if algo == "ppo" else algorithm.loop.replay._storage["obs"]
         assert store.dtype == torch.uint8 and store.shape[-3:] == (36, 36, 1)
         assert algorithm.act(algorithm.runner.obs).shape[0] == 2
+    finally:
+        algorithm.close()
+
+
+@pytest.mark.parametrize(("algo", "env"), [
+    ("ppo", "rlloop-test/SidePixels-v0"), ("dqn", "rlloop-test/SidePixels-v0"),
+    ("sac", "rlloop-test/SidePixelsBox-v0"), ("td3", "rlloop-test/SidePixelsBox-v0"),
+])
+def test_encoder_mlp_flattens_uint8_frames_into_floats_scaled_to_one(algo, env):
+    """``encoder=mlp`` on uint8 frames (the fix the small-image refusal names) crashed at
+    the first forward pass: a uint8 matrix times float weights."""
+    sets = [*QUIET, "num_envs=2", f"{algo}.encoder=mlp"]
+    sets += ([f"{algo}.learning_starts=8", f"{algo}.batch_size=8", f"{algo}.buffer_size=64"]
+             if algo != "ppo" else ["ppo.rollout_steps=8", "ppo.minibatch_size=8"])
+    algorithm = build_algorithm(build_config(algo, env, sets=sets))
+    try:
+        run_steps(algorithm, 40)
+        assert algorithm.runner.obs.dtype == torch.uint8
+        assert algorithm.act(algorithm.runner.obs).shape[0] == 2
+    finally:
+        algorithm.close()
+    frames = torch.tensor([[[0, 255], [51, 102]]], dtype=torch.uint8)
+    torch.testing.assert_close(flat_input(frames), torch.tensor([[0.0, 1.0, 0.2, 0.4]]))
+    floats = torch.rand(2, 3, 4)
+    assert flat_input(floats).data_ptr() == floats.data_ptr()  # floats pass as they are
+
+
+def test_recurrent_ppo_reads_frames_through_the_nature_cnn():
+    """Recurrent PPO on uint8 frames fed raw bytes to the LSTM (a dtype crash at the first
+    step); the README promises the Nature CNN before the cell."""
+    algorithm = build_algorithm(build_config("ppo", "rlloop-test/SidePixels-v0", sets=[
+        *QUIET, "num_envs=2", "ppo.recurrent=lstm", "ppo.rollout_steps=8",
+        "ppo.minibatch_size=8", "ppo.seq_len=4", "ppo.num_epochs=1"]))
+    try:
+        assert isinstance(algorithm.policy.encoder, NatureCNN)
+        assert algorithm.policy.actor_cell.input_size == algorithm.policy.encoder.out_dim
+        before = [p.detach().clone() for p in algorithm.policy.encoder.parameters()]
+        run_steps(algorithm, 32)
+        assert any(not torch.equal(a, b)  # the CNN trains through the cells
+                   for a, b in zip(before, algorithm.policy.encoder.parameters(), strict=True))
     finally:
         algorithm.close()
 

@@ -331,6 +331,16 @@ def test_cli_refuses_recurrent_dqn_in_one_line(tmp_path, cli_env):
         "--set ppo.recurrent=lstm (or gru), or drop the setting"]
 
 
+@pytest.mark.parametrize(("sets", "what"), [
+    (["ppo.net=custom_nets:TinyEncoder"], "ppo.net"), (["ppo.use_sde=true"], "ppo.use_sde"),
+])
+def test_feed_forward_only_settings_beside_recurrent_are_refused(sets, what):
+    """A custom network or gSDE beside ``ppo.recurrent`` trained without them, silently."""
+    with pytest.raises(ConfigError, match=rf"^{what} works with feed-forward policies only; "
+                                          rf"drop {what} or ppo.recurrent"):
+        build_config("ppo", "Pendulum-v1", sets=["ppo.recurrent=gru", *sets])
+
+
 def test_recurrent_settings_are_validated():
     config = build_config("ppo", sets=["ppo.recurrent=gru", "env.mask_velocity=true"])
     assert config.hparams.recurrent == "gru" and config.env_kwargs == {"mask_velocity": True}

@@ -163,11 +163,18 @@ class Model:
         batch = x.unsqueeze(0) if single else x
         if actor.obs_stats is not None:  # what the eval env's NormalizeObservation does
             batch = actor.obs_stats.normalize(batch)
-        starts = np.broadcast_to(np.asarray(episode_start, dtype=bool), (len(batch),))
+        starts = np.asarray(episode_start, dtype=bool)
+        if starts.shape not in ((), (len(batch),)):
+            raise ConfigError(f"episode_start must be one bool or one per observation "
+                              f"({len(batch)}), got shape {starts.shape}")
+        starts = np.broadcast_to(starts, (len(batch),))
         if starts.any():
             actor.begin_episodes(torch.as_tensor(starts.copy(), device=actor.device))
         actions = actor.act(batch, deterministic).cpu().numpy()
-        if isinstance(spec.action_space, Box):  # the env clips them too (GymVecEnv)
+        gym = _find_gym_env(actor.env)
+        if gym is not None:  # as the env steps them: index offsets (start), clipping
+            actions = gym.env_actions(actions)
+        elif isinstance(spec.action_space, Box):  # native envs clip them too
             low = np.asarray(spec.action_space.low, np.float32).reshape(spec.action_space.shape)
             high = np.asarray(spec.action_space.high, np.float32).reshape(
                 spec.action_space.shape)

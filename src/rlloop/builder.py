@@ -61,7 +61,9 @@ def check_fit(config: RunConfig) -> EnvSettings:
     spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
     entry, space = ALGORITHMS[config.algo], spec.action_space
     if isinstance(space, MultiDiscrete | MultiBinary) and config.algo != "ppo":
-        raise ConfigError(f"{config.algo} takes Discrete or Box actions but {config.env} has "
+        takes = " or ".join(k for k, ok in (("Discrete", entry.discrete),
+                                            ("Box", entry.continuous)) if ok)
+        raise ConfigError(f"{config.algo} takes {takes} actions but {config.env} has "
                           f"{type(space).__name__} ones; use ppo for this env")
     if isinstance(space, Discrete) and not entry.discrete:
         raise ConfigError(f"{config.algo} needs continuous (Box) actions but {config.env} has "

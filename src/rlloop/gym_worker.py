@@ -10,8 +10,10 @@ worker where robustness needs it:
   when workers stop) and takes ``SIGTERM``'s default action, so ``terminate()`` works;
 * errors go back over the pipe as ``((type name, message, traceback), False)``, not
   through a queue, and the worker exits after one (its env may be broken);
-* a step answers ``(obs, reward, terminated, truncated, final_obs)`` with same-step
-  autoreset (``final_obs`` is None unless the episode ended); info dicts are dropped.
+* a reset answers ``(obs, mask)`` and a step ``(obs, reward, terminated, truncated,
+  final_obs, mask, final_mask)`` with same-step autoreset (``final_obs`` is None unless
+  the episode ended); of the info dicts only ``action_mask`` travels (``mask``, None
+  where the env gives none), the one entry rlloop reads.
 
 Torch-free on purpose, and outside ``rlloop.envs`` (whose package imports torch): a
 worker imports only this module and what the env needs.
@@ -66,16 +68,21 @@ def gym_worker(index: int, env_fn: Callable[[], Any], pipe: Connection,
                 env.close()
 
 
+def _mask(info: Any) -> Any:
+    return info.get("action_mask") if isinstance(info, dict) else None
+
+
 def _run(env: Any, command: str, data: Any) -> Any:
     if command == "reset":
-        obs, _ = env.reset(**data)
-        return obs
+        obs, info = env.reset(**data)
+        return obs, _mask(info)
     if command == "step":
-        obs, reward, terminated, truncated, _ = env.step(data)
-        final_obs = None
+        obs, reward, terminated, truncated, info = env.step(data)
+        final_obs = final_mask = None
         if terminated or truncated:
-            final_obs, (obs, _) = obs, env.reset()
-        return obs, reward, terminated, truncated, final_obs
+            final_obs, final_mask = obs, _mask(info)
+            obs, info = env.reset()
+        return obs, reward, terminated, truncated, final_obs, _mask(info), final_mask
     if command == "_call":
         name, args, kwargs = data
         attr = env.get_wrapper_attr(name)

@@ -232,7 +232,7 @@ class PPO(AlgorithmBase):
         spec, config = self.env.spec, self.config
         if spec.obs_parts and config.encoder != "mlp":  # one encoder per Dict entry
             return DictEncoder(spec.obs_parts, config.hidden, config.activation,
-                               config.cnn_precision)
+                               config.cnn_precision, standardized=config.normalize_obs)
         return build_encoder(config.section, config.encoder, spec.obs_shape, spec.image_obs,
                              cnn_precision=config.cnn_precision)
 

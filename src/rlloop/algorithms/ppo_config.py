@@ -160,6 +160,14 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
                               f"rollout), got {self.sde_sample_freq}")
         if self.net is not None:
             check_net_path(self.net, f"{self.section}.net")
+        if self.recurrent is not None:
+            # The recurrent policy is its own network: the cells on the (encoded)
+            # observation, then the heads; it has no custom body or gSDE head.
+            what = "net" if self.net is not None else "use_sde" if self.use_sde else None
+            if what is not None:
+                raise ConfigError(f"{self.section}.{what} works with feed-forward policies "
+                                  f"only; drop {self.section}.{what} or "
+                                  f"{self.section}.recurrent")
         if self.compile and self.recurrent is not None:
             raise ConfigError(f"{self.section}.compile covers feed-forward policies only; drop "
                               f"{self.section}.compile or {self.section}.recurrent")

@@ -101,9 +101,15 @@ class RecurrentPPO(PPO):
         if self.mask_dims:
             raise ConfigError(f"recurrent PPO does not mask actions yet, but {spec.env_id} "
                               "gives action masks; set ppo.action_mask=false")
-        return lambda: RecurrentActorCritic(spec.obs_shape, spec.action_space, kind,
-                                            cfg.recurrent_hidden, cfg.hidden, cfg.activation,
-                                            cfg.init_log_std)
+
+        def build() -> RecurrentActorCritic:
+            encoder = self._encoder()  # the Nature CNN for pixels, else the flat input
+            return RecurrentActorCritic(
+                spec.obs_shape, spec.action_space, kind, cfg.recurrent_hidden, cfg.hidden,
+                cfg.activation, cfg.init_log_std, encoder=encoder,
+                feature_dim=None if encoder is None else encoder.out_dim)
+
+        return build
 
     # ---- collection ------------------------------------------------------------------
     def _behaviour(self, obs: Tensor) -> tuple[Tensor, Tensor]:

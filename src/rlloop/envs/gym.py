@@ -176,11 +176,13 @@ def spec_from_gym(
 def probe_action_mask(env_id: str, env: gymnasium.Env[Any, Any]) -> int:
     """Size of the ``info["action_mask"]`` that ``env`` returns from ``reset``, 0 if none.
 
-    Only Discrete actions with vector (non-image) observations are probed: that is where
-    rlloop appends the mask to the observation (see :mod:`rlloop.modules.masked`)."""
+    Only Discrete actions with vector (non-image) or Dict observations (without their own
+    ``action_mask`` entry) are probed: that is where rlloop appends the mask to the
+    flattened observation (see :mod:`rlloop.modules.masked`)."""
     act, obs = env.action_space, env.observation_space
-    if not (isinstance(act, spaces.Discrete) and isinstance(obs, spaces.Box | spaces.Discrete)
-            and not is_image_space(obs)):
+    flat = (isinstance(obs, spaces.Box | spaces.Discrete) and not is_image_space(obs)) or (
+        bool(obs_parts_of(obs)) and MASK_KEY not in obs.spaces)  # type: ignore[attr-defined]
+    if not (isinstance(act, spaces.Discrete) and flat):
         return 0
     _, info = env.reset()
     if "action_mask" not in info:
@@ -372,35 +374,57 @@ class GymVecEnv:
         if missing:
             raise EnvError(f"the observation lacks the entries {missing} of {self.spec.env_id}'s "
                            f"{_describe(space)}; pass all of them")
-        single = all(np.shape(obs[k]) == tuple(v.shape or ()) for k, v in space.spaces.items())
-        batch = {k: np.asarray(obs[k])[None] if single else np.asarray(obs[k])
-                 for k in space.spaces}
+        arrays = {k: np.asarray(obs[k]) for k in space.spaces}
+        expected = {k: tuple(v.shape or ()) for k, v in space.spaces.items()}
+        not_one = [k for k, a in arrays.items() if a.shape != expected[k]]
+        single = not not_one
+        if not single:  # a batch: every entry [B, *its shape], one B
+            not_rows = [k for k, a in arrays.items() if a.shape[1:] != expected[k] or not a.ndim]
+            sizes = {a.shape[0] for a in arrays.values() if a.ndim}
+            if not_rows or len(sizes) > 1:
+                # the entry off in the reading (one observation or a batch) most fit
+                key = min(not_one, not_rows or not_one, key=len)[0]
+                raise EnvError(f"the observation's entry {key!r} has shape "
+                               f"{arrays[key].shape}; {self.spec.env_id} takes "
+                               f"{expected[key]} for one observation, or (B, *that) for a batch "
+                               "(the same B for every entry)")
+        for key, entry in space.spaces.items():
+            if isinstance(entry, spaces.Discrete) and not (
+                    arrays[key].dtype.kind in "iu"
+                    and all(entry.contains(int(i)) for i in arrays[key].reshape(-1))):
+                raise EnvError(f"the observation's entry {key!r} holds indices in "
+                               f"{_describe(entry)}; got {obs[key]!r}")
+        batch = {k: a[None] if single else a for k, a in arrays.items()}
         return self._obs_array(batch), single
 
     def _to_tensors(self, *arrays: np.ndarray) -> list[Tensor]:
         return arrays_to_device(arrays, self.device)
 
     def _to_gym_actions(self, actions: Tensor) -> np.ndarray:
+        return self.env_actions(actions.detach().cpu().numpy(), self.num_envs)
+
+    def env_actions(self, array: np.ndarray, rows: int | None = None) -> np.ndarray:
+        """Policy actions ``[B, *act]`` as this env's Gymnasium action space takes them
+        (each step, and ``predict``): Discrete and MultiDiscrete indices shifted by the
+        space's ``start``, MultiBinary as int8, Box actions clipped to its bounds in its
+        dtype. ``rows``: the ``B`` expected (default: ``len(array)``)."""
         space = self._act_space
-        array = actions.detach().cpu().numpy()
+        rows = len(array) if rows is None else rows
         if isinstance(space, spaces.Discrete):
-            if array.shape != (self.num_envs,):
-                raise EnvError(
-                    f"expected Discrete actions of shape ({self.num_envs},), got {array.shape}"
-                )
+            if array.shape != (rows,):
+                raise EnvError(f"expected Discrete actions of shape ({rows},), got {array.shape}")
             return array.astype(np.int64) + int(space.start)
         if isinstance(space, spaces.MultiDiscrete | spaces.MultiBinary):
-            if array.shape != (self.num_envs, *space.shape):
+            if array.shape != (rows, *space.shape):
                 raise EnvError(f"expected {type(space).__name__} actions of shape "
-                               f"{(self.num_envs, *space.shape)}, got {array.shape}")
+                               f"{(rows, *space.shape)}, got {array.shape}")
             if isinstance(space, spaces.MultiBinary):
                 return array.astype(np.int8)
             return array.astype(np.int64) + space.start
         assert isinstance(space, spaces.Box)
-        if array.shape != (self.num_envs, *space.shape):
-            raise EnvError(
-                f"expected Box actions of shape {(self.num_envs, *space.shape)}, got {array.shape}"
-            )
+        if array.shape != (rows, *space.shape):
+            raise EnvError(f"expected Box actions of shape {(rows, *space.shape)}, got "
+                           f"{array.shape}")
         # Policies with unbounded Gaussians produce out-of-range actions; clipping here
         # rather than in every env keeps the loss computed on the unclipped sample.
         clipped: np.ndarray = np.clip(array, space.low, space.high)

@@ -51,10 +51,22 @@ class EnvWorkerError(RlloopError, RuntimeError):
     """A gymnasium-async env worker raised, died or hung; the vector env is closed."""
 
 
+def _mask_infos(masks: Sequence[Any]) -> dict[str, Any]:
+    """Vector infos (Gymnasium's layout) of the envs' ``info["action_mask"]``s: stacked,
+    with ``_action_mask`` saying which envs gave one; empty when none did."""
+    present = np.array([m is not None for m in masks], dtype=bool)
+    if not present.any():
+        return {}
+    blank = np.zeros_like(np.asarray(next(m for m in masks if m is not None)))
+    stacked = np.stack([blank if m is None else np.asarray(m) for m in masks])
+    return {"action_mask": stacked, "_action_mask": present}
+
+
 class GuardedAsyncVectorEnv(AsyncVectorEnv):
     """``AsyncVectorEnv`` in same-step autoreset mode with bounded waits (module doc).
 
-    Steps return Gymnasium's tuple with only ``final_obs``/``_final_obs`` in the infos.
+    Resets and steps return Gymnasium's tuples with only ``action_mask`` (where the env
+    gives one), ``final_obs`` and ``final_info["action_mask"]`` in the infos.
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], *, env_id: str,
@@ -125,19 +137,21 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
     # ---- receivers ----------------------------------------------------------------------
     def reset_wait(self, timeout: float | None = None, **_: Any) -> tuple[Any, dict[str, Any]]:
         self._expect(AsyncState.WAITING_RESET)
-        return self._batch(self._receive("reset()", self.step_timeout)), {}
+        obs, masks = zip(*self._receive("reset()", self.step_timeout), strict=True)
+        return self._batch(obs), _mask_infos(masks)
 
     def step_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         self._expect(AsyncState.WAITING_STEP)
-        obs, reward, terminated, truncated, final = zip(
+        obs, reward, terminated, truncated, final, masks, final_masks = zip(
             *self._receive("step()", self.step_timeout), strict=True)
         ended = np.array([f is not None for f in final], dtype=bool)
-        infos: dict[str, Any] = {}
+        infos = _mask_infos(masks)
         if ended.any():
             final_obs = np.empty(self.num_envs, dtype=object)
             for i in np.flatnonzero(ended):
                 final_obs[i] = final[i]
-            infos = {"final_obs": final_obs, "_final_obs": ended}
+            infos.update(final_obs=final_obs, _final_obs=ended,
+                         final_info=_mask_infos(final_masks))
         return (self._batch(obs), np.array(reward, dtype=np.float64),
                 np.array(terminated, dtype=bool), np.array(truncated, dtype=bool), infos)
 

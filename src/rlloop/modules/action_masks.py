@@ -54,6 +54,8 @@ def resolve_action_mask(setting: Any, spec: EnvSpec, section: str) -> int:
                           f"{type(spec.action_space).__name__} ones; drop {section}.action_mask")
     if not spec.action_mask:
         raise ConfigError(f"{section}.action_mask=true but {spec.env_id} gives no "
-                          "info['action_mask'] with vector observations; set "
+                          "info['action_mask'] with vector or Dict observations, nor an "
+                          "'action_mask' entry in a Dict observation (an image observation "
+                          "carries its mask as such an entry); set "
                           f"{section}.action_mask=auto or false")
     return spec.action_mask

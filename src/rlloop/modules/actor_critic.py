@@ -17,7 +17,7 @@ from rlloop.modules.distributions import (
     DiagGaussian,
     MultiCategorical,
 )
-from rlloop.modules.encoders import Encoder
+from rlloop.modules.encoders import Encoder, flat_input
 from rlloop.modules.gsde import StateDependentNoise
 from rlloop.modules.networks import _init, flat_dim, mlp
 
@@ -90,7 +90,7 @@ class ActorCritic(nn.Module):
         observation, or (a user network) the observation as it comes."""
         if self.encoder is not None:
             return self.encoder(obs)
-        return obs.flatten(1) if self.flatten else obs
+        return flat_input(obs) if self.flatten else obs
 
     def _latent_mean(self, x: Tensor) -> tuple[Tensor, Tensor]:
         latent = self.actor[:-1](x)

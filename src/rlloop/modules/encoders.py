@@ -132,16 +132,18 @@ class DictEncoder(nn.Module):
     the entries (a legal-action mask, ``EnvSpec.action_mask``) are not encoded. Image entries
     (pixel values 0-255) are scaled to ``[0, 1]`` and get the Nature CNN when both sides
     are at least 36, else (MiniGrid's 7x7 views) an MLP like vector entries do; vector
-    entries get an MLP of ``hidden`` units.
+    entries get an MLP of ``hidden`` units. ``standardized`` observations (PPO's
+    ``normalize_obs``) arrive with every entry scaled already: none is divided by 255.
     """
 
     def __init__(self, parts: ObsParts, hidden: Sequence[int], activation: str,
-                 cnn_precision: str = "float32") -> None:
+                 cnn_precision: str = "float32", *, standardized: bool = False) -> None:
         super().__init__()
         self.shapes = [shape for _, shape, _ in parts]
         self.sizes = [math.prod(shape) for shape in self.shapes]
         self.width = sum(self.sizes)
-        self.scales = [1.0 / 255.0 if image else 1.0 for _, _, image in parts]
+        self.scales = [1.0 / 255.0 if image and not standardized else 1.0
+                       for _, _, image in parts]
         self.cnn = [image and len(shape) in (2, 3) and min(image_layout(shape)[1:3])
                     >= NATURE_MIN_SIDE for _, shape, image in parts]
         self.encoders = nn.ModuleList(
@@ -163,6 +165,23 @@ class DictEncoder(nn.Module):
             features.append(encoder(x.view(-1, *shape)) if cnn
                             else self.activation(encoder(x)))
         return torch.cat(features, 1)
+
+
+def flat_input(obs: Tensor) -> Tensor:
+    """``[B, *obs] -> [B, prod(obs)]`` floats: what an MLP takes. uint8 observations (pixels
+    under ``encoder=mlp``, RAM bytes) are scaled to ``[0, 1]`` as the Nature CNN scales
+    them; other integer or bool observations are converted; floats pass unchanged."""
+    x = obs.flatten(1)
+    if x.is_floating_point():
+        return x
+    return x.float().mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.float()
+
+
+class FlatInput(nn.Module):
+    """:func:`flat_input` as a module (no parameters)."""
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return flat_input(obs)
 
 
 #: What ``build_encoder`` returns: a module with an ``out_dim`` attribute.

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from rlloop.modules.encoders import flat_input
 from rlloop.modules.q_networks import MLP, tanh_log_det
 
 #: Added to the variance (SB3's ``StateDependentNoiseDistribution.epsilon``).
@@ -114,7 +115,7 @@ class TanhGSDEActor(nn.Module):
 
     def features(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """``(phi(s) [B, latent], mu(s) [B, act])``."""
-        phi = self.latent(obs.flatten(1)).relu()
+        phi = self.latent(flat_input(obs)).relu()
         mean = self.mu(phi)
         return phi, mean.clamp(-self.clip_mean, self.clip_mean) if self.clip_mean > 0 else mean
 

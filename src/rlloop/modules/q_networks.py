@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlloop.modules.action_masks import legal_actions, mask_scores
-from rlloop.modules.encoders import Encoder
+from rlloop.modules.encoders import Encoder, flat_input
 
 LOG_STD_MIN = -20.0
 LOG_STD_MAX = 2.0
@@ -85,7 +85,7 @@ class QNetwork(nn.Module):
         return q
 
     def _q(self, obs: Tensor) -> Tensor:
-        x = self.net(obs.flatten(1) if self.encoder is None else self.encoder(obs))
+        x = self.net(flat_input(obs) if self.encoder is None else self.encoder(obs))
         if not self.dueling:
             return x
         if self.encoder is None:
@@ -96,7 +96,7 @@ class QNetwork(nn.Module):
 
 def encode(encoder: Encoder | None, obs: Tensor) -> Tensor:
     """``[B, features]``: ``obs`` flattened, or through ``encoder`` when there is one."""
-    return obs.flatten(1) if encoder is None else encoder(obs)
+    return flat_input(obs) if encoder is None else encoder(obs)
 
 
 class TwinQ(nn.Module):

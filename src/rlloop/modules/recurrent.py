@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from rlloop.envs.core import ActionSpace
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.distributions import ActionDist
+from rlloop.modules.encoders import FlatInput
 from rlloop.modules.networks import flat_dim
 
 RecurrentKind = Literal["lstm", "gru"]
@@ -41,7 +42,8 @@ class RecurrentActorCritic(nn.Module):
         kind: ``"lstm"`` or ``"gru"``.
         hidden_size: Width ``H`` of each cell's output.
         head_hidden, activation, init_log_std: The heads' MLPs (as ``ActorCritic``'s).
-        encoder: Maps ``[B, *obs_shape]`` to ``[B, feature_dim]`` (default: flatten).
+        encoder: Maps ``[B, *obs_shape]`` to ``[B, feature_dim]`` (default:
+            :class:`FlatInput`, the flattened observation as floats).
         feature_dim: The encoder's output width (default: the flattened observation).
     """
 
@@ -60,7 +62,7 @@ class RecurrentActorCritic(nn.Module):
         super().__init__()
         self.kind = kind
         self.hidden_size = hidden_size
-        self.encoder = encoder if encoder is not None else nn.Flatten()
+        self.encoder = encoder if encoder is not None else FlatInput()
         in_dim = feature_dim if feature_dim is not None else flat_dim(obs_shape)
         cell = nn.LSTMCell if kind == "lstm" else nn.GRUCell
         self.actor_cell: nn.LSTMCell | nn.GRUCell = cell(in_dim, hidden_size)
