@@ -354,3 +354,21 @@ def test_a_dict_image_entry_is_scaled_once_under_normalize_obs():
         encoder = model._acting().policy.encoder
         assert isinstance(encoder, DictEncoder)
         assert encoder.scales == [1.0, image_scale]  # cue, pixels
+
+
+def test_an_exported_policy_numbers_actions_as_the_env_does(tmp_path):
+    """The export gave indices from 0 for a ``start``-offset action space, unlike eval
+    and predict."""
+    from rlloop.export import export_run
+
+    if "rlloop-test/OffsetActions-v0" not in gymnasium.registry:
+        gymnasium.register("rlloop-test/OffsetActions-v0", entry_point=_Offset,
+                           max_episode_steps=4)
+    model = PPO("rlloop-test/OffsetActions-v0", seed=0, run_dir=tmp_path / "run", num_envs=2,
+                rollout_steps=8, minibatch_size=16, eval_every=1, eval_episodes=1, **QUIET)
+    model.learn(16)
+    policy = torch.jit.load(str(export_run(tmp_path / "run", "torchscript")))
+    obs = np.random.default_rng(0).uniform(-1, 1, (6, 2)).astype(np.float32)
+    exported = policy(torch.as_tensor(obs)).numpy()
+    np.testing.assert_array_equal(exported, model.predict(obs))
+    assert set(exported.tolist()) <= {-1, 0, 1}

@@ -22,6 +22,7 @@ from rlloop.callbacks import Callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.config import MAX_EVAL_EPISODES, RunConfig, build_config
 from rlloop.envs.core import Box
+from rlloop.envs.gym import find_gym_env
 from rlloop.envs.objects import (
     env_id_of,
     is_object_env,
@@ -171,7 +172,7 @@ class Model:
         if starts.any():
             actor.begin_episodes(torch.as_tensor(starts.copy(), device=actor.device))
         actions = actor.act(batch, deterministic).cpu().numpy()
-        gym = _find_gym_env(actor.env)
+        gym = find_gym_env(actor.env)
         if gym is not None:  # as the env steps them: index offsets (start), clipping
             actions = gym.env_actions(actions)
         elif isinstance(spec.action_space, Box):  # native envs clip them too
@@ -216,23 +217,13 @@ class Model:
 def _indices_of_discrete_obs(env: Any, obs: Any) -> bool:
     """Whether ``obs`` holds integer indices of a Discrete observation space (the env's
     own observations, which predict one-hot encodes; float rows are taken as encoded)."""
-    gym = _find_gym_env(env)
+    gym = find_gym_env(env)
     return gym is not None and bool(gym.discrete_obs) and np.asarray(obs).dtype.kind in "iu"
 
 
-def _find_gym_env(env: Any) -> Any | None:
-    """The Gymnasium env under ``env``'s wrappers (it knows how observations flatten and
-    encode), or None for an env that is none."""
-    while not hasattr(env, "flatten_obs"):
-        if not hasattr(env, "env"):
-            return None
-        env = env.env
-    return env
-
-
 def _gym_env(env: Any) -> Any:
-    """:func:`_find_gym_env`, or ``ConfigError`` for an env that is none."""
-    gym = _find_gym_env(env)
+    """:func:`find_gym_env`, or ``ConfigError`` for an env that is none."""
+    gym = find_gym_env(env)
     if gym is None:
         raise ConfigError(f"predict takes a Dict observation only from a Gymnasium env, "
                           f"not a {type(env).__name__}; pass the flattened row instead")

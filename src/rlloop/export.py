@@ -4,7 +4,7 @@ The exported graph is the path evaluation takes: the observation normaliser, the
 algorithm's own ``act(obs, deterministic=True)`` (argmax for discrete actions, the mean or
 ``tanh(mean)`` rescaled to the action box for continuous ones), traced once. Input
 ``obs`` ``[B, *obs_shape]`` float32; output ``action`` ``[B]`` int64 or ``[B, *act_shape]``
-float32.
+float32, numbered as the env numbers its actions (a Gymnasium space's ``start`` added).
 
 A run trained with ``<algo>.cnn_precision=bfloat16`` exports its CNN computing in
 float32 for ONNX (the same float32 weights; ONNX runtimes have no bfloat16 convolutions),
@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms import AlgorithmBase
+from rlloop.envs.gym import find_gym_env
 from rlloop.errors import ConfigError
 from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.modules.recurrent import RecurrentActorCritic
@@ -71,9 +72,16 @@ class DeterministicPolicy(nn.Module):
         self.networks = nn.ModuleList(m for m in vars(algorithm).values()
                                       if isinstance(m, nn.Module))
         self._act: Callable[..., Tensor] = algorithm.act
+        # A Gymnasium action space counting from `start`: the env's own action numbers.
+        gym = find_gym_env(algorithm.env)
+        offset = gym.action_offset() if gym is not None else None
+        self.offset: Tensor | None = None if offset is None else torch.as_tensor(offset)
+
+    def _env_actions(self, actions: Tensor) -> Tensor:
+        return actions if self.offset is None else actions + self.offset
 
     def forward(self, obs: Tensor) -> Tensor:
-        return self._act(self.normalizer(obs), True)
+        return self._env_actions(self._act(self.normalizer(obs), True))
 
 
 class RecurrentDeterministicPolicy(DeterministicPolicy):
@@ -89,7 +97,7 @@ class RecurrentDeterministicPolicy(DeterministicPolicy):
 
     def forward(self, obs: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         features, next_state = self.policy.step(self.normalizer(obs), state)
-        return self.policy.act(features, deterministic=True)[0], next_state
+        return self._env_actions(self.policy.act(features, deterministic=True)[0]), next_state
 
 
 def is_recurrent(algorithm: AlgorithmBase) -> bool:

@@ -194,6 +194,16 @@ def probe_action_mask(env_id: str, env: gymnasium.Env[Any, Any]) -> int:
     return int(act.n)
 
 
+def find_gym_env(env: Any) -> GymVecEnv | None:
+    """The Gymnasium env under ``env``'s wrappers (it knows how observations flatten and
+    encode, and how actions map onto its spaces), or None for an env that is none."""
+    while not isinstance(env, GymVecEnv):
+        if not hasattr(env, "env"):
+            return None
+        env = env.env
+    return env
+
+
 def gym_env_spec(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
     """Spec of a Gymnasium env without stepping it: make one instance, read it, close it."""
     kwargs = env_kwargs or {}
@@ -402,6 +412,14 @@ class GymVecEnv:
 
     def _to_gym_actions(self, actions: Tensor) -> np.ndarray:
         return self.env_actions(actions.detach().cpu().numpy(), self.num_envs)
+
+    def action_offset(self) -> np.ndarray | None:
+        """The ``start`` of a Discrete or MultiDiscrete action space that does not count
+        from 0 (added to the policy's indices, as :meth:`env_actions` does), else None."""
+        space = self._act_space
+        if isinstance(space, spaces.Discrete | spaces.MultiDiscrete) and np.any(space.start):
+            return np.asarray(space.start, dtype=np.int64)
+        return None
 
     def env_actions(self, array: np.ndarray, rows: int | None = None) -> np.ndarray:
         """Policy actions ``[B, *act]`` as this env's Gymnasium action space takes them
