@@ -191,6 +191,48 @@ def test_mlflow_sink_resumes_the_same_run(tracking_uri: str, caplog: Any) -> Non
     assert len(client.search_runs([first.experiment_id])) == 1
 
 
+def test_a_copied_run_directory_writes_its_artifacts_into_the_copy(tmp_path: Path) -> None:
+    """MLflow stores absolute artifact paths: a run directory copied and resumed (as the
+    refusal of --run-dir beside --resume advises) wrote its model, report and video into
+    the original run's artifacts."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    original, copy = tmp_path / "a", tmp_path / "b"
+    first = MlflowSink(sqlite_tracking_uri(original / "mlflow.db"), "rlloop", "a")
+    (tmp_path / "note.txt").write_text("first")
+    first.log_artifacts({str(tmp_path / "note.txt"): "report"})
+    first.close()
+    shutil.copytree(original, copy)
+
+    uri = sqlite_tracking_uri(copy / "mlflow.db")
+    (tmp_path / "note.txt").write_text("second")
+    # The resume in a process of its own, as `rlloop train --resume` (MLflow caches a
+    # run's artifact location per process).
+    script = (f"from rlloop.logging.mlflow_sink import MlflowSink\n"
+              f"s = MlflowSink({uri!r}, 'rlloop', run_id={first.run_id!r})\n"
+              f"s.log_artifacts({{{str(tmp_path / 'note.txt')!r}: 'report'}})\n"
+              "s.close()\n"
+              f"s = MlflowSink({uri!r}, 'rlloop', 'another run in the copy')\n"
+              "print(s.run_id)\ns.close()\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=120)
+    fresh_id = out.stdout.strip().splitlines()[-1]
+
+    def note(root: Path) -> str:
+        return (root / "artifacts" / first.run_id / "artifacts" / "report" / "note.txt"
+                ).read_text()
+
+    assert note(original) == "first" and note(copy) == "second"
+    client = MlflowClient(uri)
+    for run_id in (first.run_id, fresh_id):
+        assert client.get_run(run_id).info.artifact_uri.startswith(
+            (copy / "artifacts").resolve().as_uri())
+    assert client.get_experiment("0").artifact_location == (
+        (copy / "artifacts").resolve().as_uri() + "/0")
+
+
 def test_mlflow_sink_unknown_run_id_is_a_clear_error(tracking_uri: str) -> None:
     with pytest.raises(ValueError, match="cannot resume MLflow run"):
         MlflowSink(tracking_uri, "resume", run_id="0" * 32)

@@ -141,6 +141,30 @@ def _pin_default_experiment(db_path: Path, artifact_root: str) -> None:
                    (f"{artifact_root}/0",))
 
 
+def _relocate_artifacts(db_path: Path, artifact_root: str) -> None:
+    """Point a store's artifact paths at ``artifact_root`` when the store was made where it
+    no longer is (its run directory copied or moved): MLflow keeps absolute paths, so a
+    copy's runs would write their artifacts into the original run directory. Paths under
+    the old root (``<old>/artifacts``...) move to the same place under the new one; paths
+    elsewhere (an experiment the user pointed at its own location) are left alone."""
+    import sqlite3
+
+    suffix = "/" + Path(artifact_root.rstrip("/")).name  # "/artifacts"
+    with contextlib.closing(sqlite3.connect(db_path)) as db, db:
+        row = db.execute("SELECT artifact_location FROM experiments WHERE experiment_id = 0"
+                         ).fetchone()
+        location = str(row[0]) if row and row[0] else ""
+        if not location.endswith(suffix + "/0"):
+            return  # not a store this sink set up: nothing known to move
+        old = location[: -len("/0")]
+        if old == artifact_root:
+            return
+        for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
+            db.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                       f"WHERE substr({column}, 1, ?) = ?",
+                       (artifact_root, len(old) + 1, len(old), old))
+
+
 def git_commit(directory: str | Path) -> str | None:
     """The commit checked out in the git work tree holding ``directory``, if any."""
     try:
@@ -221,6 +245,8 @@ class MlflowSink:
                 _seed_from_template(db_path)
             if artifact_location is None:
                 artifact_location = (db_path.parent / "artifacts").resolve().as_uri()
+                if not created:  # a copied or moved run directory keeps its artifacts
+                    _relocate_artifacts(db_path, artifact_location)
         with warnings.catch_warnings():
             # MLflow's SQL store setup emits SQLAlchemy deprecation noise users cannot act on.
             warnings.simplefilter("ignore", DeprecationWarning)
