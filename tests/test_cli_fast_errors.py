@@ -202,3 +202,17 @@ def test_an_mlflow_file_store_is_taken_when_the_user_opts_in(monkeypatch) -> Non
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     assert file_store_refusal("file:/tmp/mlruns") is None
+
+
+@pytest.mark.parametrize("args", [["export", "nothere", "--format", "onnx"],
+                                  ["plot", "nothere", "-o", "x.png"]])
+def test_export_and_plot_of_a_missing_run_answer_before_torch(tmp_path: Path,
+                                                              cli_env: dict[str, str],
+                                                              args: list[str]) -> None:
+    """``export`` of a mistyped run blamed a ``-o`` never given, after importing torch."""
+    out = subprocess.run([sys.executable, "-c", _PROBE, *args], env=cli_env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"code": 2, "torch": False}
+    assert out.stderr.strip() == ("rlloop: error: nothere is not an rlloop run directory (no "
+                                  "config.yaml); pass a directory made by `rlloop train`, e.g. "
+                                  "runs/<run-name>")

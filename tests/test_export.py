@@ -134,6 +134,12 @@ def test_export_refuses_an_output_over_the_runs_own_files(runs):
         with pytest.raises(RunDirError, match="would overwrite"):
             export_run(runs["sac"], "onnx", out)
     assert (runs["sac"] / "config.yaml").read_bytes() == config
+    # nor another run's own files: every run directory the output lies in is protected
+    ppo_config = (runs["ppo"] / "config.yaml").read_bytes()
+    for out in (runs["ppo"] / "config.yaml", runs["ppo"] / "metrics.jsonl"):
+        with pytest.raises(RunDirError, match=rf"would overwrite {runs['ppo']}'s own"):
+            export_run(runs["sac"], "onnx", out)
+    assert (runs["ppo"] / "config.yaml").read_bytes() == ppo_config
 
 
 def test_export_refuses_an_unknown_format_and_a_directory_that_is_not_a_run(runs, tmp_path,

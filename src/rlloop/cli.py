@@ -406,6 +406,9 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from rlloop.runfiles import check_run_dir
+
+    check_run_dir(args.run_dir)  # before torch's import: a mistyped path answers at once
     from rlloop.export import export_run
 
     path = export_run(args.run_dir, args.format, args.output, allow_import=args.allow_import)
@@ -414,6 +417,10 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
+    from rlloop.runfiles import check_run_dir
+
+    for run_dir in args.run_dirs:  # before the plotting imports
+        check_run_dir(run_dir)
     from rlloop.plot import plot_runs
 
     drawn = plot_runs(args.run_dirs, args.output, args.metric, args.x)

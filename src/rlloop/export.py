@@ -30,7 +30,7 @@ from rlloop.envs.gym import find_gym_env
 from rlloop.errors import ConfigError
 from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.modules.recurrent import RecurrentActorCritic
-from rlloop.runfiles import check_output_file, write_file
+from rlloop.runfiles import check_output_file, check_run_dir, write_file
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
 #: Algorithms whose ``act`` maps one observation batch to one action batch.
@@ -165,8 +165,9 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
         except ImportError:
             raise ConfigError("--format onnx needs the onnx package; install it with "
                               "`pip install 'rlloop[export]'`") from None
-    path = Path(out) if out else Path(run_dir) / FORMATS[fmt]
-    check_output_file(path, [Path(run_dir)], allowed=[FORMATS[fmt]])
+    run = check_run_dir(run_dir)
+    path = Path(out) if out else run / FORMATS[fmt]
+    check_output_file(path, [run], allowed=[FORMATS[fmt]])
     algorithm = load_run_policy(run_dir, device="cpu", allow_import=allow_import)
     try:
         policy = deterministic_policy(algorithm)

@@ -49,16 +49,17 @@ def check_members(run_dir: Path) -> None:
 def check_output_file(out: Path, run_dirs: Iterable[Path], allowed: Iterable[str] = ()
                       ) -> None:
     """``RunDirError`` unless ``out`` can be written as a new or replaced file: its
-    directory exists, it is no directory, and it is none of the runs' own files (an
-    output over ``config.yaml`` or ``metrics.jsonl`` destroyed the run); ``allowed``
-    names members that may be written."""
+    directory exists, it is no directory, and it is none of the own files of the runs
+    named or of any run directory it lies in (an output over ``config.yaml`` or
+    ``metrics.jsonl`` destroyed the run); ``allowed`` names members that may be written."""
     if out.is_dir():
         raise RunDirError(f"-o {out} is a directory; name the file to write")
     if not out.parent.is_dir():
         raise RunDirError(f"-o {out}: the directory {out.parent} does not exist; create it "
                           "or write elsewhere")
     target = out.resolve()
-    for run in run_dirs:
+    inside = [p for p in target.parents if (p / "config.yaml").is_file()]
+    for run in [*run_dirs, *inside]:
         root = run.resolve()
         if target.is_relative_to(root) and target != root:
             member = target.relative_to(root).parts[0]
