@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -105,6 +106,46 @@ def test_a_killed_study_resumes_and_retries_the_cut_trial(tmp_path, cli_env):
     # Other settings for the same directory are refused in one line.
     assert main(["tune", "ppo", *TINY, *NO_MLFLOW, "--total-env-steps", "2048",
                  "--run-dir", str(study)]) == 2
+
+
+def _processes_naming(text: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode():
+                pids.append(int(proc.name))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_sigterm_to_tune_with_jobs_stops_its_workers_and_their_trials(tmp_path, cli_env):
+    """SIGTERM to ``rlloop tune --jobs 2`` killed the parent only: its workers went on,
+    orphaned, while the study's lock was free for a --resume."""
+    study = tmp_path / "study"
+    proc = subprocess.Popen(
+        rlloop_cmd("tune", "ppo", *TINY, *NO_MLFLOW, "--trials", "4", "--jobs", "2",
+                   "--total-env-steps", "200000", "--set", "stop_on_solve=false",
+                   "--run-dir", str(study)),
+        cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not all((study / "trials" / f"trial-000{i}" / "checkpoints").is_dir()
+                      for i in (0, 1)):  # both workers are training
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # the parent only, as a process manager sends it
+        assert proc.wait(120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = _processes_naming(str(study))
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == []  # no worker left behind
+    states = _states(study)
+    assert "RUNNING" not in states and states.count("FAIL") == 2, states  # both retried later
 
 
 @pytest.mark.parametrize(("space", "expected"), [

@@ -97,15 +97,16 @@ def _run(env: Any, command: str, data: Any) -> Any:
     raise RuntimeError(f"unknown command {command!r}")
 
 
-def die_with_parent() -> None:
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
     """Exit when the parent dies, even while an env step hangs.
 
-    The kernel's parent-death signal fires even if this process is stuck in C code
-    holding the GIL; its "parent" is the process that forked this one (the forkserver,
-    which exits with the trainer). The sentinel thread covers other platforms.
+    The kernel's parent-death signal (``signum``; SIGTERM lets a process that handles it
+    stop in order) fires even if this process is stuck in C code holding the GIL; its
+    "parent" is the process that forked this one (the forkserver, which exits with the
+    trainer). The sentinel thread covers other platforms.
     """
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            libc.prctl(_PR_SET_PDEATHSIG, signum)
     exit_with_parent()

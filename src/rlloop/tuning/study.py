@@ -18,11 +18,13 @@ by a kill is marked failed when the study resumes, and its parameters are tried 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -377,14 +379,26 @@ def _run_workers(path: Path, jobs: int) -> None:
         p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH"))
         if p)}
     workers = [subprocess.Popen([*cmd, str(i)], env=env) for i in range(jobs)]
+
+    def forward(signum: int, _: Any) -> None:
+        # Ctrl-C reaches the whole process group; a SIGTERM only this process: the
+        # workers get it too, then are waited for as after Ctrl-C.
+        for w in workers:
+            with contextlib.suppress(OSError):
+                w.send_signal(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, forward)
     try:
         codes = [w.wait() for w in workers]
     except BaseException:
-        for w in workers:  # Ctrl-C reached them too; give them time to save their trials
+        for w in workers:  # give them time to save their trials
             try:
                 w.wait(60)
             except subprocess.TimeoutExpired:
                 w.kill()
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if any(codes):
         raise RuntimeError(f"tune workers exited with {codes}; see their messages above")

@@ -7,17 +7,25 @@ the ``rlloop tune`` process that started it holds the directory's lock.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
+from rlloop.gym_worker import die_with_parent
+from rlloop.signals import terminate_as_interrupt
 from rlloop.tuning.study import Study, TuneSettings
 
 
 def main(argv: list[str]) -> int:
+    # A SIGTERM (forwarded by `rlloop tune`, or sent when it dies) ends the trial in
+    # flight as a stopped run, to be retried by the next --resume; between trials it
+    # stops the worker as Ctrl-C does.
+    die_with_parent(signal.SIGTERM)
     path = Path(argv[0])
     settings = TuneSettings(**json.loads((path / "tune.json").read_text(encoding="utf-8")))
     try:
-        Study(path, settings, quiet=True, worker=int(argv[1])).optimize()
+        with terminate_as_interrupt():
+            Study(path, settings, quiet=True, worker=int(argv[1])).optimize()
     except KeyboardInterrupt:
         return 130
     return 0
