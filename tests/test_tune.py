@@ -160,6 +160,9 @@ def test_sigterm_to_tune_with_jobs_stops_its_workers_and_their_trials(tmp_path, 
     ("ppo.gamma: {low: 0.9, high: 1.5}", "search space key ppo.gamma: ppo.gamma must be"),
     ("ppo.activation: [tanh, foo]", "search space key ppo.activation"),
     ("ppo.lr: {low: 0.001, high: .inf}", "high must be a finite number"),
+    # a float range over an int setting: whole-number ends passed, every trial failed
+    ("ppo.minibatch_size: {low: 32, high: 256, type: float}",
+     "search space key ppo.minibatch_size: ppo.minibatch_size must be an integer"),
 ])
 def test_a_bad_search_space_is_one_line_exit_2(tmp_path, capsys, space, expected):
     file = tmp_path / "space.yaml"
@@ -175,6 +178,28 @@ def test_options_beside_tune_resume_are_refused_not_ignored(tmp_path, capsys):
                  "Pendulum-v1", "--total-env-steps", "512"]) == 2
     err = capsys.readouterr().err
     assert "--env, --set, --total-env-steps cannot change them" in err and err.count("\n") == 1
+    assert main(["tune", "--resume", str(tmp_path), "--startup-trials", "0",
+                 "--warmup-evals", "9"]) == 2
+    assert "--startup-trials, --warmup-evals cannot change them" in capsys.readouterr().err
+
+
+def test_a_space_takes_numbers_as_yaml_spells_them():
+    """``1e-4`` (YAML reads it as a string without a dot) was refused as not a number."""
+    from rlloop.tuning.space import parse_space
+
+    [param] = parse_space({"ppo.lr": {"low": "1e-4", "high": "1e-2", "log": True}}, "s")
+    assert (param.kind, param.low, param.high) == ("float", 1e-4, 1e-2)
+
+
+def test_a_resumed_study_draws_new_points(tmp_path):
+    """The sampler's seed was the same at every sitting: a resumed study's first trial
+    repeated trial 0's parameters (and its result)."""
+    study = tmp_path / "study"
+    base = ["ppo", *TINY, *NO_MLFLOW, "--total-env-steps", "256", "--run-dir", str(study)]
+    assert main(["tune", *base, "--trials", "1"]) == 0
+    assert main(["tune", "--resume", str(study), "--trials", "2", "--quiet"]) == 0
+    first, second = (t.params for t in _study(study).trials)
+    assert first != second
 
 
 def test_resume_of_a_directory_without_a_study_is_one_line_exit_2(tmp_path, capsys):

@@ -135,9 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--num-envs", type=_integer)
     u.add_argument("--backend", choices=BACKENDS)
     u.add_argument("--device", help=f"{DEVICE_CHOICES} (default auto)")
-    u.add_argument("--startup-trials", type=_integer, default=5, help="trials sampled at "
+    u.add_argument("--startup-trials", type=_integer, help="trials sampled at "
                    "random before TPE models the space and before pruning starts (default 5)")
-    u.add_argument("--warmup-evals", type=_integer, default=1, help="evaluations a trial "
+    u.add_argument("--warmup-evals", type=_integer, help="evaluations a trial "
                    "makes before it may be pruned (default 1)")
     u.add_argument("--run-dir", help="the study's directory (default runs/tune-<algo>-<env>-"
                    "<time>); one that holds a study continues it")
@@ -311,7 +311,7 @@ def _tune(args: argparse.Namespace) -> int:
         from rlloop.tuning import prepare, tune
     except ImportError as e:
         raise ConfigError(f"rlloop tune needs Optuna ({e}); pip install 'rlloop[tune]'") from None
-    if args.startup_trials < 0 or args.warmup_evals < 0:
+    if min(args.startup_trials or 0, args.warmup_evals or 0) < 0:
         raise ConfigError("--startup-trials and --warmup-evals must be >= 0")
     if args.jobs <= 0:
         raise ConfigError(f"--jobs must be > 0, got {args.jobs}")
@@ -326,6 +326,8 @@ def _tune(args: argparse.Namespace) -> int:
         given = [name for name, value in (
             ("--env", args.env), ("--space", args.space), ("--config", args.config),
             ("--set", args.sets), ("--run-dir", args.run_dir),
+            ("--startup-trials", args.startup_trials is not None),
+            ("--warmup-evals", args.warmup_evals is not None),
             *((f"--{k.replace('_', '-')}", v) for k, v in flags.items())) if value]
         if given:
             raise ConfigError(f"tune --resume continues a study with its own settings; "
@@ -333,8 +335,10 @@ def _tune(args: argparse.Namespace) -> int:
                               "--jobs may be given): drop them, or start a new study")
     path, settings = prepare(args.algo, args.env, trials=args.trials, run_dir=args.run_dir,
                              resume=args.resume, space_file=args.space, config_file=args.config,
-                             sets=args.sets, flags=flags, startup_trials=args.startup_trials,
-                             warmup_evals=args.warmup_evals)
+                             sets=args.sets, flags=flags,
+                             startup_trials=5 if args.startup_trials is None
+                             else args.startup_trials,
+                             warmup_evals=1 if args.warmup_evals is None else args.warmup_evals)
     result = tune(path, settings, jobs=args.jobs, quiet=args.quiet)
     counts = result.counts
     lines = {"trials": f"{counts['complete']} complete, {counts['pruned']} pruned, "

@@ -92,8 +92,12 @@ class Param:
         of a range (a check at one end let ``gamma: {low: 0.9, high: 1.5}`` through)."""
         if self.kind == "categorical":
             return self.choices
-        ends = (self.low, self.high)
-        return tuple(int(v) for v in ends) if self.kind == "int" else ends
+        if self.kind == "int":
+            return int(self.low), int(self.high)
+        # and a point between them that is no whole number: a float range over an int
+        # setting (whole-number ends, 32.0 and 256.0) failed only in every trial
+        inside = self.low + (self.high - self.low) * 0.382
+        return self.low, self.high, inside if not inside.is_integer() else inside + 1e-3
 
     def to_data(self) -> Any:
         if self.kind == "categorical":
@@ -150,7 +154,9 @@ def _param(key: str, spec: Any, where: str) -> Param:
     if unknown or not {"low", "high"} <= set(spec):
         raise ConfigError(f"{where}: a range takes low, high and optionally log, type (or a "
                           f"choices list); got {sorted(spec)}")
-    low, high, log = spec["low"], spec["high"], spec.get("log", False)
+    # YAML reads 1e-4 (no dot) as a string, where a config file's float setting takes it.
+    low, high = (_number(spec[k]) for k in ("low", "high"))
+    log = spec.get("log", False)
     for name, value in (("low", low), ("high", high)):
         if (isinstance(value, bool) or not isinstance(value, int | float)
                 or not math.isfinite(value)):
@@ -169,6 +175,16 @@ def _param(key: str, spec: Any, where: str) -> Param:
         raise ConfigError(f"{where}: an int range needs integer bounds, got {low} and {high}")
     return Param(key, "int" if kind == "int" else "float", low=float(low), high=float(high),
                  log=log)
+
+
+def _number(value: Any) -> Any:
+    """``value``, or the float a numeric string (``"1e-4"``) spells; anything else as is."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _choices(key: str, choices: Sequence[Any], where: str) -> Param:

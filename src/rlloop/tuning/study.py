@@ -198,11 +198,14 @@ class Study:
         self.study = optuna.create_study(
             study_name=STUDY_NAME, storage=self.storage, direction="maximize",
             load_if_exists=True,
-            # Workers of one study draw different random points: a seed each.
-            sampler=optuna.samplers.TPESampler(n_startup_trials=settings.startup_trials,
-                                               seed=settings.seed + worker),
             pruner=optuna.pruners.MedianPruner(n_startup_trials=settings.startup_trials,
                                                n_warmup_steps=settings.warmup_evals))
+        # Workers of one study draw different random points: a seed each; and a resumed
+        # study a seed of its own (the same seed drew the first trials' points again).
+        sitting = len(self.study.get_trials(deepcopy=False))
+        self.study.sampler = optuna.samplers.TPESampler(
+            n_startup_trials=settings.startup_trials,
+            seed=settings.seed + worker + 10_007 * sitting)
 
     # ---- bookkeeping ------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
