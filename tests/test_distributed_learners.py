@@ -215,6 +215,21 @@ def test_bad_learner_settings_are_one_line_errors(args, message, tmp_path, capsy
     assert not (tmp_path / "run").exists() and not live_children()
 
 
+def test_a_launcher_with_more_processes_than_learners_is_refused(tmp_path, capsys,
+                                                                 monkeypatch):
+    """torchrun --nproc-per-node 2 without num_learners=2: both processes trained the
+    whole run alone into one directory, one failing on the other's lock."""
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(name, value)
+    code = main(["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(
+        "rlloop: error: the launcher started 2 processes (WORLD_SIZE) but num_learners=1")
+    assert err[0].endswith("set num_learners=2")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_ppo_with_two_learners_solves_cartpole(tmp_path):
     config = build_config("ppo", "CartPole-v1", flags={"seed": 0, "total_env_steps": 100_000},

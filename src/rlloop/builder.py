@@ -42,6 +42,11 @@ def check_fit(config: RunConfig) -> EnvSettings:
     allocated. ``ConfigError`` names the problem and the fix.
     """
     keep_freed_host_memory()
+    world = os.environ.get("WORLD_SIZE", "")
+    if config.num_learners == 1 and world.isdigit() and int(world) > 1 and "RANK" in os.environ:
+        raise ConfigError(f"the launcher started {world} processes (WORLD_SIZE) but "
+                          "num_learners=1, so each would train the whole run alone in the "
+                          f"same run directory; set num_learners={world}")
     if getattr(config.hparams, "cuda_graph", False) and config.num_env_runners:
         raise ConfigError(f"{config.algo}.cuda_graph captures the rollout this process "
                           "collects, and env runners collect it elsewhere; set "
