@@ -216,3 +216,21 @@ def test_export_and_plot_of_a_missing_run_answer_before_torch(tmp_path: Path,
     assert out.stderr.strip() == ("rlloop: error: nothere is not an rlloop run directory (no "
                                   "config.yaml); pass a directory made by `rlloop train`, e.g. "
                                   "runs/<run-name>")
+
+
+@pytest.mark.parametrize(("video", "expected"), [
+    ("clip.txt", "--video clip.txt: name an .mp4 file (e.g. clip.mp4)"),
+    ("missing/clip.mp4", "--video missing/clip.mp4: the directory missing does not exist"),
+    ("run/config.yaml", "--video run/config.yaml: name an .mp4 file"),
+])
+def test_eval_video_file_is_checked_before_the_evaluation(tmp_path: Path,
+                                                          cli_env: dict[str, str],
+                                                          video: str, expected: str) -> None:
+    """A --video name ffmpeg cannot write failed after the evaluation, losing its result,
+    with an 'unexpected' error."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("algo: ppo\n")
+    out = subprocess.run([sys.executable, "-c", _PROBE, "eval", "run", "--video", video],
+                         env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"code": 2, "torch": False}
+    assert out.stderr.strip().startswith(f"rlloop: error: {expected}"), out.stderr

@@ -26,7 +26,7 @@ from rlloop.algorithms import ALGORITHMS
 from rlloop.config import BACKENDS, MAX_EVAL_EPISODES, check_set_keys, parse_int
 from rlloop.device_names import DEVICE_CHOICES
 from rlloop.errors import CheckpointError, ConfigError, EnvError, RlloopError, RunDirError
-from rlloop.runfiles import check_run_dir
+from rlloop.runfiles import check_output_file, check_run_dir
 
 #: What ``rlloop eval --json`` prints besides ``episodes``: the evaluation's own names, also
 #: logged as ``eval/<name>`` in metrics.jsonl and returned by the API's ``evaluate()``.
@@ -380,10 +380,27 @@ def _check_new_run_dir(raw: str | None) -> None:
                           "a writable --run-dir") from None
 
 
+def _check_video_file(path: Path, run_dir: Path) -> None:
+    """``--video``'s file, checked before the evaluation it follows: an MP4 (the encoder
+    picks the format by suffix) in a writable directory, none of the run's own files."""
+    if path.suffix.lower() != ".mp4":
+        raise ConfigError(f"--video {path}: name an .mp4 file (e.g. {path.with_suffix('.mp4')})")
+    check_output_file(path, [run_dir], option="--video")
+    try:  # the only sure test of writability (root passes os.access checks on /proc)
+        fd, probe = tempfile.mkstemp(prefix=".rlloop-", dir=path.parent)
+    except OSError as e:
+        raise RunDirError(f"--video {path} cannot be written in {path.parent} ({e.strerror}); "
+                          "pick a writable place") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def _eval(args: argparse.Namespace) -> int:
     if not 0 < args.episodes <= MAX_EVAL_EPISODES:
         raise ConfigError(f"--episodes must be in 1..{MAX_EVAL_EPISODES}, got {args.episodes}")
     check_run_dir(args.run_dir)  # before torch is imported
+    if args.video:
+        _check_video_file(Path(args.video), Path(args.run_dir))
     from rlloop.saved_runs import evaluate_run
 
     stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend, args.device,

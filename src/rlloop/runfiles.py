@@ -46,16 +46,16 @@ def check_members(run_dir: Path) -> None:
                 "through links in a run directory: remove the link or use another --run-dir")
 
 
-def check_output_file(out: Path, run_dirs: Iterable[Path], allowed: Iterable[str] = ()
-                      ) -> None:
+def check_output_file(out: Path, run_dirs: Iterable[Path], allowed: Iterable[str] = (),
+                      option: str = "-o") -> None:
     """``RunDirError`` unless ``out`` can be written as a new or replaced file: its
     directory exists, it is no directory, and it is none of the own files of the runs
     named or of any run directory it lies in (an output over ``config.yaml`` or
     ``metrics.jsonl`` destroyed the run); ``allowed`` names members that may be written."""
     if out.is_dir():
-        raise RunDirError(f"-o {out} is a directory; name the file to write")
+        raise RunDirError(f"{option} {out} is a directory; name the file to write")
     if not out.parent.is_dir():
-        raise RunDirError(f"-o {out}: the directory {out.parent} does not exist; create it "
+        raise RunDirError(f"{option} {out}: the directory {out.parent} does not exist; create it "
                           "or write elsewhere")
     target = out.resolve()
     inside = [p for p in target.parents if (p / "config.yaml").is_file()]
@@ -64,7 +64,7 @@ def check_output_file(out: Path, run_dirs: Iterable[Path], allowed: Iterable[str
         if target.is_relative_to(root) and target != root:
             member = target.relative_to(root).parts[0]
             if member in MEMBERS and member not in set(allowed):
-                raise RunDirError(f"-o {out} would overwrite {run}'s own {member}; write "
+                raise RunDirError(f"{option} {out} would overwrite {run}'s own {member}; write "
                                   "the output elsewhere")
 
 
