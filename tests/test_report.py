@@ -116,3 +116,26 @@ def test_mean_and_band_interpolates_seeds_onto_the_shared_range():
     assert grid.tolist() == [2.0, 4.0, 6.0, 8.0]
     assert mean.tolist() == [3.0, 4.0, 5.0, 6.0]
     assert low.tolist() == [2.0, 4.0, 4.0, 4.0] and high.tolist() == [4.0, 4.0, 6.0, 8.0]
+
+
+def test_throughput_of_a_resumed_run_counts_every_sitting(tmp_path):
+    """A resumed run's clock (time/total_s) starts at 0 again while its steps go on: the
+    summary paired the whole run's steps with the last sitting's seconds (2000 / 5 = 400
+    env/s here, where the run trained 2000 steps in 15 s). Its phase table, empty when a
+    signal stopped the sitting, says why."""
+    from rlloop.config import build_config
+    from rlloop.report import write_report
+    from rlloop.run import RunResult
+
+    first = [{"step": s, "env/steps": s, "time/total_s": s / 100} for s in range(100, 1001, 100)]
+    second = [{"step": s, "env/steps": s, "time/total_s": (s - 1000) / 200}
+              for s in range(1200, 2001, 200)]
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in [*first, *second]))
+    result = RunResult(tmp_path, 2000, 6.0, None, stopped_by="signal SIGTERM")
+    write_report(tmp_path, result, build_config("ppo", "CartPole-v1"), figures=[])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["env_steps_per_s"] == pytest.approx(2000 / 15)
+    report = (tmp_path / "report.md").read_text()
+    assert "## Seconds per phase of the last sitting" in report
+    assert "Not recorded: a signal stopped this sitting" in report

@@ -156,6 +156,12 @@ def phase_rates(rows: list[Row]) -> dict[str, float]:
     return rates
 
 
+#: The phase table is the last sitting's (``rlloop train`` or ``--resume`` invocation):
+#: its clock starts with the process.
+_PHASES_TITLE = "Seconds per phase of the last sitting (this invocation)"
+_NO_PHASES = "Not recorded: a signal stopped this sitting before its last row was written."
+
+
 def run_phase_times(rows: list[Row]) -> dict[str, float]:
     """Seconds of each whole-run phase (start-up, evaluations, ...): its last logged total."""
     times = {}
@@ -240,7 +246,8 @@ def _html(title: str, summary: dict[str, Any], changed: dict[str, tuple[Any, Any
              "<h2>Settings that differ from the defaults</h2>",
              table((k, d, v) for k, (d, v) in changed.items()),
              "<h2>Env steps per second, by phase</h2>", table(rates.items()),
-             "<h2>Seconds per phase of the run</h2>", table(times.items())]
+             f"<h2>{_PHASES_TITLE}</h2>",
+             table(times.items()) if times else f"<p>{_NO_PHASES}</p>"]
     parts += [f"<p><img src='{name}' alt='{name}'></p>" for name in figures]
     return "\n".join(parts) + "\n"
 
@@ -286,14 +293,26 @@ class FigureWriter:
 
 
 def _env_steps_per_s(result: RunResult, rows: Sequence[Row]) -> float | None:
-    """Training env steps per second of training time: from the last stats, else (border's
-    cadence, whose last stats are the final evaluation) from the last record with a
-    ``time/total_s``; None when nothing was timed."""
-    total = result.last_stats.get("time/total_s")
-    if _finite(total) and total:
-        return result.env_steps / float(total)
-    timed = [r for r in rows if _finite(r.get("time/total_s")) and r["time/total_s"] > 0]
-    return _steps(timed[-1]) / float(timed[-1]["time/total_s"]) if timed else None
+    """Training env steps per second of training time, over every sitting of the run (a
+    resumed run's clock, ``time/total_s``, starts again at 0, while its steps go on: the
+    last row alone paired the whole run's steps with the last sitting's seconds); None
+    when nothing was timed."""
+    steps = seconds = 0.0
+    start = previous = None  # steps where the current sitting began; its last timed row
+    for row in rows:
+        if not (_finite(row.get("time/total_s")) and row["time/total_s"] > 0):
+            continue
+        if previous is not None and row["time/total_s"] < previous["time/total_s"]:
+            steps += _steps(previous) - (start or 0.0)  # the sitting before ended there
+            seconds += float(previous["time/total_s"])
+            start = _steps(previous)
+        previous = row
+    if previous is None:
+        total = result.last_stats.get("time/total_s")
+        return result.env_steps / float(total) if _finite(total) and total else None
+    steps += _steps(previous) - (start or 0.0)
+    seconds += float(previous["time/total_s"])
+    return steps / seconds
 
 
 def write_report(run_dir: Path, result: RunResult, config: RunConfig,
@@ -324,8 +343,8 @@ def write_report(run_dir: Path, result: RunResult, config: RunConfig,
     lines += ["", "## Env steps per second, by phase", ""]
     lines += _table(rates.items(), ("phase", "env steps/s"))
     times = run_phase_times(rows)
-    lines += ["", "## Seconds per phase of the run", ""]
-    lines += _table(times.items(), ("phase", "seconds"))
+    lines += ["", f"## {_PHASES_TITLE}", ""]
+    lines += _table(times.items(), ("phase", "seconds")) if times else [_NO_PHASES]
     lines += ["", *(f"![{name[:-4].replace('_', ' ')}]({name})\n" for name in figures)]
     write_file(run_dir / "report.md", "\n".join(lines))
     write_file(run_dir / "report.html", _html(title, summary, changed, rates, times, figures))
