@@ -100,6 +100,17 @@ def test_plot_overlays_runs_and_groups_seeds(runs, tmp_path, cli_env):
     _assert_png(wall)
 
 
+def test_plot_of_a_misspelt_metric_names_the_close_ones(runs, tmp_path):
+    """``--metric losses/polcy`` said the runs had not logged it *yet*: train them first."""
+    from rlloop.errors import ConfigError
+    from rlloop.plot import plot_runs
+
+    with pytest.raises(ConfigError, match=r"^the runs never log 'losses/polcy'; did you mean "
+                                          r"losses/policy"):
+        plot_runs([runs["ppo"]], tmp_path / "f.png", metric="losses/polcy")
+    assert not (tmp_path / "f.png").exists()
+
+
 def test_plot_refuses_a_directory_that_is_not_a_run(tmp_path, cli_env):
     res = subprocess.run(rlloop_cmd("plot", str(tmp_path), "-o", str(tmp_path / "f.png")),
                          env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=60)

@@ -8,6 +8,7 @@ imported.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,20 @@ def mean_and_band(curves: list[list[tuple[float, float]]], points: int = 200
     return grid, ys.mean(0), ys.min(0), ys.max(0)
 
 
+def _no_metric(metric: str, runs: Sequence[Path]) -> ConfigError:
+    """The refusal of a metric no run logged: a misspelt one names the closest keys the
+    runs do log; a known one was not logged yet."""
+    logged = sorted({k for r in runs for row in read_metrics(r / "metrics.jsonl") for k in row
+                     if k != "step"})
+    if logged and metric not in logged:
+        close = difflib.get_close_matches(metric, logged, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else \
+            f"they log e.g. {', '.join(logged[:5])}"
+        return ConfigError(f"the runs never log {metric!r}; {hint}")
+    return ConfigError(f"none of the runs logged {metric!r} yet; train them first or pick "
+                       "another --metric, e.g. episode/return_mean")
+
+
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path,
               metric: str = "eval/return_mean", x: str = "env/steps") -> dict[str, int]:
     """Write a PNG of ``metric`` against ``x`` ("env/steps" or "wall") for ``run_dirs``;
@@ -73,8 +88,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path,
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
         drawn[label] = len(curves)
     if not drawn:
-        raise ConfigError(f"none of the runs logged {metric!r} yet; train them first or pick "
-                          "another --metric, e.g. episode/return_mean")
+        raise _no_metric(metric, [r for group in groups.values() for r in group])
     ax.set_xlabel("env steps" if x == "env/steps" else "wall time (s)")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
