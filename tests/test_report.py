@@ -150,3 +150,19 @@ def test_throughput_of_a_resumed_run_counts_every_sitting(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "## Seconds per phase of the last sitting" in report
     assert "Not recorded: a signal stopped this sitting" in report
+
+
+def test_figures_of_a_run_with_several_modules_show_each_modules_series():
+    """ma_ppo with one module per agent logs ``player_1/losses/policy``, ``episode/
+    player_1/return_mean``...: its report had no losses or diagnostics figure and no
+    training-return line."""
+    from rlloop.report import _module_keys, report_figures
+
+    rows = [{"step": s, "env/steps": s, "player_1/losses/policy": 1.0 / s,
+             "player_2/losses/policy": 2.0 / s, "player_1/ppo/approx_kl": 0.01,
+             "episode/player_1/return_mean": s / 100, "eval/return_mean": 0.5}
+            for s in range(100, 1100, 100)]
+    figures = report_figures(rows)
+    assert {"losses.png", "diagnostics.png", "learning_curves.png"} <= set(figures)
+    assert _module_keys(rows, ("losses/",), prefix=True) == [
+        "player_1/losses/policy", "player_2/losses/policy"]

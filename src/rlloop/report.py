@@ -104,6 +104,11 @@ def _returns_panel(ax: Axes, rows: list[Row], x: str) -> None:
     train = curve(rows, "episode/return_mean", x)
     if train:
         ax.plot(*zip(*train, strict=True), ".-", label="train return", color="tab:blue")
+    else:  # ma_ppo with several modules: each agent's (episode/<agent>/return_mean)
+        for key in sorted({k for row in rows for k in row if k.startswith("episode/")
+                           and k.endswith("/return_mean")})[:MAX_PANELS]:
+            ax.plot(*zip(*curve(rows, key, x), strict=True), ".-",
+                    label=f"train return, {key.split('/')[1]}")
     mean = curve(rows, "eval/return_mean", x)
     if mean:
         xs, ys = zip(*mean, strict=True)
@@ -190,13 +195,29 @@ def throughput(rows: list[Row]) -> bytes | None:
     return png_bytes(fig)
 
 
+#: Most panels a figure of per-key series draws (ma_ppo's modules multiply the keys).
+MAX_PANELS = 12
+
+
+def _module_keys(rows: list[Row], names: Sequence[str], prefix: bool = False) -> list[str]:
+    """The logged keys that are ``names`` (``prefix``: start with one), also as a module's
+    (``<module>/losses/policy``: ma_ppo with several modules logs one set per module), in
+    order, at most :data:`MAX_PANELS`."""
+    logged = sorted({k for row in rows for k in row})
+
+    def matches(key: str) -> bool:
+        tails = (key, key.partition("/")[2])
+        return any(t.startswith(n) if prefix else t == n for t in tails for n in names)
+
+    return [k for k in logged if matches(k)][:MAX_PANELS]
+
+
 def report_figures(rows: list[Row]) -> dict[str, bytes]:
     """The report's PNG figures by file name (a figure with nothing to show is left out)."""
     drawers: dict[str, Callable[[list[Row]], bytes | None]] = {
         "learning_curves.png": learning_curves,
-        "losses.png": lambda r: _series_figure(
-            r, sorted({k for row in r for k in row if k.startswith("losses/")})),
-        "diagnostics.png": lambda r: _series_figure(r, DIAGNOSTICS),
+        "losses.png": lambda r: _series_figure(r, _module_keys(r, ("losses/",), prefix=True)),
+        "diagnostics.png": lambda r: _series_figure(r, _module_keys(r, DIAGNOSTICS)),
         "throughput.png": throughput,
     }
     figures = {name: draw(rows) for name, draw in drawers.items()}
