@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -84,6 +85,21 @@ def _single_machine() -> Iterator[None]:
             os.environ[_SINGLE_MACHINE_ENV] = old
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """``ConfigError`` when nothing listens at a ``host:port`` (or ``ray://host:port``)
+    cluster address: Ray itself retries such an address for minutes before it fails.
+    ``auto`` and addresses without a port are left to Ray."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(f"no Ray cluster answers at {address} ({e.strerror or e}); start "
+                          "one there (ray start --head), fix ray.address / --ray-address, or "
+                          "leave it out for a local instance") from None
+
+
 def connect(config: RayConfig, num_runners: int, num_learner_actors: int = 0) -> bool:
     """Make sure this process is connected to Ray; returns whether it started Ray itself
     (then :func:`disconnect` stops it). A process already connected (a test's instance, a
@@ -95,6 +111,7 @@ def connect(config: RayConfig, num_runners: int, num_learner_actors: int = 0) ->
     common: dict[str, Any] = {"log_to_driver": False, "configure_logging": True,
                               "logging_level": logging.WARNING}
     if config.address is not None:
+        check_reachable(config.address)
         ray.init(address=config.address, **common)
         return True
     # Enough CPUs for every runner to be placed, even beyond the cores: the user asked
