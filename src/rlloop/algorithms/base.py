@@ -186,6 +186,8 @@ class AlgorithmBase:
         self.env_config = dict(state.get("env_config", {}))
         if self.obs_stats is not None and "obs_norm" in state:
             self.obs_stats.set_state(state["obs_norm"])
+        if getattr(self.runner, "restart_due", False):
+            self.runner.restart_episodes()
 
     def get_policy_state(self) -> dict[str, Any]:
         """What acting needs (weights, observation statistics): a policy snapshot, without

@@ -385,6 +385,15 @@ class OffPolicyLoop:
         self._due = 0
         return {k: float(v) for k, v in stats.items()}
 
+    def restart_episodes(self) -> None:
+        """The runner's episodes restarted (a resume that could not continue them): drop
+        the step processor's pending steps of the old episodes (n-step windows) and
+        restart the exploration noise."""
+        self.processor.reset()
+        if self.on_done is not None:
+            n = self.runner.env.num_envs
+            self.on_done(torch.ones(n, dtype=torch.bool, device=self.runner.device))
+
     def get_state(self) -> dict[str, Any]:
         return {"env_steps": self.env_steps, "processor": self.processor.get_state(),
                 "replay": self.replay.get_state()}

@@ -181,6 +181,8 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
         super().set_state(state)
         self.learner.set_state(state["learner"])
         self.loop.set_state(state["offpolicy"])
+        if getattr(self.runner, "restarted_at_resume", False):
+            self.loop.restart_episodes()
         self.learner.updates = int(state["updates"])
         set_generator_state(self._eval_generator, state["eval_generator"],
                             derive_seed(self.settings.seed, "evaluation-resumed"))

@@ -197,6 +197,8 @@ class RecurrentPPO(PPO):
         # New tensors, not copy_(): the current ones may be inference tensors (collect).
         self.state = state["recurrent"]["state"].to(self.device, copy=True)
         self.starts = state["recurrent"]["starts"].to(self.device, dtype=torch.bool, copy=True)
+        if self.runner.restarted_at_resume:  # every episode starts afresh, memory too
+            self.starts = torch.ones_like(self.starts)
 
 
 def build_ppo(config: PPOConfig, env: EnvSettings) -> PPO:

@@ -184,6 +184,9 @@ class EnvpoolAtariVecEnv:
     def get_state(self) -> dict[str, Any]:
         return {"envpool_seed": self._seed}
 
+    #: envpool keeps no state it can give back: a resumed run's episodes restart.
+    state_restored = False
+
     def set_state(self, state: dict[str, Any]) -> None:
         seed = state.get("envpool_seed")
         if isinstance(seed, int) and seed != self._seed:

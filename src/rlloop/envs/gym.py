@@ -554,8 +554,11 @@ class GymVecEnv:
                 "elapsed_steps": [int(n) for n in steps]}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Restore the RNG states from ``get_state``; call ``reset()`` next. A lost state
-        (workers that failed) leaves the envs as they are."""
+        """Restore the RNG states from ``get_state``, and the physics where it was saved
+        (``state_restored`` then says the envs continue their episodes; else their
+        episodes restart at the next ``reset()``). A lost state (workers that failed)
+        leaves the envs as they are."""
+        self.state_restored = False
         if "lost" in state:
             return
         env_rngs = state["env_rngs"]
@@ -575,6 +578,7 @@ class GymVecEnv:
             physics = state["physics"]
             self._vec.set_attr("state", [np.array(x, copy=True) for x in physics["state"]])
             self._vec.set_attr("_elapsed_steps", [int(n) for n in physics["elapsed_steps"]])
+            self.state_restored = True
 
     def close(self) -> None:
         """Close the sub-envs (and join the worker processes of the async backend)."""

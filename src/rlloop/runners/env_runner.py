@@ -142,6 +142,10 @@ class EnvRunner:
         self.episodes = EpisodeTracker(env.num_envs, device=self.device)
         self.time_env = 0.0
         self.time_inference = 0.0
+        #: Set by ``set_state``: the envs must restart their episodes (``restart_due``),
+        #: and did so at this resume (``restarted_at_resume``).
+        self.restart_due = False
+        self.restarted_at_resume = False
 
     def reset(self, seed: int | None = None) -> None:
         """Start fresh episodes in every env (``horizons_per_env_reset``)."""
@@ -188,3 +192,16 @@ class EnvRunner:
         self.obs = state["obs"].to(self.device, copy=True)
         self.episodes.set_state(state["episodes"])
         self.env.set_state(state["env"])
+        # An env that could not take back its mid-episode state (Gymnasium envs without
+        # `unwrapped.state`, envpool) is where a fresh env is: `obs` would be paired with
+        # its next step as one transition. Its episodes restart at the cut instead
+        # (`restart_episodes`, once the rest of the state, e.g. observation statistics,
+        # is back).
+        self.restart_due = not getattr(self.env, "state_restored", True)
+        self.restarted_at_resume = False
+
+    def restart_episodes(self) -> None:
+        """Reset every env (with its restored RNG) and forget the running episodes."""
+        self.obs = self.env.reset()
+        self.episodes.restart()
+        self.restart_due, self.restarted_at_resume = False, True

@@ -1,0 +1,72 @@
+"""A resume that cannot continue its envs' episodes restarts them at the cut.
+
+Gymnasium envs without a numpy ``unwrapped.state`` (Atari among them) and envpool give
+back only their RNGs: a resumed run's env is a fresh one. The runner's saved observation
+was paired with that fresh env's next step as one transition (DQN's frame replay then
+refused it; a uniform replay stored it silently). Now every episode restarts at the cut.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from rlloop.config import build_config
+from rlloop.run import build_algorithm
+
+QUIET = ["mlflow=false", "progress=false", "save_video=false"]
+
+
+class Counter(gymnasium.Env):  # type: ignore[type-arg]
+    """Observation t / 10 at step t of an episode; no ``state`` attribute to save."""
+
+    observation_space = spaces.Box(0.0, 10.0, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        self.t += 1
+        return np.array([self.t / 10], np.float32), 0.0, False, False, {}
+
+
+if "rlloop-test/Counter-v0" not in gymnasium.registry:
+    gymnasium.register("rlloop-test/Counter-v0", entry_point=Counter, max_episode_steps=50)
+
+
+def _steps(algorithm: Any, n: int) -> None:
+    for _ in range(n):
+        algorithm.collect()
+        algorithm.update(algorithm.loop.env_steps)
+
+
+def test_a_resume_restarts_episodes_an_env_cannot_continue():
+    config = build_config("dqn", "rlloop-test/Counter-v0", flags={"seed": 0, "num_envs": 2},
+                          sets=[*QUIET, "dqn.learning_starts=4", "dqn.batch_size=4",
+                                "dqn.replay=uniform", "dqn.n_step=3"])
+    first = build_algorithm(config)
+    _steps(first, 7)  # mid-episode: observations 0.7
+    state = first.get_state()
+    first.close()
+    resumed = build_algorithm(config)
+    try:
+        resumed.set_state(state)
+        assert resumed.runner.restarted_at_resume
+        assert torch.equal(resumed.runner.obs, torch.zeros(2, 1))  # the episodes restarted
+        _steps(resumed, 5)
+        replay = resumed.loop.replay
+        rows = torch.arange(len(replay))
+        obs, nxt = replay._obs("obs", rows), replay._obs("next_obs", rows)
+        # every stored transition lies inside one episode: n-step windows of 3 steps (or
+        # fewer) and never the old episode's observation before the new one's next
+        gaps = (nxt - obs).flatten()
+        assert ((gaps > 0.05) & (gaps < 0.35)).all(), gaps
+    finally:
+        resumed.close()
