@@ -16,7 +16,7 @@ from rlloop.conditions import HitsUpperBound
 from rlloop.config import build_config
 from rlloop.envs.core import sample_random_actions
 from rlloop.offpolicy_trainer import OffPolicyTrainer
-from rlloop.run import COMPONENTS, build_algorithm, evaluate_run, train
+from rlloop.run import COMPONENTS, build_algorithm, evaluate_run, resume, train
 from rlloop.seeding import derive_seed
 from rlloop.trainer import Trainer
 
@@ -167,6 +167,13 @@ def test_run_leaves_best_and_opt_step_checkpoints(tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["opt/steps"] for r in rows if "opt/steps" in r] == [2, 3, 4, 6, 8, 9, 10]
     assert all("env/fps" in r for r in rows if r.get("opt/steps", 1) % 2 == 0)
+    assert result.stopped_by == "max_opts"  # said "budget", 940 env steps short of it
+    # A resume of a run that reached max_opts trains nothing (it took one more env step
+    # and optimisation step at each resume).
+    again = resume(run)
+    assert again.env_steps == 60 and again.stopped_by == "max_opts"
+    names = [p.name for p in CheckpointManager(run / "checkpoints").all()]
+    assert names[-1] == "000000010"
 
 
 def test_best_is_a_policy_snapshot_without_the_replay_buffer(tmp_path):

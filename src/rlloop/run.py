@@ -415,7 +415,10 @@ class Session:
         self._final: dict[str, Any] | None = None
         with supervised(self, self._finish), self._profiling():
             try:
-                if trainer.state["env/steps"] < cfg.total_env_steps:
+                # A spent budget, or a schedule that has ended (border's max_opts), trains
+                # nothing more on a resume.
+                if (trainer.state["env/steps"] < cfg.total_env_steps
+                        and not trainer.schedule.finished(trainer)):
                     every = None if self.off_policy else cfg.eval_every or None
                     self._solve_threshold = solve_threshold(cfg)
                     self._training = True
@@ -536,7 +539,9 @@ class Session:
             return f"signal {self.stop_requested}"
         if self.user_callbacks.stopped_by:
             return self.user_callbacks.stopped_by
-        return "solved" if self.solved else "budget"
+        if self.solved:
+            return "solved"
+        return "max_opts" if self.trainer.schedule.finished(self.trainer) else "budget"
 
 
 def train(config: RunConfig, run_dir: str | Path | None = None, *,
