@@ -109,6 +109,13 @@ def test_a_config_file_for_another_algorithm_is_refused(tmp_path) -> None:
     file.write_text("algo: sac\nsac:\n  lr: 0.001\n")
     with pytest.raises(ConfigError, match="is for sac, not ppo"):
         build_config("ppo", "Pendulum-v1", file=file)
+    # `rlloop presets sac > p.yaml; rlloop train td3 --config p.yaml` (no algo: key):
+    # the sac section was dropped unread and td3 trained on its own defaults
+    file.write_text("env: Pendulum-v1\nsac:\n  lr: 0.005\n  batch_size: 64\n")
+    with pytest.raises(ConfigError, match=r"has settings for sac, not td3, which this run "
+                                          r"trains; train sac with it, or rename the section"):
+        build_config("td3", "Pendulum-v1", file=file)
+    assert build_config("sac", "Pendulum-v1", file=file).hparams.batch_size == 64
 
 
 def test_every_config_class_and_build_config_import_without_torch() -> None:

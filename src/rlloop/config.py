@@ -293,6 +293,11 @@ def config_layers(
     if file_data.get("algo", algo) != algo:
         raise ConfigError(f"config file {str(file)!r} is for {file_data['algo']}, not {algo}; "
                           f"train it with rlloop train {file_data['algo']} --config {file}")
+    others = [k for k in file_data if k in ALGORITHMS and k != algo]
+    if others:  # it would be dropped unread, as `--set sac.lr=...` on td3 is refused
+        raise ConfigError(f"config file {str(file)!r} has settings for {', '.join(others)}, "
+                          f"not {algo}, which this run trains; train "
+                          f"{' or '.join(others)} with it, or rename the section to {algo}:")
     data["algo"], data["env"] = algo, env_id
     for item in sets or []:
         key, value = parse_set(item)
