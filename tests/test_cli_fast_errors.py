@@ -241,3 +241,16 @@ def test_eval_video_file_is_checked_before_the_evaluation(tmp_path: Path,
                          env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"code": 2, "torch": False}
     assert out.stderr.strip().startswith(f"rlloop: error: {expected}"), out.stderr
+
+
+@pytest.mark.parametrize("algo", ["dqn", "sac", "td3"])
+def test_rl8_cadence_settings_on_an_off_policy_run_name_its_own(algo: str) -> None:
+    """``--set eval_every=1`` on SAC was accepted and ignored (one evaluation, at the end)."""
+    env = "CartPole-v1" if algo == "dqn" else "Pendulum-v1"
+    with pytest.raises(ConfigError, match=rf"^eval_every counts iterations of PPO's loop; "
+                                          rf"{algo} counts optimisation steps: set "
+                                          rf"{algo}.eval_interval instead"):
+        build_config(algo, env, sets=["eval_every=1"])
+    with pytest.raises(ConfigError, match=rf"set {algo}.save_interval instead"):
+        build_config(algo, env, sets=["checkpoint_every=1"])
+    build_config(algo, env, sets=[f"{algo}.eval_interval=7"])  # its own: fine

@@ -189,6 +189,7 @@ class RunConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         self._check_learners()
+        self._check_cadence()
         if self.step_timeout is not None and self.step_timeout <= 0:
             raise ConfigError(f"step_timeout must be > 0 (seconds) or null (no limit), got "
                               f"{self.step_timeout}")
@@ -205,6 +206,19 @@ class RunConfig:
             self.hparams.compile = self.compile
             self.hparams.__post_init__()  # re-check the combination (dqn.manual_backward)
         check_env_runners(self)
+
+    def _check_cadence(self) -> None:
+        """``eval_every`` and ``checkpoint_every`` count iterations of rl8's loop; the
+        off-policy algorithms' own settings count optimisation steps: set to anything but
+        their defaults there, they would be ignored."""
+        if ALGORITHMS[self.algo].kind != "off_policy":
+            return
+        for name, theirs in (("eval_every", "eval_interval"),
+                             ("checkpoint_every", "save_interval")):
+            if getattr(self, name) != _FIELD_DEFAULTS[name]:
+                raise ConfigError(f"{name} counts iterations of PPO's loop; {self.algo} "
+                                  f"counts optimisation steps: set {self.algo}.{theirs} "
+                                  f"instead (and drop {name})")
 
     def _check_learners(self) -> None:
         if self.num_learners < 1:
@@ -243,6 +257,10 @@ class RunConfig:
                 if f.name != "hparams"}
         data[self.algo] = dataclasses.asdict(self.hparams)
         return data
+
+
+#: RunConfig's default values, by field.
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig)}
 
 
 def _plain(value: Any) -> Any:
