@@ -254,3 +254,23 @@ def test_rl8_cadence_settings_on_an_off_policy_run_name_its_own(algo: str) -> No
     with pytest.raises(ConfigError, match=rf"set {algo}.save_interval instead"):
         build_config(algo, env, sets=["checkpoint_every=1"])
     build_config(algo, env, sets=[f"{algo}.eval_interval=7"])  # its own: fine
+
+
+@pytest.mark.parametrize(("algo", "item", "hint"), [
+    ("sac", "sac.learning_rate=1e-3", "Stable-Baselines3's learning_rate is sac.lr here"),
+    ("sac", "sac.ent_coef=0.1",
+     "Stable-Baselines3's ent_coef is sac.init_alpha / sac.autotune_alpha here"),
+    ("sac", "sac.train_freq=4", "Stable-Baselines3's train_freq is sac.opt_interval here"),
+    ("ppo", "ppo.n_steps=8", "Stable-Baselines3's n_steps is ppo.rollout_steps here"),
+    ("ppo", "ppo.n_envs=2", "Stable-Baselines3's n_envs is num_envs here"),
+    ("sac", "learning_rate=1e-3", "Stable-Baselines3's learning_rate is sac.lr here"),
+    ("sac", "buffer_size=1000", "did you mean sac.buffer_size?"),
+])
+def test_stable_baselines3_names_point_at_rlloops(algo: str, item: str, hint: str) -> None:
+    """SB3's names got difflib's guesses ("did you mean sac.learning_starts?" for
+    learning_rate, sac.encoder for ent_coef) or none."""
+    env = "Pendulum-v1"
+    for check in (lambda: check_set_keys(algo, [item]),
+                  lambda: build_config(algo, env, sets=[item])):
+        with pytest.raises(ConfigError, match=re.escape(hint)):
+            check()

@@ -371,8 +371,11 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
     other_algos = [k for k in data if k in ALGORITHMS]
     for key in other_algos:
         data.pop(key)
-    hparams = _build(ALGORITHMS[algo].config_cls, section, prefix=f"{algo}.")
-    run = _build(RunConfig, {**data, "hparams": hparams}, prefix="")
+    section_keys = [f.name for f in dataclasses.fields(ALGORITHMS[algo].config_cls)]
+    hparams = _build(ALGORITHMS[algo].config_cls, section, prefix=f"{algo}.",
+                     other=("", list(_FIELD_DEFAULTS)))
+    run = _build(RunConfig, {**data, "hparams": hparams}, prefix="",
+                 other=(f"{algo}.", section_keys))
     return run  # type: ignore[no-any-return]
 
 
@@ -397,7 +400,8 @@ def _no_recurrent_policy(algo: str, key: str) -> ConfigError:
                        "--set ppo.recurrent=lstm (or gru), or drop the setting")
 
 
-def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+def _build(cls: type, data: dict[str, Any], prefix: str,
+           other: tuple[str, Sequence[str]] = ("", ())) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.')} must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
@@ -405,7 +409,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in names:
-            raise _unknown_key(prefix, key, names)
+            raise _unknown_key(prefix, key, names, other)
         kwargs[key] = value if key == "hparams" else _coerce(value, hints[key], prefix + key)
     try:
         return cls(**kwargs)
@@ -415,10 +419,37 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
         raise ConfigError(f"invalid {prefix.rstrip('.') or 'config'}: {e}") from None
 
 
-def _unknown_key(prefix: str, key: str, names: Sequence[str]) -> ConfigError:
+#: Stable-Baselines3 / rl-zoo names a newcomer types, and the rlloop keys they are (the
+#: README's translation table): the refusal of such a key names them.
+SB3_NAMES: dict[str, tuple[str, ...]] = {
+    "learning_rate": ("lr",), "n_steps": ("rollout_steps",),
+    "batch_size": ("minibatch_size",), "n_epochs": ("num_epochs",),
+    "clip_range": ("clip_coef",), "clip_range_vf": ("clip_vf",),
+    "train_freq": ("opt_interval",), "ent_coef": ("init_alpha", "autotune_alpha"),
+    "exploration_fraction": ("exploration_steps",), "log_std_init": ("init_log_std",),
+    "normalize": ("normalize_obs", "normalize_rewards"), "n_envs": ("num_envs",),
+    "n_timesteps": ("total_env_steps",), "total_timesteps": ("total_env_steps",),
+    "policy_kwargs": ("hidden", "activation", "ortho_init"), "net_arch": ("hidden",),
+    "activation_fn": ("activation",), "use_sde_at_warmup": ("use_sde_at_warmup",),
+}
+
+
+def _unknown_key(prefix: str, key: str, names: Sequence[str],
+                 other: tuple[str, Sequence[str]] = ("", ())) -> ConfigError:
+    """The refusal of ``prefix + key``; ``other`` is the other layer's ``(prefix, keys)``
+    (the algorithm's section for a run key, the run keys for a section's), where the key
+    may belong."""
     valid = [n for n in names if n != "hparams"]
+    there, elsewhere = other
+    mapped = [prefix + n for n in SB3_NAMES.get(key, ()) if n in valid]
+    mapped += [there + n for n in SB3_NAMES.get(key, ()) if n in elsewhere]
     close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"did you mean {prefix}{close[0]}? " if close else ""
+    if mapped:
+        hint = f"Stable-Baselines3's {key} is {' / '.join(mapped)} here; "
+    elif key in elsewhere:
+        hint = f"did you mean {there}{key}? "
+    else:
+        hint = f"did you mean {prefix}{close[0]}? " if close else ""
     return ConfigError(f"unknown config key '{prefix}{key}'; {hint}valid keys: "
                        f"{', '.join(prefix + n for n in valid)}")
 
@@ -440,9 +471,10 @@ def check_set_keys(algo: str, sets: Sequence[str]) -> None:
             if name not in keys:
                 if name in RECURRENT_KEYS and algo not in RECURRENT_ALGOS:
                     raise _no_recurrent_policy(algo, name)
-                raise _unknown_key(f"{algo}.", name, keys)
+                raise _unknown_key(f"{algo}.", name, keys, ("", run_keys))
         elif top not in ALGORITHMS and top not in run_keys:
-            raise _unknown_key("", top, run_keys)
+            keys = [f.name for f in dataclasses.fields(ALGORITHMS[algo].config_cls)]
+            raise _unknown_key("", top, run_keys, (f"{algo}.", keys))
 
 
 def _check_set_target(algo: str, key: str) -> None:
