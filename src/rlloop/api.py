@@ -20,7 +20,7 @@ import torch
 from rlloop.algorithms import ALGORITHMS, AlgorithmBase
 from rlloop.callbacks import Callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.config import MAX_EVAL_EPISODES, SB3_NAMES, RunConfig, build_config
+from rlloop.config import MAX_EVAL_EPISODES, RunConfig, build_config, sb3_names
 from rlloop.envs.core import Box
 from rlloop.envs.gym import find_gym_env
 from rlloop.envs.objects import (
@@ -72,10 +72,9 @@ class Model:
             kwargs["net"] = net_path(policy)
         unknown = sorted(set(kwargs) - _RUN_FIELDS - section)
         if unknown:
-            sb3 = {k: [n for n in SB3_NAMES[k] if n in section | _RUN_FIELDS]
-                   for k in unknown if k in SB3_NAMES}
-            hint = "".join(f"Stable-Baselines3's {k} is {' / '.join(v)} here; "
-                           for k, v in sb3.items() if v)
+            hint = "".join(f"Stable-Baselines3's {k} is {' / '.join(names)} here; "
+                           for k in unknown
+                           if (names := sb3_names(k, ("", sorted(section | _RUN_FIELDS)))))
             raise ConfigError(f"{type(self).__name__} got unknown settings {unknown}; {hint}valid "
                               f"run settings: {', '.join(sorted(_RUN_FIELDS))}; valid "
                               f"{self.algo} settings: {', '.join(sorted(section))}")

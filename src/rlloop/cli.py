@@ -373,11 +373,17 @@ def _check_new_run_dir(raw: str | None) -> None:
     if not base.is_dir():
         raise RunDirError(f"--run-dir {raw} cannot be created: {base} is a file; pick another "
                           "--run-dir")
-    try:  # the only sure test of writability (root passes os.access checks on /proc)
-        os.rmdir(tempfile.mkdtemp(prefix=".rlloop-", dir=base))
+    try:
+        _probe_writable(base)
     except OSError as e:
         raise RunDirError(f"--run-dir {raw} cannot be created in {base} ({e.strerror}); pick "
                           "a writable --run-dir") from None
+
+
+def _probe_writable(directory: Path) -> None:
+    """``OSError`` unless something can be made in ``directory``: the only sure test of
+    writability (root passes os.access checks on /proc)."""
+    os.rmdir(tempfile.mkdtemp(prefix=".rlloop-", dir=directory))
 
 
 def _check_video_file(path: Path, run_dir: Path) -> None:
@@ -386,13 +392,11 @@ def _check_video_file(path: Path, run_dir: Path) -> None:
     if path.suffix.lower() != ".mp4":
         raise ConfigError(f"--video {path}: name an .mp4 file (e.g. {path.with_suffix('.mp4')})")
     check_output_file(path, [run_dir], option="--video")
-    try:  # the only sure test of writability (root passes os.access checks on /proc)
-        fd, probe = tempfile.mkstemp(prefix=".rlloop-", dir=path.parent)
+    try:
+        _probe_writable(path.parent)
     except OSError as e:
         raise RunDirError(f"--video {path} cannot be written in {path.parent} ({e.strerror}); "
                           "pick a writable place") from None
-    os.close(fd)
-    os.unlink(probe)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -427,8 +431,6 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from rlloop.runfiles import check_run_dir
-
     check_run_dir(args.run_dir)  # before torch's import: a mistyped path answers at once
     from rlloop.export import export_run
 
@@ -438,8 +440,6 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from rlloop.runfiles import check_run_dir
-
     for run_dir in args.run_dirs:  # before the plotting imports
         check_run_dir(run_dir)
     from rlloop.plot import plot_runs

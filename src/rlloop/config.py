@@ -430,8 +430,14 @@ SB3_NAMES: dict[str, tuple[str, ...]] = {
     "normalize": ("normalize_obs", "normalize_rewards"), "n_envs": ("num_envs",),
     "n_timesteps": ("total_env_steps",), "total_timesteps": ("total_env_steps",),
     "policy_kwargs": ("hidden", "activation", "ortho_init"), "net_arch": ("hidden",),
-    "activation_fn": ("activation",), "use_sde_at_warmup": ("use_sde_at_warmup",),
+    "activation_fn": ("activation",),
 }
+
+
+def sb3_names(key: str, *layers: tuple[str, Sequence[str]]) -> list[str]:
+    """The rlloop keys (each with its layer's prefix) that Stable-Baselines3's ``key`` is,
+    among ``layers`` ``(prefix, keys)``; empty for a key SB3 does not name so."""
+    return [prefix + n for prefix, keys in layers for n in SB3_NAMES.get(key, ()) if n in keys]
 
 
 def _unknown_key(prefix: str, key: str, names: Sequence[str],
@@ -441,8 +447,7 @@ def _unknown_key(prefix: str, key: str, names: Sequence[str],
     may belong."""
     valid = [n for n in names if n != "hparams"]
     there, elsewhere = other
-    mapped = [prefix + n for n in SB3_NAMES.get(key, ()) if n in valid]
-    mapped += [there + n for n in SB3_NAMES.get(key, ()) if n in elsewhere]
+    mapped = sb3_names(key, (prefix, valid), other)
     close = difflib.get_close_matches(key, valid, n=1)
     if mapped:
         hint = f"Stable-Baselines3's {key} is {' / '.join(mapped)} here; "

@@ -56,7 +56,7 @@ def interrupted() -> bool:
 
 
 @contextmanager
-def _installed(handlers: Mapping[int, Handler]) -> Iterator[bool]:
+def installed(handlers: Mapping[int, Handler]) -> Iterator[bool]:
     """``handlers`` (signal -> handler) for the duration of the block, the previous ones
     restored after it; in the main thread only (no import-time side effects; other threads
     cannot install handlers, and their block runs without). Yields whether they were."""
@@ -74,7 +74,7 @@ def _installed(handlers: Mapping[int, Handler]) -> Iterator[bool]:
 @contextmanager
 def handle_signals(target: SignalTarget) -> Iterator[None]:
     """Install the stop and save handlers for the duration of the block (see
-    :func:`_installed`)."""
+    :func:`installed`)."""
     global _stop_since, _interrupted
 
     def stop(signum: int, _: FrameType | None) -> None:
@@ -92,9 +92,9 @@ def handle_signals(target: SignalTarget) -> Iterator[None]:
     def save(signum: int, _: FrameType | None) -> None:
         target.save_requested = True
 
-    with _installed({signal.SIGTERM: stop, signal.SIGINT: stop,
-                     signal.SIGUSR1: save}) as installed:
-        if not installed:
+    with installed({signal.SIGTERM: stop, signal.SIGINT: stop,
+                     signal.SIGUSR1: save}) as active:
+        if not active:
             yield
             return
         _stop_since, _interrupted = None, False
@@ -128,7 +128,7 @@ def terminate_as_interrupt() -> Iterator[None]:
     def interrupt(signum: int, _: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    with _installed({signal.SIGTERM: interrupt}):
+    with installed({signal.SIGTERM: interrupt}):
         yield
 
 
@@ -167,7 +167,7 @@ def _held(*, interrupted_already: bool) -> Iterator[None]:
             signal.signal(sig, signal.SIG_DFL)
 
     handler: Handler = signal.SIG_DFL if interrupted_already else hold
-    with _installed(dict.fromkeys(_STOP_SIGNALS, handler)):
+    with installed(dict.fromkeys(_STOP_SIGNALS, handler)):
         yield
     if held and sys.exception() is None:
         raise KeyboardInterrupt

@@ -202,6 +202,5 @@ class EnvRunner:
 
     def restart_episodes(self) -> None:
         """Reset every env (with its restored RNG) and forget the running episodes."""
-        self.obs = self.env.reset()
-        self.episodes.restart()
+        self.reset()
         self.restart_due, self.restarted_at_resume = False, True

@@ -41,6 +41,7 @@ from rlloop.config import RunConfig, build_config, load_yaml
 from rlloop.errors import ConfigError, EnvError, RunDirError
 from rlloop.run_lock import RunLock
 from rlloop.runfiles import STUDY_FILE, write_file
+from rlloop.signals import installed
 from rlloop.tuning.space import Param, as_set, default_space, load_space, parse_space, space_data
 
 STUDY_NAME = "rlloop"
@@ -391,17 +392,15 @@ def _run_workers(path: Path, jobs: int) -> None:
                 w.send_signal(signum)
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, forward)
-    try:
-        codes = [w.wait() for w in workers]
-    except BaseException:
-        for w in workers:  # give them time to save their trials
-            try:
-                w.wait(60)
-            except subprocess.TimeoutExpired:
-                w.kill()
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with installed({signal.SIGTERM: forward}):
+        try:
+            codes = [w.wait() for w in workers]
+        except BaseException:
+            for w in workers:  # give them time to save their trials
+                try:
+                    w.wait(60)
+                except subprocess.TimeoutExpired:
+                    w.kill()
+            raise
     if any(codes):
         raise RuntimeError(f"tune workers exited with {codes}; see their messages above")

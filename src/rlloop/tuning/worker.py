@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from rlloop.gym_worker import die_with_parent
+from rlloop.runfiles import STUDY_FILE
 from rlloop.signals import terminate_as_interrupt
 from rlloop.tuning.study import Study, TuneSettings
 
@@ -22,7 +23,7 @@ def main(argv: list[str]) -> int:
     # stops the worker as Ctrl-C does.
     die_with_parent(signal.SIGTERM)
     path = Path(argv[0])
-    settings = TuneSettings(**json.loads((path / "tune.json").read_text(encoding="utf-8")))
+    settings = TuneSettings(**json.loads((path / STUDY_FILE).read_text(encoding="utf-8")))
     try:
         with terminate_as_interrupt():
             Study(path, settings, quiet=True, worker=int(argv[1])).optimize()
