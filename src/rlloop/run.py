@@ -75,6 +75,7 @@ from rlloop.saved_runs import (
 from rlloop.signals import StopInterrupted, save_due, supervised, terminate_as_interrupt
 from rlloop.timing import PhaseTimes, TimedSink
 from rlloop.trainer import Stats, Trainer
+from rlloop.unused_settings import unused_settings
 
 #: ``rlloop.run`` is the entry point users import from: building an algorithm
 #: (:mod:`rlloop.builder`) and reading a saved run (:mod:`rlloop.saved_runs`) are here too.
@@ -189,6 +190,8 @@ class Session:
         self._solve_threshold: float | None = None  # known when the loop starts
         check_members(run_dir)
         _check_tracking_store(config)
+        for line in unused_settings(config.hparams):
+            _log.warning(line)
         torch.set_num_threads(config.torch_threads)
         self.algorithm = build_algorithm(config)
         if config.num_learners > 1:

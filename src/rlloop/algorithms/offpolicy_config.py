@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 from rlloop.errors import ConfigError, check_finite
 from rlloop.learners.gradient_clip import GradientClip
 from rlloop.modules.choices import ENCODERS, check_cnn_precision
+from rlloop.unused_settings import Dependency
 
 #: The parts a config names (setting -> the registry of :mod:`rlloop.algorithms.offpolicy`
 #: that builds them) and the names rlloop ships for each.
@@ -36,6 +37,10 @@ class OffPolicyConfig:
 
     section: ClassVar[str] = "offpolicy"
     supports_prioritized: ClassVar[bool] = False
+    UNUSED_WHEN: ClassVar[tuple[Dependency, ...]] = (
+        ("replay", ("uniform", "frames"), ("per_alpha", "per_beta", "per_beta_steps")),
+        ("lr_schedule", ("constant",), ("lr_decay_steps",)),
+    )
 
     buffer_size: int = 1_000_000
     """Replay capacity in transitions; the oldest are overwritten first."""
@@ -203,6 +208,11 @@ class SACConfig(OffPolicyConfig):
     """SAC hyperparameters (defaults: Stable-Baselines3's SAC defaults)."""
 
     section: ClassVar[str] = "sac"
+    UNUSED_WHEN: ClassVar[tuple[Dependency, ...]] = (
+        *OffPolicyConfig.UNUSED_WHEN,
+        ("use_sde", (False,), ("sde_sample_freq", "init_log_std", "full_std", "use_expln",
+                               "use_sde_at_warmup")),
+        ("autotune_alpha", (False,), ("target_entropy",)))
 
     lr: float = 3e-4
     """Adam learning rate of the actor, the critics and alpha."""
@@ -252,6 +262,10 @@ class TD3Config(OffPolicyConfig):
     """TD3 hyperparameters (defaults: Stable-Baselines3's TD3 defaults, noise 0.1)."""
 
     section: ClassVar[str] = "td3"
+    UNUSED_WHEN: ClassVar[tuple[Dependency, ...]] = (
+        *OffPolicyConfig.UNUSED_WHEN,
+        ("action_noise", ("normal", "none"), ("ou_theta", "ou_dt")),
+        ("action_noise", ("none",), ("action_noise_std",)))
 
     lr: float = 1e-3
     """Adam learning rate of the actor and the critics."""

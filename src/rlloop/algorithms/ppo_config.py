@@ -12,6 +12,7 @@ from rlloop.errors import ConfigError, check_finite
 from rlloop.learners.gradient_clip import GradientClip
 from rlloop.learners.schedules import ScheduleError, make_schedule
 from rlloop.modules.choices import ENCODERS, check_cnn_precision, check_net_path
+from rlloop.unused_settings import Dependency
 
 #: ``ppo.micro_batch="auto"`` on a CPU: 1024 rows of a 256-unit layer are 1 MB of
 #: activations, which stay in a core's cache through the backward pass.
@@ -28,6 +29,12 @@ default num_envs), and SB3's ``vf_coef=0.5`` is 1.0 here (rlloop's value loss ca
 factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."""
 
     section: ClassVar[str] = "ppo"
+    UNUSED_WHEN: ClassVar[tuple[Dependency, ...]] = (
+        ("use_sde", (False,), ("sde_sample_freq", "full_std", "use_expln")),
+        ("lr_schedule", ("constant",), ("lr_decay_steps",)),
+        ("recurrent", (None,), ("recurrent_hidden", "seq_len")),
+        ("max_grad_norm", (None,), ("grad_clip_by",)),
+    )
 
     rollout_steps: int = 128
     """Env steps per env per iteration (T); the batch is T * num_envs samples."""
