@@ -202,6 +202,21 @@ def test_ppo_with_two_runners_solves_cartpole(ray_instance: None, tmp_path: Path
     assert result.stopped_by == "solved", result.last_stats
 
 
+def test_runner_transitions_reach_replay_with_clipped_rewards(ray_instance: None) -> None:
+    """clip_rewards holds on the runner path too (the Atari DQN presets set it): the
+    replay stores each Pendulum reward's sign, as the in-process loop does."""
+    cfg = config("num_env_runners=1", "num_envs=2", "td3.learning_starts=1000",
+                 "td3.clip_rewards=true", algo="td3", env="Pendulum-v1")
+    algorithm: Any = build_algorithm(cfg)
+    try:
+        while len(algorithm.loop.replay) < 64:
+            algorithm.collect()
+        rewards = algorithm.loop.replay.sample(64).reward
+        assert set(rewards.tolist()) <= {-1.0, 0.0} and rewards.min() == -1.0
+    finally:
+        algorithm.close()
+
+
 @pytest.mark.slow
 def test_offpolicy_runners_fill_replay_and_learn(ray_instance: None, tmp_path: Path) -> None:
     cfg = config("num_env_runners=2", "num_envs=2", "total_env_steps=30000",

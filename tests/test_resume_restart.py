@@ -70,3 +70,52 @@ def test_a_resume_restarts_episodes_an_env_cannot_continue():
         assert ((gaps > 0.05) & (gaps < 0.35)).all(), gaps
     finally:
         resumed.close()
+
+
+class Rewarded(Counter):
+    """Counter with a reward of 1 per step: the reward normaliser's return grows."""
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        obs, _, term, trunc, info = super().step(action)
+        return obs, 1.0, term, trunc, info
+
+
+if "rlloop-test/Rewarded-v0" not in gymnasium.registry:
+    gymnasium.register("rlloop-test/Rewarded-v0", entry_point=Rewarded, max_episode_steps=50)
+
+PPO_SMALL = [*QUIET, "ppo.normalize_rewards=true", "ppo.rollout_steps=8",
+             "ppo.minibatch_size=16", "ppo.num_epochs=1"]
+
+
+def test_the_reward_normalisers_return_restarts_with_the_episodes_at_a_resume():
+    config = build_config("ppo", "rlloop-test/Rewarded-v0", flags={"num_envs": 2},
+                          sets=PPO_SMALL)
+    first = build_algorithm(config)
+    first.collect()
+    first.update(16)  # 8 steps into 50-step episodes: a discounted return of ~7.7 each
+    state = first.get_state()
+    first.close()
+    assert (state["reward_norm"]["running"] > 7).all()
+    resumed = build_algorithm(config)
+    try:
+        resumed.set_state(state)
+        assert resumed.runner.restarted_at_resume
+        assert torch.count_nonzero(resumed.reward_running) == 0  # VecNormalize's reset
+        assert resumed.reward_stats.count == first.reward_stats.count  # statistics kept
+    finally:
+        resumed.close()
+
+
+def test_the_reward_normalisers_return_restarts_at_a_horizon_reset():
+    config = build_config("ppo", "rlloop-test/Rewarded-v0", flags={"num_envs": 2},
+                          sets=[*PPO_SMALL, "horizons_per_env_reset=1"])
+    algorithm = build_algorithm(config)
+    try:
+        algorithm.begin_horizon(0, None)
+        algorithm.collect()
+        algorithm.update(16)
+        assert torch.count_nonzero(algorithm.reward_running) == 2
+        algorithm.begin_horizon(1, None)  # every env starts a new episode
+        assert torch.count_nonzero(algorithm.reward_running) == 0
+    finally:
+        algorithm.close()

@@ -120,6 +120,11 @@ class AlgorithmBase:
             self.env_config = config
         if collects:
             self.runner.reset(seed=self.settings.seed + collects)
+            self.episodes_restarted()
+
+    def episodes_restarted(self) -> None:
+        """Every training env began a new episode (a horizon reset, or a resume that could
+        not continue the episodes): state carried along the old ones is dropped here."""
 
     def evaluate(self, episodes: int, env_config: dict[str, Any] | None = None,
                  deterministic: bool = True) -> dict[str, float]:
@@ -188,6 +193,7 @@ class AlgorithmBase:
             self.obs_stats.set_state(state["obs_norm"])
         if getattr(self.runner, "restart_due", False):
             self.runner.restart_episodes()
+            self.episodes_restarted()
 
     def get_policy_state(self) -> dict[str, Any]:
         """What acting needs (weights, observation statistics): a policy snapshot, without

@@ -320,27 +320,41 @@ class OffPolicyLoop:
         runner, clock = self.runner, _clock
         obs, n = runner.obs, runner.env.num_envs
         t0 = clock()
-        if self.random_warmup and self.env_steps < self.config.learning_starts:
-            action = sample_random_actions(self.action_space, n, self.generator) \
-                if self.random_actions is None else self.random_actions(obs, self.generator)
-        else:
-            with torch.inference_mode():
-                action = explore(obs)
+        action = self.choose_actions(obs, explore)
         t1 = clock()
         res = runner.env.step(action if self.to_env is None else self.to_env(action))
         t2 = clock()
-        reward = res.reward.sign() if self.config.clip_rewards else res.reward
-        self.replay.add(self.processor.process(obs, action, reward, res.final_obs,
-                                               res.terminated, res.truncated))
+        self.replay.add(self.processor.process(obs, action, self.learning_reward(res.reward),
+                                               res.final_obs, res.terminated, res.truncated))
         done = res.terminated | res.truncated
         runner.episodes.update(res.reward, done)
-        if self.on_done is not None:
-            self.on_done(done)
+        self.episodes_ended(done)
         runner.obs = res.obs
         runner.time_inference += t1 - t0
         runner.time_env += t2 - t1
         self.env_steps += n
         return n
+
+    def choose_actions(self, obs: Tensor, explore: ExploreFn) -> Tensor:
+        """The actions for ``obs``: warm-up's random ones (legal ones where the algorithm
+        masks), then the behaviour policy's."""
+        if self.random_warmup and self.env_steps < self.config.learning_starts:
+            if self.random_actions is not None:
+                return self.random_actions(obs, self.generator)
+            return sample_random_actions(self.action_space, self.runner.env.num_envs,
+                                         self.generator)
+        with torch.inference_mode():
+            return explore(obs)
+
+    def learning_reward(self, reward: Tensor) -> Tensor:
+        """The reward the replay stores: its sign with ``clip_rewards`` (logged returns
+        stay unclipped)."""
+        return reward.sign() if self.config.clip_rewards else reward
+
+    def episodes_ended(self, done: Tensor) -> None:
+        """After an env step: the exploration noise of envs whose episode ended restarts."""
+        if self.on_done is not None:
+            self.on_done(done)
 
     def learning(self, env_steps: int) -> bool:
         """Whether an optimisation step at ``env_steps`` runs (False during warm-up)."""
@@ -390,9 +404,8 @@ class OffPolicyLoop:
         the step processor's pending steps of the old episodes (n-step windows) and
         restart the exploration noise."""
         self.processor.reset()
-        if self.on_done is not None:
-            n = self.runner.env.num_envs
-            self.on_done(torch.ones(n, dtype=torch.bool, device=self.runner.device))
+        n = self.runner.env.num_envs
+        self.episodes_ended(torch.ones(n, dtype=torch.bool, device=self.runner.device))
 
     def get_state(self) -> dict[str, Any]:
         return {"env_steps": self.env_steps, "processor": self.processor.get_state(),

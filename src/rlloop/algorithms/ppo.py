@@ -331,12 +331,19 @@ class PPO(AlgorithmBase):
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
-        self.learner.set_state(state["learner"])
-        self._values_fresh = False  # recorded by the weights just replaced
+        # Before the base class's: where the episodes restart at the cut, it drops their
+        # discounted return (episodes_restarted).
         if self.reward_stats is not None and "reward_norm" in state:
             self.reward_stats.set_state(state["reward_norm"])
             self.reward_running.copy_(state["reward_norm"]["running"])
+        super().set_state(state)
+        self.learner.set_state(state["learner"])
+        self._values_fresh = False  # recorded by the weights just replaced
+
+    def episodes_restarted(self) -> None:
+        # The reward normaliser's discounted return restarts with the episodes (as
+        # VecNormalize's at a reset); a return carried over would skew its std.
+        self.reward_running.zero_()
 
     def export_weights(self) -> dict[str, Tensor]:
         return dict(self.policy.state_dict())

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from rlloop.algorithms.base import EnvSettings, horizon_starts
+from rlloop.algorithms.base import EnvSettings
 from rlloop.algorithms.ppo import PPO, PPOConfig, PPOLearner
 from rlloop.data.sequences import SequenceBatch, chunk_states, sequence_mask, to_sequences
 from rlloop.errors import ConfigError
@@ -128,10 +128,9 @@ class RecurrentPPO(PPO):
         self.starts = self.buffer.terminated[-1] | self.buffer.truncated[-1]
         return stats
 
-    def begin_horizon(self, collects: int, env_config: dict[str, Any] | None) -> None:
-        super().begin_horizon(collects, env_config)
-        if collects and horizon_starts(collects, self.horizons_per_env_reset):
-            self.starts = torch.ones_like(self.starts)  # the runner reset every env
+    def episodes_restarted(self) -> None:
+        super().episodes_restarted()
+        self.starts = torch.ones_like(self.starts)  # memory starts afresh with them
 
     # ---- update ----------------------------------------------------------------------
     def update(self, env_steps: int) -> dict[str, float]:
@@ -193,12 +192,11 @@ class RecurrentPPO(PPO):
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
         # New tensors, not copy_(): the current ones may be inference tensors (collect).
+        # Before the base class's, which restarts them where the episodes restart.
         self.state = state["recurrent"]["state"].to(self.device, copy=True)
         self.starts = state["recurrent"]["starts"].to(self.device, dtype=torch.bool, copy=True)
-        if self.runner.restarted_at_resume:  # every episode starts afresh, memory too
-            self.starts = torch.ones_like(self.starts)
+        super().set_state(state)
 
 
 def build_ppo(config: PPOConfig, env: EnvSettings) -> PPO:

@@ -205,8 +205,11 @@ class SAC(OffPolicyAlgorithmBase):
     def optimize(self, env_steps: int) -> dict[str, Tensor | float] | None:
         """As the base class; with gSDE the next env step starts a new rollout."""
         stats = super().optimize(env_steps)
-        self._sde_age = 0
+        self.start_rollout()
         return stats
+
+    def start_rollout(self) -> None:
+        self._sde_age = 0  # sde_sample_freq=-1 draws new noise matrices at the next step
 
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from rlloop.algorithms.base import AlgorithmBase
-from rlloop.envs.core import sample_random_actions
 
 
 @dataclass(frozen=True)
@@ -91,13 +90,14 @@ class FragmentSampler:
         # The learner's count drives the exploration schedule (DQN's epsilon).
         loop.env_steps = env_steps
         n = runner.env.num_envs
+        algo.start_rollout()  # a fragment is the runner's rollout (SAC's gSDE noise)
         obs, actions, rewards, next_obs, terminated, truncated = [], [], [], [], [], []
         for _ in range(self.steps):
-            if loop.env_steps < loop.config.learning_starts:
-                action = sample_random_actions(loop.action_space, n, algo.generator)
-            else:
-                action = algo._explore(runner.obs)
+            # As the in-process loop acts: warm-up (legal actions where masked, the
+            # policy with SAC's use_sde_at_warmup), then the behaviour policy.
+            action = loop.choose_actions(runner.obs, algo._explore)
             res = runner.env.step(action if loop.to_env is None else loop.to_env(action))
+            loop.episodes_ended(res.terminated | res.truncated)  # TD3's OU noise restarts
             # Clones: a batched env may hand out the same tensors at every step.
             obs.append(runner.obs.clone())
             actions.append(action)

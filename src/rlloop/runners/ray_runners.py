@@ -442,8 +442,8 @@ class RemoteOffPolicyLoop(OffPolicyLoop):
             processor = self.processors[frag.runner]
             for t in range(frag.rewards.shape[0]):
                 self.replay.add(processor.process(
-                    frag.obs[t], frag.actions[t], frag.rewards[t], frag.next_obs[t],
-                    frag.terminated[t], frag.truncated[t]))
+                    frag.obs[t], frag.actions[t], self.learning_reward(frag.rewards[t]),
+                    frag.next_obs[t], frag.terminated[t], frag.truncated[t]))
             steps += frag.steps
         self.env_steps += steps
         return steps
