@@ -9,6 +9,7 @@ the policy ``rlloop eval`` loads (the run's ``best/``, else its latest checkpoin
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -89,6 +90,7 @@ class Model:
                               "another run_dir")
         self.allow_import = True  # the env id is the caller's own choice
         self._overrides: dict[str, Any] = {}  # load()'s flags, for a resumed run too
+        self._own_config = True  # False for a loaded run: its saved settings are data
         self._actor: AlgorithmBase | None = None
 
     @classmethod
@@ -97,6 +99,7 @@ class Model:
         model = cls.__new__(cls)
         model.config, model.run_dir, model.allow_import = config, run_dir, allow_import
         model._overrides = {k: v for k, v in overrides.items() if k != "total_env_steps"}
+        model._own_config = False
         model._actor = None
         return model
 
@@ -115,8 +118,12 @@ class Model:
         latest = _latest(self.run_dir)
         if self.run_dir is not None and latest is not None:
             done = int(load_checkpoint(latest).metadata["env_steps"])
+            # As `rlloop train --resume`: a saved profile section profiles only when asked
+            # for again (the run directory does not choose to run the profiler).
+            sets = [] if self._own_config or "profile" in self._overrides else ["profile=null"]
             result = resume(self.run_dir, allow_import=self.allow_import, callbacks=callbacks,
-                            **self._overrides, total_env_steps=done + total_env_steps)
+                            sets=sets, **self._overrides,
+                            total_env_steps=done + total_env_steps)
         else:
             config = dataclasses.replace(self.config, total_env_steps=total_env_steps)
             result = train(config, self.run_dir, callbacks=callbacks)
@@ -136,6 +143,10 @@ class Model:
             return dest
         if dest.exists() and any(dest.iterdir()):
             raise RunDirError(f"{dest} is not empty; save to a new or empty directory")
+        for folder, dirs, files in os.walk(self.run_dir):  # a copy would hold its target
+            for link in (Path(folder, e) for e in (*dirs, *files) if Path(folder, e).is_symlink()):
+                raise RunDirError(f"{link} is a symbolic link; a saved run holds the run's own "
+                                  "files only: remove the link, then save")
         shutil.copytree(self.run_dir, dest, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns(".lock", "run.json", "mlflow.db*"))
         return dest

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlloop.errors import ConfigError
+from rlloop.runfiles import write_file
 
 _log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class TraceProfiler:
         written = sorted(set(self.out_dir.glob("*.pt.trace.json")) - before)
         self.trace = written[-1] if written else None
         table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=40)
-        (self.out_dir / "summary.txt").write_text(table + "\n", encoding="utf-8")
+        write_file(self.out_dir / "summary.txt", table + "\n")
 
 
 def _in_range(record_function: Any, name: str, method: Callable[..., Any]) -> Callable[..., Any]:

@@ -51,8 +51,9 @@ from rlloop.checkpoint import (
     save_replacing,
 )
 from rlloop.conditions import Condition, HitsUpperBound
-from rlloop.config import RunConfig, build_config, resumable
+from rlloop.config import RunConfig, build_config, load_yaml, parse_set, resumable
 from rlloop.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
+from rlloop.envs.imports import check_saved_endpoints, saved_endpoints
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.learners.distributed import LearnerGroupError
@@ -493,7 +494,8 @@ class Session:
         figures and data."""
         files = {str(self.run_dir / n): "report" for n in
                  ("report.md", "report.html", "summary.json", "metrics.jsonl")}
-        files.update({str(p): "report" for p in sorted(self.run_dir.glob("*.png"))})
+        files.update({str(p): "report" for p in sorted(self.run_dir.glob("*.png"))
+                      if not p.is_symlink()})  # a planted link would upload its target
         if video is not None:
             files[str(video)] = ""
         if (self.run_dir / "best").is_dir():
@@ -669,10 +671,27 @@ def resume(run_dir: str | Path, *, console: Any = None, allow_import: bool = Fal
     ensure_free(check_run_dir(run_dir))  # fail fast if a trainer holds it
     config = resume_config(run_dir, allow_import=allow_import, env=env, file=file, sets=sets,
                            **flags)
+    _check_endpoints(Path(run_dir), config, file=file, sets=sets, flags=flags)
     if not has_checkpoint(Path(run_dir)):  # before Session starts envs and sinks
         raise _no_checkpoint(Path(run_dir))
     return _run_session(config, Path(run_dir), resume=True, console=console,
                         callbacks=callbacks, started_at=started_at)
+
+
+def _check_endpoints(run_dir: Path, config: RunConfig, *, file: str | Path | None,
+                     sets: list[str] | None, flags: dict[str, Any]) -> None:
+    """Refuse a server or outside store that the run's saved config names (its MLflow
+    tracking URI, its Ray address) unless the user names it again for this resume: a
+    copied run directory would otherwise send the user's credentials, and the run's
+    files, wherever it says."""
+    saved = load_yaml(run_dir / "config.yaml")
+    if not config.mlflow:  # no store is opened
+        saved.pop("mlflow_tracking_uri", None)
+    restated = {parse_set(item)[0] for item in sets or []}
+    restated |= set(saved_endpoints(load_yaml(file) if file else {}))
+    restated |= set(saved_endpoints({k: v for k, v in flags.items() if v is not None}))
+    check_saved_endpoints(saved, source=str(run_dir), restated=restated,
+                          consent="--set {key}={value} (Python: the same setting to load())")
 
 
 def _in_thread(work: Callable[[], Any]) -> Callable[[], Any]:

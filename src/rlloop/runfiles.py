@@ -25,9 +25,13 @@ MEMBERS = (
     "config.yaml", "run.json", "metrics.jsonl", "metrics.params.json", "report.md",
     "summary.json", "report.html", "learning_curves.png", "losses.png", "diagnostics.png",
     "throughput.png", "policy.onnx", "policy.pt", "video.mp4", "mlflow.db", "checkpoints", "best",
-    "tensorboard", "artifacts", ".lock",
+    "tensorboard", "artifacts", "profile", "wandb", ".lock",
 )
 """Every name rlloop writes directly inside a run directory."""
+
+#: Members whose whole tree others write into (MLflow's artifact copies): no link anywhere
+#: below them either.
+TREES = ("artifacts", "profile")
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -39,11 +43,18 @@ def check_members(run_dir: Path) -> None:
     Members are direct children, so only a link can make one resolve outside the run.
     """
     for name in MEMBERS:
-        member = run_dir / name
-        if member.is_symlink():
-            raise RunDirError(
-                f"{member} is a symbolic link (to {os.readlink(member)}); rlloop never writes "
-                "through links in a run directory: remove the link or use another --run-dir")
+        _refuse_link(run_dir / name)
+    for name in TREES:
+        for folder, dirs, files in os.walk(run_dir / name):  # never into a link
+            for entry in (*dirs, *files):
+                _refuse_link(Path(folder) / entry)
+
+
+def _refuse_link(member: Path) -> None:
+    if member.is_symlink():
+        raise RunDirError(
+            f"{member} is a symbolic link (to {os.readlink(member)}); rlloop never writes "
+            "through links in a run directory: remove the link or use another --run-dir")
 
 
 def check_output_file(out: Path, run_dirs: Iterable[Path], allowed: Iterable[str] = (),

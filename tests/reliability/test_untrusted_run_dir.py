@@ -180,3 +180,103 @@ def test_open_append_refuses_a_link(tmp_path):
     with pytest.raises(RunDirError, match="symbolic link"):
         open_append(link)
     assert victim.read_text() == "precious"
+
+
+def test_links_below_the_artifacts_folder_are_refused_too(tmp_path):
+    run = tmp_path / "run"
+    (run / "artifacts" / "0").mkdir(parents=True)
+    (run / "artifacts" / "0" / "artifacts").symlink_to(tmp_path)
+    with pytest.raises(RunDirError, match="symbolic link"):
+        check_members(run)
+
+
+def _resume(run: Path, env: dict[str, str], cwd: Path, *extra: str
+            ) -> subprocess.CompletedProcess[str]:
+    return _run(["train", "ppo", "--resume", str(run), "--total-env-steps", "2048", *QUIET,
+                 "--set", "mlflow=true", *extra], env, cwd)
+
+
+def test_a_planted_figure_link_is_not_copied_into_the_mlflow_artifacts(tmp_path, cli_env,
+                                                                       trained_run):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("my private key")
+    (run / "zz_leak.png").symlink_to(secret)
+    out = _resume(run, cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    copies = [p for p in (run / "artifacts").rglob("*") if p.is_file()]
+    assert any(p.name == "report.md" for p in copies)  # the run's own files were logged
+    assert not [p for p in copies if p.read_bytes() == secret.read_bytes()]
+
+
+def test_a_store_naming_artifact_paths_outside_the_run_writes_nothing_there(
+        tmp_path, cli_env, trained_run):
+    import sqlite3
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    victim = tmp_path / "victim"
+    with sqlite3.connect(run / "mlflow.db") as db:
+        db.execute("UPDATE runs SET artifact_uri = ?", (victim.as_uri(),))
+    out = _resume(run, cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr  # the run goes on, without its MLflow store
+    assert "outside the run's" in out.stderr and "move mlflow.db aside" in out.stderr
+    assert not victim.exists()
+
+
+@pytest.mark.parametrize(("key", "value"), [("mlflow_tracking_uri", "http://127.0.0.1:9"),
+                                            ("ray.address", "127.0.0.1:9")])
+def test_a_resume_contacts_no_server_its_run_directory_names(tmp_path, cli_env, trained_run,
+                                                            key, value):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    section, _, name = key.rpartition(".")
+    (config[section] if section else config)[name] = value
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    out = _resume(run, cli_env, tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--set {key}={value}" in lines[0], out.stderr
+    code = (f"import rlloop\ntry:\n    rlloop.load({str(run)!r}).learn(1000)\n"
+            "except ValueError as e:\n    print('refused:', e)\n")
+    api = subprocess.run([sys.executable, "-c", code], env=cli_env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert f"refused: {run} sets {key}=" in api.stdout, api.stdout + api.stderr
+
+
+def test_a_loaded_run_profiles_only_when_asked_again(tmp_path, cli_env, trained_run):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["profile"] = {"wait": 0, "warmup": 0, "active": 1}
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    code = f"import rlloop\nrlloop.load({str(run)!r}, mlflow=False).learn(1000)\n"
+    api = subprocess.run([sys.executable, "-c", code], env=cli_env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=180)
+    assert api.returncode == 0, api.stderr
+    assert not (run / "profile").exists()
+
+
+def test_saving_a_model_refuses_a_run_holding_a_link(tmp_path, trained_run):
+    import rlloop
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("my private key")
+    (run / "notes.txt").symlink_to(secret)
+    with pytest.raises(RunDirError, match="notes.txt is a symbolic link"):
+        rlloop.load(run).save(tmp_path / "saved")
+    assert not (tmp_path / "saved" / "notes.txt").exists()
+
+
+def test_a_new_mlflow_store_is_never_written_through_a_guessable_name(tmp_path):
+    from rlloop.logging.mlflow_sink import _seed_from_template
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / f".mlflow.db.{os.getpid()}.tmp").symlink_to(victim)
+    _seed_from_template(tmp_path / "mlflow.db")
+    assert victim.read_text() == "precious"

@@ -15,6 +15,7 @@ import importlib.util
 import sys
 
 from rlloop.envs.core import EnvError
+from rlloop.errors import ConfigError
 
 PETTINGZOO_PREFIX = "pettingzoo:"
 
@@ -73,3 +74,35 @@ def _is_pettingzoo_module(name: str) -> bool:
         return importlib.util.find_spec(f"pettingzoo.{name}") is not None
     except (ImportError, ValueError):  # PettingZoo absent, or a parent is not a package
         return False
+
+
+#: Settings that make a run contact a server or write a store outside its directory: read
+#: from a run directory (or a tuning study), they are used only when the user names them
+#: again. Keys as ``--set`` takes them.
+ENDPOINT_KEYS = ("mlflow_tracking_uri", "ray.address")
+
+
+def saved_endpoints(data: dict[str, object]) -> dict[str, str]:
+    """The endpoint settings a saved config (plain YAML data) sets, by ``--set`` key."""
+    found = {}
+    for key in ENDPOINT_KEYS:
+        section, _, name = key.rpartition(".")
+        holder = data.get(section) if section else data
+        value = holder.get(name) if isinstance(holder, dict) else None
+        if value is not None:
+            found[key] = str(value)
+    return found
+
+
+def check_saved_endpoints(data: dict[str, object], *, source: str, restated: set[str],
+                          consent: str) -> None:
+    """Refuse endpoint settings read from ``source`` that the user did not name again
+    (``restated``): a run directory never chooses where rlloop connects or writes.
+    ``consent`` is how the user names one (e.g. ``--set {key}={value}``)."""
+    for key, value in saved_endpoints(data).items():
+        if key not in restated:
+            raise ConfigError(
+                f"{source} sets {key}={value!r}, which a resumed run would contact or write "
+                f"to; a run directory never chooses where rlloop connects: if you trust it, "
+                f"pass {consent.format(key=key, value=value)}"
+            )

@@ -19,7 +19,7 @@ import contextlib
 import logging as pylogging
 import os
 import re
-import shutil
+import secrets
 import subprocess
 import time
 import warnings
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import urlparse
 
 from rlloop.logging.keys import flatten_mapping
+from rlloop.runfiles import write_file
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -112,17 +113,14 @@ def _seed_from_template(db_path: Path) -> None:
     try:
         if not template.exists():
             template.parent.mkdir(parents=True, exist_ok=True)
-            tmp = template.with_name(f".{template.name}.{os.getpid()}.tmp")
+            tmp = template.with_name(f".{template.name}.{secrets.token_hex(8)}.tmp")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
                 MlflowClient(tracking_uri=sqlite_tracking_uri(tmp)).search_experiments()
             tmp.replace(template)
-        part = db_path.with_name(f".{db_path.name}.{os.getpid()}.tmp")
-        try:
-            shutil.copyfile(template, part)
-            part.replace(db_path)
-        finally:
-            part.unlink(missing_ok=True)  # a partial copy, e.g. on a full disk
+        # Aside under a fresh name, then renamed: a link planted in the run directory is
+        # never written through (a name of the process id could be guessed).
+        write_file(db_path, template.read_bytes())
     except OSError as exc:
         _log.debug("no MLflow store template (%s); creating the schema directly", exc)
 
@@ -163,6 +161,33 @@ def _relocate_artifacts(db_path: Path, artifact_root: str) -> None:
             db.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
                        f"WHERE substr({column}, 1, ?) = ?",
                        (artifact_root, len(old) + 1, len(old), old))
+
+
+def _check_artifact_paths(db_path: Path, artifact_root: str) -> None:
+    """ValueError unless every artifact path of the store beside a run lies in the run's
+    ``artifacts`` folder: the store came with the run directory, and a path it names
+    elsewhere would have the run's files written there."""
+    import sqlite3
+
+    root = artifact_root.rstrip("/")
+    with contextlib.closing(sqlite3.connect(db_path)) as db:
+        rows = [*db.execute("SELECT artifact_location FROM experiments"),
+                *db.execute("SELECT artifact_uri FROM runs")]
+    outside = sorted({str(path) for (path,) in rows
+                      if path and str(path) != root and not str(path).startswith(root + "/")})
+    if outside:
+        raise ValueError(f"{db_path} names artifact location {outside[0]}, outside the run's "
+                         f"{root}; a run's store never chooses where rlloop writes: move "
+                         "mlflow.db aside (metrics.jsonl keeps every row) to start a fresh "
+                         "store")
+
+
+def _holds_link(path: Path) -> bool:
+    """Whether ``path`` is a symbolic link or a folder with one anywhere below it."""
+    if path.is_symlink():
+        return True
+    return any(Path(folder, entry).is_symlink() for folder, dirs, files in os.walk(path)
+               for entry in (*dirs, *files))
 
 
 def git_commit(directory: str | Path) -> str | None:
@@ -247,6 +272,7 @@ class MlflowSink:
                 artifact_location = (db_path.parent / "artifacts").resolve().as_uri()
                 if not created:  # a copied or moved run directory keeps its artifacts
                     _relocate_artifacts(db_path, artifact_location)
+                    _check_artifact_paths(db_path, artifact_location)
         with warnings.catch_warnings():
             # MLflow's SQL store setup emits SQLAlchemy deprecation noise users cannot act on.
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -370,7 +396,9 @@ class MlflowSink:
         root) into the run's artifacts; a path that does not exist is skipped."""
         for local, folder in artifacts.items():
             path = Path(local)
-            if path.is_dir():
+            if _holds_link(path):  # its target's content would be copied into the store
+                _log.warning("not logging %s to MLflow: it is or holds a symbolic link", path)
+            elif path.is_dir():
                 self._client.log_artifacts(self.run_id, str(path), folder or None)
             elif path.is_file():
                 self._client.log_artifact(self.run_id, str(path), folder or None)
