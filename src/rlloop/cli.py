@@ -143,6 +143,10 @@ def _parser() -> argparse.ArgumentParser:
                    "<time>); one that holds a study continues it")
     u.add_argument("--resume", metavar="DIR", help="continue the study in DIR (after a kill, "
                    "or with a higher --trials)")
+    u.add_argument("--allow-import", action="store_true", help="with --resume: let the "
+                   "study's saved env id, networks (module:Env-v0, ppo.net=module:Class) and "
+                   "endpoints (mlflow_tracking_uri, ray.address) be used; off, resuming a study "
+                   "never runs code or contacts a server it names")
     u.add_argument("--quiet", action="store_true", help="no progress line in trials")
 
     sub.add_parser("algos", help="list algorithms")
@@ -331,14 +335,16 @@ def _tune(args: argparse.Namespace) -> int:
             *((f"--{k.replace('_', '-')}", v) for k, v in flags.items())) if value]
         if given:
             raise ConfigError(f"tune --resume continues a study with its own settings; "
-                              f"{', '.join(given)} cannot change them (only --trials and "
-                              "--jobs may be given): drop them, or start a new study")
+                              f"{', '.join(given)} cannot change them (only --trials, "
+                              "--jobs and --allow-import may be given): drop them, or start "
+                              "a new study")
     path, settings = prepare(args.algo, args.env, trials=args.trials, run_dir=args.run_dir,
                              resume=args.resume, space_file=args.space, config_file=args.config,
                              sets=args.sets, flags=flags,
                              startup_trials=5 if args.startup_trials is None
                              else args.startup_trials,
-                             warmup_evals=1 if args.warmup_evals is None else args.warmup_evals)
+                             warmup_evals=1 if args.warmup_evals is None else args.warmup_evals,
+                             allow_import=args.allow_import)
     result = tune(path, settings, jobs=args.jobs, quiet=args.quiet)
     counts = result.counts
     lines = {"trials": f"{counts['complete']} complete, {counts['pruned']} pruned, "

@@ -267,7 +267,7 @@ def test_saving_a_model_refuses_a_run_holding_a_link(tmp_path, trained_run):
     secret = tmp_path / "secret.txt"
     secret.write_text("my private key")
     (run / "notes.txt").symlink_to(secret)
-    with pytest.raises(RunDirError, match="notes.txt is a symbolic link"):
+    with pytest.raises(RunDirError, match=r"notes\.txt is a symbolic link"):
         rlloop.load(run).save(tmp_path / "saved")
     assert not (tmp_path / "saved" / "notes.txt").exists()
 

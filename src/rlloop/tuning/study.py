@@ -23,7 +23,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -38,11 +37,13 @@ import yaml
 from rlloop.algorithms import ALGORITHMS
 from rlloop.callbacks import Callback
 from rlloop.config import RunConfig, build_config, load_yaml
+from rlloop.envs.imports import check_env_import
 from rlloop.errors import ConfigError, EnvError, RunDirError
 from rlloop.run_lock import RunLock
 from rlloop.runfiles import STUDY_FILE, write_file
 from rlloop.signals import installed
 from rlloop.tuning.space import Param, as_set, default_space, load_space, parse_space, space_data
+from rlloop.tuning.trust import check_saved_study, check_study_links, check_trial_dir
 
 STUDY_NAME = "rlloop"
 _SETTINGS = STUDY_FILE
@@ -70,6 +71,31 @@ class TuneSettings:
 
     def params(self) -> list[Param]:
         return parse_space(self.space, "space.yaml")
+
+
+_FIELD_TYPES: dict[str, type] = {"algo": str, "env": str, "trials": int, "space": dict,
+                                 "sets": list, "flags": dict, "startup_trials": int,
+                                 "warmup_evals": int, "seed": int}
+
+
+def load_settings(path: Path) -> TuneSettings:
+    """The settings saved in ``path``'s ``tune.json``; ``RunDirError`` (one line) when
+    the file is not a study's settings (a study directory is untrusted data)."""
+    file = path / _SETTINGS
+    try:
+        settings = TuneSettings(**json.loads(file.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError) as e:  # UnicodeDecodeError is a ValueError
+        raise RunDirError(f"{file} is not an rlloop study's settings ({' '.join(str(e).split())}"
+                          "); pass a directory made by `rlloop tune`") from None
+    bad = [name for name, kind in _FIELD_TYPES.items()
+           if not isinstance(getattr(settings, name), kind)
+           or (kind is int and isinstance(getattr(settings, name), bool))]
+    if not all(isinstance(item, str) for item in settings.sets):
+        bad.append("sets")
+    if bad:
+        raise RunDirError(f"{file} is not an rlloop study's settings (bad {', '.join(bad)}); "
+                          "pass a directory made by `rlloop tune`")
+    return settings
 
 
 @dataclass
@@ -110,11 +136,18 @@ def default_tune_dir(algo: str, env: str) -> Path:
 def prepare(algo: str | None, env: str | None, *, trials: int | None, run_dir: str | None,
             resume: str | None, space_file: str | None, config_file: str | None,
             sets: Sequence[str], flags: dict[str, Any], startup_trials: int,
-            warmup_evals: int) -> tuple[Path, TuneSettings]:
+            warmup_evals: int, allow_import: bool = False) -> tuple[Path, TuneSettings]:
     """The tune directory and its settings: saved ones for a study that exists (``resume``,
     or a ``run_dir`` holding one), else new ones from the arguments. Checks everything a
-    trial will need (config keys, the space, the env) before anything is written."""
+    trial will need (config keys, the space, the env) before anything is written.
+
+    A saved study is untrusted data: settings of it that the user did not type again
+    (all of them with ``resume``) may import a module or name an endpoint only with
+    ``allow_import`` (see `rlloop.tuning.trust`). No member of the study may be a link.
+    """
     path = Path(resume or run_dir or default_tune_dir(algo or "ppo", env or "CartPole-v1"))
+    if path.is_dir():
+        check_study_links(path)
     saved = path / _SETTINGS
     if not saved.is_file() and (path / "config.yaml").is_file():
         raise RunDirError(f"{path} holds a training run, not a study; tune in another "
@@ -123,7 +156,7 @@ def prepare(algo: str | None, env: str | None, *, trials: int | None, run_dir: s
         raise RunDirError(f"{path} holds no rlloop study (no {_SETTINGS}); pass a directory "
                           "made by `rlloop tune`, or start one with --run-dir")
     if saved.is_file():
-        settings = TuneSettings(**json.loads(saved.read_text(encoding="utf-8")))
+        settings = load_settings(path)
         if algo and algo != settings.algo:
             raise ConfigError(f"{path} is a {settings.algo} study, not {algo}; use "
                               f"`rlloop tune --resume {path}` or another --run-dir")
@@ -132,6 +165,8 @@ def prepare(algo: str | None, env: str | None, *, trials: int | None, run_dir: s
                               f"{settings.env} with other settings; continue it with `rlloop "
                               f"tune --resume {path}` (only --trials may change) or pick "
                               "another --run-dir")
+        _trust_saved(path, settings, resume=bool(resume), typed_env=env is not None,
+                     allow_import=allow_import)
         if trials is not None:
             settings.trials = trials
         return path, settings
@@ -148,8 +183,24 @@ def prepare(algo: str | None, env: str | None, *, trials: int | None, run_dir: s
     _check(settings, config_file)
     path.mkdir(parents=True, exist_ok=True)
     if config_file:
-        shutil.copyfile(config_file, path / "base.yaml")
+        write_file(path / "base.yaml", Path(config_file).read_bytes())
     return path, settings
+
+
+def _trust_saved(path: Path, settings: TuneSettings, *, resume: bool, typed_env: bool,
+                 allow_import: bool) -> None:
+    """Check the saved settings of the study in ``path`` that the user did not type again:
+    all of them when resuming; else only the env, when --env was left out (the rerun of a
+    study's command line matches the rest). With ``allow_import``, import the env's module
+    now, from the working directory too, as for an id typed to `rlloop tune`."""
+    if resume:
+        check_saved_study(path, settings, allow_import=allow_import)
+    elif not typed_env:
+        check_env_import(settings.env, allow_import=allow_import, source=str(path))
+    if allow_import:
+        from rlloop.envs.ids import resolve_env_id
+
+        resolve_env_id(settings.env, allow_import=True, search_cwd=True)
 
 
 def _changed(path: Path, saved: TuneSettings, env: str | None, space_file: str | None,
@@ -276,6 +327,7 @@ class Study:
         values = {p.key: p.suggest(trial) for p in self.space}
         sets = [as_set(k, v) for k, v in values.items()]
         run_dir = self.path / "trials" / f"trial-{trial.number:04d}"
+        check_trial_dir(run_dir)  # a link planted there would take the run elsewhere
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("sets", sets)
         try:
@@ -364,6 +416,7 @@ def tune(path: Path, settings: TuneSettings, *, jobs: int = 1, quiet: bool = Fal
     if jobs <= 0:
         raise ConfigError(f"--jobs must be > 0, got {jobs}")
     with RunLock(path):
+        check_study_links(path)  # under the lock: neither the writes below nor SQLite's follow one
         write_file(path / _SETTINGS, json.dumps(asdict(settings), indent=2))
         write_file(path / "space.yaml", yaml.safe_dump(settings.space, sort_keys=False))
         study = Study(path, settings, quiet=quiet or jobs > 1, say=say)
@@ -378,7 +431,9 @@ def tune(path: Path, settings: TuneSettings, *, jobs: int = 1, quiet: bool = Fal
 def _run_workers(path: Path, jobs: int) -> None:
     """``jobs`` worker processes sharing the study (Optuna's SQLite storage is safe across
     processes); each runs whole trials in its own main thread, as a single run does."""
-    cmd = [sys.executable, "-m", "rlloop.tuning.worker", str(path)]
+    # -P: the working directory (a study's, say) is not put first on the workers' sys.path,
+    # where a module in it (yaml.py) would shadow the one rlloop imports.
+    cmd = [sys.executable, "-P", "-m", "rlloop.tuning.worker", str(path)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH"))
         if p)}

@@ -6,15 +6,14 @@ the ``rlloop tune`` process that started it holds the directory's lock.
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 from pathlib import Path
 
+from rlloop.envs.ids import resolve_env_id
 from rlloop.gym_worker import die_with_parent
-from rlloop.runfiles import STUDY_FILE
 from rlloop.signals import terminate_as_interrupt
-from rlloop.tuning.study import Study, TuneSettings
+from rlloop.tuning.study import Study, load_settings
 
 
 def main(argv: list[str]) -> int:
@@ -23,7 +22,10 @@ def main(argv: list[str]) -> int:
     # stops the worker as Ctrl-C does.
     die_with_parent(signal.SIGTERM)
     path = Path(argv[0])
-    settings = TuneSettings(**json.loads((path / STUDY_FILE).read_text(encoding="utf-8")))
+    settings = load_settings(path)
+    # `rlloop tune` checked the env id (typed by the user, or consented to): a module it
+    # names is imported from the working directory too, which -P left off sys.path.
+    resolve_env_id(settings.env, allow_import=True, search_cwd=True)
     try:
         with terminate_as_interrupt():
             Study(path, settings, quiet=True, worker=int(argv[1])).optimize()
