@@ -6,10 +6,12 @@ the fragments; tests/test_ray_runners.py runs them on a real Ray instance)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from mask_envs import MaskedChoice, register
 
 from rlloop.config import build_config
+from rlloop.errors import ConfigError
 from rlloop.run import build_algorithm
 from rlloop.runners.fragments import FragmentSampler
 from rlloop.runners.ray_runners import runner_config
@@ -72,3 +74,40 @@ def test_sac_acts_with_its_policy_at_warm_up_with_use_sde_at_warmup():
     # Both fragments lie inside warm-up: only use_sde_at_warmup differs.
     assert frags[1].actions.abs().max() < 0.5  # the gSDE policy's small initial noise
     assert frags[0].actions.abs().max() > 0.5  # uniform over [-2, 2]
+
+
+def test_ppo_gsde_noise_is_drawn_anew_for_each_fragment():
+    algorithm = _runner_algorithm("ppo", "Pendulum-v1", "ppo.use_sde=true",
+                                  "ppo.rollout_steps=8", "ppo.minibatch_size=16")
+    try:
+        sampler = FragmentSampler(algorithm, 8)
+        sampler.sample(env_steps=0)
+        first = algorithm._sde_eps.clone()
+        sampler.sample(env_steps=16)
+        assert not torch.equal(first, algorithm._sde_eps)
+        assert algorithm._sde_age == 8  # one fragment's steps since the draw
+    finally:
+        algorithm.close()
+
+
+@pytest.mark.parametrize(("algo", "sets", "named"), [
+    ("ppo", ["ppo.recurrent=lstm"], "ppo.recurrent is not supported with env runners"),
+    ("dqn", ["dqn.replay=frames", "num_env_runners=2"], "dqn.replay=frames takes one env"),
+])
+def test_settings_the_runners_cannot_follow_are_refused(algo, sets, named):
+    with pytest.raises(ConfigError, match=named):
+        build_config(algo, "CartPole-v1", sets=[*QUIET, "num_env_runners=1", *sets])
+
+
+def test_an_env_config_on_the_first_step_resets_the_env_it_builds():
+    from rlloop.trainer import Trainer
+
+    config = build_config("ppo", "CartPole-v1", sets=[
+        *QUIET, "backend=gymnasium", "num_envs=2", "ppo.rollout_steps=16",
+        "ppo.minibatch_size=32", "horizons_per_env_reset=1"])
+    algorithm = build_algorithm(config)
+    try:
+        stats = Trainer(algorithm).step(env_config={"max_episode_steps": 5})
+        assert stats["episode/length_mean"] == 5.0
+    finally:
+        algorithm.close()

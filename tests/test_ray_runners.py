@@ -18,11 +18,13 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+import runner_envs  # noqa: E402, F401  (registers SlowFromSeed-v0)
 from ray.exceptions import GetTimeoutError, RayActorError  # noqa: E402
 
 import rlloop.envs.slow  # noqa: E402, F401  (registers SlowCartPole-v1, as --env would)
 from rlloop.cli import main as cli_main  # noqa: E402
 from rlloop.config import RunConfig, build_config  # noqa: E402
+from rlloop.errors import ConfigError  # noqa: E402
 from rlloop.ray_cluster import RayConfig, connect, disconnect  # noqa: E402
 from rlloop.run import Session, build_algorithm  # noqa: E402
 from rlloop.runners.fragments import FragmentSampler  # noqa: E402
@@ -213,6 +215,97 @@ def test_runner_transitions_reach_replay_with_clipped_rewards(ray_instance: None
             algorithm.collect()
         rewards = algorithm.loop.replay.sample(64).reward
         assert set(rewards.tolist()) <= {-1.0, 0.0} and rewards.min() == -1.0
+    finally:
+        algorithm.close()
+
+
+def test_a_ppo_rollout_holds_one_fragment_of_each_runner(ray_instance: None) -> None:
+    """Runner 0 is fast, runner 1 slow: with sampling ahead (max_weight_lag=1) runner 0
+    delivers a second fragment while runner 1's is awaited. It waits for the next rollout
+    instead of filling runner 1's columns (whose reward-normaliser return and episode
+    streams would then continue another env's)."""
+    cfg = config("backend=gymnasium", "num_envs=4", "num_env_runners=2",
+                 "ppo.rollout_steps=8", "ppo.minibatch_size=32", "ppo.normalize_rewards=true",
+                 env="runner_envs:rlloop-test/SlowFromSeed-v0")
+    algorithm: Any = build_algorithm(cfg)
+    group: Any = algorithm.runner
+    take, taken = group.take, []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        out = take(*args, **kwargs)
+        taken.append([f.runner for f in out])
+        return out
+
+    group.take = recorded
+    try:
+        for it in range(4):
+            algorithm.collect()
+            algorithm.update(32 * (it + 1))
+        assert taken == [[0, 1]] * 4
+        assert algorithm.reward_running.max() < 1 / (1 - 0.99)  # a real discounted return
+    finally:
+        algorithm.close()
+
+
+def test_a_dropped_fragment_restarts_its_runners_streams(ray_instance: None) -> None:
+    """A fragment dropped for lag leaves a gap in its runner's envs: its n-step windows and
+    running episode totals restart (they would join steps before and after the gap)."""
+    cfg = config("num_env_runners=2", "num_envs=4", "fragment_steps=8", "max_weight_lag=1",
+                 "dqn.n_step=3", "dqn.learning_starts=100000", "backend=gymnasium",
+                 algo="dqn", env="runner_envs:rlloop-test/Counter20-v0")
+    algorithm: Any = build_algorithm(cfg)
+    group: Any = algorithm.runner
+    try:
+        for _ in range(6):
+            algorithm.env_step()
+        group.pop_restarted()
+        algorithm.learner.weights_seq_no += 1
+        group._weights()  # two versions published while fragments are in flight
+        algorithm.learner.weights_seq_no += 1
+        for _ in range(6):
+            algorithm.env_step()
+        assert group.dropped > 0
+        replay = algorithm.loop.replay
+        batch = replay.sample(4 * len(replay))
+        # Each transition spans 3 steps of one episode, or ends it early (step 20).
+        span = batch.next_obs[:, 0] - batch.obs[:, 0]
+        ends = (batch.next_obs[:, 0] == 20) & batch.terminated.bool()
+        assert ((span == 3) | (ends & (span > 0) & (span <= 3))).all(), span.unique()
+        stats = group.episodes.stats()
+        assert stats["episode/length_mean"] == 20.0, stats
+    finally:
+        algorithm.close()
+
+
+def test_a_resume_with_runners_restarts_what_the_learner_carried(ray_instance: None) -> None:
+    cfg = config("num_env_runners=2", "num_envs=4", "ppo.rollout_steps=16",
+                 "ppo.minibatch_size=64", "ppo.normalize_rewards=true", "max_weight_lag=0")
+    first: Any = build_algorithm(cfg)
+    try:
+        first.collect()
+        first.update(64)
+        state = first.get_state()
+    finally:
+        first.close()
+    assert state["reward_norm"]["running"].abs().sum() > 0
+    resumed: Any = build_algorithm(cfg)
+    try:
+        resumed.set_state(state)
+        assert resumed.runner.restarted_at_resume
+        assert torch.count_nonzero(resumed.reward_running) == 0
+        assert resumed.reward_stats.count == state["reward_norm"]["count"]
+    finally:
+        resumed.close()
+
+
+def test_an_env_config_is_refused_with_runners(ray_instance: None) -> None:
+    cfg = config("num_env_runners=1", "num_envs=2", "ppo.rollout_steps=16",
+                 "ppo.minibatch_size=32", "horizons_per_env_reset=1")
+    algorithm: Any = build_algorithm(cfg)
+    try:
+        with pytest.raises(ConfigError, match="env_config cannot reach envs"):
+            Trainer(algorithm).step(env_config={"max_episode_steps": 5})
+        algorithm.collect()  # the runners are still there
     finally:
         algorithm.close()
 

@@ -163,3 +163,11 @@ def check_env_runners(config: Any) -> None:
     if section not in RUNNER_ALGOS:
         raise ConfigError(f"{section} does not support env runners (only "
                           f"{', '.join(RUNNER_ALGOS)} do); use num_env_runners=0")
+    if getattr(config.hparams, "recurrent", None):
+        raise ConfigError(f"{section}.recurrent is not supported with env runners (the "
+                          "memory state and episode starts stay in the runners); use "
+                          "num_env_runners=0")
+    if getattr(config.hparams, "replay", None) == "frames" and config.num_env_runners > 1:
+        raise ConfigError(f"{section}.replay=frames takes one env stream per row, which "
+                          "several runners do not give; use num_env_runners=1 or "
+                          f"{section}.replay=uniform")

@@ -113,14 +113,23 @@ class AlgorithmBase:
         if not horizon_starts(collects, self.horizons_per_env_reset):
             return
         config = dict(env_config or {})
-        if config != self.env_config:
+        rebuilt = config != self.env_config
+        if rebuilt:
+            if getattr(self.env, "remote", False):  # the runners' envs (RemoteEnvs)
+                raise ConfigError("env_config cannot reach envs that run in env runners; "
+                                  "pass the settings as env_kwargs, or use num_env_runners=0")
             self.env.close()
             self.env = self._make_train_env({**self.settings.env_kwargs, **config})
             self.runner.env = self.env
             self.env_config = config
-        if collects:
+        if collects or rebuilt:  # a new env has not been reset yet
             self.runner.reset(seed=self.settings.seed + collects)
             self.episodes_restarted()
+
+    def start_rollout(self) -> None:
+        """The env steps that follow make a new rollout (a collect, an off-policy
+        optimisation step, or an env runner's next fragment): exploration drawn once per
+        rollout is drawn anew."""
 
     def episodes_restarted(self) -> None:
         """Every training env began a new episode (a horizon reset, or a resume that could

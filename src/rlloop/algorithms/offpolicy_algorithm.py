@@ -138,10 +138,6 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
         """The behaviour policy after warm-up: ``obs [N, ...] -> actions [N, ...]``."""
         raise NotImplementedError
 
-    def start_rollout(self) -> None:
-        """The env steps that follow make a new rollout (after an optimisation step, or
-        an env runner's next fragment): exploration drawn once per rollout is redrawn."""
-
     # ---- border's cadence ------------------------------------------------------------
     def env_step(self) -> int:
         return self.loop.env_step(self._explore)

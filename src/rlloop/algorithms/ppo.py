@@ -253,9 +253,12 @@ class PPO(AlgorithmBase):
         self._t += 1
         return actions, log_probs
 
-    def collect(self) -> dict[str, float]:
+    def start_rollout(self) -> None:
         self._sde_age = 0  # gSDE: a rollout starts with new noise matrices
         self._t = 0
+
+    def collect(self) -> dict[str, float]:
+        self.start_rollout()
         if self._graphed is not None:
             steps = self._graphed.collect(self._behaviour, self.buffer)
             self._t = self.buffer.steps  # a replay filled every row (its Python ran once)

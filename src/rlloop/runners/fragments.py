@@ -74,6 +74,7 @@ class FragmentSampler:
     def _rollout(self) -> Fragment:
         algo: Any = self.algorithm
         runner, buf = algo.runner, algo.buffer
+        algo.start_rollout()  # a fragment is the runner's rollout (PPO's gSDE noise)
         runner.collect(algo._behaviour, buf)
         times = runner.pop_times()
         # Only where an episode ended does the in-process runner write next_obs. ``[:]``

@@ -183,6 +183,9 @@ class RemoteEnvs:
     """The learner's view of the runners' envs: their spec and count; closing it stops
     the runners. They are stepped only inside the runners."""
 
+    #: Stepped elsewhere: an env_config cannot rebuild them (AlgorithmBase.begin_horizon).
+    remote = True
+
     def __init__(self, spec: EnvSpec, num_envs: int, group: RayEnvRunnerGroup) -> None:
         self.spec, self.num_envs, self.group = spec, num_envs, group
 
@@ -229,6 +232,9 @@ class RayEnvRunnerGroup:
         self.obs = torch.zeros((self.env.num_envs, *spec.obs_shape), device=self.device)
         self.episodes = FragmentEpisodes(self.num_runners, self.envs)
         self._inflight: dict[Any, int] = {}  # object ref -> runner index
+        self._ahead: dict[int, Fragment] = {}  # runner -> its next fragment, already here
+        #: As an in-process runner's: set_state makes the episodes restart.
+        self.restart_due = self.restarted_at_resume = False
         self._published: list[int] = []  # weights_seq_no of each broadcast, ascending
         self._weights_ref: Any = None
         self.restarts = self.dropped = 0
@@ -261,14 +267,20 @@ class RayEnvRunnerGroup:
         loop = getattr(self.algorithm, "loop", None)
         return int(loop.env_steps) if loop is not None else 0
 
-    def take(self, count: int, extra: bool = False) -> list[Fragment]:
+    def take(self, count: int, extra: bool = False, one_each: bool = False) -> list[Fragment]:
         """``count`` fragments, in the order they arrive, fresh enough to use; with
-        ``extra``, also those that arrived meanwhile (they would only grow older)."""
+        ``extra``, also those that arrived meanwhile (they would only grow older). With
+        ``one_each`` (a rollout of one fragment per runner) a runner's second fragment
+        waits for the next call, which takes it first."""
         self._weights()  # publish the newest weights: lags count from them
+        out: list[Fragment] = []
+        for runner, waiting in sorted(self._ahead.items()):
+            del self._ahead[runner]
+            if self._accept(waiting):
+                out.append(waiting)
         for runner in range(self.num_runners):
             if runner not in self._inflight.values():
                 self._launch(runner)
-        out: list[Fragment] = []
         t0 = time.perf_counter()
         while len(out) < count or extra:
             if len(out) < count:
@@ -287,22 +299,34 @@ class RayEnvRunnerGroup:
                 continue
             self._down_since[runner] = None
             self._check_instance(frag)
-            lag = weights_lag(self._published, frag.weights_seq_no)
-            if lag > self.config.max_weight_lag:
-                self.dropped += 1
-                self._launch(runner)
+            if one_each and any(f.runner == runner for f in out):
+                self._ahead[runner] = frag  # the next call's (a slot holds one per runner)
                 continue
-            self._lag_sum += lag
-            self._taken += 1
-            self.time_env += frag.env_s
-            self.time_inference += frag.inference_s
-            self.episodes.add(frag)
-            out.append(frag)
-            if self.asynchronous:  # sample ahead with the weights at hand
+            if not self._accept(frag):
                 self._launch(runner)
-                extra = extra and len(out) < self.num_runners
+            else:
+                out.append(frag)
+                if self.asynchronous:  # sample ahead with the weights at hand
+                    self._launch(runner)
+                    extra = extra and len(out) < self.num_runners
         self._wait_s += time.perf_counter() - t0
         return sorted(out, key=lambda f: f.runner)
+
+    def _accept(self, frag: Fragment) -> bool:
+        """Whether ``frag`` is fresh enough to learn from. A dropped one leaves a gap in its
+        runner's transitions: the runner's pending n-step windows restart (as after a
+        restart), while its episodes, which the envs did play, are counted all the same."""
+        lag = weights_lag(self._published, frag.weights_seq_no)
+        self.episodes.add(frag)
+        if lag > self.config.max_weight_lag:
+            self.dropped += 1
+            self.restarted.add(frag.runner)
+            return False
+        self._lag_sum += lag
+        self._taken += 1
+        self.time_env += frag.env_s
+        self.time_inference += frag.inference_s
+        return True
 
     def _failed(self, runner: int, error: RayError) -> None:
         """A runner's call failed: drop its fragment and let it restart, or raise when
@@ -353,7 +377,7 @@ class RayEnvRunnerGroup:
         """Fill ``buf`` ``[T, K*M]`` with K fragments (``policy`` acts in the runners, with
         the learner's weights); returns the env steps taken."""
         m = self.envs
-        for slot, frag in enumerate(self.take(self.num_runners)):
+        for slot, frag in enumerate(self.take(self.num_runners, one_each=True)):
             cols = slice(slot * m, (slot + 1) * m)
             buf.obs[:, cols] = frag.obs
             buf.actions[:, cols] = frag.actions
@@ -377,6 +401,7 @@ class RayEnvRunnerGroup:
 
     def _drain(self) -> None:
         refs, self._inflight = list(self._inflight), {}
+        self._ahead.clear()
         for ref in refs:
             with contextlib.suppress(RayError):
                 ray.get(ref)
@@ -400,6 +425,15 @@ class RayEnvRunnerGroup:
     def set_state(self, state: dict[str, Any]) -> None:
         self.episodes.set_state(state["episodes"])
         self.restarts = int(state.get("restarts", 0))
+        self.restart_due = True  # the runners' envs begin new episodes (see get_state)
+
+    def restart_episodes(self) -> None:
+        """After ``set_state``: the runners' envs started new episodes when they were made,
+        so only what the learner carried along the old ones is dropped (as an in-process
+        runner's `restart_episodes`)."""
+        self.episodes.restart()
+        self.restarted.update(range(self.num_runners))
+        self.restart_due, self.restarted_at_resume = False, True
 
     def close(self) -> None:
         if self._closed:
