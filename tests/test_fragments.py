@@ -48,15 +48,19 @@ def test_ou_noise_restarts_where_a_fragment_ends_an_episode():
         algorithm.close()
 
 
-def test_gsde_noise_is_drawn_anew_for_each_fragment():
-    algorithm = _runner_algorithm("sac", "Pendulum-v1", "sac.learning_starts=0",
-                                  "sac.use_sde=true")
+@pytest.mark.parametrize(("algo", "sets"), [
+    ("sac", ["sac.learning_starts=0", "sac.use_sde=true"]),
+    ("ppo", ["ppo.use_sde=true", "ppo.rollout_steps=8", "ppo.minibatch_size=16"]),
+])
+def test_gsde_noise_is_drawn_anew_for_each_fragment(algo, sets):
+    algorithm = _runner_algorithm(algo, "Pendulum-v1", *sets)
     try:
-        sampler = FragmentSampler(algorithm, 4)
+        sampler = FragmentSampler(algorithm, 8)
         sampler.sample(env_steps=0)
         first = algorithm._sde_eps.clone()
-        sampler.sample(env_steps=8)
+        sampler.sample(env_steps=16)
         assert not torch.equal(first, algorithm._sde_eps)
+        assert algorithm._sde_age == 8  # one fragment's steps since the draw
     finally:
         algorithm.close()
 
@@ -74,20 +78,6 @@ def test_sac_acts_with_its_policy_at_warm_up_with_use_sde_at_warmup():
     # Both fragments lie inside warm-up: only use_sde_at_warmup differs.
     assert frags[1].actions.abs().max() < 0.5  # the gSDE policy's small initial noise
     assert frags[0].actions.abs().max() > 0.5  # uniform over [-2, 2]
-
-
-def test_ppo_gsde_noise_is_drawn_anew_for_each_fragment():
-    algorithm = _runner_algorithm("ppo", "Pendulum-v1", "ppo.use_sde=true",
-                                  "ppo.rollout_steps=8", "ppo.minibatch_size=16")
-    try:
-        sampler = FragmentSampler(algorithm, 8)
-        sampler.sample(env_steps=0)
-        first = algorithm._sde_eps.clone()
-        sampler.sample(env_steps=16)
-        assert not torch.equal(first, algorithm._sde_eps)
-        assert algorithm._sde_age == 8  # one fragment's steps since the draw
-    finally:
-        algorithm.close()
 
 
 @pytest.mark.parametrize(("algo", "sets", "named"), [
