@@ -15,8 +15,9 @@ from rlloop.checkpoint import load_checkpoint, save_checkpoint
 from rlloop.config import build_config
 from rlloop.data.multi_agent import masked_gae
 from rlloop.data.returns import gae
-from rlloop.envs.core import Discrete, EnvError
+from rlloop.envs.core import Box, Discrete, EnvError
 from rlloop.envs.multi_agent import (
+    AgentSpec,
     make_multi_agent_env,
     multi_agent_spec,
     random_actions,
@@ -237,3 +238,31 @@ def test_cli_trains_a_multi_agent_run(tmp_path, cli_env):
     bad = subprocess.run(rlloop_cmd("train", "ppo", "--env", TTT, "--quiet"), cwd=tmp_path,
                          env=cli_env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "ma_ppo" in bad.stderr
+
+
+def test_random_actions_of_an_unbounded_box_are_finite():
+    """The random evaluation opponent (and warm-up) draw from Gymnasium's Box convention:
+    normal where a dimension is unbounded, exponential tails where one bound is missing;
+    low + u * (high - low) gave NaN there."""
+    inf = float("inf")
+    spec = AgentSpec((2,), Box(low=(-1.0, -inf, 0.0), high=(1.0, inf, inf), shape=(3,)))
+    actions = random_actions(spec, torch.zeros(4096, 2), torch.Generator().manual_seed(0))
+    assert actions.isfinite().all()
+    assert actions[:, 0].abs().max() <= 1.0 and actions[:, 2].min() >= 0.0
+    assert abs(float(actions[:, 1].std()) - 1.0) < 0.1
+
+
+def test_a_turn_based_game_without_masks_has_one_agent_to_move_per_step():
+    """Only the mover's action counts in a turn-based game: without an action mask to
+    tell, the AEC env's agent_selection does (every agent was active, and trained on
+    actions the game ignored)."""
+    env = make_multi_agent_env("pettingzoo:turn_envs", 2, seed=0)
+    try:
+        env.reset()
+        for t in range(8):
+            movers = torch.stack([env.active["a"], env.active["b"]])
+            assert movers.sum(0).eq(1).all(), (t, movers)
+            assert bool(env.active["a"][0]) == (t % 4 in (0, 2))  # a opens every game
+            env.step({a: torch.ones(2, dtype=torch.int64) for a in env.agents})
+    finally:
+        env.close()

@@ -119,3 +119,35 @@ def test_the_reward_normalisers_return_restarts_at_a_horizon_reset():
         assert torch.count_nonzero(algorithm.reward_running) == 0
     finally:
         algorithm.close()
+
+
+def _episode_lengths_after_resume(algo: str, env: str, config_key: str, sets: list[str]
+                                  ) -> float:
+    from rlloop.trainer import Trainer
+
+    config = build_config(algo, env, flags={"num_envs": 2},
+                          sets=[*QUIET, "horizons_per_env_reset=-1", *sets])
+    first = build_algorithm(config)
+    Trainer(first).step(env_config={config_key: 5})
+    state = first.get_state()
+    first.close()
+    resumed = build_algorithm(config)
+    try:
+        resumed.set_state(state)
+        trainer = Trainer(resumed)
+        for _ in range(3):
+            stats = trainer.step(env_config={config_key: 5})
+        return stats["episode/length_mean"]
+    finally:
+        resumed.close()
+
+
+def test_a_resumed_run_trains_on_its_saved_env_config():
+    """Trainer.step(env_config=...) (rl8's per-horizon env settings) holds after a resume:
+    the envs are made again with it, not left with the run's env_kwargs alone."""
+    assert _episode_lengths_after_resume(
+        "ppo", "CartPole-v1", "max_episode_steps",
+        ["backend=gymnasium", "ppo.rollout_steps=16", "ppo.minibatch_size=32"]) == 5.0
+    assert _episode_lengths_after_resume(
+        "ma_ppo", "pettingzoo:classic.rps_v2", "max_cycles",
+        ["ma_ppo.rollout_steps=16", "ma_ppo.minibatch_size=16"]) == 5.0

@@ -115,16 +115,21 @@ class AlgorithmBase:
         config = dict(env_config or {})
         rebuilt = config != self.env_config
         if rebuilt:
-            if getattr(self.env, "remote", False):  # the runners' envs (RemoteEnvs)
-                raise ConfigError("env_config cannot reach envs that run in env runners; "
-                                  "pass the settings as env_kwargs, or use num_env_runners=0")
-            self.env.close()
-            self.env = self._make_train_env({**self.settings.env_kwargs, **config})
-            self.runner.env = self.env
-            self.env_config = config
+            self._rebuild_env(config)
         if collects or rebuilt:  # a new env has not been reset yet
             self.runner.reset(seed=self.settings.seed + collects)
             self.episodes_restarted()
+
+    def _rebuild_env(self, env_config: dict[str, Any]) -> None:
+        """The training envs made again with ``env_config`` over the run's env_kwargs (not
+        reset yet)."""
+        if getattr(self.env, "remote", False):  # the runners' envs (RemoteEnvs)
+            raise ConfigError("env_config cannot reach envs that run in env runners; "
+                              "pass the settings as env_kwargs, or use num_env_runners=0")
+        self.env.close()
+        self.env = self._make_train_env({**self.settings.env_kwargs, **env_config})
+        self.runner.env = self.env
+        self.env_config = env_config
 
     def start_rollout(self) -> None:
         """The env steps that follow make a new rollout (a collect, an off-policy
@@ -195,9 +200,12 @@ class AlgorithmBase:
     def set_state(self, state: dict[str, Any]) -> None:
         set_generator_state(self.generator, state["generator"],
                             derive_seed(self.settings.seed, "algorithm-resumed"))
+        env_config = dict(state.get("env_config", {}))
+        if env_config != self.env_config:  # made with the run's env_kwargs alone so far
+            self._rebuild_env(env_config)
+            self.runner.reset(seed=self.settings.seed)  # then the saved state goes in
         self.runner.set_state(state["runner"])
         self.evals = int(state["evals"])
-        self.env_config = dict(state.get("env_config", {}))
         if self.obs_stats is not None and "obs_norm" in state:
             self.obs_stats.set_state(state["obs_norm"])
         if getattr(self.runner, "restart_due", False):

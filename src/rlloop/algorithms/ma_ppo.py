@@ -137,13 +137,17 @@ class MultiAgentPPO:
             return
         config = dict(env_config or {})
         if config != self.env_config:
-            self.env.close()
-            self.env = self.runner.env = self._make_env(self.settings.num_envs,
-                                                        self.settings.seed, config)
-            self.env_config = config
-            self.runner._restart(self.env.reset(seed=self.settings.seed + collects))
+            self._rebuild_env(config, self.settings.seed + collects)
         elif collects:
             self.runner._restart(self.env.reset(seed=self.settings.seed + collects))
+
+    def _rebuild_env(self, env_config: dict[str, Any], seed: int) -> None:
+        """The envs made again with ``env_config``, their episodes started from ``seed``."""
+        self.env.close()
+        self.env = self.runner.env = self._make_env(self.settings.num_envs,
+                                                    self.settings.seed, env_config)
+        self.env_config = env_config
+        self.runner._restart(self.env.reset(seed=seed))
 
     def _policy(self, deterministic: bool):  # type: ignore[no-untyped-def]
         def act(module_id: str, obs: Tensor) -> tuple[Tensor, Tensor]:
@@ -277,7 +281,9 @@ class MultiAgentPPO:
         set_generator_state(self.generator, state["generator"],
                             derive_seed(self.settings.seed, "algorithm-resumed"))
         self.evals, self.iterations = int(state["evals"]), int(state["iterations"])
-        self.env_config = dict(state.get("env_config", {}))
+        env_config = dict(state.get("env_config", {}))
+        if env_config != self.env_config:  # made with the run's env_kwargs alone so far
+            self._rebuild_env(env_config, self.settings.seed)
         self.runner.set_state(state["runner"])
 
     def get_policy_state(self) -> dict[str, Any]:

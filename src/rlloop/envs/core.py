@@ -178,7 +178,24 @@ def sample_random_actions(space: ActionSpace, n: int, generator: torch.Generator
                             (2,) * space.n, device=device)
         u = torch.rand((n, *space.shape), generator=generator, device=device)
         return (u * high).long()
-    low = torch.tensor(space.low, dtype=torch.float32, device=device).reshape(space.shape)
-    high = torch.tensor(space.high, dtype=torch.float32, device=device).reshape(space.shape)
-    u = torch.rand((n, *space.shape), generator=generator, device=device)
-    return low + u * (high - low)
+    return sample_box(space.low, space.high, space.shape, n, generator)
+
+
+def sample_box(low: Any, high: Any, shape: tuple[int, ...], n: int,
+               generator: torch.Generator) -> Tensor:
+    """``n`` random points of the box ``[low, high]`` (Gymnasium's ``Box.sample``
+    convention): uniform where both bounds are finite, normal where neither is, and
+    ``low + Exp(1)`` / ``high - Exp(1)`` where only one is (never NaN)."""
+    device = generator.device
+    lo = torch.as_tensor(low, dtype=torch.float32, device=device).reshape(shape)
+    hi = torch.as_tensor(high, dtype=torch.float32, device=device).reshape(shape)
+    u = torch.rand((n, *shape), generator=generator, device=device)
+    out = lo + u * (hi - lo)
+    below, above = torch.isfinite(lo), torch.isfinite(hi)
+    if bool((below & above).all()):
+        return out
+    normal = torch.randn((n, *shape), generator=generator, device=device)
+    tail = -torch.log1p(-u)  # Exp(1) from the same uniforms
+    out = torch.where(below & above, out, normal)
+    out = torch.where(below & ~above, lo + tail, out)
+    return torch.where(~below & above, hi - tail, out)

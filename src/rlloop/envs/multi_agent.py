@@ -34,7 +34,7 @@ from gymnasium import spaces
 from torch import Tensor
 
 from rlloop.devices import arrays_to_device
-from rlloop.envs.core import ActionSpace, Box, Discrete, EnvError, EnvSpec
+from rlloop.envs.core import ActionSpace, Box, Discrete, EnvError, EnvSpec, sample_box
 from rlloop.envs.gym import convert_action_space
 from rlloop.envs.ids import PETTINGZOO_PREFIX, is_pettingzoo_id
 from rlloop.modules.action_masks import legal_actions
@@ -239,8 +239,10 @@ class PettingZooVecEnv:
             active[a][i] = False
         for a, raw in raw_obs.items():
             out[a][i] = _encode(self.spec.agent_specs[a], self._obs_spaces[a], raw)
+        turn = _turn(self.envs[i])
         for a in self.envs[i].agents:
-            active[a][i] = _is_active(self.spec.agent_specs[a], out[a][i])
+            active[a][i] = (_is_active(self.spec.agent_specs[a], out[a][i])
+                            and turn in (None, a))
 
     def reset(self, seed: int | None = None) -> dict[str, Tensor]:
         """Reset every copy; ``seed`` (or the constructor's, once) seeds copy ``i`` with
@@ -324,6 +326,16 @@ class PettingZooVecEnv:
             env.close()
 
 
+def _turn(env: Any) -> str | None:
+    """The agent whose move it is in a turn-based game (``turn_based_aec_to_parallel``:
+    only its action counts, mask or no mask); None in a parallel env."""
+    from pettingzoo.utils.conversions import turn_based_aec_to_parallel_wrapper
+
+    if isinstance(env, turn_based_aec_to_parallel_wrapper):
+        return str(env.aec_env.agent_selection)
+    return None
+
+
 def _rng_holder(env: Any) -> Any:
     inner = getattr(env, "aec_env", env)  # turn_based_aec_to_parallel keeps the AEC env
     return getattr(inner, "unwrapped", inner)
@@ -358,10 +370,8 @@ def random_actions(spec: AgentSpec, obs: Tensor, generator: torch.Generator) -> 
     Drawn on the generator's device, which is ``obs``'s."""
     b, device = obs.shape[0], generator.device
     if isinstance(spec.action_space, Box):
-        shape = spec.action_space.shape
-        low = torch.tensor(spec.action_space.low, device=device).reshape(shape)
-        high = torch.tensor(spec.action_space.high, device=device).reshape(shape)
-        return low + torch.rand((b, *shape), generator=generator, device=device) * (high - low)
+        space = spec.action_space
+        return sample_box(space.low, space.high, tuple(space.shape), b, generator)
     noise = torch.rand((b, spec.action_space.n), generator=generator, device=device)
     if spec.action_mask:
         noise = noise.masked_fill(~legal_actions(obs.flatten(1), spec.action_mask), -1.0)
