@@ -207,6 +207,8 @@ def test_killed_learner_rank_restarts_from_the_newest_checkpoint(tmp_path, cli_e
      "num_learners=2 needs one of ['ppo', 'sac'], not dqn; use num_learners=1"),
     (["sac", "--env", "Pendulum-v1", "--set", "num_learners=2", "--set", "compile=true"],
      "sac.compile=true does not combine with num_learners > 1"),
+    (["ppo", "--env", "CartPole-v1", "--set", "num_learners=2", "--set", "ppo.recurrent=lstm"],
+     "num_learners=2 shards minibatches of steps; ppo.recurrent trains on sequences"),
 ])
 def test_bad_learner_settings_are_one_line_errors(args, message, tmp_path, capsys):
     code = main(["train", *args, "--run-dir", str(tmp_path / "run")])
@@ -238,3 +240,101 @@ def test_ppo_with_two_learners_solves_cartpole(tmp_path):
     result = train(config, tmp_path / "run")
     assert result.stopped_by == "solved", result
     assert not live_children()
+
+
+def test_ranks_build_the_algorithms_own_policy_and_count_every_row():
+    """Rank 1 builds what rank 0 holds (here the masked policy of an env with an action
+    mask; it built a plain one, whose unmasked log-probs bent the shared gradient), and
+    the sample counters count the whole minibatch, not rank 0's shard."""
+    from rlloop.algorithms.ppo import PPOConfig, PPOLearner
+    from rlloop.data.rollout import PPOBatch
+    from rlloop.modules.masked import MaskedActorCritic
+
+    torch.manual_seed(0)
+    cfg, n, actions = PPOConfig(minibatch_size=40, ent_coef=0.01), 40, 3
+    g = torch.Generator().manual_seed(1)
+    obs = torch.randn(n, 4 + actions, generator=g)
+    obs[:, -actions:] = torch.tensor([1.0, 1.0, 0.0])  # action 2 is never legal
+    module = MaskedActorCritic((4 + actions,), Discrete(actions), actions, cfg.hidden,
+                               cfg.activation)
+    with torch.no_grad():
+        dist, values = module.dist_value(obs)
+        taken = dist.sample(g)
+        batch = PPOBatch(obs, taken, dist.log_prob(taken), torch.randn(n, generator=g),
+                         torch.randn(n, generator=g), values)
+    kwargs = {"num_epochs": 1, "minibatch_size": n, "env_steps": 0}
+    one = PPOLearner({DEFAULT_MODULE_ID: copy.deepcopy(module)}, cfg)
+    expected = one.update_from_batch({DEFAULT_MODULE_ID: batch},
+                                     generator=torch.Generator().manual_seed(5), **kwargs)
+    two = _rank0(cfg, EnvSpec("m", (4 + actions,), Discrete(actions), action_mask=actions),
+                 module)
+    try:
+        got = two.update_from_batch({DEFAULT_MODULE_ID: batch}, stop=lambda s: False,
+                                    generator=torch.Generator().manual_seed(5), **kwargs)
+        assert got["ppo/approx_kl"] == pytest.approx(0.0, abs=1e-6)  # one epoch: on-policy
+        _assert_close(two.modules.state_dict(), one.modules.state_dict(), atol=1e-6)
+        _assert_ranks_equal(two)
+        for key in ("learner/num_samples_trained", "learner/num_samples_trained_lifetime"):
+            assert got[key] == expected[key] == n, key
+    finally:
+        two.close()
+
+
+def test_a_step_one_shard_overflows_is_skipped_by_every_rank():
+    """A finite batch whose loss overflows on one rank's shard only (a return of 2e19):
+    every rank skips the step, as one learner does, so the copies stay equal."""
+    import dataclasses
+
+    from learner_cases import ppo_batch
+
+    from rlloop.algorithms.ppo import PPOConfig, PPOLearner
+    from rlloop.modules.actor_critic import ActorCritic
+
+    torch.manual_seed(0)
+    cfg = PPOConfig(minibatch_size=20)
+    module = ActorCritic((4,), Discrete(2), cfg.hidden, cfg.activation, 0.0)
+    batch = ppo_batch(20, seed=1)
+    returns = batch.returns.clone()
+    returns[15] = 2e19
+    batch = dataclasses.replace(batch, returns=returns)
+    kwargs = {"num_epochs": 1, "minibatch_size": 20, "env_steps": 0}
+    before = copy.deepcopy(module.state_dict())
+    one = PPOLearner({DEFAULT_MODULE_ID: copy.deepcopy(module)}, cfg)
+    expected = one.update_from_batch({DEFAULT_MODULE_ID: batch},
+                                     generator=torch.Generator().manual_seed(5), **kwargs)
+    assert expected["guard/skipped_updates"] == 1.0
+    two = _rank0(cfg, EnvSpec("t", (4,), Discrete(2)), module)
+    try:
+        got = two.update_from_batch({DEFAULT_MODULE_ID: batch}, stop=lambda s: False,
+                                    generator=torch.Generator().manual_seed(5), **kwargs)
+        assert got["guard/skipped_updates"] == 1.0
+        _assert_close(two.modules[DEFAULT_MODULE_ID].state_dict(), before, atol=0)
+        _assert_ranks_equal(two)
+    finally:
+        two.close()
+
+
+def test_two_sac_learners_share_the_gsde_noise_matrix():
+    """gSDE draws one noise matrix per batch: every rank uses all of it (it was cut as if
+    it were batch rows: a crash, or with one-row shards a silently wrong update)."""
+    torch.manual_seed(0)
+    cfg = SACConfig(hidden=[32, 32], batch_size=15, use_sde=True)
+    module = SACModule(3, 1, cfg)
+    one = SACLearner({DEFAULT_MODULE_ID: copy.deepcopy(module)}, cfg, -1.0,
+                     new_generator(CPU, 7))
+    two = _rank0(cfg, EnvSpec("p", (3,), Box((-2.0,), (2.0,), (1,))), module,
+                 new_generator(CPU, 7))
+    g = torch.Generator().manual_seed(2)
+    try:
+        for _ in range(2):
+            n = 15
+            batch = ReplayBatch(torch.randn(n, 3, generator=g), torch.rand(n, 1, generator=g),
+                                torch.randn(n, generator=g), torch.randn(n, 3, generator=g),
+                                torch.rand(n, generator=g) < 0.2, torch.full((n,), 0.99))
+            expected, got = one.update(batch), two.update(batch)
+            torch.testing.assert_close(got["losses/actor"], expected["losses/actor"],
+                                       rtol=1e-5, atol=1e-6)
+        _assert_close(two.modules.state_dict(), one.modules.state_dict(), atol=1e-6)
+        _assert_ranks_equal(two)
+    finally:
+        two.close()

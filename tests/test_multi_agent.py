@@ -266,3 +266,43 @@ def test_a_turn_based_game_without_masks_has_one_agent_to_move_per_step():
             env.step({a: torch.ones(2, dtype=torch.int64) for a in env.agents})
     finally:
         env.close()
+
+
+def _scripted(moves: list[int]):  # type: ignore[no-untyped-def]
+    """A policy playing ``moves`` in turn (one call per env step, one module for both)."""
+    count = {"i": 0}
+
+    def policy(module_id: str, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        action = torch.full((obs.shape[0],), moves[count["i"] % len(moves)])
+        count["i"] += 1
+        return action, torch.zeros(obs.shape[0])
+
+    return policy
+
+
+def test_a_loss_told_after_the_rollout_ends_reaches_the_losing_move():
+    """Tic-tac-toe split 4 | 1 steps: player_2's second move ends rollout 0 while it waits
+    for its turn; the -1 it is told in rollout 1 (when player_1 wins) is that move's return
+    (gamma = lambda = 1). Before, the -1 was dropped and the move bootstrapped from an
+    off-turn observation, whose value the critic never learns."""
+    algorithm = build_algorithm(build_config("ma_ppo", "pettingzoo:classic.tictactoe_v3", sets=[
+        "mlflow=false", "progress=false", "num_envs=1", "ma_ppo.rollout_steps=4",
+        "ma_ppo.minibatch_size=4", "ma_ppo.gamma=1.0", "ma_ppo.gae_lambda=1.0"]))
+    try:
+        policy = _scripted([0, 3, 1, 4, 2, 5, 6, 7, 8])  # player_1 wins at step 4
+        batches = []
+        for _ in range(2):
+            algorithm.runner.collect(policy, algorithm.rollout, algorithm.generator)
+            if not batches:
+                losing_move = algorithm.rollout["player_2"].obs[3, 0].clone()
+            batches.append(algorithm._batch()["default_policy"])
+        # rollout 0 trains player_1's two moves and player_2's first; its second waits
+        assert len(batches[0].returns) == 3
+        # rollout 1 trains the waiting move: told -1, the game over
+        [row] = (batches[1].obs == losing_move).all(-1).nonzero().flatten().tolist()
+        assert float(batches[1].returns[row]) == -1.0
+        # no trained row was an off-turn observation (tic-tac-toe's legal-move mask empty)
+        for batch in batches:
+            assert (batch.obs[:, -9:].sum(-1) > 0).all()
+    finally:
+        algorithm.close()

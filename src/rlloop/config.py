@@ -226,6 +226,10 @@ class RunConfig:
         if self.num_learners > 1 and self.algo not in DISTRIBUTED_ALGOS:
             raise ConfigError(f"num_learners={self.num_learners} needs one of "
                               f"{list(DISTRIBUTED_ALGOS)}, not {self.algo}; use num_learners=1")
+        if self.num_learners > 1 and getattr(self.hparams, "recurrent", None):
+            raise ConfigError(f"num_learners={self.num_learners} shards minibatches of steps; "
+                              f"{self.algo}.recurrent trains on sequences, which it does not "
+                              "shard: use num_learners=1")
         if self.max_learner_restarts < 0:
             raise ConfigError(f"max_learner_restarts must be >= 0, got "
                               f"{self.max_learner_restarts}")

@@ -20,16 +20,16 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rlloop.algorithms.offpolicy import ReplayBatch
-from rlloop.algorithms.ppo import PPOConfig, PPOLearner
-from rlloop.algorithms.sac import SACConfig, SACLearner, SACModule
+from rlloop.algorithms.ppo import PPOConfig, PPOLearner, policy_factory
+from rlloop.algorithms.sac import SACConfig, SACLearner, SACModule, sac_module_factory
 from rlloop.devices import build_module, new_generator
 from rlloop.errors import ConfigError
 from rlloop.learners.distributed import DataParallel, GroupInfo, Link, destroy_group
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.learners.learner_group import Launcher, LearnerSpec, start_group
 from rlloop.learners.optim_step import GuardedStep
-from rlloop.modules.actor_critic import ActorCritic
-from rlloop.modules.networks import flat_dim
+from rlloop.modules.action_masks import resolve_action_mask
+from rlloop.modules.custom import resolve_net
 
 if TYPE_CHECKING:
     from rlloop.algorithms.base import AlgorithmBase
@@ -84,8 +84,9 @@ class DataParallelSACLearner(DataParallel, SACLearner):  # type: ignore[misc]
         m = self.module()
         next_noise, noise = self._noise(m, batch)
         start, stop = self.shard(DEFAULT_MODULE_ID, len(batch))
-        stats = self._loss_step(batch.rows(start, stop), next_noise[start:stop],
-                                noise[start:stop])
+        if not self.config.use_sde:  # per-row noise; gSDE's is one matrix for the batch
+            next_noise, noise = next_noise[start:stop], noise[start:stop]
+        stats = self._loss_step(batch.rows(start, stop), next_noise, noise)
         stats = self.reduce_stats(stats, self._weights[DEFAULT_MODULE_ID])
         self.after_update()
         return stats
@@ -110,16 +111,17 @@ def build_rank_learner(spec: LearnerSpec, group: GroupInfo, device: torch.device
     on_nonfinite = cast(Literal["skip", "raise"], spec.on_nonfinite)
     learner: DataParallel
     if isinstance(config, PPOConfig):
-        module = module or build_module(lambda: ActorCritic(
-            env.obs_shape, env.action_space, config.hidden, config.activation,
-            config.init_log_std), device)
+        # The algorithm's own policy, as rank 0 built it (masks, gSDE, encoders, nets).
+        features = resolve_net(config.net, "ppo.net") if config.net else None
+        mask_dims = resolve_action_mask(config.action_mask, env, config.section)
+        module = module or build_module(policy_factory(env, config, mask_dims, features),
+                                        device)
         learner = DataParallelPPOLearner({DEFAULT_MODULE_ID: module}, config, on_nonfinite)
     elif isinstance(config, SACConfig):
         space = env.action_space
         entropy = (-float(space.dim) if config.target_entropy is None
                    else config.target_entropy)
-        module = module or build_module(
-            lambda: SACModule(flat_dim(env.obs_shape), space.dim, config), device)
+        module = module or build_module(sac_module_factory(env, space.dim, config), device)
         learner = DataParallelSACLearner({DEFAULT_MODULE_ID: cast(SACModule, module)},
                                          config, entropy,
                                          generator or new_generator(device, spec.seed),

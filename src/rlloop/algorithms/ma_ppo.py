@@ -25,7 +25,14 @@ from rlloop.algorithms.base import EVAL_SEED_OFFSET, EnvSettings, horizon_starts
 from rlloop.algorithms.league import MAIN, League
 from rlloop.algorithms.ppo import PPOLearner
 from rlloop.algorithms.ppo_config import MultiAgentPPOConfig as MultiAgentPPOConfig
-from rlloop.data.multi_agent import AgentRollout, masked_gae
+from rlloop.data.multi_agent import (
+    AgentRollout,
+    WaitingDecisions,
+    masked_gae,
+    waiting_decisions,
+    waiting_rows,
+    with_waiting,
+)
 from rlloop.data.rollout import PPOBatch
 from rlloop.devices import build_module, new_generator, resolve_device, set_generator_state
 from rlloop.envs.core import Box
@@ -73,6 +80,7 @@ class MultiAgentPPO:
             policies_to_train=train, stats_prefix="always" if self.league else "auto")
         self.runner = MultiAgentRunner(self.env, self.mapping, seed=settings.seed)
         self.rollout = {a: self._rollout(s) for a, s in self.spec.agent_specs.items()}
+        self._forget_waiting()
         self._eval_envs: dict[int, PettingZooVecEnv] = {}
         self.evals = 0
         self.iterations = 0
@@ -140,6 +148,11 @@ class MultiAgentPPO:
             self._rebuild_env(config, self.settings.seed + collects)
         elif collects:
             self.runner._restart(self.env.reset(seed=self.settings.seed + collects))
+            self._forget_waiting()
+
+    def _forget_waiting(self) -> None:
+        """Episodes restarted: no decision of theirs waits for its outcome any more."""
+        self._waiting = {a: WaitingDecisions.none(r) for a, r in self.rollout.items()}
 
     def _rebuild_env(self, env_config: dict[str, Any], seed: int) -> None:
         """The envs made again with ``env_config``, their episodes started from ``seed``."""
@@ -148,6 +161,7 @@ class MultiAgentPPO:
                                                     self.settings.seed, env_config)
         self.env_config = env_config
         self.runner._restart(self.env.reset(seed=seed))
+        self._forget_waiting()
 
     def _policy(self, deterministic: bool):  # type: ignore[no-untyped-def]
         def act(module_id: str, obs: Tensor) -> tuple[Tensor, Tensor]:
@@ -182,11 +196,17 @@ class MultiAgentPPO:
 
     @torch.no_grad()
     def _batch(self) -> dict[str, PPOBatch]:
-        """Per trained module, the active samples of every agent it played."""
+        """Per trained module, the active samples of every agent it played.
+
+        An agent's last decision whose episode goes on while the agent waits for its turn
+        (turn-based games) is left to the next rollout, which holds the rewards that still
+        reach it and its next decision's value (`WaitingDecisions`); the decisions that
+        waited from the last rollout are trained here."""
         cfg, table, learner = self.config, self.runner.module_table, self.learner
         trained = {m for m in learner.modules if learner.should_module_be_updated(m)}
         parts: dict[str, list[PPOBatch]] = {}
-        for agent, buf in self.rollout.items():
+        for agent, rollout in self.rollout.items():
+            buf = with_waiting(rollout, self._waiting[agent])
             values, final_values = torch.zeros_like(buf.rewards), torch.zeros_like(buf.rewards)
             for k in buf.module.unique().tolist():
                 if table[k] not in learner.modules:  # the random player or a removed snapshot
@@ -202,12 +222,15 @@ class MultiAgentPPO:
                     if a == agent and m in learner.modules:
                         last[rows] = learner.modules[m].value(  # type: ignore[operator]
                             self.runner.obs[agent][rows])
+            waiting = waiting_rows(buf, self.env.active[agent])
+            self._waiting[agent] = waiting_decisions(buf, waiting)
             adv, ret = masked_gae(buf.rewards, values, final_values, last, buf.terminated,
-                                  buf.truncated, buf.active, cfg.gamma, cfg.gae_lambda)
+                                  buf.truncated, buf.active, cfg.gamma, cfg.gae_lambda,
+                                  waiting)
             for m in trained:
                 if m not in table:
                     continue
-                sel = (buf.module == table.index(m)) & buf.active
+                sel = (buf.module == table.index(m)) & buf.active & ~waiting
                 if bool(sel.any()):
                     parts.setdefault(m, []).append(PPOBatch(
                         buf.obs[sel], buf.actions[sel], buf.log_probs[sel], adv[sel],
@@ -284,7 +307,8 @@ class MultiAgentPPO:
         env_config = dict(state.get("env_config", {}))
         if env_config != self.env_config:  # made with the run's env_kwargs alone so far
             self._rebuild_env(env_config, self.settings.seed)
-        self.runner.set_state(state["runner"])
+        self.runner.set_state(state["runner"])  # the episodes restart
+        self._forget_waiting()
 
     def get_policy_state(self) -> dict[str, Any]:
         """What acting needs (the modules, the league's ids), for :meth:`set_policy_state`."""

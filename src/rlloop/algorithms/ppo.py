@@ -16,7 +16,7 @@ from rlloop.data.obs_storage import ObsLayout
 from rlloop.data.returns import gae
 from rlloop.data.rollout import PPOBatch, RolloutBuffer
 from rlloop.devices import build_module, resolve_device, stats_dtype
-from rlloop.envs.core import Box
+from rlloop.envs.core import Box, EnvSpec
 from rlloop.envs.wrappers import discounted_reward_scale
 from rlloop.errors import ConfigError
 from rlloop.learners.adam import Adam
@@ -138,6 +138,32 @@ def _loss_of(fwd_out: tuple[ActionDist, Tensor], batch: PPOBatch, clip_coef: flo
                     batch.values, batch.returns, dist.entropy(), cfg)
 
 
+def policy_factory(spec: EnvSpec, config: PPOConfig, mask_dims: int,
+                   features: Any = None) -> Callable[[], nn.Module]:
+    """What builds PPO's feed-forward policy for ``spec`` (every learner rank builds its
+    copy so): masked where ``mask_dims``, on ``features`` (a custom net) or an encoder."""
+    if mask_dims:
+        return lambda: MaskedActorCritic(
+            spec.obs_shape, spec.action_space, mask_dims,  # type: ignore[arg-type]
+            config.hidden, config.activation, features=features,
+            ortho_init=config.ortho_init,
+            # a Dict observation's entries are encoded (its mask is not)
+            encoder=_encoder(spec, config) if spec.obs_parts and features is None else None)
+    return lambda: ActorCritic(
+        spec.obs_shape, spec.action_space, config.hidden, config.activation,
+        config.init_log_std, None if features is not None else _encoder(spec, config),
+        sde=(config.full_std, config.use_expln) if config.use_sde else None,
+        ortho_init=config.ortho_init, features=features)
+
+
+def _encoder(spec: EnvSpec, config: PPOConfig) -> Encoder | None:
+    if spec.obs_parts and config.encoder != "mlp":  # one encoder per Dict entry
+        return DictEncoder(spec.obs_parts, config.hidden, config.activation,
+                           config.cnn_precision, standardized=config.normalize_obs)
+    return build_encoder(config.section, config.encoder, spec.obs_shape, spec.image_obs,
+                         cnn_precision=config.cnn_precision)
+
+
 class PPO(AlgorithmBase):
     """Collect ``rollout_steps`` x ``num_envs`` steps, then ``num_epochs`` of minibatch PPO."""
 
@@ -213,28 +239,10 @@ class PPO(AlgorithmBase):
         return GraphedCollect(self.runner, [self.generator])
 
     def _policy_factory(self) -> Callable[[], nn.Module]:
-        spec, config = self.env.spec, self.config
-        features = self._features
-        if self.mask_dims:
-            return lambda: MaskedActorCritic(
-                spec.obs_shape, spec.action_space, self.mask_dims,  # type: ignore[arg-type]
-                config.hidden, config.activation, features=features,
-                ortho_init=config.ortho_init,
-                # a Dict observation's entries are encoded (its mask is not)
-                encoder=self._encoder() if spec.obs_parts and features is None else None)
-        return lambda: ActorCritic(
-            spec.obs_shape, spec.action_space, config.hidden, config.activation,
-            config.init_log_std, None if features is not None else self._encoder(),
-            sde=(config.full_std, config.use_expln) if config.use_sde else None,
-            ortho_init=config.ortho_init, features=features)
+        return policy_factory(self.env.spec, self.config, self.mask_dims, self._features)
 
     def _encoder(self) -> Encoder | None:
-        spec, config = self.env.spec, self.config
-        if spec.obs_parts and config.encoder != "mlp":  # one encoder per Dict entry
-            return DictEncoder(spec.obs_parts, config.hidden, config.activation,
-                               config.cnn_precision, standardized=config.normalize_obs)
-        return build_encoder(config.section, config.encoder, spec.obs_shape, spec.image_obs,
-                             cnn_precision=config.cnn_precision)
+        return _encoder(self.env.spec, self.config)
 
     def _behaviour(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         sde = self.policy.sde

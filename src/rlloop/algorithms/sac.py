@@ -42,6 +42,7 @@ from rlloop.algorithms.offpolicy_algorithm import (
 )
 from rlloop.algorithms.offpolicy_config import SACConfig as SACConfig
 from rlloop.devices import build_module
+from rlloop.envs.core import EnvSpec
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.losses.polyak import polyak_update
@@ -73,6 +74,14 @@ class SACModule(nn.Module):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(config.init_alpha)),
                                       requires_grad=config.autotune_alpha)
+
+
+def sac_module_factory(spec: EnvSpec, act_dim: int, config: SACConfig
+                       ) -> Callable[[], SACModule]:
+    """What builds SAC's module for ``spec`` (every learner rank builds its copy so)."""
+    return lambda: SACModule(flat_dim(spec.obs_shape), act_dim, config, lambda: build_encoder(
+        "sac", config.encoder, spec.obs_shape, spec.image_obs, spec.obs_parts,
+        config.hidden, cnn_precision=config.cnn_precision))
 
 
 class SACLearner(OffPolicyLearnerBase):
@@ -173,11 +182,8 @@ class SAC(OffPolicyAlgorithmBase):
         self.config = config
         self.space = space
         entropy = -float(space.dim) if config.target_entropy is None else config.target_entropy
-        spec = env.spec
-        self.module = build_module(lambda: SACModule(
-            flat_dim(spec.obs_shape), space.dim, config, lambda: build_encoder(
-                "sac", config.encoder, spec.obs_shape, spec.image_obs, spec.obs_parts,
-                config.hidden, cnn_precision=config.cnn_precision)), self.device)
+        self.module = build_module(sac_module_factory(env.spec, space.dim, config),
+                                   self.device)
         self.learner = SACLearner({DEFAULT_MODULE_ID: self.module}, config, entropy,
                                   self.generator, env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env,

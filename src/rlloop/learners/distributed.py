@@ -306,8 +306,10 @@ class DataParallel(Learner[Any]):
     # ---- the Learner's update path, sharded -------------------------------------------
     def update_minibatch(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
         shards = {}
+        self._minibatch_rows: dict[str, int] = {}
         for module_id, b in batch.items():
             b = self.prepare_minibatch(module_id, b)
+            self._minibatch_rows[module_id] = len(b)
             shards[module_id] = b.rows(*self.shard(module_id, len(b)))
         shards = {m: b for m, b in shards.items() if self._updatable(m)}
         if not shards:
@@ -322,6 +324,17 @@ class DataParallel(Learner[Any]):
 
     def micro_batches(self, mb: Mapping[str, Any]) -> int:
         return 1  # every rank must join the same collectives: one pass per shard
+
+    def agreed(self, finite: Tensor) -> Tensor:
+        """Finite on every rank: one rank's loss may overflow on its shard alone, and
+        every rank must skip (or take) the same step, or the copies drift apart."""
+        flag = finite.to(self.comm_device, torch.float32).reshape(1)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return flag.to(finite.device).bool().reshape(())
+
+    def samples_trained(self, module_id: str, batch: Any) -> int:
+        # The whole minibatch the ranks shared, not this rank's shard.
+        return self._minibatch_rows.get(module_id, len(batch))
 
     def compute_losses(self, batch: Mapping[str, Any], fwd_out: Mapping[str, Any]
                        ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:

@@ -386,7 +386,7 @@ class Learner(Generic[BatchT]):
         total = torch.stack(list(losses.values())).sum()
         self.reduce_gradients()
         norms = {key: grad_norm(o.params) for key, o in optims}
-        finite = torch.isfinite(torch.stack([total, *norms.values()])).all()
+        finite = self.agreed(torch.isfinite(torch.stack([total, *norms.values()])).all())
         skipped = self._skip_on_device(optims, finite)
         # Else one host read per minibatch for the loss and every gradient norm together.
         if skipped is None and not bool(finite):
@@ -405,14 +405,21 @@ class Learner(Generic[BatchT]):
             stats[SKIPPED_KEY] = skipped
         for module_id, module_batch in mb.items():
             stats[self._stat_key(module_id, "losses/total")] = losses[module_id]
-            n = module_batch.num_samples() if isinstance(module_batch, TensorBatch) \
-                else len(module_batch)
+            n = self.samples_trained(module_id, module_batch)
             self.metrics.log_value((module_id, "num_samples_trained_lifetime"), n, reduce="sum")
             self.metrics.log_value("learner/num_samples_trained", n, reduce="sum",
                                    clear_on_reduce=True)
             self.metrics.log_value("learner/num_samples_trained_lifetime", n, reduce="sum",
                                    with_throughput=True)
         return stats
+
+    def agreed(self, finite: Tensor) -> Tensor:
+        """Whether the step is finite, as every learner of a group sees it (one here)."""
+        return finite
+
+    def samples_trained(self, module_id: str, batch: Any) -> int:
+        """The rows a gradient step on ``batch`` trains ``module_id`` on."""
+        return int(batch.num_samples()) if isinstance(batch, TensorBatch) else len(batch)
 
     def micro_batches(self, mb: MultiBatch[BatchT]) -> int:
         """How many forward/backward passes :meth:`forward_backward` splits ``mb`` into:
