@@ -245,6 +245,69 @@ def test_atari_envs_are_preprocessed_as_rl_zoo_does():
         env.close()
 
 
+def _wrappers(vec_env) -> list[str]:  # type: ignore[no-untyped-def]
+    from rlloop.envs.gym import find_gym_env
+
+    env, names = find_gym_env(vec_env)._vec.envs[0], []  # type: ignore[union-attr]
+    while hasattr(env, "env"):
+        names.append(type(env).__name__)
+        env = env.env
+    return names
+
+
+def test_atari_evaluation_plays_whole_games():
+    """Training ends an episode at every lost life; evaluation (episodic_life: false, as
+    the eval envs are made) ends one only when the game is over, as rl-zoo's scores
+    count, and restarts each life as training does (FIRE in Breakout)."""
+    env = make_env("ALE/Breakout-v5", num_envs=1, seed=0,
+                   env_kwargs={"episodic_life": False, "repeat_action_probability": 0.0})
+    try:
+        env.reset()
+        ale = find_gym_env_atari(env).unwrapped.ale
+        seen = set()
+        for _ in range(5000):
+            lives = ale.lives()
+            seen.add(lives)
+            res = env.step(torch.randint(4, (1,)))
+            if bool(res.terminated[0] | res.truncated[0]):
+                break
+        # One episode: all five lives, ended in the last (the env then began a new game).
+        assert bool(res.terminated[0]) and lives == 1 and seen == {1, 2, 3, 4, 5}
+    finally:
+        env.close()
+    algorithm = build_algorithm(build_config("ppo", "ALE/Breakout-v5", flags={"num_envs": 2},
+                                             sets=["mlflow=false", "progress=false",
+                                                   "ppo.minibatch_size=64"]))
+    try:
+        assert "EpisodicLife" in _wrappers(algorithm.env)
+        assert "FullGames" in _wrappers(algorithm._eval_env({}, 1))
+    finally:
+        algorithm.close()
+
+
+def find_gym_env_atari(vec_env):  # type: ignore[no-untyped-def]
+    from rlloop.envs.gym import find_gym_env
+
+    return find_gym_env(vec_env)._vec.envs[0]  # type: ignore[union-attr]
+
+
+def test_an_atari_time_limit_counts_agent_steps():
+    """env_kwargs.max_episode_steps counts the agent's steps of a game, as on envpool (it
+    went to gymnasium.make, under the 4-frame skip, and counted raw frames: 100 ended
+    Pong games after about 20 steps)."""
+    env = make_env("ALE/Pong-v5", num_envs=1, seed=0, env_kwargs={"max_episode_steps": 100})
+    try:
+        env.reset()
+        steps, res = 0, None
+        while res is None or not bool(res.truncated[0] | res.terminated[0]):
+            res = env.step(torch.zeros(1, dtype=torch.long))
+            steps += 1
+        assert bool(res.truncated[0]) and not bool(res.terminated[0])
+        assert 95 <= steps <= 100, steps  # the reset's FIRE presses count too
+    finally:
+        env.close()
+
+
 def test_atari_ppo_and_dqn_smoke_with_uint8_storage():
     """About two thousand env steps between them, with the shipped presets' networks and
     preprocessing (smaller rollouts and fewer updates, so that it fits the default run)."""

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from rlloop.devices import new_generator, resolve_device, set_generator_state
+from rlloop.envs.atari import EPISODIC_LIFE, is_atari_id
 from rlloop.envs.core import EnvSpec, VecEnv
 from rlloop.envs.registry import NATIVE_ENVS, make_env
 from rlloop.envs.wrappers import NormalizeObservation
@@ -162,9 +163,11 @@ class AlgorithmBase:
         key = json.dumps([env_config, num_envs], sort_keys=True, default=str)
         if key not in self._eval_envs:
             s = self.settings
+            # Atari is evaluated on whole games (rl-zoo's scores), trained life by life.
+            whole = {EPISODIC_LIFE: False} if is_atari_id(s.env_id) else {}
             env = make_env(s.env_id, num_envs, s.backend, seed=s.seed + EVAL_SEED_OFFSET,
-                           env_kwargs={**s.env_kwargs, **env_config}, device=self.device,
-                           step_timeout=s.step_timeout)
+                           env_kwargs={**s.env_kwargs, **env_config, **whole},
+                           device=self.device, step_timeout=s.step_timeout)
             if self.obs_stats is not None:
                 env = NormalizeObservation(env, self.obs_stats, update=False)
             self._eval_envs[key] = env

@@ -19,9 +19,12 @@ from typing import Any, SupportsFloat
 
 import gymnasium
 from gymnasium.envs.registration import EnvSpec
-from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, TimeLimit
 
 FRAME_STACK = 4
+#: rlloop's own Atari option (env_kwargs, every backend): true (training, the default) ends
+#: an episode at every lost life; false plays whole games, as evaluation does.
+EPISODIC_LIFE = "episodic_life"
 
 
 def is_atari_id(env_id: str) -> bool:
@@ -68,6 +71,37 @@ class EpisodicLife(gymnasium.Wrapper[Any, Any, Any, Any]):
         return obs, info
 
 
+class FullGames(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """Whole games, for evaluation (``episodic_life: false``): a lost life ends no episode.
+    The next life starts as the learner's does under :class:`EpisodicLife` and
+    :class:`FireReset` (a no-op, then FIRE and another action where the game waits for
+    FIRE), inside the step that lost it (their rewards dropped, as in training)."""
+
+    def __init__(self, env: gymnasium.Env[Any, Any], restart: tuple[int, ...]) -> None:
+        super().__init__(env)
+        self.restart = restart
+        self.lives = 0
+
+    def _ale_lives(self) -> int:
+        return int(self.env.unwrapped.ale.lives())  # type: ignore[attr-defined]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[Any, dict[str, Any]]:
+        out = self.env.reset(seed=seed, options=options)
+        self.lives = self._ale_lives()
+        return out
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if not (terminated or truncated) and 0 < self._ale_lives() < self.lives:
+            for restart in self.restart:
+                obs, _, terminated, truncated, info = self.env.step(restart)
+                if terminated or truncated:
+                    break
+        self.lives = self._ale_lives()
+        return obs, reward, terminated, truncated, info
+
+
 class FireReset(gymnasium.Wrapper[Any, Any, Any, Any]):
     """Press FIRE after every reset in games that wait for it (Breakout's ball)."""
 
@@ -86,12 +120,19 @@ def make_atari(env_id: str | EnvSpec, **kwargs: Any) -> gymnasium.Env[Any, Any]:
     observations are ``[4, 84, 84]`` uint8."""
     if kwargs.get("obs_type", "rgb") == "ram":
         return gymnasium.make(env_id, **kwargs)
+    # A time limit counts the agent's steps of a game (as on envpool), not raw frames:
+    # it goes above the frame skip, below the life-by-life episodes.
+    limit = kwargs.pop("max_episode_steps", None)
+    per_life = bool(kwargs.pop(EPISODIC_LIFE, True))
     # AtariPreprocessing skips frames itself (max-pooling the last two).
     env = gymnasium.make(env_id, **{"frameskip": 1, **kwargs})
     env = AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
                              terminal_on_life_loss=False, grayscale_obs=True)
-    env = EpisodicLife(env)
-    if waits_for_fire(env.unwrapped.get_action_meanings()):  # type: ignore[attr-defined]
+    if limit is not None:
+        env = TimeLimit(env, int(limit))
+    fire = waits_for_fire(env.unwrapped.get_action_meanings())  # type: ignore[attr-defined]
+    env = EpisodicLife(env) if per_life else FullGames(env, (0, 1, 2) if fire else (0,))
+    if fire:
         env = FireReset(env)
     return FrameStackObservation(env, FRAME_STACK)
 

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from rlloop.devices import arrays_to_device
-from rlloop.envs.atari import FRAME_STACK, is_atari_id
+from rlloop.envs.atari import EPISODIC_LIFE, FRAME_STACK, is_atari_id
 from rlloop.envs.core import Discrete, EnvError, EnvSpec, StepResult
 
 INSTALL = "pip install 'rlloop[envpool]'"
@@ -83,6 +83,7 @@ class EnvpoolAtariVecEnv:
             raise EnvError(f"num_envs must be >= 1, got {num_envs}")
         task = check_envpool(env_id)
         kwargs = dict(env_kwargs or {})
+        self._per_life = bool(kwargs.pop(EPISODIC_LIFE, True))  # rlloop's, not envpool's
         unknown = sorted(set(kwargs) - set(PASSED_KWARGS))
         if unknown:
             raise EnvError(f"backend 'envpool' does not take env_kwargs {unknown} (it takes "
@@ -142,7 +143,7 @@ class EnvpoolAtariVecEnv:
         game_over = np.asarray(terminated, dtype=bool) | np.asarray(truncated, dtype=bool)
         lives = np.asarray(info["lives"], dtype=np.int64)
         life_lost = (lives > 0) & (lives < self._lives)
-        terminated_np = np.asarray(terminated, dtype=bool) | life_lost
+        terminated_np = np.asarray(terminated, dtype=bool) | (life_lost & self._per_life)
         truncated_np = np.asarray(truncated, dtype=bool) & ~terminated_np
         self._lives = lives.copy()
         arrays = [obs, np.asarray(reward, dtype=np.float32), terminated_np, truncated_np]
@@ -152,6 +153,9 @@ class EnvpoolAtariVecEnv:
             final = obs
             obs = obs.copy()
             if next_life.size:
+                # envpool's frame stack runs on through the game: a new life's first
+                # stacks still hold frames of the life lost (the gymnasium backend's
+                # start with its first frame repeated).
                 ended = np.union1d(ended, self._next_life(obs, next_life))
             if ended.size:
                 new_obs, new_info = self._pool.reset(self._ids[ended])
