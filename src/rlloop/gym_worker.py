@@ -30,6 +30,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from rlloop.seeding import seed_host_rngs
 from rlloop.worker_loop import exit_with_parent
 
 _PR_SET_PDEATHSIG = 1
@@ -74,6 +75,10 @@ def _mask(info: Any) -> Any:
 
 def _run(env: Any, command: str, data: Any) -> Any:
     if command == "reset":
+        if data.get("seed") is not None:
+            # The process's own global RNGs (an env drawing from np.random), seeded as
+            # the env is: a run is reproducible (a resume continues them afresh).
+            seed_host_rngs(int(data["seed"]))
         obs, info = env.reset(**data)
         return obs, _mask(info)
     if command == "step":

@@ -14,7 +14,6 @@ import hashlib
 import random
 
 import numpy as np
-import torch
 
 
 def derive_seed(seed: int, stream: str) -> int:
@@ -31,6 +30,13 @@ def seed_global_rngs(seed: int) -> None:
     control (a user's env drawing from ``np.random``), and a checkpoint saves them, so
     they must start from the seed for a run to be reproducible and to resume exactly.
     """
+    import torch  # here: an env worker process seeds its host RNGs without torch
+
     torch.manual_seed(seed)
+    seed_host_rngs(seed)
+
+
+def seed_host_rngs(seed: int) -> None:
+    """Seed NumPy's and Python's global generators from ``seed`` (as `seed_global_rngs`)."""
     np.random.seed(derive_seed(seed, "numpy") % 2**32)
     random.seed(derive_seed(seed, "python"))

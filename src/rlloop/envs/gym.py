@@ -37,6 +37,7 @@ from rlloop.envs.gym_async import GuardedAsyncVectorEnv
 from rlloop.envs.gym_threads import ThreadedVectorEnv
 from rlloop.envs.objects import is_object_env
 from rlloop.errors import RlloopError
+from rlloop.seeding import derive_seed
 from rlloop.signals import StopInterrupted, interrupted
 
 
@@ -478,7 +479,10 @@ class GymVecEnv:
                                           and not np.all(np.asarray(present)[rows])):
             raise EnvError(f"{self.spec.env_id} stopped returning info['action_mask']; return "
                            "it from every reset and step")
-        return np.asarray(infos["action_mask"])[rows]
+        masks = infos["action_mask"]
+        if np.asarray(masks).dtype == np.dtype(object):  # lists, kept as Python objects
+            masks = np.stack([np.asarray(m) for m in masks])
+        return np.asarray(masks)[rows]
 
     def step(self, actions: Tensor) -> StepResult:
         """Step all sub-envs; finished ones are reset in the same call (see module doc).
@@ -548,9 +552,15 @@ class GymVecEnv:
                 return None
         states = self._vec.get_attr("state")
         steps = self._vec.get_attr("_elapsed_steps")
-        if not all(isinstance(x, np.ndarray) for x in states) or None in steps:
+        # A tuple of numbers too (MountainCar-v0's state after a step).
+        if not all(isinstance(x, np.ndarray | tuple) for x in states) or None in steps:
             return None
-        return {"state": [np.array(x, copy=True) for x in states],
+        try:
+            arrays = [np.array(x, dtype=None if isinstance(x, np.ndarray) else np.float64,
+                               copy=True) for x in states]
+        except (TypeError, ValueError):
+            return None
+        return {"state": arrays,
                 "elapsed_steps": [int(n) for n in steps]}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -559,7 +569,10 @@ class GymVecEnv:
         episodes restart at the next ``reset()``). A lost state (workers that failed)
         leaves the envs as they are."""
         self.state_restored = False
-        if "lost" in state:
+        if "lost" in state:  # workers had failed: their RNG states were not saved
+            if self._pending_seed is not None:  # not the first episodes' seeds again
+                self._pending_seed = derive_seed(self._pending_seed, "resumed-after-loss") \
+                    % 2**31
             return
         env_rngs = state["env_rngs"]
         if len(env_rngs) != self.num_envs:
