@@ -58,3 +58,42 @@ def test_a_confirmed_solve_stops_the_run(tmp_path):
         "progress=false", "save_video=false"])
     result = train(config, tmp_path / "run")
     assert result.stopped_by == "solved" and result.env_steps == 32
+
+
+def _session(algo: str, env: str, tmp_path, *sets: str):  # type: ignore[no-untyped-def]
+    from rlloop.run import Session
+
+    config = build_config(algo, env, sets=["mlflow=false", "progress=false",
+                                           "save_video=false", *sets])
+    return Session(config, tmp_path / "run")
+
+
+def test_a_stochastic_evaluator_acts_stochastically_in_every_evaluation(tmp_path):
+    """The final evaluation and the solve confirmation used the greedy policy whatever
+    <algo>.evaluator said, and competed with the stochastic ones for best/."""
+    session = _session("sac", "Pendulum-v1", tmp_path, "sac.evaluator=stochastic",
+                       "total_env_steps=250", "num_envs=1", "sac.learning_starts=100",
+                       "sac.eval_interval=100", "sac.hidden=[16]", "sac.batch_size=16",
+                       "eval_episodes=1", "solve_threshold=-100000", "solve_episodes=2")
+    evaluate, greedy = session.algorithm.evaluate, []
+
+    def recorded(episodes, env_config=None, deterministic=True):  # type: ignore[no-untyped-def]
+        greedy.append(deterministic)
+        return evaluate(episodes, env_config, deterministic)
+
+    session.algorithm.evaluate = recorded
+    result = session.run()
+    assert result.stopped_by == "solved" and len(greedy) >= 2  # an eval and its confirmation
+    assert not any(greedy), greedy
+
+
+def test_an_off_policy_run_stops_at_the_optimisation_step_that_solved_it(tmp_path):
+    """Four optimisation steps fall due per env step (4 envs, opt_interval 1): the run
+    solved at the second went on with the other two (and logged their evaluations)."""
+    session = _session("dqn", "CartPole-v1", tmp_path, "num_envs=4", "dqn.opt_interval=1",
+                       "dqn.gradient_steps=1", "dqn.learning_starts=16", "dqn.batch_size=8",
+                       "dqn.eval_interval=2", "eval_episodes=1", "solve_threshold=1",
+                       "solve_episodes=1", "total_env_steps=4000")
+    result = session.run()
+    assert result.stopped_by == "solved"
+    assert session.trainer.state["algorithm/steps"] == 2

@@ -142,6 +142,8 @@ class BorderSchedule:
             stats.update(self._after_optimization(trainer))
             if self.finished(trainer):
                 self.pending_opts = 0
+            elif trainer.stop_early():  # solved, a signal: the rest wait (saved) for a resume
+                break
         trainer.wall_time += _clock() - t0 - (self._paused - paused)
         return trainer.count(stats)
 

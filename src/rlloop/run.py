@@ -261,6 +261,8 @@ class Session:
                                callbacks=[_Checkpoints(self), self.user_callbacks,
                                           *([self.profiler] if self.profiler else [])],
                                schedule=schedule)
+        self.trainer.stop_early = lambda: (self.solved or self.stop_requested is not None
+                                           or self.user_callbacks.stopped_by is not None)
         if resume:
             self._restore()
         # The report's figures in the child the CLI started ahead (see FigureWriter). A
@@ -346,6 +348,12 @@ class Session:
             conditions.append(lambda _: self.solved)
         return conditions
 
+    def _eval_greedy(self) -> bool:
+        """Whether the run's evaluations act greedily (the off-policy `evaluator` setting,
+        border's; always for the others): the final and the confirming ones as well."""
+        evaluator = getattr(self.trainer.schedule, "evaluator", None)
+        return bool(getattr(evaluator, "deterministic", True))
+
     def check_solved(self, eval_return: float) -> None:
         """Mark the run :attr:`solved` when an evaluation while training reaches the solve
         threshold (``stop_on_solve``), confirmed by :meth:`_confirm_solved`."""
@@ -364,7 +372,8 @@ class Session:
         cfg = self.config
         if cfg.solve_episodes > cfg.eval_episodes:
             with self.phases.timed("evals"), flushed_denormals(self.trainer.flush_denormal):
-                result = self.algorithm.evaluate(cfg.solve_episodes)
+                result = self.algorithm.evaluate(cfg.solve_episodes, None,
+                                                 self._eval_greedy())
             value = float(result["return_mean"])
             self.sink.log_metrics({"eval/solve_return_mean": value,
                                    "eval/solve_episodes": float(result["episodes"])},
@@ -436,7 +445,7 @@ class Session:
                     # evaluation advances eval seeds (and any global RNG the env draws
                     # from), which a run trained straight through never does.
                     self._final = self.components()
-                    stats = {**stats, **trainer.eval()}
+                    stats = {**stats, **trainer.eval(deterministic=self._eval_greedy())}
                     self._final["trainer"].update(latest_eval=dict(trainer.latest_eval),
                                                   best_eval_return=self.best_eval_return)
             except StopInterrupted:

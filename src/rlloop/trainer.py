@@ -120,6 +120,9 @@ class Trainer:
         self.state: dict[str, int] = dict.fromkeys(self.schedule.counters, 0)
         self.latest_eval: Stats = {}
         self.wall_time = 0.0
+        #: Whether the run must stop within an iteration (after the optimisation step in
+        #: flight, where an iteration holds several: border's): the run sets it.
+        self.stop_early: Callable[[], bool] = lambda: False
 
     def step(self, *, env_config: dict[str, Any] | None = None) -> Stats:
         """One iteration of the schedule (collect -> update -> log); returns flat stats."""
