@@ -9,7 +9,6 @@ the policy ``rlloop eval`` loads (the run's ``best/``, else its latest checkpoin
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 from rlloop.algorithms import ALGORITHMS, AlgorithmBase
 from rlloop.callbacks import Callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.config import MAX_EVAL_EPISODES, RunConfig, build_config, sb3_names
+from rlloop.config import MAX_EVAL_EPISODES, RunConfig, build_config, sb3_hint
 from rlloop.envs.core import Box
 from rlloop.envs.gym import find_gym_env
 from rlloop.envs.objects import (
@@ -41,6 +40,7 @@ from rlloop.run import (
     resume_config,
     train,
 )
+from rlloop.runfiles import links_under
 
 EnvLike = str | Any
 """An env id, a ``gymnasium.Env`` instance or a function returning one."""
@@ -73,9 +73,7 @@ class Model:
             kwargs["net"] = net_path(policy)
         unknown = sorted(set(kwargs) - _RUN_FIELDS - section)
         if unknown:
-            hint = "".join(f"Stable-Baselines3's {k} is {' / '.join(names)} here; "
-                           for k in unknown
-                           if (names := sb3_names(k, ("", sorted(section | _RUN_FIELDS)))))
+            hint = "".join(sb3_hint(k, ("", sorted(section | _RUN_FIELDS))) for k in unknown)
             raise ConfigError(f"{type(self).__name__} got unknown settings {unknown}; {hint}valid "
                               f"run settings: {', '.join(sorted(_RUN_FIELDS))}; valid "
                               f"{self.algo} settings: {', '.join(sorted(section))}")
@@ -143,10 +141,10 @@ class Model:
             return dest
         if dest.exists() and any(dest.iterdir()):
             raise RunDirError(f"{dest} is not empty; save to a new or empty directory")
-        for folder, dirs, files in os.walk(self.run_dir):  # a copy would hold its target
-            for link in (Path(folder, e) for e in (*dirs, *files) if Path(folder, e).is_symlink()):
-                raise RunDirError(f"{link} is a symbolic link; a saved run holds the run's own "
-                                  "files only: remove the link, then save")
+        link = next(links_under(self.run_dir), None)  # a copy would hold its target
+        if link is not None:
+            raise RunDirError(f"{link} is a symbolic link; a saved run holds the run's own "
+                              "files only: remove the link, then save")
         shutil.copytree(self.run_dir, dest, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns(".lock", "run.json", "mlflow.db*"))
         return dest

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,10 +59,6 @@ class UserCallbacks:
     def _check(self, cb: Callback, answer: bool | None) -> None:
         if answer is False and self.stopped_by is None:
             self.stopped_by = f"callback {type(cb).__name__}"
-
-    def stop(self, stats: Mapping[str, float]) -> bool:
-        """A stop condition: true once a callback returned False."""
-        return self.stopped_by is not None
 
     def checkpoint(self, path: Path) -> None:
         for cb in self.callbacks:

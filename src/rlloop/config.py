@@ -438,10 +438,11 @@ SB3_NAMES: dict[str, tuple[str, ...]] = {
 }
 
 
-def sb3_names(key: str, *layers: tuple[str, Sequence[str]]) -> list[str]:
-    """The rlloop keys (each with its layer's prefix) that Stable-Baselines3's ``key`` is,
-    among ``layers`` ``(prefix, keys)``; empty for a key SB3 does not name so."""
-    return [prefix + n for prefix, keys in layers for n in SB3_NAMES.get(key, ()) if n in keys]
+def sb3_hint(key: str, *layers: tuple[str, Sequence[str]]) -> str:
+    """"Stable-Baselines3's <key> is <rlloop keys> here; " naming the keys (each with its
+    layer's prefix) among ``layers`` ``(prefix, keys)``; "" for a key SB3 does not name so."""
+    names = [prefix + n for prefix, keys in layers for n in SB3_NAMES.get(key, ()) if n in keys]
+    return f"Stable-Baselines3's {key} is {' / '.join(names)} here; " if names else ""
 
 
 def _unknown_key(prefix: str, key: str, names: Sequence[str],
@@ -451,14 +452,12 @@ def _unknown_key(prefix: str, key: str, names: Sequence[str],
     may belong."""
     valid = [n for n in names if n != "hparams"]
     there, elsewhere = other
-    mapped = sb3_names(key, (prefix, valid), other)
+    hint = sb3_hint(key, (prefix, valid), other)
     close = difflib.get_close_matches(key, valid, n=1)
-    if mapped:
-        hint = f"Stable-Baselines3's {key} is {' / '.join(mapped)} here; "
-    elif key in elsewhere:
+    if not hint and key in elsewhere:
         hint = f"did you mean {there}{key}? "
-    else:
-        hint = f"did you mean {prefix}{close[0]}? " if close else ""
+    elif not hint and close:
+        hint = f"did you mean {prefix}{close[0]}? "
     return ConfigError(f"unknown config key '{prefix}{key}'; {hint}valid keys: "
                        f"{', '.join(prefix + n for n in valid)}")
 

@@ -261,8 +261,7 @@ class Session:
                                callbacks=[_Checkpoints(self), self.user_callbacks,
                                           *([self.profiler] if self.profiler else [])],
                                schedule=schedule)
-        self.trainer.stop_early = lambda: (self.solved or self.stop_requested is not None
-                                           or self.user_callbacks.stopped_by is not None)
+        self.trainer.stop_early = self._stop_now
         if resume:
             self._restore()
         # The report's figures in the child the CLI started ahead (see FigureWriter). A
@@ -341,12 +340,13 @@ class Session:
 
     # ---- the run -------------------------------------------------------------------------
     def stop_conditions(self) -> list[Condition]:
-        conditions: list[Condition] = [HitsUpperBound("env/steps", self.config.total_env_steps),
-                                       lambda _: self.stop_requested is not None,
-                                       self.user_callbacks.stop]
-        if self.config.stop_on_solve and self._solve_threshold is not None:
-            conditions.append(lambda _: self.solved)
-        return conditions
+        return [HitsUpperBound("env/steps", self.config.total_env_steps),
+                lambda _: self._stop_now()]
+
+    def _stop_now(self) -> bool:
+        """A stop signal, a callback's stop, or a solve (set only under stop_on_solve)."""
+        return (self.stop_requested is not None or self.user_callbacks.stopped_by is not None
+                or self.solved)
 
     def _eval_greedy(self) -> bool:
         """Whether the run's evaluations act greedily (the off-policy `evaluator` setting,

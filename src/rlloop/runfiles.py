@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -43,18 +43,25 @@ def check_members(run_dir: Path) -> None:
     Members are direct children, so only a link can make one resolve outside the run.
     """
     for name in MEMBERS:
-        _refuse_link(run_dir / name)
+        refuse_link(run_dir / name)
     for name in TREES:
-        for folder, dirs, files in os.walk(run_dir / name):  # never into a link
-            for entry in (*dirs, *files):
-                _refuse_link(Path(folder) / entry)
+        for link in links_under(run_dir / name):
+            refuse_link(link)
 
 
-def _refuse_link(member: Path) -> None:
+def refuse_link(member: Path, where: str = "a run directory",
+                fix: str = "use another --run-dir") -> None:
+    """``RunDirError`` if ``member`` (of ``where``) is a symbolic link."""
     if member.is_symlink():
-        raise RunDirError(
-            f"{member} is a symbolic link (to {os.readlink(member)}); rlloop never writes "
-            "through links in a run directory: remove the link or use another --run-dir")
+        raise RunDirError(f"{member} is a symbolic link (to {os.readlink(member)}); rlloop "
+                          f"never writes through links in {where}: remove the link or {fix}")
+
+
+def links_under(folder: Path) -> Iterator[Path]:
+    """The symbolic links anywhere below ``folder`` (none are followed; none if it is no
+    folder)."""
+    for parent, dirs, files in os.walk(folder):
+        yield from (Path(parent, e) for e in (*dirs, *files) if Path(parent, e).is_symlink())
 
 
 def check_output_file(out: Path, run_dirs: Iterable[Path], allowed: Iterable[str] = (),

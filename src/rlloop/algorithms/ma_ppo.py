@@ -147,8 +147,7 @@ class MultiAgentPPO:
         if config != self.env_config:
             self._rebuild_env(config, self.settings.seed + collects)
         elif collects:
-            self.runner._restart(self.env.reset(seed=self.settings.seed + collects))
-            self._forget_waiting()
+            self._restart_episodes(self.settings.seed + collects)
 
     def _forget_waiting(self) -> None:
         """Episodes restarted: no decision of theirs waits for its outcome any more."""
@@ -160,6 +159,10 @@ class MultiAgentPPO:
         self.env = self.runner.env = self._make_env(self.settings.num_envs,
                                                     self.settings.seed, env_config)
         self.env_config = env_config
+        self._restart_episodes(seed)
+
+    def _restart_episodes(self, seed: int) -> None:
+        """Every env starts a new episode from ``seed``: nothing of the old ones waits."""
         self.runner._restart(self.env.reset(seed=seed))
         self._forget_waiting()
 

@@ -33,6 +33,10 @@ def is_atari_id(env_id: str) -> bool:
     return name.startswith("ALE/") or name.endswith("NoFrameskip-v4")
 
 
+def _lives(env: gymnasium.Env[Any, Any]) -> int:
+    return int(env.unwrapped.ale.lives())  # type: ignore[attr-defined]
+
+
 class EpisodicLife(gymnasium.Wrapper[Any, Any, Any, Any]):
     """A lost life ends the episode (``terminated``) for the learner; the game goes on.
 
@@ -46,13 +50,10 @@ class EpisodicLife(gymnasium.Wrapper[Any, Any, Any, Any]):
         self.lives = 0
         self.game_over = True
 
-    def _ale_lives(self) -> int:
-        return int(self.env.unwrapped.ale.lives())  # type: ignore[attr-defined]
-
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.game_over = terminated or truncated
-        lives = self._ale_lives()
+        lives = _lives(self.env)
         if 0 < lives < self.lives:
             terminated = True
         self.lives = lives
@@ -67,7 +68,7 @@ class EpisodicLife(gymnasium.Wrapper[Any, Any, Any, Any]):
             if terminated or truncated:  # the no-op ended the game after all
                 obs, info = self.env.reset(options=options)
         self.game_over = False
-        self.lives = self._ale_lives()
+        self.lives = _lives(self.env)
         return obs, info
 
 
@@ -82,23 +83,20 @@ class FullGames(gymnasium.Wrapper[Any, Any, Any, Any]):
         self.restart = restart
         self.lives = 0
 
-    def _ale_lives(self) -> int:
-        return int(self.env.unwrapped.ale.lives())  # type: ignore[attr-defined]
-
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[Any, dict[str, Any]]:
         out = self.env.reset(seed=seed, options=options)
-        self.lives = self._ale_lives()
+        self.lives = _lives(self.env)
         return out
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
-        if not (terminated or truncated) and 0 < self._ale_lives() < self.lives:
+        if not (terminated or truncated) and 0 < _lives(self.env) < self.lives:
             for restart in self.restart:
                 obs, _, terminated, truncated, info = self.env.step(restart)
                 if terminated or truncated:
                     break
-        self.lives = self._ale_lives()
+        self.lives = _lives(self.env)
         return obs, reward, terminated, truncated, info
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import urlparse
 
 from rlloop.logging.keys import flatten_mapping
-from rlloop.runfiles import write_file
+from rlloop.runfiles import links_under, write_file
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -180,14 +180,6 @@ def _check_artifact_paths(db_path: Path, artifact_root: str) -> None:
                          f"{root}; a run's store never chooses where rlloop writes: move "
                          "mlflow.db aside (metrics.jsonl keeps every row) to start a fresh "
                          "store")
-
-
-def _holds_link(path: Path) -> bool:
-    """Whether ``path`` is a symbolic link or a folder with one anywhere below it."""
-    if path.is_symlink():
-        return True
-    return any(Path(folder, entry).is_symlink() for folder, dirs, files in os.walk(path)
-               for entry in (*dirs, *files))
 
 
 def git_commit(directory: str | Path) -> str | None:
@@ -396,7 +388,8 @@ class MlflowSink:
         root) into the run's artifacts; a path that does not exist is skipped."""
         for local, folder in artifacts.items():
             path = Path(local)
-            if _holds_link(path):  # its target's content would be copied into the store
+            # A link's target's content would be copied into the store.
+            if path.is_symlink() or next(links_under(path), None) is not None:
                 _log.warning("not logging %s to MLflow: it is or holds a symbolic link", path)
             elif path.is_dir():
                 self._client.log_artifacts(self.run_id, str(path), folder or None)

@@ -13,7 +13,6 @@ Someone may share a study that a user resumes (``rlloop tune --resume DIR``). So
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from rlloop.algorithms import ALGORITHMS
 from rlloop.config import config_layers
 from rlloop.envs.imports import check_env_import, check_net_import, check_saved_endpoints
-from rlloop.errors import ConfigError, RunDirError
+from rlloop.errors import ConfigError
 from rlloop.run_lock import LOCK_FILE
-from rlloop.runfiles import STUDY_FILE
+from rlloop.runfiles import STUDY_FILE, refuse_link
 from rlloop.tuning.space import as_set
 
 if TYPE_CHECKING:
@@ -50,17 +49,14 @@ def check_trial_dir(run_dir: Path) -> None:
     _refuse_link(run_dir)
 
 
+def _refuse_link(member: Path) -> None:
+    refuse_link(member, "a study directory", "tune in another --run-dir")
+
+
 def _trial_dirs(path: Path) -> Iterator[Path]:
     trials = path / TRIALS
     if trials.is_dir() and not trials.is_symlink():
         yield from (p for p in sorted(trials.iterdir()) if p.name.startswith("trial-"))
-
-
-def _refuse_link(member: Path) -> None:
-    if member.is_symlink():
-        raise RunDirError(f"{member} is a symbolic link (to {os.readlink(member)}); rlloop "
-                          "never writes through links in a study directory: remove the link "
-                          "or tune in another --run-dir")
 
 
 def check_saved_study(path: Path, settings: TuneSettings, *, allow_import: bool) -> None:
