@@ -47,6 +47,8 @@ def _train(args: list[str], env: dict[str, str], cwd: Path) -> tuple[dict[str, o
     # An empty --resume trained a new run; --set env= kept the first env's preset.
     (["ppo", "--resume", ""], "rlloop: error: --resume is empty"),
     (["ppo", "--set", "env=Acrobot-v1"], "rlloop: error: --set env=... would keep the preset"),
+    # Without --resume the flag trusted nothing and was silently ignored.
+    (["ppo", "--allow-import"], "rlloop: error: --allow-import only applies with --resume"),
 ])
 def test_mistyped_env_or_key_fails_without_importing_torch(
         tmp_path: Path, cli_env: dict[str, str], args: list[str], expected: str) -> None:
@@ -55,6 +57,17 @@ def test_mistyped_env_or_key_fails_without_importing_torch(
     assert result == {"code": 2, "torch": False}, stderr
     assert len(lines) == 1 and lines[0].startswith(expected), stderr
     assert not (tmp_path / "runs").exists()  # nothing was created
+
+
+def test_a_run_directory_holding_a_run_is_refused_before_torch(
+        tmp_path: Path, cli_env: dict[str, str]) -> None:
+    run = tmp_path / "old"
+    run.mkdir()
+    (run / "config.yaml").write_text("algo: ppo\n")
+    result, stderr = _train(["ppo", "--run-dir", str(run)], cli_env, tmp_path)
+    assert result == {"code": 2, "torch": False}, stderr
+    assert f"{run} already holds a run; resume it with --resume {run}" in stderr
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
 
 
 def test_an_empty_run_directory_is_not_the_working_directory(tmp_path: Path,

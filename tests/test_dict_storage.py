@@ -231,8 +231,7 @@ def test_predict_takes_one_dict_observation_or_a_batch():
 
 def test_a_dict_entry_no_encoder_takes_is_refused_in_one_line(tmp_path, cli_env):
     out = subprocess.run(rlloop_cmd("train", "dqn", "--env",
-                                    "dict_envs:rlloop-test/DictOfMultiDiscrete-v0",
-                                    "--allow-import"),
+                                    "dict_envs:rlloop-test/DictOfMultiDiscrete-v0"),
                          env=cli_env, cwd=TESTS, capture_output=True, text=True, timeout=120)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1, out.stderr

@@ -26,7 +26,7 @@ from rlloop.algorithms import ALGORITHMS
 from rlloop.config import BACKENDS, MAX_EVAL_EPISODES, check_set_keys, parse_int
 from rlloop.device_names import DEVICE_CHOICES
 from rlloop.errors import CheckpointError, ConfigError, EnvError, RlloopError, RunDirError
-from rlloop.runfiles import check_output_file, check_run_dir
+from rlloop.runfiles import check_output_file, check_run_dir, refuse_existing_run
 
 #: What ``rlloop eval --json`` prints besides ``episodes``: the evaluation's own names, also
 #: logged as ``eval/<name>`` in metrics.jsonl and returned by the API's ``evaluate()``.
@@ -239,6 +239,8 @@ def _train_run(args: argparse.Namespace) -> int:
     from rlloop.config import build_config
     from rlloop.logging import format_number, print_summary
 
+    _allow_import_needs_resume(args)
+
     callbacks = [load_callback(spec) for spec in args.callbacks]
     if args.ray_address is not None:  # before --set: an explicit ray.address wins
         args.sets.insert(0, f"ray.address={json.dumps(args.ray_address)}")
@@ -361,6 +363,15 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _allow_import_needs_resume(args: argparse.Namespace) -> None:
+    """--allow-import trusts a saved run; a new one imports the modules its command line
+    names anyway, so the flag would be silently ignored."""
+    if args.allow_import and not args.resume:
+        raise ConfigError("--allow-import only applies with --resume (it trusts the modules "
+                          "a saved run names); drop it: `rlloop train --env module:Env-v0` "
+                          "imports the module you type")
+
+
 def _check_new_run_dir(raw: str | None) -> None:
     """RunDirError unless ``raw`` is a directory a run can be created in (checked without
     creating it, so bad input leaves nothing behind)."""
@@ -373,6 +384,8 @@ def _check_new_run_dir(raw: str | None) -> None:
     if path.exists() and not path.is_dir():
         raise RunDirError(f"--run-dir {raw} is an existing file, not a directory; pick "
                           "another --run-dir")
+    if path.is_dir():
+        refuse_existing_run(path)
     base = path
     while not base.exists():
         base = base.parent

@@ -138,3 +138,11 @@ def check_run_dir(run_dir: str | Path) -> Path:
         raise RunDirError(f"{path} is not an rlloop run directory (no config.yaml); pass a "
                           "directory made by `rlloop train`, e.g. runs/<run-name>")
     return path
+
+
+def refuse_existing_run(path: Path) -> None:
+    """RunDirError when ``path`` already holds a run (its ``config.yaml``): a new run there
+    would overwrite it."""
+    if (path / "config.yaml").exists():
+        raise RunDirError(f"{path} already holds a run; resume it with --resume {path} "
+                          "or choose another --run-dir")
