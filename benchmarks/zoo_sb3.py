@@ -33,6 +33,12 @@ ROWS: dict[str, dict[str, Any]] = {
                    "exploration_final_eps": 0.07,
                    "policy_kwargs": {"net_arch": [256, 256]}},
     },
+    # rl-zoo's Ant-v4 entry: SB3's PPO defaults with VecNormalize (observations and
+    # rewards); rlloop's preset evaluates every 4 rollouts of 2,048 steps on 5 episodes.
+    "Ant-v5/ppo": {
+        "budget": 1_000_000, "eval_every": 8_192, "eval_episodes": 5, "normalize": True,
+        "kwargs": {},
+    },
     "LunarLanderContinuous-v3/ppo": {
         "budget": 1_000_000, "n_envs": 16, "eval_every": 16_384, "eval_episodes": 20,
         "kwargs": {"n_steps": 1024, "batch_size": 64, "gae_lambda": 0.98, "gamma": 0.999,
@@ -45,29 +51,53 @@ def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None 
                ) -> tuple[float, float]:
     """(best evaluation while training, the best policy's fresh score) of one seed, on
     ``fraction`` of rl-zoo's budget; ``episodes`` per evaluation (default: the row's)."""
+    import copy
+
     import gymnasium as gym
     import stable_baselines3
-    from stable_baselines3.common.callbacks import EvalCallback
+    from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
     env_id, algo = row.split("/")
     spec = ROWS[row]
     n_envs = spec.get("n_envs", 1)
     cls = getattr(stable_baselines3, algo.upper())
-    env = gym.make(env_id) if n_envs == 1 else make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    env: Any = gym.make(env_id) if n_envs == 1 else make_vec_env(env_id, n_envs=n_envs,
+                                                                 seed=seed)
+    eval_env: Any = Monitor(gym.make(env_id))
+    if spec.get("normalize"):  # rl-zoo's `normalize: true`
+        env = VecNormalize(env if n_envs > 1 else DummyVecEnv([lambda: gym.make(env_id)]))
+        # EvalCallback copies the training statistics into it before each evaluation
+        eval_env = VecNormalize(DummyVecEnv([lambda: Monitor(gym.make(env_id))]),
+                                training=False, norm_reward=False)
+    kept: dict[str, Any] = {}
+
+    class KeepStatistics(BaseCallback):
+        """At a new best evaluation, keep the observation statistics it was scored with."""
+
+        def _on_step(self) -> bool:
+            kept["obs_rms"] = copy.deepcopy(getattr(eval_env, "obs_rms", None))
+            return True
+
     model = cls("MlpPolicy", env, seed=seed, device="cpu", **spec["kwargs"])
+    fresh_episodes = episodes or 20
     with tempfile.TemporaryDirectory(prefix="zoo-sb3-") as tmp:
-        episodes = episodes or spec["eval_episodes"]
         # EvalCallback counts vectorised steps: every eval_every env steps over all envs
-        callback = EvalCallback(Monitor(gym.make(env_id)), n_eval_episodes=episodes,
+        callback = EvalCallback(eval_env, n_eval_episodes=episodes or spec["eval_episodes"],
                                 eval_freq=max(spec["eval_every"] // n_envs, 1),
-                                best_model_save_path=tmp,
+                                best_model_save_path=tmp, callback_on_new_best=KeepStatistics(),
                                 deterministic=True, verbose=0)
         model.learn(total_timesteps=round(fraction * spec["budget"]), callback=callback)
         best = cls.load(Path(tmp) / "best_model.zip", device="cpu")
-        fresh = evaluate_gym(env_id, lambda obs: best.predict(obs, deterministic=True)[0],
-                             episodes)
+        if kept.get("obs_rms") is not None:
+            eval_env.obs_rms = kept["obs_rms"]
+            fresh = evaluate_gym(env_id, lambda obs: best.predict(
+                eval_env.normalize_obs(obs), deterministic=True)[0], fresh_episodes)
+        else:
+            fresh = evaluate_gym(env_id, lambda obs: best.predict(obs, deterministic=True)[0],
+                                 fresh_episodes)
         return float(callback.best_mean_reward), fresh
 
 
