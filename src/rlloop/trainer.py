@@ -158,7 +158,7 @@ class Trainer:
             RuntimeError: called between two ``horizons_per_env_reset`` boundaries.
         """
         k = self.algorithm.horizons_per_env_reset
-        collects = self.state["algorithm/collects"]
+        collects = self.state.get("algorithm/collects", 0)  # a task counts epochs
         if env_config and k < 0 and collects:
             raise ValueError(_EVAL_CONFIG_ONCE)
         if k > 0 and collects % k:

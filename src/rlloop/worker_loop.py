@@ -9,8 +9,9 @@ Envs follow the Gymnasium API (``reset(seed=) -> (obs, info)``,
 ``step(action) -> (obs, reward, terminated, truncated, info)``); they do not have to
 subclass ``gymnasium.Env``.
 
-Messages, parent to worker: ``(seq, ops)`` with one op per env (an action, or ``None``
-for "reset this env"), or ``None`` for "close". Worker to parent: ``(seq, outcomes)``
+Messages, parent to worker: ``(seq, ops)`` with one op per env (an action, ``None`` for
+"reset this env", or :class:`Reseed` for "reset it with this seed"), or ``None`` for
+"close". Worker to parent: ``(seq, outcomes)``
 or ``(seq, Crash)``; a worker that crashed stops serving.
 """
 
@@ -58,6 +59,12 @@ class Crash(NamedTuple):
     detail: str
 
 
+class Reseed(NamedTuple):
+    """The op "reset this env with ``seed``" (its RNG restarts from the seed)."""
+
+    seed: int
+
+
 class Channel(Protocol):
     """Both ends speak this: a ``multiprocessing`` connection, or a queue pair for threads."""
 
@@ -79,11 +86,17 @@ class EnvGroup:
         self._seeds: list[int | None] = list(seeds)
 
     def run(self, ops: Sequence[Any]) -> list[EnvOutcome]:
-        """Apply one op per env: ``None`` resets it, anything else is its action."""
-        return [self._reset(i) if op is None else self._step(i, op) for i, op in enumerate(ops)]
+        """Apply one op per env: ``None`` resets it, a :class:`Reseed` resets it with that
+        seed, anything else is its action."""
+        return [self._reset(i) if op is None
+                else self._reset(i, op.seed) if isinstance(op, Reseed)
+                else self._step(i, op) for i, op in enumerate(ops)]
 
-    def _reset(self, i: int) -> EnvOutcome:
-        seed, self._seeds[i] = self._seeds[i], None  # later resets continue the env's RNG
+    def _reset(self, i: int, seed: int | None = None) -> EnvOutcome:
+        if seed is None:  # the first reset takes the worker's seed; later ones continue
+            seed, self._seeds[i] = self._seeds[i], None
+        else:
+            self._seeds[i] = None
         obs, _ = self.envs[i].reset(seed=seed)
         return EnvOutcome(obs, 0.0, False, False, obs)
 

@@ -22,18 +22,20 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from rlloop.envs.worker import ProcessBackend, make_backend
 from rlloop.errors import RlloopError
-from rlloop.worker_loop import Crash, EnvFactory, EnvOutcome
+from rlloop.worker_loop import Crash, EnvFactory, EnvOutcome, Reseed
 
 __all__ = ["EnvFactory", "EnvOutcome", "Ready", "WorkerError", "WorkerMode", "WorkerPool"]
 
 WorkerMode = Literal["sync", "thread", "process"]
 _log = logging.getLogger(__name__)
+#: Seconds between two looks at ``next_batch``'s ``should_stop`` while it waits.
+STOP_POLL_S = 0.1
 _MISSING = object()
 _WHAT = {"raised": "raised an exception", "died": "died", "hung": "hung"}
 
@@ -153,23 +155,33 @@ class WorkerPool:
         return list(self._backend.pids) if isinstance(self._backend, ProcessBackend) else []
 
     # ---- the caller's side ---------------------------------------------------------------
-    def reset(self) -> None:
-        """Start new episodes in every env; answers to earlier commands are dropped."""
+    def reset(self, seeds: Sequence[int] | None = None) -> None:
+        """Start new episodes in every env; answers to earlier commands are dropped.
+        ``seeds`` (one per slot) reseeds the envs; without it each env's RNG continues."""
+        if seeds is not None and len(seeds) != self.num_slots:
+            raise ValueError(f"reset() needs one seed per env ({self.num_slots}), got "
+                             f"{len(seeds)}")
         self._ready.clear()
+        k = self.envs_per_worker
         for rank, w in enumerate(self._workers):
             w.results, w.handed_out = None, False
-            self._send(rank, [None] * self.envs_per_worker)
+            self._send(rank, [None] * k if seeds is None
+                       else [Reseed(int(seed)) for seed in seeds[rank * k:(rank + 1) * k]])
         self._needs_reset = False
 
     def next_batch(self, min_size: int = 1, max_size: int | None = None,
-                   max_wait: float | None = None) -> list[Ready]:
+                   max_wait: float | None = None,
+                   should_stop: Callable[[], bool] | None = None) -> list[Ready]:
         """Ready envs for one forward pass (``ml``'s rule).
 
         Waits until at least ``min_size`` envs are ready; returns at most ``max_size``
         (default: all envs); once ``min_size`` is met, waits for more only until
         ``max_wait`` seconds have passed since the call (``None``: until ``max_size``
         are ready, so the slowest worker sets the pace). A worker's envs always come
-        together. Envs ready beyond ``max_size`` wait for the next call.
+        together. Envs ready beyond ``max_size`` wait for the next call. While it waits,
+        ``should_stop`` is asked every ``STOP_POLL_S``; once it says yes the call returns
+        at once, with an empty batch if too few envs are ready (a stop does not wait for
+        a slow or hung worker's ``step_timeout``).
         """
         k = self.envs_per_worker
         max_size = self.num_slots if max_size is None else min(max_size, self.num_slots)
@@ -187,15 +199,21 @@ class WorkerPool:
         start = time.monotonic()
         while len(self._ready) < most:
             in_flight = any(w.in_flight for w in self._workers)
+            if should_stop is not None and should_stop():
+                if len(self._ready) < least:
+                    return []
+                break
             if len(self._ready) < least:
                 if not in_flight:
                     raise RuntimeError("no env worker is stepping: send() actions for the "
                                        "previous batch before asking for the next one")
-                self._poll(None)
+                self._poll(None if should_stop is None else STOP_POLL_S)
                 continue
             left = math.inf if max_wait is None else start + max_wait - time.monotonic()
             if left <= 0 or not in_flight:
                 break
+            if should_stop is not None:
+                left = min(left, STOP_POLL_S)
             self._poll(None if left == math.inf else left)
         batch: list[Ready] = []
         for _ in range(min(most, len(self._ready))):

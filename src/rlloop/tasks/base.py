@@ -18,6 +18,7 @@ collect an epoch -> dataset of clips -> minibatch train steps -> checkpoint.
 from __future__ import annotations
 
 import functools
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,7 +55,8 @@ class TaskConfig:
     envs_per_worker: int = 1
     """Envs each worker owns (stepped together, batched together)."""
     env_seed: int = 1337
-    """Env j of worker r is seeded env_seed + r * envs_per_worker + j."""
+    """Env j of worker r is seeded env_seed + r * envs_per_worker + j; a TaskTrainer
+    reseeds every env at the start of each later epoch from (env_seed, epoch)."""
     step_timeout: float | None = 60.0
     """Seconds a worker may take to answer before it counts as hung (None: no limit)."""
     restart_failed_workers: bool = True
@@ -95,7 +97,9 @@ class TaskConfig:
     """A NaN/inf in a batch, loss or gradient skips that step (counted in
     guard/skipped_updates) or stops training with an error naming the step."""
     seed: int = 0
-    """Seed for the model's initialisation, sampling and minibatch order."""
+    """Seeds torch's, NumPy's and Python's global generators when a TaskTrainer starts a
+    new run (the actions sampled while collecting) and each epoch's minibatch order.
+    Seed torch yourself before building the model for its initialisation."""
     checkpoint_every: int = 0
     """Train steps between periodic checkpoints (0: only on SIGUSR1 and at the end)."""
     keep_checkpoints: int = 3
@@ -132,6 +136,43 @@ class TaskConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1 or None, got {value}")
+        for name, least, strict in (("lr", 0.0, True), ("max_wait_time", 0.0, False),
+                                    ("step_timeout", 0.0, True), ("max_grad_norm", 0.0, True)):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and (
+                    value > least if strict else value >= least)):
+                raise ConfigError(f"{name} must be a finite number {'>' if strict else '>='} "
+                                  f"{least:g}{'' if name == 'lr' else ' or None'}, got {value}")
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """Settings that are each fine but cannot hold together (else they would fail
+        only once the worker pool runs)."""
+        slots = max(self.num_env_workers, 1) * self.envs_per_worker
+        pool = (f"the pool's {slots} env{'s' if slots > 1 else ''} (num_env_workers x "
+                "envs_per_worker)")
+        k = self.envs_per_worker
+        if self.max_batch_size is not None and self.max_batch_size < k:
+            raise ConfigError(f"max_batch_size={self.max_batch_size} < envs_per_worker={k}: "
+                              "a worker's envs always come in one batch; raise it")
+        most = min(self.max_batch_size or slots, slots)
+        if self.min_batch_size > most:
+            limit = (f"max_batch_size={self.max_batch_size}" if self.max_batch_size
+                     and self.max_batch_size < slots else pool)
+            raise ConfigError(f"min_batch_size={self.min_batch_size} is more than {limit}: "
+                              "no inference batch could be that large; lower it")
+        if -(-self.min_batch_size // k) > most // k:
+            raise ConfigError(f"no multiple of envs_per_worker={k} lies in [min_batch_size="
+                              f"{self.min_batch_size}, {most}]: a worker's envs come together")
+        shortest, why = ((self.num_samples, "num_samples (each trajectory must hold a clip)")
+                         if self.num_samples > self.min_trajectory_length
+                         else (self.min_trajectory_length, "min_trajectory_length"))
+        if shortest > self.num_epoch_samples:
+            raise ConfigError(f"{why}={shortest} > num_epoch_samples={self.num_epoch_samples}: "
+                              "no trajectory could be kept; lower it or collect more per epoch")
+        if self.max_trajectory_length is not None and self.max_trajectory_length < shortest:
+            raise ConfigError(f"max_trajectory_length={self.max_trajectory_length} < {why}="
+                              f"{shortest}: every trajectory would be discarded")
 
 
 @dataclass
@@ -236,9 +277,11 @@ class Task(ABC, Generic[ModelT]):
         optimal: bool = True,
         stats: SamplingStats | None = None,
         should_stop: Callable[[], bool] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> Iterator[list[Any]]:
         """Post-processed trajectories (rules in :mod:`rlloop.tasks.sampling`). Trajectories
-        are at least ``num_samples`` long, so that each yields a clip.
+        are at least ``num_samples`` long, so that each yields a clip. ``seeds`` (one per
+        env of the pool) reseeds the envs as collection starts.
 
         Raises:
             ValueError: ``min_trajectory_length > total_samples`` or
@@ -249,7 +292,7 @@ class Task(ABC, Generic[ModelT]):
             min_trajectory_length=max(min_trajectory_length, self.config.num_samples, 1),
             max_trajectory_length=max_trajectory_length, min_batch_size=min_batch_size,
             max_batch_size=max_batch_size, max_wait_time=max_wait_time, stats=stats,
-            should_stop=should_stop)
+            should_stop=should_stop, seeds=seeds)
         return (self.postprocess_trajectory(t) for t in trajectories)
 
     def collect_samples(self, model: ModelT, worker_pool: WorkerPool, total_samples: int,
@@ -290,6 +333,9 @@ class Task(ABC, Generic[ModelT]):
                 if terminated or truncated:
                     break
                 obs = next_obs
+            else:  # cut at max_clip_steps: the episode did not end, its last step says so
+                if episode.samples:
+                    episode.samples[-1].truncated = True
         finally:
             env.close()
         return episode

@@ -124,11 +124,14 @@ def iter_trajectories(
     max_wait_time: float | None = None,
     stats: SamplingStats | None = None,
     should_stop: Callable[[], bool] | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> Iterator[list[Sample]]:
     """Yield trajectories from ``pool`` (see the module doc for the rules).
 
     Arguments are validated here, before anything runs. ``total_samples=None`` samples
-    forever; ``should_stop`` ends collection early (e.g. on SIGTERM) without flushing.
+    forever; ``should_stop`` ends collection early (e.g. on SIGTERM) without flushing,
+    even while a worker is slow to answer. Every env starts a new episode first,
+    reseeded from ``seeds`` (one per env) if given.
 
     Raises:
         ValueError: ``min_trajectory_length > total_samples`` or
@@ -138,22 +141,24 @@ def iter_trajectories(
                                     max_trajectory_length, min_batch_size, max_batch_size)
     return _collect(pool, act, total_samples, max(min_trajectory_length, 1),
                     max_trajectory_length, min_batch_size, max_batch, max_wait_time,
-                    stats if stats is not None else SamplingStats(), should_stop)
+                    stats if stats is not None else SamplingStats(), should_stop, seeds)
 
 
 def _collect(pool: WorkerPool, act: ActFn, total: int | None, min_len: int,
              max_len: int | None, min_batch: int, max_batch: int, max_wait: float | None,
              stats: SamplingStats, should_stop: Callable[[], bool] | None,
-             ) -> Iterator[list[Sample]]:
+             seeds: Sequence[int] | None) -> Iterator[list[Sample]]:
     n = pool.num_slots
     trajs: list[list[Sample]] = [[] for _ in range(n)]
     pending: list[tuple[Any, Any] | None] = [None] * n  # (obs, action) awaiting its outcome
     returns = [0.0] * n
-    pool.reset()
+    pool.reset(seeds)
     while total is None or stats.samples < total:
         if should_stop is not None and should_stop():
             return
-        batch = pool.next_batch(min_batch, max_batch, max_wait)
+        batch = pool.next_batch(min_batch, max_batch, max_wait, should_stop)
+        if should_stop is not None and should_stop():
+            return
         stats.add_batch(len(batch))
         finished: list[list[Sample]] = []
         act_on: list[Ready] = []
@@ -195,13 +200,16 @@ def _collect(pool: WorkerPool, act: ActFn, total: int | None, min_len: int,
                 return
         if total is not None and stats.samples >= total:
             return
-        actions = list(act([r.outcome.obs for r in act_on])) if act_on else []
-        if len(actions) != len(act_on):
+        # The whole batch is one inference call (it holds at least min_batch_size states);
+        # an env whose trajectory was just cut is reset instead of stepped.
+        states = [r.outcome.obs for r in (*act_on, *resets)]
+        actions = list(act(states)) if states else []
+        if len(actions) != len(states):
             raise ValueError(f"get_actions returned {len(actions)} actions for "
-                             f"{len(act_on)} states")
-        for ready, action in zip(act_on, actions, strict=True):
+                             f"{len(states)} states")
+        for ready, action in zip(act_on, actions, strict=False):
             pending[ready.slot] = (ready.outcome.obs, action)
-        pool.send([*act_on, *resets], [*actions, *([None] * len(resets))])
+        pool.send([*act_on, *resets], [*actions[:len(act_on)], *([None] * len(resets))])
 
 
 def _flush(trajs: list[list[Sample]], slots: list[int], total: int,

@@ -1,12 +1,17 @@
 """Drives a :class:`~rlloop.tasks.base.Task` (``ml``'s RL trainer loop).
 
 Each epoch: collect ``num_epoch_samples`` from the worker pool -> dataset of clips ->
-minibatch train steps -> checkpoints. ``SIGUSR1`` saves a checkpoint and training goes
-on; ``SIGTERM``/``SIGINT`` stop at the next train step (or end collection early) and a
-final checkpoint is saved, as it is when the step budget is spent. Train steps go
-through the same numerical guard as rlloop's learners: a non-finite batch, loss or
-gradient skips the step (``guard/skipped_updates``) or raises
-:class:`~rlloop.learners.learner.NonFiniteError` naming the step.
+minibatch train steps -> checkpoints. Checkpoints are written at epoch ends: ``SIGUSR1``
+and ``checkpoint_every`` save at the end of the epoch they fall in and training goes on;
+``SIGTERM``/``SIGINT`` end collection at once (the partial epoch is dropped) or let the
+epoch's train steps finish, and a final checkpoint is saved, as it is when the step
+budget is spent. Epoch ``k`` reseeds every env and orders its minibatches from seeds
+derived from ``(env_seed, k)`` and ``(seed, k)``, so a run cut at an epoch's end and
+resumed trains as the uncut one does (in ``sync`` mode; thread and process workers
+batch in the order they answer). Train steps go through the same numerical guard as
+rlloop's learners: a non-finite batch, loss or gradient skips the step
+(``guard/skipped_updates``) or raises :class:`~rlloop.learners.learner.NonFiniteError`
+naming the step.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from rlloop.errors import RunDirError
 from rlloop.learners.learner import GradientClip, NonFiniteError, clip_gradients
 from rlloop.logging import JsonlSink, MultiSink
 from rlloop.logging.sinks import as_sink
-from rlloop.signals import save_due, supervised
+from rlloop.runfiles import check_members
+from rlloop.seeding import derive_seed, seed_global_rngs
+from rlloop.signals import atomic, supervised
 from rlloop.tasks.base import ModelT, Task
 from rlloop.tasks.dataset import TrajectoryDataset, host_iter
 from rlloop.tasks.sampling import SamplingStats
@@ -58,8 +65,6 @@ class TaskTrainer(Generic[ModelT]):
         torch.set_num_threads(cfg.torch_threads)
         self.task, self.model = task, model.to(task.device)  # before its optimiser exists
         self.optimizer = task.get_optimizer(model)
-        # On the host: it orders the minibatches (torch's DataLoader wants a CPU one).
-        self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
         self.skipped_updates = 0
         self.restarts = 0
         self.stop_requested: str | None = None
@@ -69,6 +74,7 @@ class TaskTrainer(Generic[ModelT]):
         self.manager: CheckpointManager | None = None
         sinks = [as_sink(sink)] if sink is not None else []
         if self.run_dir is not None:
+            check_members(self.run_dir)  # a planted link is refused before any write
             self.manager = CheckpointManager(self.run_dir / "checkpoints", cfg.keep_checkpoints)
             sinks.append(JsonlSink(self.run_dir / "metrics.jsonl"))
         self._sink = MultiSink(sinks)
@@ -77,6 +83,8 @@ class TaskTrainer(Generic[ModelT]):
                                schedule=self._schedule)
         if resume:
             self._restore()
+        else:  # sampling draws from the global generators; a resume restores them
+            seed_global_rngs(cfg.seed)
 
     @property
     def state(self) -> dict[str, int]:
@@ -108,6 +116,8 @@ class TaskTrainer(Generic[ModelT]):
     def epoch(self, pool: WorkerPool) -> Stats:
         """Collect one epoch, then train on it; returns the epoch's flat stats."""
         cfg = self.task.config
+        index, steps_before = self.state["train/epochs"], self.state["train/steps"]
+        rng_before = capture_rng_state()
         t0 = time.perf_counter()
         sampling = SamplingStats()
         restarts_before = pool.restarts
@@ -118,15 +128,25 @@ class TaskTrainer(Generic[ModelT]):
                 max_trajectory_length=cfg.max_trajectory_length,
                 min_batch_size=cfg.min_batch_size, max_batch_size=cfg.max_batch_size,
                 max_wait_time=cfg.max_wait_time, optimal=cfg.optimal, stats=sampling,
-                should_stop=lambda: self.stop_requested is not None)
+                should_stop=lambda: self.stop_requested is not None,
+                # epoch 0 keeps the workers' own seeds (env_seed + slot)
+                seeds=epoch_seeds(cfg.env_seed, index, pool.num_slots) if index else None)
         finally:
             self.restarts += pool.restarts - restarts_before
         t1 = time.perf_counter()
         if self.stop_requested:
-            return {}  # a partial epoch is not trained on
+            # A partial epoch is not trained on: the run stands where the epoch started,
+            # and so does the final checkpoint (its resume collects this epoch afresh).
+            restore_rng_state(rng_before)
+            return {}
         self.state["env/steps"] += sampling.samples
-        losses = self._train_on(self.task.build_dataset(trajectories))
+        losses = self._train_on(self.task.build_dataset(trajectories), index)
         self.state["train/epochs"] += 1
+        steps, every = self.state["train/steps"], cfg.checkpoint_every
+        if self.save_requested or (every and steps // every > steps_before // every):
+            self.save_requested = False
+            if self.manager is not None:  # (without a run_dir there is nowhere to save)
+                self.save()
         t2 = time.perf_counter()
         stats: Stats = {**sampling.as_stats(), **_mean(losses),
                         "workers/restarts": float(self.restarts),
@@ -138,26 +158,30 @@ class TaskTrainer(Generic[ModelT]):
             callback(stats)
         return stats
 
-    def _train_on(self, dataset: TrajectoryDataset) -> list[dict[str, float]]:
+    def _train_on(self, dataset: TrajectoryDataset, index: int) -> list[dict[str, float]]:
+        """The epoch's train steps (all of them: a stop signal waits for the epoch's end,
+        the step budget does not)."""
         cfg = self.task.config
         if len(dataset) == 0:
             _log.warning("epoch %d collected no usable samples; nothing to train on",
                          self.state["train/epochs"])
             return []
         losses = []
-        for batch in self._batches(dataset):
-            losses.append(self.train_step(batch))
-            self.state["train/steps"] += 1
-            steps = self.state["train/steps"]
-            if save_due(self, cfg.checkpoint_every, steps) and self.manager is not None:
-                self.save()  # (without a run_dir there is nowhere to save)
-            if self.stop_requested or steps >= cfg.total_steps:
+        for batch in self._batches(dataset, index):
+            with atomic():  # a second signal does not part an update from its count
+                losses.append(self.train_step(batch))
+                self.state["train/steps"] += 1
+            if self.state["train/steps"] >= cfg.total_steps:
                 break
         return losses
 
-    def _batches(self, dataset: TrajectoryDataset) -> Iterator[Any]:
-        """One pass over the dataset, or ``num_update_steps`` minibatches (cycling)."""
-        loader = self.task.get_dataloader(dataset, generator=self.generator)
+    def _batches(self, dataset: TrajectoryDataset, index: int) -> Iterator[Any]:
+        """One pass over the dataset, or ``num_update_steps`` minibatches (cycling), in
+        an order drawn from epoch ``index``'s own generator (on the host: torch's
+        DataLoader wants a CPU one)."""
+        generator = torch.Generator(device="cpu").manual_seed(
+            epoch_seeds(self.task.config.seed, index, 1)[0])
+        loader = self.task.get_dataloader(dataset, generator=generator)
         steps = self.task.config.num_update_steps
         device = self.task.device
         if steps is None:
@@ -206,7 +230,7 @@ class TaskTrainer(Generic[ModelT]):
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "trainer": {"counters": dict(self.state), "skipped_updates": self.skipped_updates,
-                        "restarts": self.restarts, "generator": self.generator.get_state()},
+                        "restarts": self.restarts},
             "rng": capture_rng_state(),
         }
         metadata = {"task": type(self.task).__qualname__,
@@ -228,8 +252,6 @@ class TaskTrainer(Generic[ModelT]):
         self.trainer.state = {k: int(v) for k, v in trainer["counters"].items()}
         self.skipped_updates = int(trainer["skipped_updates"])
         self.restarts = int(trainer["restarts"])
-        self.generator.set_state(torch.as_tensor(trainer["generator"], dtype=torch.uint8,
-                                                 device="cpu"))
         restore_rng_state(parts["rng"])
 
 
@@ -279,6 +301,13 @@ class _TaskEvaluation:
     def evaluate(self, episodes: int, env_config: dict[str, Any] | None = None,
                  deterministic: bool = True) -> Stats:
         return self.task.evaluate(self.model, episodes, optimal=deterministic)
+
+
+def epoch_seeds(seed: int, epoch: int, count: int) -> list[int]:
+    """``count`` 32-bit seeds of epoch ``epoch`` of a run seeded ``seed``: the same for the
+    same arguments in any process, apart from other epochs' and from small consecutive
+    seeds (the workers' own)."""
+    return [derive_seed(seed, f"task-epoch-{epoch}-{i}") % 2**32 for i in range(count)]
 
 
 def all_finite(value: Any) -> bool:
