@@ -59,17 +59,6 @@ def test_mistyped_env_or_key_fails_without_importing_torch(
     assert not (tmp_path / "runs").exists()  # nothing was created
 
 
-def test_a_run_directory_holding_a_run_is_refused_before_torch(
-        tmp_path: Path, cli_env: dict[str, str]) -> None:
-    run = tmp_path / "old"
-    run.mkdir()
-    (run / "config.yaml").write_text("algo: ppo\n")
-    result, stderr = _train(["ppo", "--run-dir", str(run)], cli_env, tmp_path)
-    assert result == {"code": 2, "torch": False}, stderr
-    assert f"{run} already holds a run; resume it with --resume {run}" in stderr
-    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
-
-
 def test_an_empty_run_directory_is_not_the_working_directory(tmp_path: Path,
                                                              cli_env: dict[str, str]) -> None:
     """``rlloop eval ""`` evaluated the working directory's run, if it was one."""

@@ -26,7 +26,7 @@ from rlloop.algorithms import ALGORITHMS
 from rlloop.config import BACKENDS, MAX_EVAL_EPISODES, check_set_keys, parse_int
 from rlloop.device_names import DEVICE_CHOICES
 from rlloop.errors import CheckpointError, ConfigError, EnvError, RlloopError, RunDirError
-from rlloop.runfiles import check_output_file, check_run_dir, refuse_existing_run
+from rlloop.runfiles import check_output_file, check_run_dir
 
 #: What ``rlloop eval --json`` prints besides ``episodes``: the evaluation's own names, also
 #: logged as ``eval/<name>`` in metrics.jsonl and returned by the API's ``evaluate()``.
@@ -384,8 +384,6 @@ def _check_new_run_dir(raw: str | None) -> None:
     if path.exists() and not path.is_dir():
         raise RunDirError(f"--run-dir {raw} is an existing file, not a directory; pick "
                           "another --run-dir")
-    if path.is_dir():
-        refuse_existing_run(path)
     base = path
     while not base.exists():
         base = base.parent

@@ -337,9 +337,11 @@ def _env_steps_per_s(result: RunResult, rows: Sequence[Row]) -> float | None:
 
 
 def write_report(run_dir: Path, result: RunResult, config: RunConfig,
-                 figures: Sequence[str] | None = None) -> None:
+                 figures: Sequence[str] | None = None, phases_logged: bool = True) -> None:
     """Write summary.json, the figures, report.md and report.html into ``run_dir``
-    (``figures``: names of figures `write_figures` drew already, instead of drawing them)."""
+    (``figures``: names of figures `write_figures` drew already, instead of drawing them;
+    ``phases_logged=False``: this sitting wrote no phase row, so the last one in
+    ``metrics.jsonl`` is an earlier sitting's and is not shown as this one's)."""
     rows = read_metrics(run_dir / "metrics.jsonl")
     last = result.last_stats
     summary = {
@@ -363,7 +365,7 @@ def write_report(run_dir: Path, result: RunResult, config: RunConfig,
                                                                      "this run"))
     lines += ["", "## Env steps per second, by phase", ""]
     lines += _table(rates.items(), ("phase", "env steps/s"))
-    times = run_phase_times(rows)
+    times = run_phase_times(rows) if phases_logged else {}
     lines += ["", f"## {_PHASES_TITLE}", ""]
     lines += _table(times.items(), ("phase", "seconds")) if times else [_NO_PHASES]
     lines += ["", *(f"![{name[:-4].replace('_', ' ')}]({name})\n" for name in figures)]

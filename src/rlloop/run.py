@@ -128,6 +128,7 @@ class RunResult:
     run_dir: Path
     env_steps: int
     wall_time_s: float
+    """This sitting's seconds, from the process's start (or ``started_at``) to the report."""
     best_eval_return: float | None
     last_stats: Stats = field(default_factory=dict)
     stopped_by: str = "budget"
@@ -148,10 +149,12 @@ class _Checkpoints:
     def on_eval(self, trainer: Trainer, stats: Stats) -> None:
         self.session.phases.add("evals", stats.get("time/eval_s", 0.0))
         value = stats.get("eval/return_mean", math.nan)
+        self.session.latest_eval_at = trainer.state["env/steps"]
         best = self.session.best_eval_return
         if not math.isnan(value) and (best is None or value > best):
             self.session.best_eval_return = value
             # A policy snapshot: no replay buffer or optimiser state (GBs for big buffers).
+            self.session.new_best = True
             with self.session.phases.timed("checkpoints"):
                 save_replacing(self.session.run_dir / "best",
                                self.session.components(policy=True),
@@ -249,6 +252,8 @@ class Session:
             sinks.append(self.wandb)
         self.sink = TimedSink(MultiSink(sinks), self.phases)
         self._sinks_closed = False
+        self.new_best = False  # this sitting saved a better policy to best/
+        self.latest_eval_at: int | None = None  # env steps of trainer.latest_eval
         if not resume:
             self.sink.log_params(config.to_dict())
         _write_json(run_dir / "run.json", self.identity)
@@ -302,10 +307,15 @@ class Session:
             with contextlib.suppress(RuntimeError):  # it draws nothing then
                 self.figure_writer.close(status)
         self.sink.close(status)
+        self._record_ids()
+
+    def _record_ids(self) -> None:
+        """Write into run.json the MLflow and W&B run ids their children reported, once
+        known: a resume continues those runs, even after this process was killed."""
         ids = {key: sink.info["run_id"] for key, sink in (("mlflow_run_id", self.mlflow),
                                                           ("wandb_run_id", self.wandb))
                if sink is not None and sink.info.get("run_id")}
-        if ids:
+        if any(self.identity.get(key) != value for key, value in ids.items()):
             self.identity.update(ids)
             _write_json(self.run_dir / "run.json", self.identity)
 
@@ -313,7 +323,8 @@ class Session:
     def components(self, policy: bool = False) -> dict[str, Any]:
         algorithm = self.algorithm.get_policy_state() if policy else self.algorithm.get_state()
         return {"algorithm": algorithm,
-                "trainer": {**self.trainer.get_state(), "best_eval_return": self.best_eval_return},
+                "trainer": {**self.trainer.get_state(), "best_eval_return": self.best_eval_return,
+                            "latest_eval_at": self.latest_eval_at},
                 "rng": capture_rng_state()}
 
     def metadata(self) -> dict[str, Any]:
@@ -326,6 +337,7 @@ class Session:
         with self.phases.timed("checkpoints"):
             path = self.manager.save(self.trainer.state[counter],
                                      components or self.components(), metadata=self.metadata())
+            self._record_ids()  # what a resume from this checkpoint continues
         self.user_callbacks.checkpoint(path)
         return path
 
@@ -340,9 +352,12 @@ class Session:
         returns = [r for r in (ckpt.components["trainer"].get("best_eval_return"),
                                saved_best_return(self.run_dir / "best")) if r is not None]
         self.best_eval_return = max(returns) if returns else None
+        self.latest_eval_at = ckpt.components["trainer"].get("latest_eval_at")
         restore_rng_state(ckpt.components["rng"])
         # Rows a crashed run logged after this checkpoint: the resumed run logs them anew.
-        self.jsonl.drop_rows_after(self.trainer.state["env/steps"])
+        state = self.trainer.state
+        self.jsonl.drop_rows_after(state["env/steps"], ("opt/steps", state["algorithm/steps"])
+                                   if self.off_policy else None)
 
     # ---- the run -------------------------------------------------------------------------
     def stop_conditions(self) -> list[Condition]:
@@ -428,7 +443,6 @@ class Session:
     def _train_and_report(self) -> RunResult:
         trainer, cfg = self.trainer, self.config
         stats: Stats = {}
-        start = time.perf_counter()
         self.phases.add("startup", self.phases.elapsed())
         self._start_steps = trainer.state["env/steps"]
         self._final: dict[str, Any] | None = None
@@ -446,6 +460,11 @@ class Session:
                                             stop_conditions=self.stop_conditions())
                     finally:
                         self._training = False
+                if (self.latest_eval_at == trainer.state["env/steps"]
+                        and "eval/return_mean" in trainer.latest_eval):
+                    # A resume of a finished run: its last evaluation stands (another
+                    # would log a second row at the same step).
+                    stats = {**stats, **trainer.latest_eval}
                 if "eval/return_mean" not in stats:
                     # The final checkpoint holds the state as training left it: this extra
                     # evaluation advances eval seeds (and any global RNG the env draws
@@ -453,7 +472,8 @@ class Session:
                     self._final = self.components()
                     stats = {**stats, **trainer.eval(deterministic=self._eval_greedy())}
                     self._final["trainer"].update(latest_eval=dict(trainer.latest_eval),
-                                                  best_eval_return=self.best_eval_return)
+                                                  best_eval_return=self.best_eval_return,
+                                                  latest_eval_at=self.latest_eval_at)
             except StopInterrupted:
                 # An env worker did not answer within seconds of a stop signal: stop
                 # without the iteration in flight (its experience is dropped).
@@ -467,15 +487,20 @@ class Session:
         filming = None
         if cfg.save_video and not self.stop_requested:  # a stop signal wants a quick exit
             filming = _in_thread(self._film)
+        elif cfg.save_video and self.new_best:
+            self._drop_stale_video()
         steps = trainer.state["env/steps"]
         with self.phases.timed("report"):
             figures = self._figures()
         video = filming() if filming is not None else None
         self._log_phases(self.phases.stats(), steps)  # before the report, which shows it
-        result = RunResult(self.run_dir, steps, time.perf_counter() - start,
+        # The sitting's wall time, start-up included (the console summary's is the same
+        # clock, read once the report is written too).
+        result = RunResult(self.run_dir, steps, self.phases.elapsed(),
                            self.best_eval_return, stats, self._stopped_by(stats))
         with self.phases.timed("report"):
-            write_report(self.run_dir, result, cfg, figures=figures)
+            write_report(self.run_dir, result, cfg, figures=figures,
+                         phases_logged=not self._sinks_closed)
         self._log_phases({"time/report_s": self.phases.seconds["report"]}, steps)
         if self.mlflow is not None and not self._sinks_closed:
             self.mlflow.log_artifacts(self._artifacts(video))
@@ -496,6 +521,16 @@ class Session:
     def _log_phases(self, times: dict[str, float], steps: int) -> None:
         if not self._sinks_closed:  # closed already when a signal stopped the run
             self.sink.log_metrics(times, steps)
+
+    def _drop_stale_video(self) -> None:
+        """A stop skipped filming after this sitting saved a new best policy: an earlier
+        sitting's video.mp4 shows an older one, so it goes."""
+        video = self.run_dir / "video.mp4"
+        if video.is_file() and not video.is_symlink():
+            video.unlink()
+            _log.warning("removed video.mp4 (it showed an earlier best policy; the stop "
+                         "skipped filming): `rlloop eval %s --video %s` films the new one",
+                         self.run_dir, video)
 
     def _film(self) -> Path | None:
         from rlloop.video import save_run_video

@@ -185,9 +185,29 @@ def _native_fps(env_id: str) -> float:
     return 50.0 if env_id.startswith("CartPole") else DEFAULT_FPS
 
 
+def drop_leftover_clips(run_dir: Path, name: str) -> None:
+    """Remove the half-written clips (``.<name>.<pid>.<hex>.tmp.mp4``) of processes that
+    are gone: one killed while filming leaves its file behind."""
+    for path in run_dir.glob(f".{name}.*.tmp.mp4"):
+        pid = path.name[len(name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def save_run_video(run_dir: Path, name: str = "video.mp4") -> Path | None:
     """End-of-run clip of the best policy; a one-line warning instead of an error if the
     env cannot be rendered (a finished run never fails because of its video)."""
+    drop_leftover_clips(run_dir, name)
     # Filmed aside and renamed into place: a link at <run>/video.mp4 is replaced, never
     # written through (see rlloop.runfiles).
     aside = run_dir / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp.mp4"

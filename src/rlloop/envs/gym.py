@@ -597,6 +597,11 @@ class GymVecEnv:
         """Close the sub-envs (and join the worker processes of the async backend)."""
         self._vec.close()
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The Gymnasium env's metadata (its ``render_fps`` is a video's frame rate)."""
+        return dict(getattr(self._vec, "metadata", None) or {})
+
     def render_rgb(self) -> np.ndarray:
         """``[H, W, 3]`` uint8 frame of sub-env 0; needs ``render_mode="rgb_array"``."""
         if self.render_mode != "rgb_array":
