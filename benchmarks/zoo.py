@@ -71,7 +71,7 @@ REASONS: dict[str, str] = {
     "Hopper-v5/ppo": "SB3 2.9 with the same rl-zoo hyperparameters on Hopper-v5 stands "
                      "still too (1062 and 102 at 1M steps, ~1,000 from 200k on, 2 seeds "
                      "measured here): rl-zoo's 2410 is a -v3 score",
-    "Ant-v5/ppo": "seeds 949.8, 942.0: each seed's best evaluation is its first one (~950, "
+    "Ant-v5/ppo": "seeds 949.8, 942.0, 881.7: each seed's best evaluation is its first one (~900, "
                   "the healthy reward of standing still); with SB3's default PPO settings "
                   "(rl-zoo's Ant entry) evaluations then fall to a few hundred and never "
                   "recover within the budget; rl-zoo's 1327 is a -v3 score",
