@@ -42,7 +42,9 @@ clock runs only during its own training. Reported per run:
 - ``return``: mean return of the trained policy on 20 deterministic Gymnasium episodes
   (the same eval code and seeds for every run);
 - ``late``: the mean of that evaluation at 80%, 90% and 100% of the budget (same env
-  step for every run). DQN's greedy policy on CartPole swings between 500 and much less
+  step for every run; at the 80% and 90% marks SB3 is evaluated before the updates of
+  the rollout that reaches the mark, which rlloop has made: one rollout's updates apart,
+  not a bias of either sign). DQN's greedy policy on CartPole swings between 500 and much less
   from one optimisation step to the next, in both libraries, so the final return alone
   is mostly seed luck; ``late`` averages over the end of the learning curve;
 - ``share``: FLOPs of one gradient update (counted with
@@ -81,6 +83,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+
+from rlloop.numerics import flushed_denormals
 
 EVAL_EPISODES = 20
 EVAL_SEED = 10_000
@@ -283,7 +287,11 @@ def train_all(algo: str, env_id: str, steps: int, seed: int, chunk: int,
 
     load0 = load_average()
     start = clock()
-    model.learn(total_timesteps=steps, callback=Alternate())
+    # rlloop's trainer flushes subnormal floats to zero around its own steps (its default
+    # flush_denormal): SB3 trains under the same mode, or its Adam moments' subnormals
+    # would cost it a few percent that rlloop is spared.
+    with flushed_denormals():
+        model.learn(total_timesteps=steps, callback=Alternate())
     sb3_seconds = (clock() - start - sum(run.seconds for run in ours)
                    - paused[0])
     for run in ours:

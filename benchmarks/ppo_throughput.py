@@ -176,6 +176,11 @@ def rl8_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
              seed: int) -> Measurement:
     from rl8 import Algorithm, AlgorithmConfig
 
+    from rlloop.devices import keep_freed_host_memory
+
+    # The allocator settings rlloop's own side runs with (its build step makes them):
+    # without them rl8 would pay the kernel's page zeroing that rlloop is spared.
+    keep_freed_host_memory()
     torch.manual_seed(seed)
     config = AlgorithmConfig(
         num_envs=num_envs, horizon=steps, horizons_per_env_reset=-1,
