@@ -70,6 +70,8 @@ def test_plain_script_without_main_guard_writes_a_cli_run(tmp_path, cli_env):
     assert ev.returncode == 0, ev.stderr
     cli = json.loads(ev.stdout.strip().splitlines()[-1])
     assert load(run).evaluate(4)["return_mean"] == pytest.approx(cli["return_mean"])
+    assert load(run).evaluate(4)["episodes"] == cli["episodes"] == 4
+    assert isinstance(load(run).evaluate(1)["episodes"], int)
 
 
 class _RecordRaw:
@@ -203,7 +205,7 @@ def test_factory_and_instance_envs_train(tmp_path, cli_env):
               "print(m.evaluate(2)['episodes'])\n")
     out = _run([sys.executable, "-c", script, str(tmp_path / "run")], cli_env, tmp_path)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "2.0"
+    assert out.stdout.strip() == "2"  # an int, as `rlloop eval --json` gives it
 
 
 def test_settings_are_checked_and_untrusted_runs_refused(tmp_path):
@@ -372,3 +374,25 @@ def test_an_exported_policy_numbers_actions_as_the_env_does(tmp_path):
     exported = policy(torch.as_tensor(obs)).numpy()
     np.testing.assert_array_equal(exported, model.predict(obs))
     assert set(exported.tolist()) <= {-1, 0, 1}
+
+
+def test_the_constructor_refuses_an_action_space_the_algorithm_cannot_act_in():
+    """TD3("CartPole-v1") was accepted; the error came only at learn() or predict()."""
+    from rlloop import TD3
+
+    with pytest.raises(ConfigError, match=r"td3 needs continuous \(Box\) actions but "
+                                          r"CartPole-v1 has discrete ones; use ppo or dqn"):
+        TD3("CartPole-v1")
+
+
+def test_predict_names_the_action_mask_in_a_shape_error():
+    """A masked env's policy wanted (obs + mask) values; the error named only a shape."""
+    import mask_envs
+
+    model = DQN("rlloop-test/MaskedChoice-v0", **QUIET)
+    n = mask_envs.N_ACTIONS
+    with pytest.raises(ConfigError, match=rf"\({n} observation values, then the {n} 0/1 "
+                                          r"entries of the env's action mask: append "
+                                          r"info\['action_mask'\]\)"):
+        model.predict(np.zeros(n, dtype=np.float32))
+    model.close()

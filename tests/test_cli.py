@@ -135,3 +135,16 @@ def test_resume_applies_safe_overrides_and_refuses_the_rest(tmp_path, cli_env):
     assert out.returncode == 0, out.stderr
     saved = (run / "config.yaml").read_text()
     assert "progress: true" in saved and "profile: null" in saved
+
+
+def test_a_closed_pipe_ends_a_listing_quietly(tmp_path, cli_env):
+    """`rlloop presets | head` printed "rlloop: error: BrokenPipeError ..." when head left
+    before the listing ended."""
+    probe = ("import sys, rlloop.cli as cli\n"
+             "def listing(args):\n"
+             "    raise BrokenPipeError(32, 'Broken pipe')\n"
+             "cli._presets = listing\n"
+             "sys.exit(cli.main(['presets']))\n")
+    done = subprocess.run([*rlloop_cmd()[:1], "-c", probe], env=cli_env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr == "", done.stderr

@@ -76,7 +76,7 @@ def test_resuming_a_finished_run_logs_no_second_final_evaluation(tmp_path, cli_e
 
 def test_a_stopped_sittings_report_shows_no_earlier_sittings_phases(tmp_path):
     from rlloop.config import build_config
-    from rlloop.report import _NO_PHASES, write_report
+    from rlloop.report import _NO_CHANGES, _NO_PHASES, write_report
     from rlloop.run import RunResult
 
     config = build_config("ppo", "CartPole-v1")
@@ -88,7 +88,10 @@ def test_a_stopped_sittings_report_shows_no_earlier_sittings_phases(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert _NO_PHASES in report and "| video | 3" not in report
     write_report(tmp_path, result, config, figures=[])
-    assert "| video | 3" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "| video | 3" in report
+    # A run at the defaults and the preset says so, not with an empty table.
+    assert _NO_CHANGES in report and "| setting | default | this run |" not in report
 
 
 def test_a_stale_video_goes_when_a_stop_skipped_filming_a_new_best(tmp_path):
@@ -116,3 +119,29 @@ def test_clips_left_by_a_killed_process_are_removed(tmp_path):
         path.write_bytes(b"partial")
     drop_leftover_clips(tmp_path, "video.mp4")
     assert not left.exists() and mine.exists() and other.exists()
+
+
+def test_a_render_failure_is_one_clear_error():
+    """MuJoCo without a display failed with OpenGL's FatalError, reported as unexpected."""
+    import pytest
+
+    from rlloop.video import RenderUnavailableError, _render_checked
+
+    def render() -> None:
+        raise RuntimeError("an OpenGL platform library has not been loaded")
+
+    with pytest.raises(RenderUnavailableError, match=r"Hopper-v5 could not render a frame "
+                                                     r"\(RuntimeError: an OpenGL .*MUJOCO_GL=egl"):
+        _render_checked(render, "Hopper-v5")()
+
+
+def test_mujoco_renders_offscreen_without_a_display(monkeypatch):
+    from rlloop.video import offscreen_rendering
+
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL"):
+        monkeypatch.delenv(name, raising=False)
+    offscreen_rendering()
+    assert os.environ["MUJOCO_GL"] == "egl"
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")  # the user's choice is kept
+    offscreen_rendering()
+    assert os.environ["MUJOCO_GL"] == "osmesa"

@@ -50,6 +50,9 @@ def test_user_bodies_get_rlloop_heads_for_the_action_space():
     ("justaname", r"ppo\.net must name a network as module:Class"),
     ("custom_nets:Missing", r"module 'custom_nets' has no 'Missing'"),
     ("custom_nets:NoFeaturesDim", r"NoFeaturesDim must set features_dim"),
+    # A run whose network lived in the training script, evaluated from the CLI
+    ("__main__:Encoder", r"the network was defined in the script that trained the run.*"
+                         r"rlloop\.load\(run\).*ppo\.net=module:Encoder"),
 ])
 def test_bad_networks_are_config_errors(net, match):
     with pytest.raises(ConfigError, match=match):

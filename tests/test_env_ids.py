@@ -101,7 +101,7 @@ def test_minigrid_ids_import_minigrid_on_demand(cli_env):
     out = _resolve_in_fresh_process("MiniGrid-Empty-5x5-v0", cli_env)
     # Found; MiniGrid's Dict observations are then refused with the fix.
     assert "unknown env id" not in out.stderr
-    assert "observation space Dict" in out.stderr and "FlattenObservation" in out.stderr
+    assert "observation space Dict" in out.stderr and "FilterObservation" in out.stderr
 
 
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):
@@ -115,3 +115,27 @@ def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, mon
                                        "ppo-CartPole-v1-20260101-000000-2",
                                        "ppo-CartPole-v1-20260101-000000-3"]
     assert all(p.is_dir() for p in paths)
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    ('Box2D is not installed, you can install it by run `pip install swig` followed by '
+     '`pip install "gymnasium[box2d]"`', "needs Box2D, which is not installed: pip install "
+                                          "'rlloop[box2d]'"),
+    ('MuJoCo is not installed, run `pip install "gymnasium[mujoco]"`',
+     "needs MuJoCo, which is not installed: pip install 'rlloop[mujoco]'"),
+    ('opencv-python package not installed, run `pip install "gymnasium[other]"`',
+     "needs OpenCV, which is not installed: pip install 'rlloop[atari]'"),
+])
+def test_a_missing_extra_names_rlloops_own_install(message, expected):
+    """Gymnasium's advice (swig builds, gymnasium[...] extras) contradicted the README."""
+    import gymnasium
+
+    from rlloop.envs.gym import _dependency_error
+
+    error = _dependency_error("X-v0", gymnasium.error.DependencyNotInstalled(message))
+    assert str(error) == f"X-v0 {expected}"
+
+
+def test_the_v4_atari_ids_come_from_ale_py():
+    pytest.importorskip("ale_py")
+    assert resolve_env_id("BreakoutNoFrameskip-v4") == "ale_py:BreakoutNoFrameskip-v4"

@@ -292,17 +292,19 @@ def test_dict_observation_error_suggests_a_fix_that_works() -> None:
         env_spec("rlloop-test/Grid-v0")
     message = str(info.value)
     assert "\n" not in message and "Dict('direction': Discrete" in message
-    assert ("FilterObservation(env, ['direction', 'image']) and then FlattenObservation "
-            "('mission' cannot be flattened)") in message
-    with pytest.raises(NotImplementedError):  # what the message used to suggest
+    # The Dict stays one (a CNN for the image): flattening it too, as the message once
+    # said, would throw the image's encoder away.
+    assert ("FilterObservation(env, ['direction', 'image']) ('mission' has no encoder)"
+            in message)
+    with pytest.raises(NotImplementedError):  # what the message suggested first
         gymnasium.wrappers.FlattenObservation(_GridEnv())
 
     def fixed() -> gymnasium.Env:  # type: ignore[type-arg]
-        env = gymnasium.wrappers.FilterObservation(_GridEnv(), ["direction", "image"])
-        return gymnasium.wrappers.FlattenObservation(env)
+        return gymnasium.wrappers.FilterObservation(_GridEnv(), ["direction", "image"])
 
-    gymnasium.register("rlloop-test/GridFlat-v0", entry_point=fixed)
-    env = make_env("rlloop-test/GridFlat-v0", 2, seed=0)
-    assert env.spec.obs_shape == (4 + 7 * 7 * 3,) and not env.spec.image_obs
-    assert env.reset().shape == (2, 151)
+    gymnasium.register("rlloop-test/GridFiltered-v0", entry_point=fixed)
+    env = make_env("rlloop-test/GridFiltered-v0", 2, seed=0)
+    # one part per entry, the image kept as an image (its own CNN encoder)
+    assert env.spec.obs_parts == (("direction", (4,), False), ("image", (7, 7, 3), True))
+    assert env.reset().shape == (2, 4 + 7 * 7 * 3)
     env.close()

@@ -166,3 +166,10 @@ def test_figures_of_a_run_with_several_modules_show_each_modules_series():
     assert {"losses.png", "diagnostics.png", "learning_curves.png"} <= set(figures)
     assert _module_keys(rows, ("losses/",), prefix=True) == [
         "player_1/losses/policy", "player_2/losses/policy"]
+
+
+def test_a_one_point_curve_is_drawn_as_a_dot():
+    """`rlloop plot` of a run with one evaluation drew a legend entry and no curve."""
+    from rlloop.plot import point_marker
+
+    assert point_marker(1) == "o" and point_marker(2) == "" and point_marker(50) == ""

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from rlloop.algorithms import ALGORITHMS, AlgorithmBase
+from rlloop.builder import check_action_space
 from rlloop.callbacks import Callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.config import MAX_EVAL_EPISODES, RunConfig, build_config, sb3_hint
@@ -80,6 +81,7 @@ class Model:
         flags = {k: v for k, v in kwargs.items() if k in _RUN_FIELDS}
         flags[self.algo] = {k: v for k, v in kwargs.items() if k in section}
         self.config = build_config(self.algo, env_id_of(env), flags=flags)
+        check_action_space(self.config)  # TD3("CartPole-v1") is refused here, as in SB3
         self.run_dir: Path | None = Path(run_dir) if run_dir is not None else None
         if self.run_dir is not None and (self.run_dir / "config.yaml").exists():
             # Training it would resume that run with its own settings, not these.
@@ -170,9 +172,12 @@ class Model:
         x = torch.as_tensor(np.asarray(obs, dtype=dtype), device=actor.device)
         single = tuple(x.shape) == spec.obs_shape
         if not single and tuple(x.shape[1:]) != spec.obs_shape:
+            mask = (f" ({spec.obs_shape[0] - spec.action_mask} observation values, then the "
+                    f"{spec.action_mask} 0/1 entries of the env's action mask: append "
+                    "info['action_mask'])") if spec.action_mask else ""
             raise ConfigError(f"predict expects an observation of shape {spec.obs_shape} or a "
-                              f"batch of shape (B, {', '.join(map(str, spec.obs_shape))}), got "
-                              f"{tuple(x.shape)}")
+                              f"batch of shape (B, {', '.join(map(str, spec.obs_shape))}){mask}, "
+                              f"got {tuple(x.shape)}")
         batch = x.unsqueeze(0) if single else x
         if actor.obs_stats is not None:  # what the eval env's NormalizeObservation does
             batch = actor.obs_stats.normalize(batch)
@@ -196,15 +201,17 @@ class Model:
 
     def evaluate(self, episodes: int = 20) -> dict[str, float]:
         """Deterministic returns over ``episodes`` episodes, as ``rlloop eval`` reports them
-        (``return_mean``, ``return_std``, ...)."""
+        (``return_mean``, ``return_std``, ..., and ``episodes`` as an int)."""
         if (not isinstance(episodes, int) or isinstance(episodes, bool)
                 or not 1 <= episodes <= MAX_EVAL_EPISODES):
             raise ConfigError(f"episodes must be an integer in 1..{MAX_EVAL_EPISODES}, got "
                               f"{episodes!r}")
         if self.run_dir is not None and _latest(self.run_dir) is not None:
-            return evaluate_run(self.run_dir, episodes, device=self.config.device,
-                                allow_import=self.allow_import)
-        return self._acting().evaluate(episodes)
+            stats = evaluate_run(self.run_dir, episodes, device=self.config.device,
+                                 allow_import=self.allow_import)
+        else:
+            stats = self._acting().evaluate(episodes)
+        return {**stats, "episodes": int(stats["episodes"])}
 
     def _acting(self) -> AlgorithmBase:
         if self._actor is None:

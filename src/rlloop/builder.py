@@ -10,7 +10,7 @@ import sys
 from rlloop.algorithms import ALGORITHMS, AlgorithmBase, EnvSettings
 from rlloop.config import RunConfig
 from rlloop.devices import keep_freed_host_memory, resolve_device
-from rlloop.envs.core import Box, Discrete, MultiBinary, MultiDiscrete
+from rlloop.envs.core import Box, Discrete, EnvSpec, MultiBinary, MultiDiscrete
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError
 from rlloop.memory import check_memory
@@ -63,6 +63,17 @@ def check_fit(config: RunConfig) -> EnvSettings:
     device = resolve_device(config.device)
     if getattr(config.hparams, "compile", False) and device.type == "cpu":
         check_cpu_compiler(config.algo)
+    spec = check_action_space(config)
+    check_memory(config, spec)
+    return EnvSettings(config.env, spec, num_envs, config.backend, config.seed,
+                       config.total_env_steps, config.horizons_per_env_reset,
+                       dict(config.env_kwargs), config.on_nonfinite, device,
+                       step_timeout=config.step_timeout)
+
+
+def check_action_space(config: RunConfig) -> EnvSpec:
+    """The env's spec, or ``ConfigError`` when the algorithm cannot act in its action
+    space (naming the algorithms that can)."""
     spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
     entry, space = ALGORITHMS[config.algo], spec.action_space
     if isinstance(space, MultiDiscrete | MultiBinary) and config.algo != "ppo":
@@ -76,11 +87,7 @@ def check_fit(config: RunConfig) -> EnvSettings:
     if isinstance(space, Box) and not entry.continuous:
         raise ConfigError(f"{config.algo} needs discrete actions but {config.env} has "
                           "continuous ones; use ppo, sac or td3 for this env")
-    check_memory(config, spec)
-    return EnvSettings(config.env, spec, num_envs, config.backend, config.seed,
-                       config.total_env_steps, config.horizons_per_env_reset,
-                       dict(config.env_kwargs), config.on_nonfinite, device,
-                       step_timeout=config.step_timeout)
+    return spec
 
 
 def check_cpu_compiler(algo: str) -> None:

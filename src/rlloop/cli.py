@@ -440,8 +440,8 @@ def _eval(args: argparse.Namespace) -> int:
         print(json.dumps(out))
     else:
         print(f"{out['episodes']} episodes: return_mean {out['return_mean']:.2f} "
-              f"+- {out['return_std']:.2f} (return_min {out['return_min']:.1f}, "
-              f"return_max {out['return_max']:.1f})")
+              f"+- {out['return_std']:.2f} (return_min {out['return_min']:.2f}, "
+              f"return_max {out['return_max']:.2f})")
         if args.video:
             print(f"video: {out['video']} ({out['video_frames']} frames)")
     return 0
@@ -496,6 +496,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # a second stop signal: the run saved what it could
         print("rlloop: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `rlloop presets | head`: the reader has what it wanted
+        # Python would report the pipe again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     except Exception as e:  # not bad input: a bug, or a store failing at exit
         if os.environ.get("RLLOOP_TRACEBACK"):
             raise

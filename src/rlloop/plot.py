@@ -67,6 +67,11 @@ def _no_metric(metric: str, runs: Sequence[Path]) -> ConfigError:
                        "another --metric, e.g. episode/return_mean")
 
 
+def point_marker(points: int) -> str:
+    """A curve of one point draws no line: it is drawn as a dot."""
+    return "o" if points == 1 else ""
+
+
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path,
               metric: str = "eval/return_mean", x: str = "env/steps") -> dict[str, int]:
     """Write a PNG of ``metric`` against ``x`` ("env/steps" or "wall") for ``run_dirs``;
@@ -83,7 +88,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path,
             continue
         grid, mean, low, high = mean_and_band(curves)
         count = f", {len(curves)} runs" if len(curves) > 1 else ""
-        (line,) = ax.plot(grid, mean, label=f"{label}{count}")
+        (line,) = ax.plot(grid, mean, label=f"{label}{count}", marker=point_marker(len(grid)))
         if len(curves) > 1:
             ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
         drawn[label] = len(curves)

@@ -164,6 +164,8 @@ def phase_rates(rows: list[Row]) -> dict[str, float]:
 #: The phase table is the last sitting's (``rlloop train`` or ``--resume`` invocation):
 #: its clock starts with the process.
 _PHASES_TITLE = "Seconds per phase of the last sitting (this invocation)"
+_NO_CHANGES = ("None: every setting is the algorithm's default or the env's preset "
+               "(`rlloop presets ALGO --env ID` lists the preset).")
 _NO_PHASES = "Not recorded: a signal stopped this sitting before its last row was written."
 
 
@@ -265,7 +267,8 @@ def _html(title: str, summary: dict[str, Any], changed: dict[str, tuple[Any, Any
     parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<h1>{html.escape(title)}</h1>", table(summary.items()),
              "<h2>Settings that differ from the defaults</h2>",
-             table((k, d, v) for k, (d, v) in changed.items()),
+             table((k, d, v) for k, (d, v) in changed.items()) if changed
+             else f"<p>{_NO_CHANGES}</p>",
              "<h2>Env steps per second, by phase</h2>", table(rates.items()),
              f"<h2>{_PHASES_TITLE}</h2>",
              table(times.items()) if times else f"<p>{_NO_PHASES}</p>"]
@@ -361,8 +364,8 @@ def write_report(run_dir: Path, result: RunResult, config: RunConfig,
     title = f"{config.algo} on {config.env}"
     lines = [f"# {title}", "", *_table(summary.items(), ("", "")), "",
              "## Settings that differ from the defaults", ""]
-    lines += _table(((k, d, v) for k, (d, v) in changed.items()), ("setting", "default",
-                                                                     "this run"))
+    lines += (_table(((k, d, v) for k, (d, v) in changed.items()),
+                     ("setting", "default", "this run")) if changed else [_NO_CHANGES])
     lines += ["", "## Env steps per second, by phase", ""]
     lines += _table(rates.items(), ("phase", "env steps/s"))
     times = run_phase_times(rows) if phases_logged else {}

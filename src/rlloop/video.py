@@ -67,7 +67,8 @@ def write_video(frames: Iterable[np.ndarray], path: str | Path, fps: float = DEF
 
 
 def offscreen_rendering() -> None:
-    """Let pygame-drawn envs (Gymnasium's classic control) render without a display.
+    """Let pygame-drawn envs (Gymnasium's classic control) and MuJoCo envs render without
+    a display.
 
     SDL otherwise looks for one and prints ``error: XDG_RUNTIME_DIR is invalid or not set``
     on every run; pygame also prints a banner to stdout when imported. Set before an env
@@ -75,6 +76,9 @@ def offscreen_rendering() -> None:
     """
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        # MuJoCo's default (GLFW) needs a display; EGL renders without one.
+        os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def as_frame(frame: Any) -> np.ndarray:
@@ -169,8 +173,8 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
         policy_env = (NormalizeObservation(env, algorithm.obs_stats, update=False)
                       if algorithm.obs_stats is not None else env)
         episode = EpisodeFrames(lambda obs: algorithm.act(obs, deterministic=True),
-                                policy_env, render, seed=config.seed + EVAL_SEED_OFFSET,
-                                max_steps=max_steps)
+                                policy_env, _render_checked(render, config.env),
+                                seed=config.seed + EVAL_SEED_OFFSET, max_steps=max_steps)
         fps = getattr(env, "metadata", {}).get("render_fps") or _native_fps(config.env)
         count = write_video(episode, path, fps=fps)
         return VideoInfo(Path(path), count, episode.episode_return)
@@ -178,6 +182,22 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
         if env is not None:
             env.close()
         algorithm.close()
+
+
+def _render_checked(render: Callable[[], Any], env_id: str) -> Callable[[], Any]:
+    """``render``, whose failures (no OpenGL context, no display) become one clear
+    :class:`RenderUnavailableError`."""
+    def checked() -> Any:
+        try:
+            return render()
+        except RlloopError:
+            raise
+        except Exception as e:
+            raise RenderUnavailableError(
+                f"{env_id} could not render a frame ({type(e).__name__}: "
+                f"{' '.join(str(e).split())[:200]}); MuJoCo envs without a display need "
+                "MUJOCO_GL=egl (or osmesa) and its system library") from e
+    return checked
 
 
 def _native_fps(env_id: str) -> float:

@@ -142,9 +142,9 @@ def _flattening_fix(space: gymnasium.Space[Any]) -> str:
     if isinstance(space, spaces.Dict):
         keep = [k for k, v in space.spaces.items() if _flattens(v)]
         drop = [k for k in space.spaces if k not in keep]
-        if keep:
-            return (f"wrapped in gymnasium.wrappers.FilterObservation(env, {keep}) and then "
-                    f"FlattenObservation ({', '.join(map(repr, drop))} cannot be flattened)")
+        if keep:  # the rest of the Dict keeps its encoders (a CNN for an image)
+            return (f"wrapped in gymnasium.wrappers.FilterObservation(env, {keep}) "
+                    f"({', '.join(map(repr, drop))} has no encoder)")
     return "with a gymnasium.ObservationWrapper that returns a Box"
 
 
@@ -232,10 +232,19 @@ def _kwargs_error(env_id: str, kwargs: dict[str, Any], error: TypeError) -> EnvE
                     f"({error}); {hint}")
 
 
+#: rlloop's extra for a package Gymnasium reports missing (found by a word of its message).
+_EXTRAS = (("box2d", "Box2D", "box2d"), ("mujoco", "MuJoCo", "mujoco"),
+           ("opencv", "OpenCV", "atari"), ("cv2", "OpenCV", "atari"), ("ale", "ale-py", "atari"))
+
+
 def _dependency_error(env_id: str, error: Exception) -> EnvError:
-    # Gymnasium's message already names the pip command (e.g. "gymnasium[box2d]").
-    return EnvError(f"{env_id} needs a package that is not installed: "
-                    f"{' '.join(str(error).split())}")
+    detail = " ".join(str(error).split())
+    for word, package, extra in _EXTRAS:
+        if word in detail.lower():
+            return EnvError(f"{env_id} needs {package}, which is not installed: pip install "
+                            f"'rlloop[{extra}]'")
+    # Gymnasium's message names its own pip command (e.g. "gymnasium[other]")
+    return EnvError(f"{env_id} needs a package that is not installed: {detail}")
 
 
 #: Raised by rlloop itself around the env (async workers that failed, a stop signal while

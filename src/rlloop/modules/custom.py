@@ -58,6 +58,11 @@ def resolve_net(path: str, key: str) -> NetFactory:
     module, _, name = path.partition(":")
     obj: Any = _import(module, path, key)
     for part in name.split("."):
+        if not hasattr(obj, part) and module == "__main__":
+            raise ConfigError(f"{key}={path!r}: the network was defined in the script that "
+                              f"trained the run, which this process is not; define {name} "
+                              "and use rlloop.load(run) from Python, or move it to a module "
+                              f"and train with {key}=module:{name}")
         if not hasattr(obj, part):
             raise ConfigError(f"{key}={path!r}: module {module!r} has no {name!r}; check the "
                               "class name")
