@@ -92,6 +92,8 @@ EVAL_SEED = 10_000
 #: shared machine, where other jobs' load would otherwise fall on whoever runs then).
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = CLOCKS["wall"]
+#: SB3 trains under flush-to-zero (``--sb3-flush``).
+SB3_FLUSH = True
 
 
 @dataclass
@@ -290,7 +292,7 @@ def train_all(algo: str, env_id: str, steps: int, seed: int, chunk: int,
     # rlloop's trainer flushes subnormal floats to zero around its own steps (its default
     # flush_denormal): SB3 trains under the same mode, or its Adam moments' subnormals
     # would cost it a few percent that rlloop is spared.
-    with flushed_denormals():
+    with flushed_denormals(SB3_FLUSH):
         model.learn(total_timesteps=steps, callback=Alternate())
     sb3_seconds = (clock() - start - sum(run.seconds for run in ours)
                    - paused[0])
@@ -351,17 +353,19 @@ PATHS: dict[str, Callable[[str], list[str]]] = {
 
 
 def train_seed(algo: str, steps: int, seed: int, paths: Sequence[str] = tuple(PATHS),
-               clock_name: str = "wall", threads: int = 1) -> list[Result]:
+               clock_name: str = "wall", threads: int = 1,
+               sb3_flush: bool = True) -> list[Result]:
     """Every contender of ``algo`` on one seed with ``threads`` torch threads (a worker's
-    entry point); rlloop's runs on the gradient ``paths`` only, timed by ``clock_name``."""
-    global clock
-    clock = CLOCKS[clock_name]
+    entry point); rlloop's runs on the gradient ``paths`` only, timed by ``clock_name``;
+    SB3 flushing subnormal floats as rlloop does (``sb3_flush``) or at its own default."""
+    global clock, SB3_FLUSH
+    clock, SB3_FLUSH = CLOCKS[clock_name], sb3_flush
     torch.set_num_threads(threads)
     env_id, chunk, runs = TASKS[algo]
     return train_all(algo, env_id, steps, seed, chunk, [r for r in runs if r[2] in paths])
 
 
-def train_seeds(jobs: Sequence[tuple[str, int, int, Sequence[str], str, int]],
+def train_seeds(jobs: Sequence[tuple[str, int, int, Sequence[str], str, int, bool]],
                 workers: int) -> list[Result]:
     """``train_seed`` for each ``(algo, steps, seed)``, ``workers`` processes at a time
     (in this process when 1); results in job order."""
@@ -398,6 +402,10 @@ def main() -> None:
                              "as the README's figures on two cores)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads, the same for both libraries (default 1)")
+    parser.add_argument("--sb3-flush", choices=("on", "off"), default="on",
+                        help="SB3 trains flushing subnormal floats to zero, as rlloop's "
+                             "trainer does by default (on, the like-for-like default), or "
+                             "at torch's default (off: each library's own defaults)")
     args = parser.parse_args()
     if args.jobs < 1 or args.threads < 1:
         parser.error(f"--jobs and --threads must be >= 1, got {args.jobs}, {args.threads}")
@@ -406,8 +414,9 @@ def main() -> None:
              "sac": args.sac_steps or (600 if args.quick else 5_000)}
     peak = matmul_peak_flops()
     print(f"clock: {args.clock}, torch threads: {args.threads}")
-    jobs = [(algo, steps[algo], seed, tuple(args.paths), args.clock, args.threads)
-            for seed in args.seeds for algo in args.tasks]
+    print(f"SB3 flushes subnormal floats: {args.sb3_flush == 'on'} (rlloop does by default)")
+    jobs = [(algo, steps[algo], seed, tuple(args.paths), args.clock, args.threads,
+             args.sb3_flush == "on") for seed in args.seeds for algo in args.tasks]
     results = train_seeds(jobs, args.jobs)
     report(results, peak)
     if len(args.seeds) > 1:
