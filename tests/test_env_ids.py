@@ -139,3 +139,13 @@ def test_a_missing_extra_names_rlloops_own_install(message, expected):
 def test_the_v4_atari_ids_come_from_ale_py():
     pytest.importorskip("ale_py")
     assert resolve_env_id("BreakoutNoFrameskip-v4") == "ale_py:BreakoutNoFrameskip-v4"
+
+
+def test_a_word_containing_ale_is_not_taken_for_ale_py():
+    import gymnasium
+
+    from rlloop.envs.gym import _dependency_error
+
+    message = "scalene is not installed, run `pip install scalene`"
+    error = _dependency_error("X-v0", gymnasium.error.DependencyNotInstalled(message))
+    assert "rlloop[" not in str(error) and "scalene" in str(error)

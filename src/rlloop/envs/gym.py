@@ -234,7 +234,8 @@ def _kwargs_error(env_id: str, kwargs: dict[str, Any], error: TypeError) -> EnvE
 
 #: rlloop's extra for a package Gymnasium reports missing (found by a word of its message).
 _EXTRAS = (("box2d", "Box2D", "box2d"), ("mujoco", "MuJoCo", "mujoco"),
-           ("opencv", "OpenCV", "atari"), ("cv2", "OpenCV", "atari"), ("ale", "ale-py", "atari"))
+           ("opencv", "OpenCV", "atari"), ("cv2", "OpenCV", "atari"),
+           ("ale-py", "ale-py", "atari"), ("ale_py", "ale-py", "atari"))
 
 
 def _dependency_error(env_id: str, error: Exception) -> EnvError:
