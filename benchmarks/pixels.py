@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,13 @@ def sb3_dqn(env_steps: int, buffer: int, device: str) -> Measurement:
         env.close()
 
 
+def _flushing(enabled: bool, run: Callable[[], Measurement]) -> Measurement:
+    from rlloop.numerics import flushed_denormals
+
+    with flushed_denormals(enabled):
+        return run()
+
+
 def main(argv: list[str] | None = None) -> list[Measurement]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", nargs="+", default=["ppo", "dqn"], choices=["ppo", "dqn"])
@@ -172,6 +180,9 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
     parser.add_argument("--cnn-precision", nargs="+", default=["float32"],
                         choices=["float32", "bfloat16"])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--sb3-flush", choices=("on", "off"), default="on",
+                        help="SB3 flushes subnormal floats to zero as rlloop's trainer does "
+                             "(on, like for like) or runs at torch's default (off)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     runs: dict[str, dict[str, Any]] = {"ppo": {}, "dqn": {}}
@@ -180,8 +191,12 @@ def main(argv: list[str] | None = None) -> list[Measurement]:
             lambda p=precision: rlloop_ppo(args.ppo_iters, args.device, p))
         runs["dqn"][_label(precision)] = (
             lambda p=precision: rlloop_dqn(args.dqn_steps, args.buffer, args.device, p))
-    runs["ppo"]["sb3"] = lambda: sb3_ppo(args.ppo_iters, args.device)
-    runs["dqn"]["sb3"] = lambda: sb3_dqn(args.dqn_steps, args.buffer, args.device)
+    # rlloop's trainer flushes subnormal floats to zero (its flush_denormal default); SB3
+    # trains under the same mode unless --sb3-flush off (its own defaults).
+    flush = args.sb3_flush == "on"
+    runs["ppo"]["sb3"] = lambda: _flushing(flush, lambda: sb3_ppo(args.ppo_iters, args.device))
+    runs["dqn"]["sb3"] = lambda: _flushing(flush, lambda: sb3_dqn(args.dqn_steps, args.buffer,
+                                                                   args.device))
     results: list[Measurement] = []
     for algo in args.algos:
         best: dict[str, Measurement] = {}
