@@ -145,6 +145,14 @@ def test_a_closed_pipe_ends_a_listing_quietly(tmp_path, cli_env):
              "    raise BrokenPipeError(32, 'Broken pipe')\n"
              "cli._presets = listing\n"
              "sys.exit(cli.main(['presets']))\n")
+    proc = subprocess.Popen([*rlloop_cmd()[:1], "-c", probe], env=cli_env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone, as `head` is once it has its lines
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and err == "", err
+    # Any other BrokenPipeError (a callback's closed socket) is a failure to report.
     done = subprocess.run([*rlloop_cmd()[:1], "-c", probe], env=cli_env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and done.stderr == "", done.stderr
+    assert done.returncode == 1
+    assert done.stderr.startswith("rlloop: error: BrokenPipeError: [Errno 32] Broken pipe")

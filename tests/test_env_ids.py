@@ -149,3 +149,29 @@ def test_a_word_containing_ale_is_not_taken_for_ale_py():
     message = "scalene is not installed, run `pip install scalene`"
     error = _dependency_error("X-v0", gymnasium.error.DependencyNotInstalled(message))
     assert "rlloop[" not in str(error) and "scalene" in str(error)
+
+
+def test_a_missing_package_with_no_extra_keeps_gymnasiums_advice():
+    """CarRacing without pygame named Box2D's extra (its message mentions gymnasium[box2d]),
+    which does not install pygame."""
+    import gymnasium
+
+    from rlloop.envs.gym import _dependency_error
+
+    message = 'pygame is not installed, run `pip install "gymnasium[box2d]"`'
+    error = _dependency_error("CarRacing-v3", gymnasium.error.DependencyNotInstalled(message))
+    assert str(error) == f"CarRacing-v3 needs a package that is not installed: {message}"
+
+
+def test_an_env_module_named_in_the_users_config_file_is_imported(tmp_path, cli_env):
+    """`rlloop train ppo --config best.yaml` (what `rlloop tune` suggests) failed when the
+    file's env was module:Id: only --env's module was imported."""
+    _write_module(tmp_path, "cfgenvs", "CfgCart-v0", tmp_path / "imported.txt")
+    (tmp_path / "best.yaml").write_text("env: cfgenvs:CfgCart-v0\n")
+    cmd = [sys.executable, "-P", *rlloop_cmd("train", "ppo")[1:], "--config", "best.yaml",
+           "--total-env-steps", "512", "--quiet", "--set", "mlflow=false",
+           "--set", "save_video=false", "--set", "stop_on_solve=false"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=cli_env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "imported.txt").exists()

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from worker_envs import SignEnv
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.envs.pool import WorkerPool
+from rlloop.envs.pool import WorkerError, WorkerPool
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.tasks import TaskConfig, TaskTrainer
 from rlloop.tasks.trainer import COMPONENTS, epoch_seeds
@@ -92,7 +92,11 @@ def test_a_second_signal_never_parts_an_update_from_its_count(tmp_path):
     assert latest is not None
     ckpt = load_checkpoint(latest, expected_components=COMPONENTS)
     adam_steps = {float(s["step"]) for s in ckpt.components["optimizer"]["state"].values()}
-    assert adam_steps == {float(ckpt.components["trainer"]["counters"]["train/steps"])} == {3}
+    counters = ckpt.components["trainer"]["counters"]
+    assert adam_steps == {float(counters["train/steps"])} == {3}
+    # The interrupted epoch is counted as done, its samples with it (the env steps were
+    # counted without the epoch, so a resume collected and counted them again).
+    assert (counters["train/epochs"], counters["env/steps"]) == (1, 40)
 
 
 def test_epoch_seeds_depend_on_seed_and_epoch_only():
@@ -210,3 +214,30 @@ def test_a_pool_reset_with_seeds_reseeds_each_env(mode):
             pool.reset(seeds[:3])
     assert [float(r.outcome.obs[0]) for r in batch] == [
         float(SignEnv().reset(seed=seed)[0][0]) for seed in seeds]
+
+
+def test_a_stop_waits_for_the_epoch_only_stop_wait_s(tmp_path):
+    """SIGTERM let a long epoch's train steps all run (a scheduler's grace period ran out
+    before the final checkpoint)."""
+    model = sign_policy()
+    task = SignalAt(TaskConfig(**BASE, total_steps=1000, num_update_steps=200,
+                               stop_wait_s=0.0), at=2)
+    trainer = TaskTrainer(task, model, run_dir=tmp_path)
+    trainer.run()
+    assert trainer.state == {"train/steps": 2, "train/epochs": 1, "env/steps": 40}
+
+
+class _CrashesOnStep(SignEnv):
+    def step(self, action: Any) -> Any:
+        raise RuntimeError("broken")
+
+
+def test_an_epochs_reseed_is_not_a_successful_step():
+    """Every epoch's reseed reset the worker's failure count, so an env failing once per
+    epoch never reached max_consecutive_failures."""
+    with WorkerPool(_CrashesOnStep, 1, "thread", env_seed=0,
+                    max_consecutive_failures=2) as pool, pytest.raises(WorkerError):
+        for epoch in range(6):
+            pool.reset(epoch_seeds(0, epoch, 1))
+            pool.send(pool.next_batch(1), [0])
+            pool.next_batch(1)

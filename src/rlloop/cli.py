@@ -194,10 +194,15 @@ def _train(args: argparse.Namespace) -> int:
                               "the run first to continue it elsewhere)")
     # Typos in the env id or a --set key answer here, before torch's second of import.
     check_set_keys(args.algo, args.sets)
-    if args.env and not args.resume:  # typed by the user: its module may be imported
+    if not args.resume:
+        # An env the user typed, or named in the --config file they gave (e.g. the
+        # best.yaml `rlloop tune` suggests): its module may be imported.
+        from rlloop.config import load_yaml
         from rlloop.envs.ids import resolve_env_id
 
-        resolve_env_id(args.env, allow_import=True, search_cwd=True)
+        env = args.env or (load_yaml(Path(args.config)).get("env") if args.config else None)
+        if isinstance(env, str) and env:
+            resolve_env_id(env, allow_import=True, search_cwd=True)
     from rlloop.logging.process_sink import prestart
     from rlloop.report import FIGURE_PRELOAD
 
@@ -496,16 +501,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # a second stop signal: the run saved what it could
         print("rlloop: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:  # `rlloop presets | head`: the reader has what it wanted
-        # Python would report the pipe again when it flushes stdout at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILED
     except Exception as e:  # not bad input: a bug, or a store failing at exit
+        if isinstance(e, BrokenPipeError) and _stdout_gone():
+            # `rlloop presets | head`: the reader has what it wanted. Python would report
+            # the pipe again when it flushes stdout at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_FAILED
         if os.environ.get("RLLOOP_TRACEBACK"):
             raise
         print(f"rlloop: error: {type(e).__name__}: {_one_line(e)} (unexpected; "
               "RLLOOP_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (a BrokenPipeError from
+    anywhere else is a failure to report)."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no fileno (a notebook), no poll
+        return False
 
 
 def _exit_now(code: int) -> None:

@@ -12,6 +12,7 @@ return the final observation and spend the following step on the reset.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import gymnasium
@@ -232,20 +233,22 @@ def _kwargs_error(env_id: str, kwargs: dict[str, Any], error: TypeError) -> EnvE
                     f"({error}); {hint}")
 
 
-#: rlloop's extra for a package Gymnasium reports missing (found by a word of its message).
-_EXTRAS = (("box2d", "Box2D", "box2d"), ("mujoco", "MuJoCo", "mujoco"),
-           ("opencv", "OpenCV", "atari"), ("cv2", "OpenCV", "atari"),
-           ("ale-py", "ale-py", "atari"), ("ale_py", "ale-py", "atari"))
+#: rlloop's extra for each package Gymnasium names as missing ("Box2D is not installed").
+_EXTRAS = {"box2d": ("Box2D", "box2d"), "mujoco": ("MuJoCo", "mujoco"),
+           "opencv-python": ("OpenCV", "atari"), "ale-py": ("ale-py", "atari"),
+           "ale_py": ("ale-py", "atari")}
+_MISSING = re.compile(r"\s*([\w.-]+)(?: package)? (?:is )?not installed", re.IGNORECASE)
 
 
 def _dependency_error(env_id: str, error: Exception) -> EnvError:
     detail = " ".join(str(error).split())
-    for word, package, extra in _EXTRAS:
-        if word in detail.lower():
-            return EnvError(f"{env_id} needs {package}, which is not installed: pip install "
-                            f"'rlloop[{extra}]'")
-    # Gymnasium's message names its own pip command (e.g. "gymnasium[other]")
-    return EnvError(f"{env_id} needs a package that is not installed: {detail}")
+    named = _MISSING.match(detail)
+    extra = _EXTRAS.get(named.group(1).lower()) if named else None
+    if extra is None:  # Gymnasium's message names its own pip command (e.g. pygame's)
+        return EnvError(f"{env_id} needs a package that is not installed: {detail}")
+    package, name = extra
+    return EnvError(f"{env_id} needs {package}, which is not installed: pip install "
+                    f"'rlloop[{name}]'")
 
 
 #: Raised by rlloop itself around the env (async workers that failed, a stop signal while

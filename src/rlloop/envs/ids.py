@@ -43,7 +43,7 @@ class Provider(NamedTuple):
 #: these packages register their ids only when imported.
 ENV_PROVIDERS: tuple[Provider, ...] = (
     Provider(r"ALE/", "ale_py", "ale-py"),
-    Provider(r"[A-Z]\w*NoFrameskip-v[04]$", "ale_py", "ale-py"),  # the v4 Atari ids
+    Provider(r"[A-Z]\w*NoFrameskip-v[04]$", "ale_py", "ale-py"),  # the v0/v4 Atari ids
     Provider(r"(MiniGrid|BabyAI)-", "minigrid", "minigrid"),
     Provider(r"MiniWorld-", "miniworld", "miniworld"),
     Provider(r"(Fetch|HandManipulate|HandReach|Adroit|PointMaze_|AntMaze_|FrankaKitchen)",

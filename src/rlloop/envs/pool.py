@@ -280,7 +280,7 @@ class WorkerPool:
         # A reset sent to a worker that is still busy must not extend its deadline.
         w.deadline = min(w.deadline, deadline) if w.in_flight else deadline
         w.in_flight = True
-        w.stepped = any(op is not None for op in ops)
+        w.stepped = any(op is not None and not isinstance(op, Reseed) for op in ops)
         self._backend.send(rank, (w.seq, ops))
 
     def _poll(self, timeout: float | None) -> None:

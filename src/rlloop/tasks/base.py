@@ -43,6 +43,10 @@ ModelT = TypeVar("ModelT", bound=nn.Module)
 EVAL_SEED_OFFSET = 1_000_003
 
 
+#: TaskConfig's float settings that may also be None.
+_OPTIONAL = ("max_wait_time", "step_timeout", "max_grad_norm")
+
+
 @dataclass
 class TaskConfig:
     """Env workers, sampling, dataset and training settings of a task (``ml``'s
@@ -102,6 +106,10 @@ class TaskConfig:
     Seed torch yourself before building the model for its initialisation."""
     checkpoint_every: int = 0
     """Train steps between periodic checkpoints (0: only on SIGUSR1 and at the end)."""
+    stop_wait_s: float = 10.0
+    """Seconds a stop signal (SIGTERM, Ctrl-C) during training waits for the epoch's
+    remaining train steps, so that the final checkpoint falls at the epoch's end; past
+    them it stops at the next step (a resume then starts the next epoch)."""
     keep_checkpoints: int = 3
     """Periodic checkpoints kept (the newest ones)."""
     max_clip_steps: int = 1_000
@@ -137,12 +145,14 @@ class TaskConfig:
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1 or None, got {value}")
         for name, least, strict in (("lr", 0.0, True), ("max_wait_time", 0.0, False),
-                                    ("step_timeout", 0.0, True), ("max_grad_norm", 0.0, True)):
+                                    ("step_timeout", 0.0, True), ("max_grad_norm", 0.0, True),
+                                    ("stop_wait_s", 0.0, False)):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and (
                     value > least if strict else value >= least)):
+                none = " or None" if name in _OPTIONAL else ""
                 raise ConfigError(f"{name} must be a finite number {'>' if strict else '>='} "
-                                  f"{least:g}{'' if name == 'lr' else ' or None'}, got {value}")
+                                  f"{least:g}{none}, got {value}")
         self._check_combinations()
 
     def _check_combinations(self) -> None:

@@ -4,14 +4,14 @@ Each epoch: collect ``num_epoch_samples`` from the worker pool -> dataset of cli
 minibatch train steps -> checkpoints. Checkpoints are written at epoch ends: ``SIGUSR1``
 and ``checkpoint_every`` save at the end of the epoch they fall in and training goes on;
 ``SIGTERM``/``SIGINT`` end collection at once (the partial epoch is dropped) or let the
-epoch's train steps finish, and a final checkpoint is saved, as it is when the step
-budget is spent. Epoch ``k`` reseeds every env and orders its minibatches from seeds
-derived from ``(env_seed, k)`` and ``(seed, k)``, so a run cut at an epoch's end and
-resumed trains as the uncut one does (in ``sync`` mode; thread and process workers
-batch in the order they answer). Train steps go through the same numerical guard as
-rlloop's learners: a non-finite batch, loss or gradient skips the step
-(``guard/skipped_updates``) or raises :class:`~rlloop.learners.learner.NonFiniteError`
-naming the step.
+epoch's train steps finish (for up to ``stop_wait_s``), and a final checkpoint is saved,
+as it is when the step budget is spent. Epoch ``k`` reseeds every env and orders its
+minibatches from seeds derived from ``(env_seed, k)`` and ``(seed, k)``, so a run cut at
+an epoch's end and resumed trains as the uncut one does (in ``sync`` mode; thread and
+process workers batch in the order they answer). Train steps go through the same
+numerical guard as rlloop's learners: a non-finite batch, loss or gradient skips the
+step (``guard/skipped_updates``) or raises
+:class:`~rlloop.learners.learner.NonFiniteError` naming the step.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from rlloop.logging import JsonlSink, MultiSink
 from rlloop.logging.sinks import as_sink
 from rlloop.runfiles import check_members
 from rlloop.seeding import derive_seed, seed_global_rngs
-from rlloop.signals import atomic, supervised
+from rlloop.signals import atomic, stop_requested_since, supervised
 from rlloop.tasks.base import ModelT, Task
 from rlloop.tasks.dataset import TrajectoryDataset, host_iter
 from rlloop.tasks.sampling import SamplingStats
@@ -139,9 +139,13 @@ class TaskTrainer(Generic[ModelT]):
             # and so does the final checkpoint (its resume collects this epoch afresh).
             restore_rng_state(rng_before)
             return {}
-        self.state["env/steps"] += sampling.samples
-        losses = self._train_on(self.task.build_dataset(trajectories), index)
-        self.state["train/epochs"] += 1
+        try:
+            losses = self._train_on(self.task.build_dataset(trajectories), index)
+        finally:
+            # Counted together, even when training stops inside the epoch (a budget, a
+            # stop past stop_wait_s, an error): a resume then starts the next epoch.
+            self.state["env/steps"] += sampling.samples
+            self.state["train/epochs"] += 1
         steps, every = self.state["train/steps"], cfg.checkpoint_every
         if self.save_requested or (every and steps // every > steps_before // every):
             self.save_requested = False
@@ -159,8 +163,8 @@ class TaskTrainer(Generic[ModelT]):
         return stats
 
     def _train_on(self, dataset: TrajectoryDataset, index: int) -> list[dict[str, float]]:
-        """The epoch's train steps (all of them: a stop signal waits for the epoch's end,
-        the step budget does not)."""
+        """The epoch's train steps: all of them, unless the step budget ends first or a
+        stop signal has waited ``stop_wait_s`` for the epoch's end."""
         cfg = self.task.config
         if len(dataset) == 0:
             _log.warning("epoch %d collected no usable samples; nothing to train on",
@@ -171,9 +175,16 @@ class TaskTrainer(Generic[ModelT]):
             with atomic():  # a second signal does not part an update from its count
                 losses.append(self.train_step(batch))
                 self.state["train/steps"] += 1
-            if self.state["train/steps"] >= cfg.total_steps:
+            if self.state["train/steps"] >= cfg.total_steps or self._stop_waited():
                 break
         return losses
+
+    def _stop_waited(self) -> bool:
+        """A stop signal has waited ``stop_wait_s`` for the epoch's end (a scheduler's
+        grace period must not run out before the final checkpoint)."""
+        since = stop_requested_since()
+        return (self.stop_requested is not None and since is not None
+                and time.monotonic() - since >= self.task.config.stop_wait_s)
 
     def _batches(self, dataset: TrajectoryDataset, index: int) -> Iterator[Any]:
         """One pass over the dataset, or ``num_update_steps`` minibatches (cycling), in
