@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import rlloop_cmd
@@ -57,14 +58,20 @@ def test_module_id_is_imported_only_when_allowed(tmp_path, monkeypatch):
     assert resolve_env_id(env_id) == env_id  # imported now: no new code runs
 
 
-def test_console_script_finds_a_module_in_the_working_directory(tmp_path, cli_env):
-    _write_module(tmp_path, "myenvs", "MyCart-v0", tmp_path / "imported.txt")
-    # -P: no working directory on sys.path, exactly like the `rlloop` console script.
-    cmd = [sys.executable, "-P", *rlloop_cmd("train", "ppo")[1:], "--env", "myenvs:MyCart-v0",
+def _train_as_console_script(cwd: Path, cli_env: dict[str, str],
+                             *args: str) -> subprocess.CompletedProcess[str]:
+    """A short PPO run with -P: no working directory on sys.path, exactly like the
+    `rlloop` console script."""
+    cmd = [sys.executable, "-P", *rlloop_cmd("train", "ppo")[1:], *args,
            "--total-env-steps", "512", "--quiet", "--set", "mlflow=false",
            "--set", "save_video=false", "--set", "stop_on_solve=false"]
-    out = subprocess.run(cmd, cwd=tmp_path, env=cli_env, capture_output=True, text=True,
-                         timeout=240)
+    return subprocess.run(cmd, cwd=cwd, env=cli_env, capture_output=True, text=True,
+                          timeout=240)
+
+
+def test_console_script_finds_a_module_in_the_working_directory(tmp_path, cli_env):
+    _write_module(tmp_path, "myenvs", "MyCart-v0", tmp_path / "imported.txt")
+    out = _train_as_console_script(tmp_path, cli_env, "--env", "myenvs:MyCart-v0")
     assert out.returncode == 0, out.stderr
     (run,) = (tmp_path / "runs").iterdir()  # one directory, not nested by the id
     assert run.name.startswith("ppo-myenvs-MyCart-v0-") and (run / "summary.json").is_file()
@@ -168,10 +175,6 @@ def test_an_env_module_named_in_the_users_config_file_is_imported(tmp_path, cli_
     file's env was module:Id: only --env's module was imported."""
     _write_module(tmp_path, "cfgenvs", "CfgCart-v0", tmp_path / "imported.txt")
     (tmp_path / "best.yaml").write_text("env: cfgenvs:CfgCart-v0\n")
-    cmd = [sys.executable, "-P", *rlloop_cmd("train", "ppo")[1:], "--config", "best.yaml",
-           "--total-env-steps", "512", "--quiet", "--set", "mlflow=false",
-           "--set", "save_video=false", "--set", "stop_on_solve=false"]
-    out = subprocess.run(cmd, cwd=tmp_path, env=cli_env, capture_output=True, text=True,
-                         timeout=240)
+    out = _train_as_console_script(tmp_path, cli_env, "--config", "best.yaml")
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "imported.txt").exists()
