@@ -64,13 +64,7 @@ from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.profiling import TraceProfiler
 from rlloop.report import FIGURE_PRELOAD, FigureWriter, read_metrics, write_figures, write_report
 from rlloop.run_lock import RunLock, ensure_free
-from rlloop.runfiles import (
-    check_members,
-    check_run_dir,
-    refuse_existing_run,
-    refuse_study_dir,
-    write_file,
-)
+from rlloop.runfiles import check_members, check_run_dir, refuse_study_dir, write_file
 from rlloop.saved_runs import (
     acting_config,
     evaluate_run,
@@ -210,7 +204,7 @@ class Session:
             start_learners(self.algorithm, config)  # the other learner ranks
         self.lock.acquire()  # before the first write; it creates run_dir
         if not resume:
-            refuse_existing_run(run_dir)  # again: another trainer may have just finished it
+            _refuse_existing_run(run_dir)  # again: another trainer may have just finished it
         write_file(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
         self.manager = CheckpointManager(run_dir / "checkpoints", keep_last=config.keep_checkpoints)
         identity = _read_json(run_dir / "run.json") if resume else {}
@@ -624,7 +618,7 @@ def train(config: RunConfig, run_dir: str | Path | None = None, *,
         ensure_free(path)  # a live trainer holds it: name its PID instead
         if not has_checkpoint(path):  # then "resume it" would only send the user back here
             raise _no_checkpoint(path)
-    refuse_existing_run(path)
+    _refuse_existing_run(path)
     return _run_session(config, path, resume=False, console=console, callbacks=callbacks,
                         started_at=started_at)
 
@@ -669,6 +663,12 @@ def _check_tracking_store(config: RunConfig) -> None:
         reason = file_store_refusal(config.mlflow_tracking_uri)
         if reason is not None:
             raise ConfigError(reason)
+
+
+def _refuse_existing_run(path: Path) -> None:
+    if (path / "config.yaml").exists():
+        raise RunDirError(f"{path} already holds a run; resume it with --resume {path} "
+                          "or choose another --run-dir")
 
 
 def has_checkpoint(run_dir: Path) -> bool:

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
+import psutil
+
 from rlloop.errors import RunDirError
 
 MEMBERS = (
@@ -140,9 +142,7 @@ def check_run_dir(run_dir: str | Path) -> Path:
     return path
 
 
-def refuse_existing_run(path: Path) -> None:
-    """RunDirError when ``path`` already holds a run (its ``config.yaml``): a new run there
-    would overwrite it."""
-    if (path / "config.yaml").exists():
-        raise RunDirError(f"{path} already holds a run; resume it with --resume {path} "
-                          "or choose another --run-dir")
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` (this one included) still runs: the owner of a leftover
+    temp file or directory named by its pid."""
+    return pid == os.getpid() or psutil.pid_exists(pid)

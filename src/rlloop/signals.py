@@ -173,10 +173,16 @@ def _held(*, interrupted_already: bool) -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def save_due(target: SignalTarget, every: int, count: int) -> bool:
+def save_due(target: SignalTarget, every: int, count: int, since: int | None = None) -> bool:
     """Whether a checkpoint is due at ``count``: every ``every`` (0: never), or because
-    ``SIGUSR1`` asked for one (the request is then taken)."""
-    if target.save_requested or (every and count % every == 0):
+    ``SIGUSR1`` asked for one (the request is then taken). ``since``, the count at the
+    previous boundary, makes a multiple of ``every`` passed since then due too (a
+    boundary that spans several counts, such as a task's epoch)."""
+    if since is None:
+        passed = bool(every) and count % every == 0
+    else:
+        passed = bool(every) and count // every > since // every
+    if target.save_requested or passed:
         target.save_requested = False
         return True
     return False

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from rlloop.errors import RlloopError
+from rlloop.runfiles import pid_alive
 
 _log = logging.getLogger(__name__)
 DEFAULT_FPS = 30
@@ -210,18 +211,8 @@ def drop_leftover_clips(run_dir: Path, name: str) -> None:
     are gone: one killed while filming leaves its file behind."""
     for path in run_dir.glob(f".{name}.*.tmp.mp4"):
         pid = path.name[len(name) + 2:].split(".", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def save_run_video(run_dir: Path, name: str = "video.mp4") -> Path | None:

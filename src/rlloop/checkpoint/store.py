@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
 import safetensors
 import safetensors.torch
 import torch
@@ -40,6 +39,7 @@ from rlloop.checkpoint.format import (
     _manifest_checksum,
     _rlloop_version,
 )
+from rlloop.runfiles import pid_alive
 
 # ---------------------------------------------------------------- writing
 
@@ -207,15 +207,11 @@ def save_replacing(
     return path
 
 
-def _pid_alive(pid: int) -> bool:
-    return pid == os.getpid() or psutil.pid_exists(pid)
-
-
 def _clean_leftovers(root: Path) -> None:
     """Remove temp dirs of dead processes; restore a checkpoint whose replace was interrupted."""
     for entry in root.iterdir():
         match = _LEFTOVER_RE.fullmatch(entry.name)
-        if not match or not entry.is_dir() or _pid_alive(int(match["pid"])):
+        if not match or not entry.is_dir() or pid_alive(int(match["pid"])):
             continue
         target = root / match["name"]
         try:

@@ -154,8 +154,7 @@ def _collect(pool: WorkerPool, act: ActFn, total: int | None, min_len: int,
     returns = [0.0] * n
     pool.reset(seeds)
     while total is None or stats.samples < total:
-        if should_stop is not None and should_stop():
-            return
+        # next_batch returns at once (maybe empty) when a stop is asked for while it waits
         batch = pool.next_batch(min_batch, max_batch, max_wait, should_stop)
         if should_stop is not None and should_stop():
             return

@@ -38,7 +38,7 @@ from rlloop.logging import JsonlSink, MultiSink
 from rlloop.logging.sinks import as_sink
 from rlloop.runfiles import check_members
 from rlloop.seeding import derive_seed, seed_global_rngs
-from rlloop.signals import atomic, stop_requested_since, supervised
+from rlloop.signals import atomic, save_due, stop_requested_since, supervised
 from rlloop.tasks.base import ModelT, Task
 from rlloop.tasks.dataset import TrajectoryDataset, host_iter
 from rlloop.tasks.sampling import SamplingStats
@@ -146,11 +146,9 @@ class TaskTrainer(Generic[ModelT]):
             # stop past stop_wait_s, an error): a resume then starts the next epoch.
             self.state["env/steps"] += sampling.samples
             self.state["train/epochs"] += 1
-        steps, every = self.state["train/steps"], cfg.checkpoint_every
-        if self.save_requested or (every and steps // every > steps_before // every):
-            self.save_requested = False
-            if self.manager is not None:  # (without a run_dir there is nowhere to save)
-                self.save()
+        if (save_due(self, cfg.checkpoint_every, self.state["train/steps"], steps_before)
+                and self.manager is not None):  # (without a run_dir there is nowhere to save)
+            self.save()
         t2 = time.perf_counter()
         stats: Stats = {**sampling.as_stats(), **_mean(losses),
                         "workers/restarts": float(self.restarts),
