@@ -256,7 +256,6 @@ def test_native_env_steps_on_cuda_never_synchronise(name):
                     algo.env_step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    assert algo.runner.episodes.stats()["episode/count"] >= 0
     algo.close()
 
 

@@ -155,6 +155,23 @@ def test_prioritized_replay_updates_priorities():
     assert len(set(priorities.tolist())) > 1  # TD errors replaced the initial priority
 
 
+def test_prioritized_replay_weights_reach_the_loss():
+    algo = _dqn("dqn.replay=prioritized", "dqn.double_q=true")
+    algo.optimize(40)  # TD errors make the priorities, hence the weights, uneven
+    learner, m = algo.learner, algo.learner.module()
+    drawn = algo.loop.replay.sample(16, torch.Generator().manual_seed(0), beta=0.4)
+    batch = ReplayBatch.of(drawn)
+    assert batch.weights is not None and len(set(batch.weights.tolist())) > 1
+    with torch.no_grad():
+        target = dqn_target(batch.reward, batch.discount, batch.terminated,
+                            m.target(batch.next_obs), m.online(batch.next_obs))
+    weighted, _, _ = dqn_loss(m.online(batch.obs), batch.action, target, batch.weights)
+    plain, _, _ = dqn_loss(m.online(batch.obs), batch.action, target)
+    loss, _ = learner.compute_loss_for_module("default_policy", learner.config, batch)
+    assert_close(loss, weighted)
+    assert not torch.allclose(loss, plain)
+
+
 def test_n_step_transitions():
     algo = _dqn("dqn.n_step=3")
     assert isinstance(algo.loop.processor, NStepProcessor)

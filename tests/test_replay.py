@@ -203,6 +203,21 @@ def test_importance_weights_match_formula() -> None:
     assert set(out.indices.tolist()) == {0, 1, 2, 3}
 
 
+def test_importance_weights_normalise_by_the_buffer_not_the_batch() -> None:
+    # Row 0 holds the lowest priority and is (almost) never drawn: the weights still divide
+    # by its weight, the largest in the buffer, so none reaches 1 in a batch without it.
+    buf = _prioritized(4, alpha=1.0, eps=1e-12)
+    buf.add(_batch(range(4)))
+    buf.update_priorities(torch.arange(4), torch.tensor([1e-6, 1.0, 1.0, 2.0]))
+    out = buf.sample(8, torch.Generator().manual_seed(0), beta=1.0)
+    assert out.weights is not None and out.indices is not None
+    assert 0 not in out.indices.tolist()
+    priorities = torch.tensor([1e-6, 1.0, 1.0, 2.0])
+    expected = (priorities / priorities.min()) ** -1.0  # (N P(i))^-b / max_j (N P(j))^-b
+    assert_close(out.weights, expected[out.indices].to(out.weights.dtype))
+    assert float(out.weights.max()) < 1e-5
+
+
 def test_update_priorities_shifts_frequencies_and_new_items_get_max() -> None:
     buf = _prioritized(8)
     buf.add(_batch(range(8)))

@@ -210,10 +210,13 @@ def test_td3_delays_actor_and_target_updates():
     m = algo.learner.module()
     actor0 = [p.clone() for p in m.actor.parameters()]
     target0 = [p.clone() for p in m.critic_target.parameters()]
+    actor_target0 = [p.clone() for p in m.actor_target.parameters()]
     critic0 = [p.clone() for p in m.critic.parameters()]
     algo.optimize(30)  # update 1: critics only
     assert all(torch.equal(a, b) for a, b in zip(m.actor.parameters(), actor0, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(m.critic_target.parameters(), target0,
+                                                 strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(m.actor_target.parameters(), actor_target0,
                                                  strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(m.critic.parameters(), critic0,
                                                      strict=True))
@@ -224,6 +227,9 @@ def test_td3_delays_actor_and_target_updates():
     for t, old, c in zip(m.critic_target.parameters(), target0, m.critic.parameters(),
                          strict=True):
         assert_close(t, old + 0.5 * (c - old))
+    for t, old, a in zip(m.actor_target.parameters(), actor_target0, m.actor.parameters(),
+                         strict=True):
+        assert_close(t, old + 0.5 * (a - old))
 
 
 def test_td3_actor_loss_reads_q1_with_frozen_critic():

@@ -33,6 +33,21 @@ def test_same_seed_identical_other_seed_differs(algo):
     assert not all(torch.equal(x, z) for x, z in zip(a, c, strict=True))
 
 
+@pytest.mark.parametrize("algo", ALGOS)
+def test_the_seed_seeds_the_training_envs(algo):
+    # The weights above differ between seeds from their initialisation alone; the envs'
+    # first observations say that the seed reaches the environments too.
+    def first_obs(seed: int) -> torch.Tensor:
+        built = build_algorithm(small_config(algo, seed=seed))
+        obs = built.runner.obs.clone()
+        built.close()
+        return obs
+
+    a, b, c = first_obs(3), first_obs(3), first_obs(4)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
 @pytest.mark.parametrize("backend", ["native", "gymnasium"])
 def test_envs_in_a_batch_start_differently(backend):
     env = make_env("CartPole-v1", 8, backend, seed=11)
