@@ -157,6 +157,26 @@ def test_callback_stops_training_and_sees_checkpoints(tmp_path):
     assert result.env_steps == 400 and result.stopped_by == "callback _StopAt"
 
 
+class _StopOnEval(Callback):
+    def __init__(self) -> None:
+        self.evals: list[dict] = []
+
+    def on_eval(self, stats):
+        self.evals.append(dict(stats))
+        return False
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_a_callback_stops_training_from_on_eval(tmp_path, algo):
+    cls, cadence = (PPO, {"eval_every": 1}) if algo == "ppo" else (DQN, {"num_envs": 4})
+    model = cls("CartPole-v1", seed=0, run_dir=tmp_path / "run", stop_on_solve=False,
+                **cadence, **QUIET)
+    stop = _StopOnEval()
+    result = model.learn(20_000, callbacks=[stop])
+    assert result.stopped_by == "callback _StopOnEval"
+    assert len(stop.evals) == 1 and result.env_steps < 20_000
+
+
 def test_cli_callback_flag(tmp_path, cli_env):
     (tmp_path / "stopper.py").write_text(
         "from rlloop import Callback\n"

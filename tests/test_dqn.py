@@ -137,6 +137,16 @@ def test_epsilon_decays_on_the_env_step_timeline_and_resumes():
     assert other.loop.env_steps == 40
 
 
+def test_exploration_acts_with_the_scheduled_epsilon():
+    # At env step 40 of 100 epsilon is 0.6 (final 0): about 30% of actions leave the greedy
+    # one (a random action of two matches it half the time); with the final epsilon, none.
+    algo = _dqn("dqn.exploration_steps=100", "dqn.exploration_final_eps=0.0")
+    assert algo.loop.env_steps == 40 and algo.epsilon(40) == pytest.approx(0.6)
+    obs = torch.randn(4000, 4)
+    off_greedy = (algo._explore(obs) != algo.q(obs).argmax(1)).double().mean()
+    assert abs(float(off_greedy) - 0.3) < 0.04
+
+
 def test_greedy_acting_and_stochastic_eval_rng():
     algo = _dqn()
     obs = torch.randn(6, 4)

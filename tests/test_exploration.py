@@ -72,6 +72,31 @@ def test_td3_explores_with_the_configured_noise():
         td3.close()
 
 
+def test_td3_ou_noise_takes_its_theta_and_dt():
+    td3 = cast(TD3, _build("td3", "td3.action_noise=ornstein_uhlenbeck",
+                           "td3.action_noise_std=0.3", "td3.ou_theta=0.5", "td3.ou_dt=0.04"))
+    replay = torch.Generator().set_state(td3.generator.get_state())
+    shape = td3.runner.obs.shape[0], 1
+    first, second = td3.noise.sample(), td3.noise.sample()
+    # sigma * sqrt(dt) = 0.3 * 0.2; each step keeps (1 - theta * dt) = 0.98 of the last.
+    eps1, eps2 = torch.randn(shape, generator=replay), torch.randn(shape, generator=replay)
+    assert_close(first, 0.06 * eps1)
+    assert_close(second, 0.98 * first + 0.06 * eps2)
+    td3.close()
+
+
+@pytest.mark.parametrize("algo", ["sac", "ppo"])
+def test_gsde_settings_reach_the_policy(algo):
+    built = _build(algo, f"{algo}.use_sde=true", f"{algo}.use_expln=true",
+                   f"{algo}.full_std=false", f"{algo}.init_log_std=-1.5")
+    module = built.learner.modules["default_policy"]
+    sde = module.actor.sde if algo == "sac" else module.sde
+    assert sde.use_expln
+    assert sde.log_std.shape == (16, 1)  # one sigma per feature, not per (feature, action)
+    assert bool((sde.log_std == -1.5).all())
+    built.close()
+
+
 def test_ou_state_restarts_at_episode_ends_inside_the_loop():
     td3 = cast(TD3, _build("td3", "td3.action_noise=ornstein_uhlenbeck",
                            "td3.learning_starts=0", "env_kwargs={max_episode_steps: 5}"))

@@ -4,6 +4,7 @@ gradient post-processing end to end, module add/remove, state components, checkp
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -194,6 +195,33 @@ def test_ppo_entropy_and_clip_coefficients_are_scheduled():
     # the only term that depends on ent_coef: - ent_coef * entropy
     diff = losses[50][0] - losses[0][0]
     assert float(diff.detach()) == pytest.approx(0.25 * float(losses[0][1]), rel=1e-4)
+
+
+def test_ppo_loss_clips_with_the_scheduled_clip_coefficient():
+    from rlloop.algorithms.ppo import PPOConfig, PPOLearner
+    from rlloop.data.rollout import PPOBatch
+    from rlloop.envs.core import Discrete
+    from rlloop.modules.actor_critic import ActorCritic
+
+    g = torch.Generator().manual_seed(0)
+    # An untrained policy gives each action about 0.5: these old log-probabilities make
+    # every ratio about 1.25, clipped by 0.2 and not by 0.3.
+    batch = PPOBatch(torch.randn(32, 4, generator=g), torch.randint(2, (32,), generator=g),
+                     torch.full((32,), math.log(0.5) - math.log(1.25)),
+                     torch.randn(32, generator=g), torch.randn(32, generator=g),
+                     torch.zeros(32))
+
+    def loss_at(steps: int, clip_coef: object) -> float:
+        cfg = PPOConfig(ent_coef=0.0, clip_coef=clip_coef)  # type: ignore[arg-type]
+        torch.manual_seed(0)
+        learner = PPOLearner({"default_policy": ActorCritic((4,), Discrete(2))}, cfg)
+        learner.before_gradient_based_update(steps)
+        return float(learner.compute_loss_for_module("default_policy", cfg, batch)[0].detach())
+
+    scheduled = {"type": "piecewise", "points": [[0, 0.3], [100, 0.1]]}
+    assert loss_at(0, scheduled) == loss_at(0, 0.3)
+    assert loss_at(50, scheduled) == loss_at(50, 0.2)
+    assert loss_at(50, 0.2) != loss_at(50, 0.3)
 
 
 def test_ppo_config_takes_numbers_or_schedules_from_the_command_line():

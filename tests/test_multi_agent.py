@@ -306,3 +306,19 @@ def test_a_loss_told_after_the_rollout_ends_reaches_the_losing_move():
             assert (batch.obs[:, -9:].sum(-1) > 0).all()
     finally:
         algorithm.close()
+
+
+def test_turn_based_returns_discount_by_gamma_per_own_move():
+    """gamma 0.9, lambda 1: returns are each player's discounted outcome, counted in its own
+    moves. Player_1 wins on its third move (+1: 0.81, 0.9, 1); player_2 loses after its
+    second (-1: -0.9, -1). Swapping gamma and lambda would make them the critic's guesses."""
+    algorithm = build_algorithm(build_config("ma_ppo", "pettingzoo:classic.tictactoe_v3", sets=[
+        "mlflow=false", "progress=false", "num_envs=1", "ma_ppo.rollout_steps=5",
+        "ma_ppo.minibatch_size=5", "ma_ppo.gamma=0.9", "ma_ppo.gae_lambda=1.0"]))
+    try:
+        policy = _scripted([0, 3, 1, 4, 2, 5, 6, 7, 8])  # player_1 wins at step 4
+        algorithm.runner.collect(policy, algorithm.rollout, algorithm.generator)
+        returns = algorithm._batch()["default_policy"].returns
+        torch.testing.assert_close(returns, torch.tensor([0.81, 0.9, 1.0, -0.9, -1.0]))
+    finally:
+        algorithm.close()

@@ -167,6 +167,40 @@ def test_atari_ppo_presets_double_sb3s_vf_coef():
         assert found.algorithms["ppo"]["ppo"]["vf_coef"] == 1.0, found.env
 
 
+#: rl-zoo's PPO vf_coef (SB3's value loss has no factor 1/2; SB3's default is 0.5).
+ZOO_PPO_VF_COEF = {"Acrobot-v1": 0.5, "MountainCar-v0": 0.5, "Pendulum-v1": 0.5,
+                   "LunarLander-v3": 0.5, "LunarLanderContinuous-v3": 0.5,
+                   "BipedalWalker-v3": 0.5, "MountainCarContinuous-v0": 0.19}
+
+#: rl-zoo's DQN entries: (budget, exploration_fraction, target_update_interval in env
+#: steps, train_freq, gradient_steps with -1 resolved to train_freq). Atari: the `atari`
+#: entry, every game alike.
+ZOO_DQN = {"CartPole-v1": (50_000, 0.16, 10, 256, 128),
+           "Acrobot-v1": (100_000, 0.12, 250, 4, 4),
+           "MountainCar-v0": (120_000, 0.2, 600, 16, 8),
+           "LunarLander-v3": (100_000, 0.12, 250, 4, 4),
+           "ALE/Pong-v5": (10_000_000, 0.1, 1000, 4, 1)}
+
+
+@pytest.mark.parametrize("env_id", sorted(ZOO_PPO_VF_COEF))
+def test_classic_and_box2d_ppo_presets_double_sb3s_vf_coef(env_id):
+    assert build_config("ppo", env_id).hparams.vf_coef == 2 * ZOO_PPO_VF_COEF[env_id]
+
+
+@pytest.mark.parametrize("env_id", sorted(ZOO_DQN))
+def test_dqn_presets_translate_exploration_and_target_updates(env_id):
+    budget, fraction, target_env_steps, train_freq, gradient_steps = ZOO_DQN[env_id]
+    config = build_config("dqn", env_id)
+    hp = config.hparams
+    assert config.total_env_steps == budget
+    assert hp.exploration_steps == round(fraction * budget)  # env steps, not a fraction
+    # SB3 updates the target every target_update_interval env steps, but between training
+    # phases: at most once per train_freq env steps. rlloop counts gradient updates.
+    assert (hp.opt_interval, hp.gradient_steps) == (train_freq, gradient_steps)
+    updates = max(target_env_steps, train_freq) * gradient_steps / train_freq
+    assert hp.target_update_interval == updates
+
+
 def test_box2d_sac_presets_translate_rl_zoos_lr_schedule_and_gsde():
     llc = build_config("sac", "LunarLanderContinuous-v3").hparams  # lin_7.3e-4 over 500k
     assert (llc.lr, llc.lr_schedule, llc.lr_decay_steps) == (7.3e-4, "linear", 500_000)

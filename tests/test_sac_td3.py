@@ -187,6 +187,19 @@ def test_sac_polyak_target_after_every_update_and_alpha_moves():
     assert not torch.equal(m.log_alpha.detach(), alpha_before)
 
 
+def test_sac_target_update_interval_spaces_the_polyak_updates():
+    algo = _algo("sac", "sac.tau=0.1", "sac.target_update_interval=2")
+    m = algo.learner.module()
+    target0 = [p.clone() for p in m.critic_target.parameters()]
+    algo.optimize(30)  # update 1: the target stays
+    assert all(torch.equal(t, old) for t, old in zip(m.critic_target.parameters(), target0,
+                                                    strict=True))
+    algo.optimize(30)  # update 2: it moves a tenth of the way
+    for t, old, c in zip(m.critic_target.parameters(), target0, m.critic.parameters(),
+                         strict=True):
+        assert_close(t, old + 0.1 * (c - old))
+
+
 def test_sac_fixed_alpha_has_no_alpha_optimiser():
     algo = _algo("sac", "sac.autotune_alpha=false", "sac.init_alpha=0.2")
     assert set(algo.learner.get_optimizers_for_module("default_policy")) == {"actor", "critic"}

@@ -64,11 +64,27 @@ def test_eval_only_at_reset_boundaries_and_steps_per_eval_multiple():
         trainer.run(steps_per_eval=3)
 
 
+class _EvalSteps:
+    """Records the update count at each evaluation."""
+
+    def __init__(self) -> None:
+        self.at: list[int] = []
+
+    def on_step(self, trainer: Trainer, stats: dict) -> None:
+        pass
+
+    def on_eval(self, trainer: Trainer, stats: dict) -> None:
+        self.at.append(trainer.state["algorithm/steps"])
+
+
 def test_run_stops_on_condition_and_evaluates():
     trainer = _trainer()
+    evals = _EvalSteps()
+    trainer.callbacks.append(evals)
     stats = trainer.run(steps_per_eval=2, stop_conditions=[HitsUpperBound("env/steps", 128)])
     assert stats["env/steps"] == 128
     assert "eval/return_mean" in stats  # 4 steps: evaluated at the last one
+    assert evals.at == [2, 4]  # every steps_per_eval updates, not every update
 
 
 def test_conditions():
