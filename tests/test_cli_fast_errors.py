@@ -206,6 +206,25 @@ def test_an_mlflow_file_store_is_refused_before_training(tmp_path: Path,
     assert file_store_refusal("http://127.0.0.1:5000") is None
 
 
+def test_a_tracking_uri_no_store_opens_is_refused_before_training(
+        tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """``htpp://...`` trained the whole budget, then lost every MLflow row at close."""
+    from rlloop.logging.mlflow_sink import unknown_scheme_refusal
+
+    out = subprocess.run(
+        [sys.executable, "-m", "rlloop", "train", "ppo", "--run-dir", "run",
+         "--set", "total_env_steps=256", "--set", "mlflow_tracking_uri=htpp://localhost:5000"],
+        env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        "rlloop: error: mlflow_tracking_uri 'htpp://localhost:5000' has the scheme 'htpp', "
+        "which no MLflow tracking store opens"), out.stderr
+    assert not (tmp_path / "run").exists()
+    for taken in ("http://127.0.0.1:5000", "https://h", "sqlite:///x.db", "databricks",
+                  "postgresql+psycopg2://u@h/db", "file:/tmp/m", "/tmp/m", "C:/m"):
+        assert unknown_scheme_refusal(taken) is None, taken
+
+
 def test_an_mlflow_file_store_is_taken_when_the_user_opts_in(monkeypatch) -> None:
     from rlloop.logging.mlflow_sink import file_store_refusal
 
@@ -276,3 +295,24 @@ def test_stable_baselines3_names_point_at_rlloops(algo: str, item: str, hint: st
                   lambda: build_config(algo, env, sets=[item])):
         with pytest.raises(ConfigError, match=re.escape(hint)):
             check()
+
+
+@pytest.mark.parametrize("run_dir", ["proj", "."])
+def test_a_run_dir_holding_other_files_is_refused_and_left_alone(
+        tmp_path: Path, cli_env: dict[str, str], run_dir: str) -> None:
+    """A directory with the user's own files was trained into: report.md replaced, best/
+    emptied, rows appended to their metrics.jsonl."""
+    proj = tmp_path / "proj"
+    (proj / "best").mkdir(parents=True)
+    (proj / "report.md").write_text("# my notes\n")
+    (proj / "best" / "notes.txt").write_text("keep\n")
+    cwd = proj if run_dir == "." else tmp_path
+    result, stderr = _train(["ppo", "--run-dir", run_dir, "--total-env-steps", "300",
+                             "--set", "mlflow=false", "--set", "save_video=false", "--quiet"],
+                            cli_env, cwd)
+    assert result["code"] == 2, stderr
+    assert stderr.strip().splitlines() == [stderr.strip()]  # one line
+    assert "is not empty (best, report.md) and holds no run" in stderr
+    assert sorted(p.name for p in proj.rglob("*")) == ["best", "notes.txt", "report.md"]
+    assert (proj / "report.md").read_text() == "# my notes\n"
+

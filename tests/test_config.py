@@ -40,11 +40,58 @@ def test_roundtrip_through_dict():
         (["horizons_per_env_reset=0"], "horizons_per_env_reset must be"),
         (["ppo.hidden=[]"], "ppo.hidden must be a non-empty list"),
         (["noequals"], "--set expects key=value"),
+        # Each of these trained (or hung) on before: a negative value weight, a negative
+        # value clip, a std that overflows to inf, an optimiser error after start-up,
+        # sequences padded to 1,000 steps, an hours-long confirmation, a budget of 1e18.
+        (["ppo.vf_coef=-1"], r"ppo.vf_coef must be >= 0"),
+        (["ppo.clip_vf=-0.2"], r"ppo.clip_vf must be > 0 \(or null"),
+        (["ppo.init_log_std=500"], r"ppo.init_log_std must be in \[-20, 20\]"),
+        (["ppo.adam_eps=-1"], r"ppo.adam_eps must be > 0"),
+        (["ppo.recurrent=lstm", "ppo.seq_len=1000"],
+         r"ppo.seq_len=1000 is longer than ppo.rollout_steps=32 .*; lower ppo.seq_len"),
+        (["ppo.recurrent=gru", "ppo.seq_len=24", "ppo.minibatch_size=16"],
+         r"ppo.seq_len=24 is longer than ppo.minibatch_size=16"),
+        (["solve_episodes=100000000"], r"solve_episodes must be <= 100,000"),
+        (["total_env_steps=1e18"], r"total_env_steps must be <= 1e\+15"),
     ],
 )
 def test_bad_values_raise_config_error(sets, message):
     with pytest.raises(ConfigError, match=message):
         build_config("ppo", "CartPole-v1", sets=sets)
+
+
+def test_sac_gsde_log_std_is_bounded_and_a_budget_below_learning_starts_is_named():
+    from rlloop.unused_settings import run_warnings, untrained_budget
+
+    with pytest.raises(ConfigError, match=r"sac.init_log_std must be in \[-20, 20\]"):
+        build_config("sac", "Pendulum-v1", sets=["sac.init_log_std=-30"])
+    with pytest.raises(ConfigError, match=r"dqn.buffer_size=10 holds fewer transitions than "
+                                          r"one batch \(dqn.batch_size=64\)"):
+        build_config("dqn", "CartPole-v1", sets=["dqn.buffer_size=10", "dqn.batch_size=64"])
+    short = build_config("dqn", "CartPole-v1", sets=["total_env_steps=500"])
+    assert short.hparams.learning_starts == 1000  # the preset's
+    assert untrained_budget(short) == (
+        "dqn.learning_starts=1,000 is not below total_env_steps=500: this run collects only "
+        "and never trains; lower dqn.learning_starts or raise total_env_steps")
+    assert untrained_budget(build_config("dqn", "CartPole-v1")) is None
+    assert untrained_budget(build_config("ppo", "CartPole-v1")) is None
+    local = build_config("ppo", "CartPole-v1", sets=["ray.address=garbage"])
+    assert run_warnings(local) == [
+        "ray.address='garbage' has no effect: this run uses no Ray (num_env_runners=0, "
+        "num_learners=1) and trains in this process; set num_env_runners (or num_learners) "
+        "to use the cluster, or drop ray.address"]
+    assert run_warnings(build_config("ppo", "CartPole-v1", sets=[
+        "ray.address=garbage", "num_env_runners=2"])) == []
+
+
+def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path):
+    """PyYAML keeps the last of two equal keys: the run trained at lr 0.5 unannounced."""
+    path = tmp_path / "c.yaml"
+    path.write_text("ppo: {lr: 1.0e-3, lr: 0.5}\n")
+    with pytest.raises(ConfigError, match=r"found the key 'lr' twice in one mapping"):
+        build_config("ppo", "CartPole-v1", file=path)
+    with pytest.raises(ConfigError, match=r"found the key 'a' twice"):
+        build_config("ppo", "CartPole-v1", sets=["env_kwargs={a: 1, a: 2}"])
 
 
 def test_unknown_algorithm():

@@ -9,6 +9,8 @@ the policy ``rlloop eval`` loads (the run's ``best/``, else its latest checkpoin
 from __future__ import annotations
 
 import dataclasses
+import operator
+import reprlib
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -82,7 +84,10 @@ class Model:
         flags[self.algo] = {k: v for k, v in kwargs.items() if k in section}
         self.config = build_config(self.algo, env_id_of(env), flags=flags)
         check_action_space(self.config)  # TD3("CartPole-v1") is refused here, as in SB3
-        self.run_dir: Path | None = Path(run_dir) if run_dir is not None else None
+        self.run_dir: Path | None = _path(run_dir, "run_dir") if run_dir is not None else None
+        if self.run_dir is not None and self.run_dir.exists() and not self.run_dir.is_dir():
+            raise RunDirError(f"run_dir {self.run_dir} is a file, not a directory; pass a "
+                              "directory path that does not exist or is empty")
         if self.run_dir is not None and (self.run_dir / "config.yaml").exists():
             # Training it would resume that run with its own settings, not these.
             raise RunDirError(f"{self.run_dir} already holds a run; continue it with "
@@ -108,12 +113,13 @@ class Model:
               callbacks: Callback | Sequence[Callback] = ()) -> RunResult:
         """Train for ``total_env_steps`` env steps; a later call trains that many more,
         continuing the same run (and MLflow run) from its last checkpoint."""
+        steps = _integer(total_env_steps)
         if isinstance(total_env_steps, float) and total_env_steps.is_integer():
-            total_env_steps = int(total_env_steps)  # learn(1e5), as the CLI takes 1e5
+            steps = int(total_env_steps)  # learn(1e5), as the CLI takes 1e5
         callbacks = _callbacks(callbacks)
-        if (not isinstance(total_env_steps, int) or isinstance(total_env_steps, bool)
-                or total_env_steps <= 0):
+        if steps is None or steps <= 0:
             raise ConfigError(f"total_env_steps must be an integer > 0, got {total_env_steps!r}")
+        total_env_steps = steps
         self._drop_actor()
         latest = _latest(self.run_dir)
         if self.run_dir is not None and latest is not None:
@@ -136,11 +142,15 @@ class Model:
         """Copy the run to ``path`` as a run directory that `load`, ``rlloop eval`` and
         ``rlloop train --resume`` accept (without its MLflow store and identity: a
         resumed copy starts a new MLflow run)."""
+        dest = _path(path, "save() path")
         if self.run_dir is None or _latest(self.run_dir) is None:
             raise RunDirError("nothing to save yet: call learn() first")
-        dest = Path(path)
         if dest.resolve() == self.run_dir.resolve():
             return dest
+        file = next((p for p in (dest, *dest.parents) if p.exists() and not p.is_dir()), None)
+        if file is not None:  # copytree would raise NotADirectoryError / FileExistsError
+            raise RunDirError(f"cannot save to {dest}: {file} is a file, not a directory; save "
+                              "to a directory path that does not exist or is empty")
         if dest.exists() and any(dest.iterdir()):
             raise RunDirError(f"{dest} is not empty; save to a new or empty directory")
         link = next(links_under(self.run_dir), None)  # a copy would hold its target
@@ -169,15 +179,26 @@ class Model:
             obs = rows[0] if one else rows
         # uint8 frames stay uint8: pixel encoders scale them (a float frame counts as scaled).
         dtype = np.uint8 if spec.image_obs else np.float32
-        x = torch.as_tensor(np.asarray(obs, dtype=dtype), device=actor.device)
-        single = tuple(x.shape) == spec.obs_shape
-        if not single and tuple(x.shape[1:]) != spec.obs_shape:
+        expects = (f"predict expects an observation of shape {spec.obs_shape} "
+                   f"({np.dtype(dtype).name}) or a batch of shape "
+                   f"(B, {', '.join(map(str, spec.obs_shape))})")
+        try:
+            array = np.asarray(obs, dtype=dtype)
+        except (ValueError, TypeError, OverflowError) as e:  # strings, ragged rows, objects
+            raise ConfigError(f"{expects}, got {reprlib.repr(obs)}, which is no numeric array "
+                              f"of one shape ({e})") from None
+        single = array.shape == spec.obs_shape
+        if not single and array.shape[1:] != spec.obs_shape:
             mask = (f" ({spec.obs_shape[0] - spec.action_mask} observation values, then the "
                     f"{spec.action_mask} 0/1 entries of the env's action mask: append "
                     "info['action_mask'])") if spec.action_mask else ""
-            raise ConfigError(f"predict expects an observation of shape {spec.obs_shape} or a "
-                              f"batch of shape (B, {', '.join(map(str, spec.obs_shape))}){mask}, "
-                              f"got {tuple(x.shape)}")
+            raise ConfigError(f"{expects}{mask}, got {array.shape}")
+        if dtype is np.float32 and not np.isfinite(array).all():  # uint8 cannot hold them
+            where = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
+            raise ConfigError(f"observation holds non-finite values (first at index {where}: "
+                              f"{array[where]}); the policy's action would be NaN: pass "
+                              "finite observations (replace or clip inf/nan first)")
+        x = torch.as_tensor(array, device=actor.device)
         batch = x.unsqueeze(0) if single else x
         if actor.obs_stats is not None:  # what the eval env's NormalizeObservation does
             batch = actor.obs_stats.normalize(batch)
@@ -202,10 +223,11 @@ class Model:
     def evaluate(self, episodes: int = 20) -> dict[str, float]:
         """Deterministic returns over ``episodes`` episodes, as ``rlloop eval`` reports them
         (``return_mean``, ``return_std``, ..., and ``episodes`` as an int)."""
-        if (not isinstance(episodes, int) or isinstance(episodes, bool)
-                or not 1 <= episodes <= MAX_EVAL_EPISODES):
+        count = _integer(episodes)
+        if count is None or not 1 <= count <= MAX_EVAL_EPISODES:
             raise ConfigError(f"episodes must be an integer in 1..{MAX_EVAL_EPISODES}, got "
                               f"{episodes!r}")
+        episodes = count
         if self.run_dir is not None and _latest(self.run_dir) is not None:
             stats = evaluate_run(self.run_dir, episodes, device=self.config.device,
                                  allow_import=self.allow_import)
@@ -237,7 +259,32 @@ def _indices_of_discrete_obs(env: Any, obs: Any) -> bool:
     """Whether ``obs`` holds integer indices of a Discrete observation space (the env's
     own observations, which predict one-hot encodes; float rows are taken as encoded)."""
     gym = find_gym_env(env)
-    return gym is not None and bool(gym.discrete_obs) and np.asarray(obs).dtype.kind in "iu"
+    if gym is None or not gym.discrete_obs:
+        return False
+    try:
+        return np.asarray(obs).dtype.kind in "iu"
+    except (ValueError, TypeError):  # ragged rows: predict's own check names them
+        return False
+
+
+def _integer(value: object) -> int | None:
+    """``value`` as a plain int when it is an integer (an int or a NumPy integer: anything
+    ``operator.index`` takes), else None; bools (Python's and NumPy's) are no integers."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:  # np.True_ lands here too
+        return None
+
+
+def _path(value: object, what: str) -> Path:
+    """``value`` as a Path, or ConfigError naming ``what`` for anything that is no path."""
+    try:
+        return Path(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigError(f"{what} must be a path (str or os.PathLike), got {value!r} "
+                          f"({type(value).__name__}); pass e.g. 'runs/my-run'") from None
 
 
 def _gym_env(env: Any) -> Any:
@@ -278,7 +325,7 @@ def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = 
     factory or an instance; it is registered under the saved id). ``flags`` override saved
     run settings (e.g. ``device="cpu"``).
     """
-    run_dir = Path(path)
+    run_dir = _path(path, "load() path")
     if env is not None:
         _register_again(run_dir, env)
     # The saved config with the overrides a later learn() (a resume) accepts; others refused.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import operator
 import os
 import types
 import typing
@@ -33,6 +34,8 @@ BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async", "gymnasium-thread"
 MAX_SEED = 2**32 - 1
 #: More episodes than anyone evaluates on purpose; ``1e9`` would run for days.
 MAX_EVAL_EPISODES = 100_000
+#: A budget past any run's reach (and far inside int64): 1e15 env steps.
+MAX_ENV_STEPS = 10**15
 
 #: What a resumed run may change: budgets, stop rules, evaluation, checkpoint and logging
 #: settings, and where it computes (checkpoints load on any device). The rest (env, seed,
@@ -243,9 +246,13 @@ class RunConfig:
         if self.torch_threads > cpus:
             raise ConfigError(f"torch_threads={self.torch_threads} is more than the {cpus} CPUs "
                               f"of this machine; use at most {cpus}")
-        if self.eval_episodes > MAX_EVAL_EPISODES:
-            raise ConfigError(f"eval_episodes must be <= {MAX_EVAL_EPISODES:,}, got "
-                              f"{self.eval_episodes:,}")
+        for name in ("eval_episodes", "solve_episodes"):
+            if getattr(self, name) > MAX_EVAL_EPISODES:
+                raise ConfigError(f"{name} must be <= {MAX_EVAL_EPISODES:,}, got "
+                                  f"{getattr(self, name):,}")
+        if self.total_env_steps > MAX_ENV_STEPS:
+            raise ConfigError(f"total_env_steps must be <= {MAX_ENV_STEPS:.0e} (decades at "
+                              f"a million steps a second), got {self.total_env_steps:.3g}")
         if self.mlflow_interval_s < 0:
             raise ConfigError(f"mlflow_interval_s must be >= 0 (0: write every iteration), got "
                               f"{self.mlflow_interval_s}")
@@ -328,6 +335,26 @@ def config_layers(
     return data
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (the plain loader
+    keeps the last value silently: ``ppo: {lr: 1e-3, lr: 0.5}`` trains at 0.5)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"found the key {key!r} twice in one mapping; keep one",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _safe_load(text: str) -> Any:
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no tags
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
@@ -335,7 +362,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing YAML file")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = _safe_load(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"config file {str(p)!r} is not text (not UTF-8); pass a YAML "
                           "file") from None
@@ -358,7 +385,9 @@ def parse_set(item: str) -> tuple[str, Any]:
     if not sep or not key.strip():
         raise ConfigError(f"--set expects key=value (e.g. ppo.lr=0.001), got {item!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = _safe_load(raw) if raw.strip() else None
+    except yaml.constructor.ConstructorError as e:  # a key twice: no string meant that
+        raise ConfigError(f"--set {item!r}: {e.problem}") from None
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
@@ -558,7 +587,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 def _number(value: Any) -> int | float | None:
     """``value`` as a number, or None. Strings count when Python reads them as one: PyYAML
     (YAML 1.1) reads ``4e-3`` and ``1E5`` as strings, though a Python user writes them
-    as numbers."""
+    as numbers. So do NumPy integers (anything ``operator.index`` takes), as plain ints;
+    bools (Python's and NumPy's) are no numbers here."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
@@ -572,7 +602,10 @@ def _number(value: Any) -> int | float | None:
             return float(value)
         except ValueError:
             return None
-    return None
+    try:
+        return operator.index(value)  # np.int64(4) -> 4; np.True_ raises TypeError
+    except TypeError:
+        return None
 
 
 def parse_int(text: str) -> int:

@@ -43,3 +43,16 @@ def check_finite(section: str, config: object) -> None:
         value = getattr(config, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{prefix}{f.name} must be a finite number, got {value}")
+
+
+#: The largest |init_log_std|: a standard deviation from 2e-9 to 5e8 (float32's exp
+#: overflows past 88, and a policy at either end never learns).
+MAX_ABS_LOG_STD = 20.0
+
+
+def check_init_log_std(name: str, value: float) -> None:
+    """ConfigError for an initial log standard deviation outside +-MAX_ABS_LOG_STD."""
+    if abs(value) > MAX_ABS_LOG_STD:
+        raise ConfigError(f"{name} must be in [-{MAX_ABS_LOG_STD:g}, {MAX_ABS_LOG_STD:g}] (the "
+                          f"standard deviation is exp(value): beyond that it overflows or "
+                          f"vanishes in float32), got {value}")

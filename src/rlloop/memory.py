@@ -24,6 +24,7 @@ from rlloop.data.obs_storage import ObsLayout
 from rlloop.envs.core import Box, EnvSpec
 from rlloop.envs.registry import NATIVE_ENVS
 from rlloop.errors import ConfigError
+from rlloop.runners.env_runner import EpisodeTracker
 
 FLOAT = 4
 #: Per env, lower bounds: a native env's state tensors are a few floats per observation
@@ -106,19 +107,36 @@ def estimate(config: RunConfig, spec: EnvSpec) -> list[Need]:
         needs.append(Need(hp.buffer_size * per_item,
                           f"the replay buffer of {key}={hp.buffer_size:,}",
                           f"lower it, {suggest_lower(key, fits)}"))
+        if hp.step_processor == "nstep" and hp.n_step > 1:
+            needs.append(_nstep_window(hp, num_envs, obs * obs_bytes + act_bytes + FLOAT))
     needs += _networks(hp, obs, space.dim if isinstance(space, Box) else space.n)
     return needs
 
 
 def _envs(config: RunConfig, num_envs: int, obs: int) -> Need:
+    """The envs and the runner's running episode statistics (a log of 64 steps of
+    float64 return and length per env: 1 KiB per env, more than a native env's state)."""
     backend = config.backend
     if backend == "auto":
         backend = "native" if config.env in NATIVE_ENVS else "gymnasium"
     per_env = {"native": FLOAT * 3 * obs + 32,  # state, obs, final obs; counters
                "gymnasium": GYM_ENV_BYTES,
                "gymnasium-async": ASYNC_ENV_BYTES}.get(backend, 0)
-    return Need(num_envs * per_env, f"num_envs={num_envs} ({backend} {config.env} envs)",
-                "lower num_envs")
+    # stats_dtype: float64, float32 on MPS (which "auto" never picks)
+    itemsize = FLOAT if str(config.device).split(":")[0] == "mps" else 2 * FLOAT
+    stats = EpisodeTracker.nbytes(num_envs, itemsize=itemsize)
+    return Need(num_envs * per_env + stats,
+                f"num_envs={num_envs} ({backend} {config.env} envs and their episode "
+                "statistics)", "lower num_envs")
+
+
+def _nstep_window(hp: OffPolicyConfig, num_envs: int, per_step: int) -> Need:
+    """The n-step processor's window: the last n_step steps (obs, action, reward) of
+    every env."""
+    key = f"{hp.section}.n_step"
+    return Need(hp.n_step * num_envs * per_step,
+                f"the n-step window of {key}={hp.n_step} x num_envs={num_envs} steps",
+                f"lower {key} or num_envs")
 
 
 def _mlp(in_dim: int, hidden: list[int], out_dim: int) -> int:

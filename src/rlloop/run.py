@@ -76,7 +76,7 @@ from rlloop.saved_runs import (
 from rlloop.signals import StopInterrupted, save_due, supervised, terminate_as_interrupt
 from rlloop.timing import PhaseTimes, TimedSink
 from rlloop.trainer import Stats, Trainer
-from rlloop.unused_settings import unused_settings
+from rlloop.unused_settings import run_warnings, unused_settings
 
 #: ``rlloop.run`` is the entry point users import from: building an algorithm
 #: (:mod:`rlloop.builder`) and reading a saved run (:mod:`rlloop.saved_runs`) are here too.
@@ -198,6 +198,8 @@ class Session:
             _log.warning(line)
         torch.set_num_threads(config.torch_threads)
         self.algorithm = build_algorithm(config)
+        for line in run_warnings(config):  # once the settings all fit
+            _log.warning(line)
         if config.num_learners > 1:
             from rlloop.algorithms.distributed import start_learners
 
@@ -618,7 +620,7 @@ def train(config: RunConfig, run_dir: str | Path | None = None, *,
         ensure_free(path)  # a live trainer holds it: name its PID instead
         if not has_checkpoint(path):  # then "resume it" would only send the user back here
             raise _no_checkpoint(path)
-    _refuse_existing_run(path)
+    _refuse_existing_run(path, other_files=True)
     return _run_session(config, path, resume=False, console=console, callbacks=callbacks,
                         started_at=started_at)
 
@@ -658,17 +660,32 @@ def saved_best_return(best: Path) -> float | None:
 def _check_tracking_store(config: RunConfig) -> None:
     """Refuse, before training, an MLflow store that MLflow would refuse after it."""
     if config.mlflow and config.mlflow_tracking_uri:
-        from rlloop.logging.mlflow_sink import file_store_refusal
+        from rlloop.logging.mlflow_sink import file_store_refusal, unknown_scheme_refusal
 
-        reason = file_store_refusal(config.mlflow_tracking_uri)
+        uri = config.mlflow_tracking_uri
+        reason = unknown_scheme_refusal(uri) or file_store_refusal(uri)
         if reason is not None:
             raise ConfigError(reason)
 
 
-def _refuse_existing_run(path: Path) -> None:
+def _refuse_existing_run(path: Path, *, other_files: bool = False) -> None:
+    """Refuse a run directory that holds a run, or (``other_files``) anything a new run
+    would write over or mix into: a new run starts in a new or empty directory."""
     if (path / "config.yaml").exists():
         raise RunDirError(f"{path} already holds a run; resume it with --resume {path} "
                           "or choose another --run-dir")
+    if not other_files or (not path.exists() and not path.is_symlink()):
+        return
+    if not path.is_dir():
+        raise RunDirError(f"--run-dir {path} is an existing file, not a directory; pick "
+                          "another --run-dir")
+    check_members(path)  # a planted link is named as one
+    found = sorted(p.name for p in path.iterdir() if p.name != ".lock")
+    if found:
+        shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        raise RunDirError(f"--run-dir {path} is not empty ({shown}) and holds no run: a new "
+                          "run would write over or mix into its files (report.md, best/, "
+                          "metrics.jsonl, ...); choose a new or empty directory")
 
 
 def has_checkpoint(run_dir: Path) -> bool:

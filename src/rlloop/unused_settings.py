@@ -41,3 +41,32 @@ def unused_settings(config: Any) -> list[str]:
                              f"{section}.{switch} is {value!r}; drop it or change "
                              f"{section}.{switch}")
     return lines
+
+
+def untrained_budget(config: Any) -> str | None:
+    """A line when an off-policy run's budget ends before its learning starts (a smoke run
+    of a preset may mean it; a real run would end with its initial policy)."""
+    starts = getattr(config.hparams, "learning_starts", None)
+    if starts is None or starts < config.total_env_steps:
+        return None
+    section = config.hparams.section
+    return (f"{section}.learning_starts={starts:,} is not below total_env_steps="
+            f"{config.total_env_steps:,}: this run collects only and never trains; lower "
+            f"{section}.learning_starts or raise total_env_steps")
+
+
+def idle_ray_address(config: Any) -> str | None:
+    """A line when ``ray.address`` is set but the run uses no Ray (no env runners, one
+    in-process learner): it would train locally while the user expects the cluster."""
+    address = config.ray.address
+    if address is None or config.num_env_runners > 0 or config.num_learners > 1:
+        return None
+    return (f"ray.address={address!r} has no effect: this run uses no Ray (num_env_runners=0, "
+            "num_learners=1) and trains in this process; set num_env_runners (or "
+            "num_learners) to use the cluster, or drop ray.address")
+
+
+def run_warnings(config: Any) -> list[str]:
+    """The run-level lines of a config that trains, but not as its settings suggest."""
+    return [line for line in (untrained_budget(config), idle_ray_address(config))
+            if line is not None]

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from rlloop.errors import ConfigError, check_finite
+from rlloop.errors import ConfigError, check_finite, check_init_log_std
 from rlloop.learners.gradient_clip import GradientClip
 from rlloop.modules.choices import ENCODERS, check_cnn_precision
 from rlloop.unused_settings import Dependency
@@ -114,6 +114,10 @@ class OffPolicyConfig:
         for name in ("learning_starts", "save_interval", "max_opts"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{s}.{name} must be >= 0, got {getattr(self, name)}")
+        if self.buffer_size < self.batch_size:
+            raise ConfigError(f"{s}.buffer_size={self.buffer_size} holds fewer transitions than "
+                              f"one batch ({s}.batch_size={self.batch_size}); raise "
+                              f"{s}.buffer_size or lower {s}.batch_size")
         if not 0 < self.gamma <= 1:
             raise ConfigError(f"{s}.gamma must be in (0, 1], got {self.gamma}")
         if self.lr_schedule not in ("constant", "linear"):
@@ -254,6 +258,7 @@ class SACConfig(OffPolicyConfig):
         if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
             raise ConfigError(f"sac.sde_sample_freq must be > 0 or -1 (once per rollout), "
                               f"got {self.sde_sample_freq}")
+        check_init_log_std("sac.init_log_std", self.init_log_std)
         check_hidden("sac", self.hidden)
 
 

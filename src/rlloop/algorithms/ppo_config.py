@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from rlloop.errors import ConfigError, check_finite
+from rlloop.errors import ConfigError, check_finite, check_init_log_std
 from rlloop.learners.gradient_clip import GradientClip
 from rlloop.learners.schedules import ScheduleError, make_schedule
 from rlloop.modules.choices import ENCODERS, check_cnn_precision, check_net_path
@@ -151,6 +151,15 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
                               f"minibatches), got {self.micro_batch}")
         if self.lr <= 0:
             raise ConfigError(f"ppo.lr must be > 0, got {self.lr}")
+        if self.adam_eps <= 0:
+            raise ConfigError(f"{self.section}.adam_eps must be > 0, got {self.adam_eps}")
+        if self.vf_coef < 0:
+            raise ConfigError(f"{self.section}.vf_coef must be >= 0 (a negative weight "
+                              f"trains the critic away from the returns), got {self.vf_coef}")
+        if self.clip_vf is not None and self.clip_vf <= 0:
+            raise ConfigError(f"{self.section}.clip_vf must be > 0 (or null: no value "
+                              f"clipping), got {self.clip_vf}")
+        check_init_log_std(f"{self.section}.init_log_std", self.init_log_std)
         if not 0 < self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             raise ConfigError("ppo.gamma must be in (0, 1] and ppo.gae_lambda in [0, 1]")
         if _start_value("clip_coef", self.clip_coef) <= 0:
@@ -175,6 +184,13 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
                 raise ConfigError(f"{self.section}.{what} works with feed-forward policies "
                                   f"only; drop {self.section}.{what} or "
                                   f"{self.section}.recurrent")
+            for limit, why in (("rollout_steps", "sequences would be mostly padding"),
+                               ("minibatch_size", "a minibatch holds whole sequences")):
+                if self.seq_len > getattr(self, limit):
+                    raise ConfigError(
+                        f"{self.section}.seq_len={self.seq_len} is longer than "
+                        f"{self.section}.{limit}={getattr(self, limit)} ({why}); lower "
+                        f"{self.section}.seq_len or raise {self.section}.{limit}")
         if self.compile and self.recurrent is not None:
             raise ConfigError(f"{self.section}.compile covers feed-forward policies only; drop "
                               f"{self.section}.compile or {self.section}.recurrent")

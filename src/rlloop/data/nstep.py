@@ -63,8 +63,9 @@ class NStepProcessor:
         self._pos = 0
         steps = torch.arange(n, device=self.device)
         self._age = n - steps  # age in steps of chronological slot i (oldest first): n - i
-        # Ring slots oldest first, for each position the newest step can be written at.
-        self._order = [(pos + 1 + steps) % n for pos in range(n)]
+        # Ring slots oldest first when the newest step is at `pos`: the slice
+        # [pos + 1, pos + 1 + n) of 0..n-1 twice over (a view; O(n) memory, not n**2).
+        self._slots = torch.arange(2 * n, device=self.device) % n
         self._discount = torch.tensor(
             [gamma**k for k in range(n + 1)], dtype=torch.float32, device=self.device
         )
@@ -109,7 +110,7 @@ class NStepProcessor:
         self._count += 1
         done = terminated | truncated
 
-        order = self._order[pos]
+        order = self._slots[pos + 1 : pos + 1 + n]
         rewards = self._reward[order]
         returns = torch.empty_like(rewards)  # [n, N]: discounted sum from slot i to now
         acc = torch.zeros_like(rewards[0])

@@ -217,6 +217,10 @@ def gym_env_spec(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSp
         raise _kwargs_error(env_id, kwargs, e) from e
     except gymnasium.error.DependencyNotInstalled as e:
         raise _dependency_error(env_id, e) from None
+    except (AssertionError, ValueError) as e:
+        if not kwargs or isinstance(e, EnvError | RlloopError):
+            raise
+        raise _kwargs_value_error(env_id, kwargs, e) from e
     try:
         return spec_from_gym(env_id, env.spec, env.observation_space, env.action_space,
                              probe_action_mask(env_id, env))
@@ -231,6 +235,19 @@ def _kwargs_error(env_id: str, kwargs: dict[str, Any], error: TypeError) -> EnvE
                 "gymnasium.make(ID, render_mode=render_mode); or pass save_video=False")
     return EnvError(f"gymnasium.make({env_id!r}) rejected env_kwargs {sorted(kwargs)} "
                     f"({error}); {hint}")
+
+
+def _kwargs_value_error(env_id: str, kwargs: dict[str, Any],
+                        error: AssertionError | ValueError) -> EnvError:
+    """The env's constructor took the keywords but refused a value (LunarLander's
+    ``assert -12 < gravity < 0``): a bad setting, not a bug of the env."""
+    detail = " ".join(str(error).split()) or type(error).__name__
+    given = ", ".join(f"{k}={v!r}" for k, v in sorted(kwargs.items()))
+    keys = sorted(kwargs)
+    change = (f"--set env.{keys[0]}=VALUE" if len(keys) == 1
+              else "--set env.KEY=VALUE for " + ", ".join(keys))
+    return EnvError(f"{env_id} refused its env_kwargs ({given}): {detail}; change the value "
+                    f"in env_kwargs ({change}) or drop it")
 
 
 #: rlloop's extra for each package Gymnasium names as missing ("Box2D is not installed").
@@ -325,6 +342,10 @@ class GymVecEnv:
             raise _kwargs_error(env_id, kwargs, e) from e
         except gymnasium.error.DependencyNotInstalled as e:
             raise _dependency_error(env_id, e) from None
+        except (AssertionError, ValueError) as e:
+            if not kwargs or isinstance(e, EnvError | RlloopError):
+                raise
+            raise _kwargs_value_error(env_id, kwargs, e) from e
         try:
             obs_space = self._vec.single_observation_space
             act_space = self._vec.single_action_space

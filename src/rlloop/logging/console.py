@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import math
 import time
 from collections import deque
@@ -19,10 +20,17 @@ EVAL_RETURN_KEY: Final = "eval/return_mean"
 _RATE_WINDOW_S: Final = 10.0  # steps/s is measured over about the last 10 seconds
 _LABEL: Final = "train"
 _MIN_BAR, _MAX_BAR = 10, 40  # the live bar's width gives way to the text first
+#: Durations from this long on show as ">999 d": `timedelta` overflows past ~2.7 million
+#: years (``--total-env-steps 1e18``), and no ETA that far out is worth its digits.
+_MAX_DAYS: Final = 999
+_log = logging.getLogger(__name__)
 
 
 def _fmt_duration(seconds: float) -> str:
-    return str(datetime.timedelta(seconds=round(seconds)))
+    """``"0:01:23"``, ``"3 days, 0:00:05"``; ``">999 d"`` for more (or inf/NaN)."""
+    if not seconds < (_MAX_DAYS + 1) * 86400:  # NaN too
+        return f">{_MAX_DAYS} d"
+    return str(datetime.timedelta(seconds=round(max(seconds, 0.0))))
 
 
 def format_number(value: float) -> str:
@@ -197,13 +205,24 @@ class ConsoleSink:
             print_summary(lines, self.console, title)
 
     def close(self, status: str = "FINISHED") -> None:
+        """Show the last line and end the live bar. Never raises: the run calls this
+        directly (not through `MultiSink`) before its report, and a display that fails
+        must not cost the report; the failure is one warning line."""
         if not self.enabled:
             return
-        if self._progress is not None:
-            self._update_bar()
-            self._progress.stop()
-            self._progress = None
-        elif self._unprinted:
-            self._print_line()
-        if status != "FINISHED":
-            self.console.print(f"run {status}", markup=False, highlight=False)
+        try:
+            if self._progress is not None:
+                try:
+                    self._update_bar()
+                finally:  # the terminal leaves live mode whatever the last update did
+                    progress, self._progress = self._progress, None
+                    progress.stop()
+            elif self._unprinted:
+                self._print_line()
+            if status != "FINISHED":
+                self.console.print(f"run {status}", markup=False, highlight=False)
+        except Exception as e:
+            cause = " ".join(str(e).split()) or type(e).__name__
+            _log.warning("console progress display failed (%s: %s); the run goes on",
+                         type(e).__name__, cause)
+            _log.debug("console progress display failed", exc_info=True)

@@ -87,6 +87,29 @@ def file_store_refusal(tracking_uri: str) -> str | None:
             "store inside the run directory), or set MLFLOW_ALLOW_FILE_STORE=true")
 
 
+#: The tracking-store schemes MLflow itself opens (a ``+driver`` suffix aside, e.g.
+#: ``postgresql+psycopg2``); plugins add theirs under the ``mlflow.tracking_store``
+#: entry points.
+_MLFLOW_SCHEMES: Final = frozenset({"http", "https", "sqlite", "postgresql", "mysql", "mssql",
+                                    "databricks", "databricks-uc", "uc"})
+
+
+def unknown_scheme_refusal(tracking_uri: str) -> str | None:
+    """One line when no tracking store opens ``tracking_uri``'s scheme (``htpp://...``):
+    MLflow would say so only when the store opens, after training. None when one does."""
+    scheme = urlparse(tracking_uri).scheme
+    if scheme in ("", "file") or len(scheme) == 1 or scheme.split("+")[0] in _MLFLOW_SCHEMES:
+        return None
+    from importlib.metadata import entry_points
+
+    if scheme in {ep.name for ep in entry_points(group="mlflow.tracking_store")}:
+        return None
+    return (f"mlflow_tracking_uri {tracking_uri!r} has the scheme {scheme!r}, which no MLflow "
+            f"tracking store opens; use http(s)://HOST:PORT for a tracking server, "
+            f"sqlite:///FILE.db for a database, or leave it unset (a store inside the run "
+            f"directory)")
+
+
 def ui_hint(tracking_uri: str) -> str:
     """How to browse a store: its URL for a tracking server, else the ``mlflow ui`` command."""
     if tracking_uri.startswith(("http://", "https://")):

@@ -52,6 +52,16 @@ class EpisodeTracker:
         self._episodes = torch.zeros((), dtype=torch.int64, device=d)
         self._slots = torch.arange(window, device=d)
 
+    @staticmethod
+    def nbytes(num_envs: int, window: int = 100, log_steps: int = 64,
+               itemsize: int = 8) -> int:
+        """Bytes the tensors of an ``EpisodeTracker(num_envs, window, log_steps=...)``
+        hold, for ``itemsize``-byte statistics (8: float64, ``stats_dtype`` off MPS): the
+        log of ``log_steps`` x 2 x ``num_envs`` running totals dominates. The memory
+        estimate counts it before any is allocated."""
+        per_env = (2 + 2 + 2 * log_steps) * itemsize + log_steps  # totals, increment, log
+        return num_envs * per_env + (window + 1) * 2 * itemsize + 8 + window * 8
+
     def update(self, reward: Tensor, done: Tensor) -> None:
         """Add one step's rewards ``[N]``; ``done`` ``[N]`` ends those envs' episodes."""
         self._reward.copy_(reward)

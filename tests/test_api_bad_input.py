@@ -1,0 +1,99 @@
+"""Bad input to the Python API: each is one typed rlloop error naming the problem and the
+fix, raised before any work, never NumPy's, pathlib's or the OS's own error (or a NaN
+action)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlloop import PPO, SAC, load
+from rlloop.errors import ConfigError, RunDirError
+
+QUIET = {"save_video": False, "progress": False, "mlflow": False}
+SMALL = {"num_envs": 2, "rollout_steps": 16, "minibatch_size": 32, "eval_every": 1,
+         "eval_episodes": 1, **QUIET}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    model = PPO("CartPole-v1", seed=0, run_dir=tmp_path_factory.mktemp("api") / "run",
+                **SMALL)
+    model.learn(32)
+    yield model
+    model.close()
+
+
+def test_numpy_integers_are_integers_and_bools_are_not():
+    """PPO(num_envs=np.int64(4)) was refused: "num_envs must be an integer, got
+    np.int64(4)"."""
+    model = PPO("CartPole-v1", num_envs=np.int64(4), rollout_steps=np.int32(16),
+                seed=np.uint32(7), **QUIET)
+    assert (model.config.num_envs, model.config.hparams.rollout_steps) == (4, 16)
+    assert type(model.config.num_envs) is int and type(model.config.seed) is int
+    for flag in (True, np.True_):
+        with pytest.raises(ConfigError, match="num_envs must be an integer"):
+            PPO("CartPole-v1", num_envs=flag, **QUIET)
+
+
+def test_learn_and_evaluate_take_numpy_integers(tmp_path):
+    """learn(np.int64(n)) and evaluate(np.int64(n)) were refused as non-integers."""
+    model = PPO("CartPole-v1", seed=0, run_dir=tmp_path / "run", **SMALL)
+    for flag in (True, np.True_):
+        with pytest.raises(ConfigError, match="total_env_steps must be an integer"):
+            model.learn(flag)
+        with pytest.raises(ConfigError, match="episodes must be an integer"):
+            model.evaluate(flag)
+    assert model.learn(np.int64(32)).env_steps == 32
+    stats = model.evaluate(np.int64(2))
+    assert stats["episodes"] == 2 and type(stats["episodes"]) is int
+    model.close()
+
+
+def test_a_path_argument_that_is_no_path_is_a_config_error():
+    """run_dir=5, load(5) and save(5) gave pathlib's TypeError."""
+    with pytest.raises(ConfigError, match=r"run_dir must be a path \(str or os\.PathLike\), "
+                                          r"got 5"):
+        PPO("CartPole-v1", run_dir=5, **QUIET)
+    with pytest.raises(ConfigError, match=r"load\(\) path must be a path \(str or "
+                                          r"os\.PathLike\), got 5"):
+        load(5)
+    with pytest.raises(ConfigError, match=r"save\(\) path must be a path \(str or "
+                                          r"os\.PathLike\), got 5"):
+        PPO("CartPole-v1", **QUIET).save(5)
+
+
+def test_save_onto_a_file_is_a_run_dir_error(trained, tmp_path):
+    """save() onto an existing file raised NotADirectoryError; a file as run_dir failed only
+    in training."""
+    file = tmp_path / "notes.txt"
+    file.write_text("keep me")
+    for dest in (file, file / "copy"):
+        with pytest.raises(RunDirError, match=rf"{file}.* is a file.*a directory path that "
+                                              r"does not exist or is empty"):
+            trained.save(dest)
+    with pytest.raises(RunDirError, match=rf"run_dir {file} is a file"):
+        PPO("CartPole-v1", run_dir=file, **QUIET)
+    assert file.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("obs", [["a", "b", "c", "d"], [[0, 0, 0, 0], [0, 0]],
+                                 [object()] * 4])
+def test_predict_names_an_observation_that_is_no_numeric_array(obs):
+    """predict gave NumPy's ValueError ("could not convert string to float",
+    "inhomogeneous shape")."""
+    model = PPO("CartPole-v1", seed=0, **QUIET)
+    with pytest.raises(ConfigError, match=r"predict expects an observation of shape \(4,\) "
+                                          r"\(float32\).*got \["):
+        model.predict(obs)
+    model.close()
+
+
+def test_predict_refuses_non_finite_observations():
+    """SAC's predict on an observation holding inf returned array([nan])."""
+    model = SAC("Pendulum-v1", seed=0, **QUIET)
+    for obs in (np.array([np.inf, 0, 0]), np.array([[0, 0, 0], [0, np.nan, 0]])):
+        with pytest.raises(ConfigError, match=r"observation holds non-finite values"):
+            model.predict(obs)
+    assert np.isfinite(model.predict(np.array([1.0, 0, 0]))).all()
+    model.close()
