@@ -37,8 +37,8 @@ def test_ppo_solves_cartpole_through_gymnasium(tmp_path):
 
 @pytest.mark.slow
 def test_ppo_improves_on_pendulum(tmp_path):
-    # A random policy scores about -1200 on Pendulum-v1; smoke-level learning must beat
-    # it clearly within the budget.
+    # A random policy scores about -1200 on Pendulum-v1; with the gSDE preset seed 0's
+    # best policy scores about -220 after 10 rollouts of 4 x 1,024 steps.
     result, ev = _train_and_eval(tmp_path, "Pendulum-v1", 0,
-                                 ["total_env_steps=60000", "stop_on_solve=false"], episodes=10)
-    assert ev["return_mean"] >= -700, (result, ev)
+                                 ["total_env_steps=40960", "stop_on_solve=false"], episodes=10)
+    assert ev["return_mean"] >= -400, (result, ev)

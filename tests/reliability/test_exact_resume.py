@@ -30,7 +30,7 @@ CASES = {
     # epsilon position and the cadence counters are all in the checkpoint. Gymnasium's
     # Pendulum saves its physics (unwrapped.state), so the cut may fall mid-episode.
     "dqn": ["CartPole-v1", "4096"],
-    "sac": ["Pendulum-v1", "800"],
+    "sac": ["Pendulum-v1", "800", "--set", "sac.hidden=[64,64]"],
     "td3": ["Pendulum-v1", "800", "--set", "td3.learning_starts=100", "--set",
             "td3.hidden=[64,64]", "--set", "td3.eval_interval=200"],
 }
