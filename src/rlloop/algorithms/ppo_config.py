@@ -145,12 +145,12 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
         for name in ("rollout_steps", "num_epochs", "minibatch_size", "lr_decay_steps",
                      "recurrent_hidden", "seq_len"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"ppo.{name} must be > 0, got {getattr(self, name)}")
+                raise ConfigError(f"{self.section}.{name} must be > 0, got {getattr(self, name)}")
         if isinstance(self.micro_batch, int) and self.micro_batch <= 0:
             raise ConfigError(f"{self.section}.micro_batch must be > 0, \"auto\" or null (whole "
                               f"minibatches), got {self.micro_batch}")
         if self.lr <= 0:
-            raise ConfigError(f"ppo.lr must be > 0, got {self.lr}")
+            raise ConfigError(f"{self.section}.lr must be > 0, got {self.lr}")
         if self.adam_eps <= 0:
             raise ConfigError(f"{self.section}.adam_eps must be > 0, got {self.adam_eps}")
         if self.vf_coef < 0:
@@ -161,16 +161,17 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
                               f"clipping), got {self.clip_vf}")
         check_init_log_std(f"{self.section}.init_log_std", self.init_log_std)
         if not 0 < self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
-            raise ConfigError("ppo.gamma must be in (0, 1] and ppo.gae_lambda in [0, 1]")
-        if _start_value("clip_coef", self.clip_coef) <= 0:
-            raise ConfigError(f"ppo.clip_coef must be > 0, got {self.clip_coef}")
-        _start_value("ent_coef", self.ent_coef)
+            raise ConfigError(f"{self.section}.gamma must be in (0, 1] and "
+                              f"{self.section}.gae_lambda in [0, 1]")
+        if _start_value(f"{self.section}.clip_coef", self.clip_coef) <= 0:
+            raise ConfigError(f"{self.section}.clip_coef must be > 0, got {self.clip_coef}")
+        _start_value(f"{self.section}.ent_coef", self.ent_coef)
         if self.target_kl is not None and self.target_kl <= 0:
             raise ConfigError(f"{self.section}.target_kl must be > 0 (or null: never stop "
                               f"early), got {self.target_kl}")
         if not self.hidden or any(h <= 0 for h in self.hidden):
             raise ConfigError(
-                f"ppo.hidden must be a non-empty list of sizes > 0, got {self.hidden}")
+                f"{self.section}.hidden must be a non-empty list of sizes > 0, got {self.hidden}")
         if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
             raise ConfigError(f"{self.section}.sde_sample_freq must be > 0 or -1 (once per "
                               f"rollout), got {self.sde_sample_freq}")
@@ -210,16 +211,17 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
         batch = self.rollout_steps * num_envs
         if self.minibatch_size > batch:
             raise ConfigError(
-                f"ppo.minibatch_size={self.minibatch_size} is larger than the batch "
+                f"{self.section}.minibatch_size={self.minibatch_size} is larger than the batch "
                 f"(rollout_steps * num_envs = {batch}); lower it or collect more")
 
 
 def _start_value(name: str, value: float | dict[str, Any]) -> float:
-    """The value of a scalar-or-schedule setting at env step 0 (ConfigError if unbuildable)."""
+    """The value of a scalar-or-schedule setting ``name`` (``section.key``) at env step 0
+    (ConfigError if unbuildable)."""
     try:
         return make_schedule(value)(0)
     except ScheduleError as e:
-        raise ConfigError(f"ppo.{name}: {e}") from None
+        raise ConfigError(f"{name}: {e}") from None
 
 
 @dataclass
