@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from rlloop import PPO, SAC, load
 from rlloop.errors import ConfigError, RunDirError
@@ -31,7 +32,7 @@ def test_numpy_integers_are_integers_and_bools_are_not():
                 seed=np.uint32(7), **QUIET)
     assert (model.config.num_envs, model.config.hparams.rollout_steps) == (4, 16)
     assert type(model.config.num_envs) is int and type(model.config.seed) is int
-    for flag in (True, np.True_):
+    for flag in (True, np.True_, torch.tensor(True)):
         with pytest.raises(ConfigError, match="num_envs must be an integer"):
             PPO("CartPole-v1", num_envs=flag, **QUIET)
 
@@ -39,7 +40,7 @@ def test_numpy_integers_are_integers_and_bools_are_not():
 def test_learn_and_evaluate_take_numpy_integers(tmp_path):
     """learn(np.int64(n)) and evaluate(np.int64(n)) were refused as non-integers."""
     model = PPO("CartPole-v1", seed=0, run_dir=tmp_path / "run", **SMALL)
-    for flag in (True, np.True_):
+    for flag in (True, np.True_, torch.tensor(True)):
         with pytest.raises(ConfigError, match="total_env_steps must be an integer"):
             model.learn(flag)
         with pytest.raises(ConfigError, match="episodes must be an integer"):
@@ -97,3 +98,14 @@ def test_predict_refuses_non_finite_observations():
             model.predict(obs)
     assert np.isfinite(model.predict(np.array([1.0, 0, 0]))).all()
     model.close()
+
+
+def test_predict_takes_inf_that_the_saved_normaliser_clips(tmp_path):
+    """A lidar's inf ("no hit") was a valid input of a normalize_obs policy: the
+    normaliser clips it. NaN stays refused."""
+    model = PPO("CartPole-v1", seed=0, run_dir=tmp_path / "run", normalize_obs=True,
+                num_envs=2, rollout_steps=16, minibatch_size=32, **QUIET)
+    model.learn(32)
+    assert model.predict(np.array([np.inf, 0, 0, 0])) in (0, 1)
+    with pytest.raises(ConfigError, match=r"observation holds non-finite values"):
+        model.predict(np.array([np.nan, 0, 0, 0]))

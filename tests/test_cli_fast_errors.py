@@ -312,7 +312,16 @@ def test_a_run_dir_holding_other_files_is_refused_and_left_alone(
                             cli_env, cwd)
     assert result["code"] == 2, stderr
     assert stderr.strip().splitlines() == [stderr.strip()]  # one line
-    assert "is not empty (best, report.md) and holds no run" in stderr
+    assert "holds report.md, best but no run: a new run would write over them" in stderr
     assert sorted(p.name for p in proj.rglob("*")) == ["best", "notes.txt", "report.md"]
     assert (proj / "report.md").read_text() == "# my notes\n"
+
+
+def test_a_run_dir_holding_only_files_a_run_never_writes_is_taken(tmp_path: Path) -> None:
+    """``rlloop train ... --run-dir run > run/train.log``: the shell makes the log first."""
+    from rlloop.run import _refuse_existing_run
+
+    (tmp_path / "train.log").write_text("")
+    (tmp_path / ".gitkeep").write_text("")
+    _refuse_existing_run(tmp_path, other_files=True)  # no error
 

@@ -4,7 +4,7 @@ import gymnasium
 import numpy as np
 import pytest
 
-from rlloop.config import build_config, from_dict
+from rlloop.config import build_config, from_dict, load_yaml
 from rlloop.errors import ConfigError
 from rlloop.run import build_algorithm
 
@@ -77,8 +77,8 @@ def test_sac_gsde_log_std_is_bounded_and_a_budget_below_learning_starts_is_named
     assert untrained_budget(build_config("ppo", "CartPole-v1")) is None
     local = build_config("ppo", "CartPole-v1", sets=["ray.address=garbage"])
     assert run_warnings(local) == [
-        "ray.address='garbage' has no effect: this run uses no Ray (num_env_runners=0, "
-        "num_learners=1) and trains in this process; set num_env_runners (or num_learners) "
+        "ray.address='garbage' has no effect: this run has no env runners "
+        "(num_env_runners=0) and collects in this machine's processes; set num_env_runners "
         "to use the cluster, or drop ray.address"]
     assert run_warnings(build_config("ppo", "CartPole-v1", sets=[
         "ray.address=garbage", "num_env_runners=2"])) == []
@@ -92,6 +92,13 @@ def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path):
         build_config("ppo", "CartPole-v1", file=path)
     with pytest.raises(ConfigError, match=r"found the key 'a' twice"):
         build_config("ppo", "CartPole-v1", sets=["env_kwargs={a: 1, a: 2}"])
+    # Merge keys still merge (an explicit key overrides the merged one), as YAML has them.
+    merged = tmp_path / "m.yaml"
+    merged.write_text("base: &b {lr: 0.002, gamma: 0.9}\nppo:\n  <<: *b\n  gamma: 0.95\n"
+                      "  rollout_steps: 64\n")
+    assert load_yaml(merged)["ppo"] == {"lr": 0.002, "gamma": 0.95, "rollout_steps": 64}
+    many = build_config("ppo", "CartPole-v1", sets=["ppo={<<: [{lr: 0.002}, {gamma: 0.9}]}"])
+    assert (many.hparams.lr, many.hparams.gamma) == (0.002, 0.9)
 
 
 def test_unknown_algorithm():

@@ -193,8 +193,12 @@ class Model:
                     f"{spec.action_mask} 0/1 entries of the env's action mask: append "
                     "info['action_mask'])") if spec.action_mask else ""
             raise ConfigError(f"{expects}{mask}, got {array.shape}")
-        if dtype is np.float32 and not np.isfinite(array).all():  # uint8 cannot hold them
-            where = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
+        # NaN makes a NaN action; inf too, unless the saved normaliser clips it (a lidar's
+        # "no hit"). uint8 frames cannot hold either.
+        bad = (~np.isfinite(array) if actor.obs_stats is None else np.isnan(array)) if (
+            dtype is np.float32) else None
+        if bad is not None and bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise ConfigError(f"observation holds non-finite values (first at index {where}: "
                               f"{array[where]}); the policy's action would be NaN: pass "
                               "finite observations (replace or clip inf/nan first)")
@@ -270,8 +274,8 @@ def _indices_of_discrete_obs(env: Any, obs: Any) -> bool:
 def _integer(value: object) -> int | None:
     """``value`` as a plain int when it is an integer (an int or a NumPy integer: anything
     ``operator.index`` takes), else None; bools (Python's and NumPy's) are no integers."""
-    if isinstance(value, bool):
-        return None
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
+        return None  # torch.tensor(True) passes operator.index
     try:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:  # np.True_ lands here too

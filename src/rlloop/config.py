@@ -340,14 +340,20 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     keeps the last value silently: ``ppo: {lr: 1e-3, lr: 0.5}`` trains at 0.5)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
+        seen: list[Any] = []
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges, as before
+                continue
             key = self.construct_object(key_node, deep=deep)
-            if key in seen:
+            try:
+                twice = key in seen
+            except TypeError:  # unhashable keys compare too; the parent refuses them
+                twice = False
+            if twice:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"found the key {key!r} twice in one mapping; keep one",
                     key_node.start_mark)
-            seen.add(key)
+            seen.append(key)
         return super().construct_mapping(node, deep=deep)
 
 
@@ -602,6 +608,8 @@ def _number(value: Any) -> int | float | None:
             return float(value)
         except ValueError:
             return None
+    if "bool" in str(getattr(value, "dtype", "")):  # torch.tensor(True) passes index()
+        return None
     try:
         return operator.index(value)  # np.int64(4) -> 4; np.True_ raises TypeError
     except TypeError:

@@ -64,7 +64,7 @@ from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
 from rlloop.profiling import TraceProfiler
 from rlloop.report import FIGURE_PRELOAD, FigureWriter, read_metrics, write_figures, write_report
 from rlloop.run_lock import RunLock, ensure_free
-from rlloop.runfiles import check_members, check_run_dir, refuse_study_dir, write_file
+from rlloop.runfiles import MEMBERS, check_members, check_run_dir, refuse_study_dir, write_file
 from rlloop.saved_runs import (
     acting_config,
     evaluate_run,
@@ -680,12 +680,13 @@ def _refuse_existing_run(path: Path, *, other_files: bool = False) -> None:
         raise RunDirError(f"--run-dir {path} is an existing file, not a directory; pick "
                           "another --run-dir")
     check_members(path)  # a planted link is named as one
-    found = sorted(p.name for p in path.iterdir() if p.name != ".lock")
+    # Names the run writes (report.md, best/, metrics.jsonl, ...); other files (a shell's
+    # `> run/train.log`, a job script, .gitkeep) are left alone and stay.
+    found = [name for name in MEMBERS if name != ".lock" and (path / name).exists()]
     if found:
         shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
-        raise RunDirError(f"--run-dir {path} is not empty ({shown}) and holds no run: a new "
-                          "run would write over or mix into its files (report.md, best/, "
-                          "metrics.jsonl, ...); choose a new or empty directory")
+        raise RunDirError(f"--run-dir {path} holds {shown} but no run: a new run would write "
+                          "over them; choose a new or empty directory, or move them")
 
 
 def has_checkpoint(run_dir: Path) -> bool:

@@ -56,14 +56,15 @@ def untrained_budget(config: Any) -> str | None:
 
 
 def idle_ray_address(config: Any) -> str | None:
-    """A line when ``ray.address`` is set but the run uses no Ray (no env runners, one
-    in-process learner): it would train locally while the user expects the cluster."""
+    """A line when ``ray.address`` is set but the run has no env runners, the part that
+    runs on a cluster (several learners without runners are local processes): it would
+    train locally while the user expects the cluster."""
     address = config.ray.address
-    if address is None or config.num_env_runners > 0 or config.num_learners > 1:
+    if address is None or config.num_env_runners > 0:
         return None
-    return (f"ray.address={address!r} has no effect: this run uses no Ray (num_env_runners=0, "
-            "num_learners=1) and trains in this process; set num_env_runners (or "
-            "num_learners) to use the cluster, or drop ray.address")
+    return (f"ray.address={address!r} has no effect: this run has no env runners "
+            "(num_env_runners=0) and collects in this machine's processes; set "
+            "num_env_runners to use the cluster, or drop ray.address")
 
 
 def run_warnings(config: Any) -> list[str]:
