@@ -133,7 +133,8 @@ def test_sample_clip_returns_frames_and_states():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("seed", "workers"), [
-    (0, []), (1, []), (3, ["--workers", "4", "--mode", "process"])])
+    (0, []), pytest.param(1, [], marks=pytest.mark.heavy),
+    (3, ["--workers", "4", "--mode", "process"])])
 def test_reinforce_example_solves_cartpole(tmp_path, seed, workers):
     """The shipped example with its defaults (and the README's process workers): within
     its budget of 400 train steps the greedy policy averages 475+ over 100 evaluation
