@@ -32,6 +32,8 @@ def test_numpy_integers_are_integers_and_bools_are_not():
                 seed=np.uint32(7), **QUIET)
     assert (model.config.num_envs, model.config.hparams.rollout_steps) == (4, 16)
     assert type(model.config.num_envs) is int and type(model.config.seed) is int
+    lr = PPO("CartPole-v1", lr=np.float32(0.5), **QUIET).config.hparams.lr  # was refused
+    assert lr == float(np.float32(0.5)) and type(lr) is float
     for flag in (True, np.True_, torch.tensor(True)):
         with pytest.raises(ConfigError, match="num_envs must be an integer"):
             PPO("CartPole-v1", num_envs=flag, **QUIET)

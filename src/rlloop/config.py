@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import numbers
 import operator
 import os
 import types
@@ -593,8 +594,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 def _number(value: Any) -> int | float | None:
     """``value`` as a number, or None. Strings count when Python reads them as one: PyYAML
     (YAML 1.1) reads ``4e-3`` and ``1E5`` as strings, though a Python user writes them
-    as numbers. So do NumPy integers (anything ``operator.index`` takes), as plain ints;
-    bools (Python's and NumPy's) are no numbers here."""
+    as numbers. So do NumPy integers (anything ``operator.index`` takes), as plain ints,
+    and NumPy floats, as plain floats; bools (Python's, NumPy's, torch's) are no numbers
+    here."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
@@ -613,7 +615,9 @@ def _number(value: Any) -> int | float | None:
     try:
         return operator.index(value)  # np.int64(4) -> 4; np.True_ raises TypeError
     except TypeError:
-        return None
+        pass
+    # NumPy floats (np.float32(1e-3): np.float64 is a float already) as plain floats
+    return float(value) if isinstance(value, numbers.Real) else None
 
 
 def parse_int(text: str) -> int:
