@@ -9,7 +9,6 @@ the policy ``rlloop eval`` loads (the run's ``best/``, else its latest checkpoin
 from __future__ import annotations
 
 import dataclasses
-import operator
 import reprlib
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -23,7 +22,7 @@ from rlloop.algorithms import ALGORITHMS, AlgorithmBase
 from rlloop.builder import check_action_space
 from rlloop.callbacks import Callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.config import MAX_EVAL_EPISODES, RunConfig, build_config, sb3_hint
+from rlloop.config import MAX_EVAL_EPISODES, RunConfig, build_config, integer, sb3_hint
 from rlloop.envs.core import Box
 from rlloop.envs.gym import find_gym_env
 from rlloop.envs.objects import (
@@ -113,7 +112,7 @@ class Model:
               callbacks: Callback | Sequence[Callback] = ()) -> RunResult:
         """Train for ``total_env_steps`` env steps; a later call trains that many more,
         continuing the same run (and MLflow run) from its last checkpoint."""
-        steps = _integer(total_env_steps)
+        steps = integer(total_env_steps)
         if isinstance(total_env_steps, float) and total_env_steps.is_integer():
             steps = int(total_env_steps)  # learn(1e5), as the CLI takes 1e5
         callbacks = _callbacks(callbacks)
@@ -193,15 +192,16 @@ class Model:
                     f"{spec.action_mask} 0/1 entries of the env's action mask: append "
                     "info['action_mask'])") if spec.action_mask else ""
             raise ConfigError(f"{expects}{mask}, got {array.shape}")
-        # NaN makes a NaN action; inf too, unless the saved normaliser clips it (a lidar's
-        # "no hit"). uint8 frames cannot hold either.
-        bad = (~np.isfinite(array) if actor.obs_stats is None else np.isnan(array)) if (
-            dtype is np.float32) else None
-        if bad is not None and bad.any():
-            where = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ConfigError(f"observation holds non-finite values (first at index {where}: "
-                              f"{array[where]}); the policy's action would be NaN: pass "
-                              "finite observations (replace or clip inf/nan first)")
+        if dtype is np.float32:  # uint8 frames hold neither NaN nor inf
+            # NaN makes a NaN action; inf too, unless the saved normaliser clips it (a
+            # lidar's "no hit").
+            bad = np.isnan(array) if actor.obs_stats is not None else ~np.isfinite(array)
+            if bad.any():
+                where = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise ConfigError(f"observation holds non-finite values (first at index "
+                                  f"{where}: {array[where]}); the policy's action would be "
+                                  "NaN: pass finite observations (replace or clip inf/nan "
+                                  "first)")
         x = torch.as_tensor(array, device=actor.device)
         batch = x.unsqueeze(0) if single else x
         if actor.obs_stats is not None:  # what the eval env's NormalizeObservation does
@@ -227,7 +227,7 @@ class Model:
     def evaluate(self, episodes: int = 20) -> dict[str, float]:
         """Deterministic returns over ``episodes`` episodes, as ``rlloop eval`` reports them
         (``return_mean``, ``return_std``, ..., and ``episodes`` as an int)."""
-        count = _integer(episodes)
+        count = integer(episodes)
         if count is None or not 1 <= count <= MAX_EVAL_EPISODES:
             raise ConfigError(f"episodes must be an integer in 1..{MAX_EVAL_EPISODES}, got "
                               f"{episodes!r}")
@@ -269,17 +269,6 @@ def _indices_of_discrete_obs(env: Any, obs: Any) -> bool:
         return np.asarray(obs).dtype.kind in "iu"
     except (ValueError, TypeError):  # ragged rows: predict's own check names them
         return False
-
-
-def _integer(value: object) -> int | None:
-    """``value`` as a plain int when it is an integer (an int or a NumPy integer: anything
-    ``operator.index`` takes), else None; bools (Python's and NumPy's) are no integers."""
-    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
-        return None  # torch.tensor(True) passes operator.index
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:  # np.True_ lands here too
-        return None
 
 
 def _path(value: object, what: str) -> Path:

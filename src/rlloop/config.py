@@ -610,14 +610,22 @@ def _number(value: Any) -> int | float | None:
             return float(value)
         except ValueError:
             return None
-    if "bool" in str(getattr(value, "dtype", "")):  # torch.tensor(True) passes index()
-        return None
-    try:
-        return operator.index(value)  # np.int64(4) -> 4; np.True_ raises TypeError
-    except TypeError:
-        pass
+    if (whole := integer(value)) is not None:
+        return whole
     # NumPy floats (np.float32(1e-3): np.float64 is a float already) as plain floats
     return float(value) if isinstance(value, numbers.Real) else None
+
+
+def integer(value: object) -> int | None:
+    """``value`` as a plain int when it is an integer: an int or a NumPy (or torch) integer,
+    anything ``operator.index`` takes; None otherwise. Bools (Python's, NumPy's, torch's)
+    are no integers."""
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
+        return None  # torch.tensor(True) passes operator.index
+    try:
+        return operator.index(value)  # type: ignore[arg-type]  # np.True_ raises TypeError
+    except TypeError:
+        return None
 
 
 def parse_int(text: str) -> int:

@@ -11,8 +11,10 @@ return the final observation and spend the following step on the reset.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium
@@ -209,8 +211,22 @@ def find_gym_env(env: Any) -> GymVecEnv | None:
 def gym_env_spec(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
     """Spec of a Gymnasium env without stepping it: make one instance, read it, close it."""
     kwargs = env_kwargs or {}
-    try:
+    with _construction_errors(env_id, kwargs):
         env = atari.make(env_id, **kwargs)
+    try:
+        return spec_from_gym(env_id, env.spec, env.observation_space, env.action_space,
+                             probe_action_mask(env_id, env))
+    finally:
+        env.close()
+
+
+@contextlib.contextmanager
+def _construction_errors(env_id: str, kwargs: dict[str, Any]) -> Iterator[None]:
+    """Constructing ``env_id``'s envs: a missing package, or keywords (``env_kwargs``) the
+    constructor does not take or whose values it refuses, become one-line EnvErrors; with
+    no keywords such errors are bugs of the env and pass through."""
+    try:
+        yield
     except TypeError as e:
         if not kwargs:  # then it is a bug in the env, not a user mistake
             raise
@@ -221,11 +237,6 @@ def gym_env_spec(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSp
         if not kwargs or isinstance(e, EnvError | RlloopError):
             raise
         raise _kwargs_value_error(env_id, kwargs, e) from e
-    try:
-        return spec_from_gym(env_id, env.spec, env.observation_space, env.action_space,
-                             probe_action_mask(env_id, env))
-    finally:
-        env.close()
 
 
 def _kwargs_error(env_id: str, kwargs: dict[str, Any], error: TypeError) -> EnvError:
@@ -329,23 +340,13 @@ class GymVecEnv:
         # ("module:Env-v0" ids import their module in the worker instead).
         target = gymnasium.registry.get(env_id, env_id) if asynchronous else env_id
         env_fns = [functools.partial(atari.make, target, **kwargs)] * num_envs
-        try:
+        with _construction_errors(env_id, kwargs):
             self._vec: SyncVectorEnv | GuardedAsyncVectorEnv = (
                 GuardedAsyncVectorEnv(env_fns, env_id=env_id, step_timeout=step_timeout)
                 if asynchronous
                 else ThreadedVectorEnv(env_fns) if threads
                 else SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
             )
-        except TypeError as e:
-            if not kwargs:  # then it is a bug in the env, not a user mistake
-                raise
-            raise _kwargs_error(env_id, kwargs, e) from e
-        except gymnasium.error.DependencyNotInstalled as e:
-            raise _dependency_error(env_id, e) from None
-        except (AssertionError, ValueError) as e:
-            if not kwargs or isinstance(e, EnvError | RlloopError):
-                raise
-            raise _kwargs_value_error(env_id, kwargs, e) from e
         try:
             obs_space = self._vec.single_observation_space
             act_space = self._vec.single_action_space
