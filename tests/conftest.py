@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 
 torch.set_num_threads(1)
 
@@ -65,3 +67,18 @@ def env_without(package: str, tmp_path: Path) -> dict[str, str]:
     src = str(Path(__file__).parents[1] / "src")
     return {**os.environ, "PYTHONPATH": f"{hide}:{src}"}
 
+
+class FakeClock:
+    """A clock for sinks' ``clock=``: time stands until a test sets ``t``."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def plain_console(width: int = 200) -> tuple[Console, io.StringIO]:
+    """A rich console writing plain lines (no terminal) into a string buffer."""
+    out = io.StringIO()
+    return Console(file=out, width=width), out

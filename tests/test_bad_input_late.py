@@ -11,7 +11,7 @@ from pathlib import Path
 import gymnasium
 import pytest
 import torch
-from conftest import rlloop_cmd
+from conftest import FakeClock, plain_console, rlloop_cmd
 from rich.console import Console
 
 from rlloop.builder import check_action_space
@@ -25,19 +25,10 @@ from rlloop.memory import check_memory, estimate
 from rlloop.runners.env_runner import EpisodeTracker
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def _plain_sink(total: int | None) -> tuple[ConsoleSink, io.StringIO, FakeClock]:
-    out = io.StringIO()
+    console, out = plain_console()
     clock = FakeClock()
-    sink = ConsoleSink(total, console=Console(file=out, width=200), print_interval_s=5.0,
-                       clock=clock)
+    sink = ConsoleSink(total, console=console, print_interval_s=5.0, clock=clock)
     return sink, out, clock
 
 

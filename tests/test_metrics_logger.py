@@ -6,16 +6,9 @@ import json
 
 import pytest
 import torch
+from conftest import FakeClock
 
 from rlloop.logging import MetricsLogger, flatten_mapping
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def log_all(logger: MetricsLogger, key: str, values: list[float], **kwargs: object) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import FakeClock, plain_console
 from rich.console import Console
 
 from rlloop.logging import (
@@ -30,14 +31,6 @@ from rlloop.logging import (
     sqlite_tracking_uri,
 )
 from rlloop.logging.mlflow_sink import mlflow_name
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class RecordingSink:
@@ -267,11 +260,6 @@ def test_tensorboard_sink_scalars_read_back(tmp_path: Path) -> None:
 
 
 # --- Console -----------------------------------------------------------------------------
-
-
-def plain_console() -> tuple[Console, io.StringIO]:
-    out = io.StringIO()
-    return Console(file=out, width=200), out
 
 
 def test_console_sink_plain_lines_when_not_a_tty() -> None:
