@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pixel_envs
 import pytest
 import torch
 import yaml
@@ -32,7 +34,7 @@ from rlloop.checkpoint import (
 from rlloop.config import RunConfig, build_config
 from rlloop.data.returns import gae
 from rlloop.data.rollout import RolloutBuffer
-from rlloop.devices import resolve_device
+from rlloop.devices import arrays_to_device, packed_to_device, resolve_device
 from rlloop.envs import make_env
 from rlloop.errors import ConfigError
 from rlloop.run import build_algorithm, evaluate_run, resume, train
@@ -198,6 +200,30 @@ def test_episode_tracker_keeps_the_last_window_of_episodes_in_order():
     again.set_state(old)
     assert again.stats() == {"episode/return_mean": 4.5, "episode/return_max": 9.0,
                              "episode/length_mean": 3.5, "episode/count": 7.0}
+
+
+def test_host_arrays_keep_their_dtype_in_the_one_transfer_off_the_cpu():
+    # Off the CPU, a host env's step crosses in one transfer; uint8 frames once came
+    # back as float32 0-255, which the CNN takes as already scaled (255x its inputs).
+    frames = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4).transpose(2, 0, 1)
+    arrays = [frames, np.array([1.5, -3.0], np.float32), np.array([True, False]),
+              np.arange(3, dtype=np.int64), np.zeros((0, 3), np.float32),
+              np.asarray(np.float32(2.0))]
+    on_meta = arrays_to_device(arrays, torch.device("meta"))
+    assert [(t.dtype, t.shape) for t in on_meta] == [
+        (torch.from_numpy(a).dtype, torch.Size(a.shape)) for a in arrays]
+    for a, t in zip(arrays, packed_to_device(arrays, torch.device("cpu")), strict=True):
+        assert t.dtype == torch.from_numpy(a).dtype and np.array_equal(t.numpy(), a)
+
+
+def test_pixel_observations_stay_uint8_on_any_device():
+    pixel_envs.register()
+    dtypes = []
+    for device in ("cpu", "meta"):
+        env = make_env("rlloop-test/SidePixels-v0", 2, "gymnasium", seed=0, device=device)
+        dtypes.append(env.reset().dtype)
+        env.close()
+    assert dtypes == [torch.uint8, torch.uint8]
 
 
 def test_next_obs_is_copied_only_where_an_episode_ended():

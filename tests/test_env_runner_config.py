@@ -106,17 +106,20 @@ def test_weights_lag_counts_the_versions_published_since() -> None:
 
 
 def test_a_runner_builds_for_its_own_envs() -> None:
-    """Runner configs: M envs, a seed of their own, no runners, a batch rule that fits M."""
+    """Runner configs: M envs, a seed of their own, no runners, a batch rule that fits M,
+    the CPU."""
     pytest.importorskip("ray")
     from rlloop.runners.ray_runners import envs_per_runner, runner_config
 
-    config = build_config("ppo", sets=["num_env_runners=4", "num_envs=16",
+    config = build_config("ppo", sets=["num_env_runners=4", "num_envs=16", "device=cuda",
                                        "ppo.rollout_steps=32", "ppo.minibatch_size=512"])
     assert envs_per_runner(config) == 4
     runners = [runner_config(config, i) for i in range(4)]
     assert {r.num_envs for r in runners} == {4}
     assert {r.num_env_runners for r in runners} == {0}
     assert len({r.seed for r in runners}) == 4
+    # Runners reserve no GPU (Ray hides it from them): they act on the CPU.
+    assert {r.device for r in runners} == {"cpu"}
     assert runners[0].hparams.minibatch_size == 128  # 32 steps x 4 envs
     sac = build_config("sac", "Pendulum-v1", sets=["num_env_runners=2"])
     assert runner_config(sac, 0).hparams.buffer_size == 256  # a batch, not a million

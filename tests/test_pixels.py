@@ -191,6 +191,19 @@ def test_every_algorithm_trains_on_uint8_frames(algo, env, precision):
         algorithm.close()
 
 
+def test_ppo_gsde_explores_on_uint8_frames():
+    """gSDE drew its noise matrices in the observation's dtype: uint8 frames raised
+    'normal_kernel_cpu not implemented for Byte' at the first step."""
+    sets = [*QUIET, "num_envs=2", "ppo.use_sde=true", "ppo.rollout_steps=8",
+            "ppo.minibatch_size=8", "ppo.num_epochs=1"]
+    algorithm = build_algorithm(build_config("ppo", "rlloop-test/SidePixelsBox-v0", sets=sets))
+    try:
+        run_steps(algorithm, 32)
+        assert algorithm._sde_eps is not None and algorithm._sde_eps.dtype == torch.float32
+    finally:
+        algorithm.close()
+
+
 @pytest.mark.parametrize(("algo", "env"), [
     ("ppo", "rlloop-test/SidePixels-v0"), ("dqn", "rlloop-test/SidePixels-v0"),
     ("sac", "rlloop-test/SidePixelsBox-v0"), ("td3", "rlloop-test/SidePixelsBox-v0"),

@@ -94,35 +94,53 @@ def stats_dtype(device: torch.device) -> torch.dtype:
 
 
 def to_device(x: Tensor, device: torch.device) -> Tensor:
-    """Move a host tensor to ``device``: to CUDA from pinned memory without blocking the
-    host (the caching host allocator keeps the pinned block alive until the copy ran);
-    a no-op when ``device`` is the CPU."""
-    if device.type == "cuda":
+    """Move a tensor to ``device``: from the host to CUDA through pinned memory without
+    blocking the host (the caching host allocator keeps the pinned block alive until the
+    copy ran); a no-op where it already is."""
+    if device.type == "cuda" and x.device.type == "cpu":
         return x.pin_memory().to(device, non_blocking=True)
     return x.to(device)
 
 
 def arrays_to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[Tensor]:
-    """Host arrays (float32 or bool) as tensors on ``device``: views of the arrays on the
-    CPU; elsewhere one float32 transfer for all of them, split on the device and cast
-    back, so a host env's step crosses once."""
+    """Host arrays as tensors on ``device``, each of its own dtype (uint8 frames stay
+    uint8): views of the arrays on the CPU; elsewhere the arrays' bytes in one transfer,
+    each array's segment aligned to 8 bytes and viewed as its dtype on the device, so a
+    host env's step crosses once."""
     if device.type == "cpu":
         return [torch.from_numpy(a) for a in arrays]
-    flat = np.concatenate([a.reshape(-1).astype(np.float32, copy=False) for a in arrays])
-    moved = to_device(torch.from_numpy(flat), device)
-    out, start = [], 0
-    for a in arrays:
-        part = moved[start:start + a.size].view(a.shape)
-        out.append(part.bool() if a.dtype == np.bool_ else part)
-        start += a.size
-    return out
+    return packed_to_device(arrays, device)
+
+
+def packed_to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[Tensor]:
+    """:func:`arrays_to_device`'s one transfer, on any device (copies on the CPU)."""
+    contiguous = [np.ascontiguousarray(a) for a in arrays]
+    starts, size = [], 0
+    for a in contiguous:
+        starts.append(size)
+        size += -(-a.nbytes // _ALIGN) * _ALIGN
+    packed = np.zeros(size, np.uint8)
+    for a, start in zip(contiguous, starts, strict=True):
+        packed[start:start + a.nbytes] = a.reshape(-1).view(np.uint8)
+    moved = to_device(torch.from_numpy(packed), device)
+    return [moved[start:start + a.nbytes].view(_torch_dtype(a.dtype)).view(np.shape(raw))
+            for raw, a, start in zip(arrays, contiguous, starts, strict=True)]
+
+
+#: Byte alignment of each array's segment in :func:`arrays_to_device`'s one transfer
+#: (enough for any dtype's ``Tensor.view``).
+_ALIGN = 8
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
 def move_to(value: Any, device: torch.device) -> Any:
     """``value`` with every tensor inside it (dataclasses, mappings, lists and tuples are
     searched) moved to ``device`` by :func:`to_device`; other leaves are kept."""
     if isinstance(value, Tensor):
-        return value if value.device == device else to_device(value, device)
+        return to_device(value, device)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.replace(value, **{f.name: move_to(getattr(value, f.name), device)
                                              for f in dataclasses.fields(value) if f.init})

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from rlloop.data.obs_storage import ObsLayout
+from rlloop.devices import stats_dtype
 
 #: The fields of a transition that hold observations.
 _OBS_FIELDS = ("obs", "next_obs")
@@ -104,12 +105,12 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB"
 
 
-def _rand(
-    shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device
-) -> Tensor:
-    """Uniform [0, 1) float64 drawn on the generator's device, moved to ``device``."""
-    gen_device = generator.device if generator is not None else device
-    return torch.rand(shape, generator=generator, dtype=torch.float64, device=gen_device).to(device)
+def _host_uniform(size: int, generator: torch.Generator | None) -> np.ndarray:
+    """``size`` uniform [0, 1) float64 draws from ``generator`` (on its device; float32
+    on MPS, which has no float64), on the host."""
+    device = generator.device if generator is not None else torch.device("cpu")
+    draw = torch.rand(size, generator=generator, dtype=stats_dtype(device), device=device)
+    return draw.cpu().double().numpy()
 
 
 class ReplayBuffer:
@@ -398,7 +399,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """
         self._check_can_sample(batch_size)
         beta = self.beta if beta is None else _check_beta(beta)
-        uniform = _rand((batch_size,), generator, torch.device("cpu")).numpy()
+        uniform = _host_uniform(batch_size, generator)
         mass = (np.arange(batch_size) + uniform) * (self._sum_tree[1] / batch_size)
         rows = self._retrieve(mass)
         # (N P(i))^-beta / max_j (N P(j))^-beta == (p_i / p_min)^-beta

@@ -70,10 +70,11 @@ class StateDependentNoise(nn.Module):
     def sample_eps(self, batch: Sequence[int], generator: torch.Generator | None,
                    like: Tensor) -> Tensor:
         """Standard normal ``eps [*batch, latent, act]`` from ``generator`` (on its
-        device), moved to ``like``'s device; ``batch=()`` gives one matrix."""
+        device) in ``log_std``'s dtype (``like`` may hold uint8 frames), moved to
+        ``like``'s device; ``batch=()`` gives one matrix."""
         device = generator.device if generator is not None else like.device
         eps = torch.randn((*batch, self.latent_dim, self.act_dim), generator=generator,
-                          device=device, dtype=like.dtype)
+                          device=device, dtype=self.log_std.dtype)
         return eps.to(like.device)
 
     def _phi(self, latent: Tensor) -> Tensor:

@@ -42,6 +42,7 @@ from rlloop.algorithms.offpolicy import (
     StepProcessor,
 )
 from rlloop.data.rollout import RolloutBuffer
+from rlloop.devices import move_to
 from rlloop.envs.core import Box, Discrete, EnvSpec, StepResult
 from rlloop.errors import RlloopError
 from rlloop.ray_cluster import connect, disconnect, learner_actors
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 RESTART_TIMEOUT_S = 300.0
 #: Fragment length of off-policy runners when ``fragment_steps`` is not set.
 OFF_POLICY_FRAGMENT_STEPS = 32
+_HOST = torch.device("cpu")
 
 
 class EnvRunnerError(RlloopError, RuntimeError):
@@ -79,8 +81,9 @@ def fragment_steps(config: RunConfig) -> int:
 
 def runner_config(config: RunConfig, index: int) -> RunConfig:
     """The config runner ``index`` builds its algorithm from: its M envs, its own seed,
-    no runners of its own, no tracking, and a replay buffer of one fragment (it keeps no
-    transitions: the learner's buffer does)."""
+    no runners of its own, no tracking, a replay buffer of one fragment (it keeps no
+    transitions: the learner's buffer does), and the CPU: runners reserve no GPU from
+    Ray, which hides the GPUs from such actors (or places them on CPU-only nodes)."""
     hparams, m = config.hparams, envs_per_runner(config)
     if hasattr(hparams, "buffer_size"):
         hparams = dataclasses.replace(hparams, buffer_size=max(
@@ -90,7 +93,8 @@ def runner_config(config: RunConfig, index: int) -> RunConfig:
             hparams.minibatch_size, hparams.rollout_steps * m))
     seed = derive_seed(config.seed, f"env-runner-{index}") % 2**32
     return dataclasses.replace(config, num_env_runners=0, num_envs=envs_per_runner(config),
-                               seed=seed, mlflow=False, tensorboard=False, hparams=hparams)
+                               seed=seed, mlflow=False, tensorboard=False, hparams=hparams,
+                               device="cpu")
 
 
 class EnvRunnerActor:
@@ -251,7 +255,8 @@ class RayEnvRunnerGroup:
         """The learner's weights_seq_no, its weights in the object store (once each)."""
         seq = int(self.algorithm.learner.weights_seq_no)
         if not self._published or self._published[-1] != seq:
-            self._weights_ref = ray.put(self.algorithm.get_policy_state())
+            # on the host: runners act on the CPU (runner_config)
+            self._weights_ref = ray.put(move_to(self.algorithm.get_policy_state(), _HOST))
             self._published.append(seq)
             del self._published[:-1000]
         return seq
@@ -292,7 +297,7 @@ class RayEnvRunnerGroup:
                 ref = ready[0]
             runner = self._inflight.pop(ref)
             try:
-                frag: Fragment = ray.get(ref)
+                frag: Fragment = move_to(ray.get(ref), self.device)
             except RayError as e:
                 self._failed(runner, e)
                 self._launch(runner)
