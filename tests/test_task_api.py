@@ -134,11 +134,14 @@ def test_sample_clip_returns_frames_and_states():
 @pytest.mark.slow
 @pytest.mark.parametrize(("seed", "workers"), [
     (0, []), pytest.param(1, [], marks=pytest.mark.heavy),
-    (3, ["--workers", "4", "--mode", "process"])])
+    pytest.param(3, ["--workers", "4", "--mode", "process"], marks=pytest.mark.heavy)])
 def test_reinforce_example_solves_cartpole(tmp_path, seed, workers):
     """The shipped example with its defaults (and the README's process workers): within
     its budget of 400 train steps the greedy policy averages 475+ over 100 evaluation
-    episodes. Seeds 0-4 solved in 74k-115k env steps (of 410k)."""
+    episodes. Seeds 0-4 solved in 74k-115k env steps (of 410k). The process-worker case
+    (45-67 s) is heavy, to keep the default run under 15 minutes; process workers run in
+    the default run in tests/test_faults.py, test_pool_batching.py, test_signals.py and
+    test_task_resume.py."""
     import sys
     from pathlib import Path
 

@@ -8,7 +8,9 @@ the policy ``rlloop eval`` loads (the run's ``best/``, else its latest checkpoin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import re
 import reprlib
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,6 +37,7 @@ from rlloop.errors import ConfigError, RunDirError
 from rlloop.modules.custom import NetFactory, net_path
 from rlloop.run import (
     RunResult,
+    claimed_default_run_dir,
     evaluate_run,
     load_policy,
     load_run_config,
@@ -65,9 +68,18 @@ class Model:
 
     algo: ClassVar[str]
 
-    def __init__(self, env: EnvLike = "CartPole-v1", *, run_dir: str | Path | None = None,
-                 policy: NetFactory | str | None = None, **kwargs: Any) -> None:
+    def __init__(self, env: EnvLike | None = None, /, *sb3_args: Any,
+                 run_dir: str | Path | None = None, policy: NetFactory | str | None = None,
+                 **kwargs: Any) -> None:
+        env = _env_argument(type(self).__name__, env, sb3_args, kwargs)
         section = {f.name for f in dataclasses.fields(ALGORITHMS[self.algo].config_cls)}
+        if isinstance(policy, str) and _SB3_POLICY.fullmatch(policy):
+            raise ConfigError(f"policy={policy!r} is a Stable-Baselines3 policy name; rlloop "
+                              f"builds the network from the observation space ({_NETS}): drop "
+                              "policy= (it takes a custom network, module:Class or a class)")
+        if "total_env_steps" in kwargs:
+            raise ConfigError(f"total_env_steps is learn()'s argument, not a setting: "
+                              f"{type(self).__name__}(...).learn({kwargs['total_env_steps']!r})")
         if policy is not None:
             if "net" not in section:
                 raise ConfigError(f"policy= (a custom network) is supported by PPO, not "
@@ -83,6 +95,7 @@ class Model:
         flags[self.algo] = {k: v for k, v in kwargs.items() if k in section}
         self.config = build_config(self.algo, env_id_of(env), flags=flags)
         check_action_space(self.config)  # TD3("CartPole-v1") is refused here, as in SB3
+        # Absolute, as every path the model keeps: a later os.chdir must not move the run.
         self.run_dir: Path | None = _path(run_dir, "run_dir") if run_dir is not None else None
         if self.run_dir is not None and self.run_dir.exists() and not self.run_dir.is_dir():
             raise RunDirError(f"run_dir {self.run_dir} is a file, not a directory; pass a "
@@ -102,16 +115,29 @@ class Model:
                   overrides: dict[str, Any]) -> Model:
         model = cls.__new__(cls)
         model.config, model.run_dir, model.allow_import = config, run_dir, allow_import
-        model._overrides = {k: v for k, v in overrides.items() if k != "total_env_steps"}
+        model._overrides = dict(overrides)
         model._own_config = False
         model._actor = None
         return model
 
+    @classmethod
+    def load(cls, path: str | Path, *, allow_import: bool = False,
+             env: EnvLike | None = None, **flags: Any) -> Model:
+        """:func:`load` (SB3's ``PPO.load(path)``), refusing a run of another algorithm."""
+        model = load(path, allow_import=allow_import, env=env, **flags)
+        if not isinstance(model, cls):
+            raise ConfigError(f"{path} is a {model.algo} run, not {cls.algo}; load it with "
+                              f"{type(model).__name__}.load or rlloop.load")
+        return model
+
     # ---- training ---------------------------------------------------------------------
-    def learn(self, total_env_steps: int | float,
-              callbacks: Callback | Sequence[Callback] = ()) -> RunResult:
+    def learn(self, total_env_steps: int | float | None = None,
+              callbacks: Callback | Sequence[Callback] = (), **sb3: Any) -> RunResult:
         """Train for ``total_env_steps`` env steps; a later call trains that many more,
-        continuing the same run (and MLflow run) from its last checkpoint."""
+        continuing the same run (and MLflow run) from its last checkpoint. Returns the
+        :class:`~rlloop.run.RunResult` (not the model, as SB3's ``learn`` does)."""
+        if sb3:
+            raise _learn_keywords(sb3)
         steps = integer(total_env_steps)
         if isinstance(total_env_steps, float) and total_env_steps.is_integer():
             steps = int(total_env_steps)  # learn(1e5), as the CLI takes 1e5
@@ -131,8 +157,14 @@ class Model:
                             total_env_steps=done + total_env_steps)
         else:
             config = dataclasses.replace(self.config, total_env_steps=total_env_steps)
-            result = train(config, self.run_dir, callbacks=callbacks)
-            self.run_dir = result.run_dir
+            with (claimed_default_run_dir(config) if self.run_dir is None
+                  else contextlib.nullcontext(self.run_dir)) as run_dir:
+                try:
+                    result = train(config, run_dir, callbacks=callbacks)
+                finally:  # a callback's exception leaves a run to continue, or none
+                    if _latest(run_dir) is not None:
+                        self.run_dir = run_dir.absolute()
+        assert self.run_dir is not None
         self.config = load_run_config(self.run_dir, allow_import=self.allow_import,
                                       **self._overrides)
         return result
@@ -176,8 +208,10 @@ class Model:
             # Flattened (a Dict) or one-hot encoded (Discrete indices) as the env does it.
             rows, one = _gym_env(actor.env).flatten_obs(obs)
             obs = rows[0] if one else rows
-        # uint8 frames stay uint8: pixel encoders scale them (a float frame counts as scaled).
+        # uint8 frames stay uint8: pixel encoders scale them.
         dtype = np.uint8 if spec.image_obs else np.float32
+        if spec.image_obs:
+            _check_frames(obs)
         expects = (f"predict expects an observation of shape {spec.obs_shape} "
                    f"({np.dtype(dtype).name}) or a batch of shape "
                    f"(B, {', '.join(map(str, spec.obs_shape))})")
@@ -259,6 +293,66 @@ class Model:
         return f"{type(self).__name__}({self.config.env!r}, run_dir={self.run_dir})"
 
 
+#: Stable-Baselines3's policy names (``PPO("MlpPolicy", env)``).
+_SB3_POLICY = re.compile(r"(Mlp|Cnn|MultiInput)(Lstm)?Policy")
+_NETS = ("an MLP for vectors, a CNN for images, one encoder per Dict entry; "
+         "ppo.recurrent=lstm for memory")
+#: What SB3's ``learn`` keywords are here.
+_LEARN_KEYWORDS = {
+    "total_timesteps": "learn(total_env_steps)",
+    "callback": "learn(n, callbacks=...)",
+    "progress_bar": "the run setting progress (on by default; PPO(..., progress=False))",
+    "log_interval": "the run settings eval_every and checkpoint_every (every iteration is "
+                    "logged)",
+    "reset_num_timesteps": "none: learn() continues the run; a new model starts a new one",
+    "tb_log_name": "the run setting tensorboard=True (logs go to the run directory)",
+}
+
+
+def _env_argument(name: str, env: EnvLike | None, extra: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> EnvLike:
+    """The constructor's env: the one positional argument or ``env=``; SB3's
+    ``PPO("MlpPolicy", env)`` is refused naming rlloop's spelling."""
+    keyword = kwargs.pop("env", None)
+    given = [e for e in (env, *extra, keyword) if e is not None]
+    if isinstance(env, str) and _SB3_POLICY.fullmatch(env):
+        rest = given[1:]
+        shown = repr(rest[0]) if rest and isinstance(rest[0], str) else "env"
+        raise ConfigError(f"{name}({env!r}, ...) is Stable-Baselines3's form; rlloop takes the "
+                          f"env first and builds the network from the observation space "
+                          f"({_NETS}): {name}({shown}, ...)")
+    if len(given) > 1:
+        raise ConfigError(f"{name} takes one env (an id, a gymnasium.Env or a function "
+                          f"returning one), positional or env=; got {len(given)}: "
+                          f"{reprlib.repr(given)}")
+    return given[0] if given else "CartPole-v1"
+
+
+def _learn_keywords(keywords: Mapping[str, Any]) -> ConfigError:
+    """The refusal of ``learn``'s unknown keywords, with SB3's names translated."""
+    hints = "; ".join(f"Stable-Baselines3's {k} is {_LEARN_KEYWORDS[k]} here"
+                      for k in sorted(keywords) if k in _LEARN_KEYWORDS)
+    return ConfigError(f"learn() got unknown arguments {sorted(keywords)}; "
+                       f"{hints + '; ' if hints else ''}it takes total_env_steps and callbacks")
+
+
+def _check_frames(obs: Any) -> None:
+    """Image observations are the env's uint8 frames (0..255); float frames are refused
+    unless they hold whole numbers in 0..255 (a [0, 1] float frame cast to uint8 would be
+    black)."""
+    try:
+        array = np.asarray(obs)
+    except (ValueError, TypeError):  # predict's own check names it
+        return
+    if array.dtype.kind != "f" or not array.size:
+        return
+    low, high = float(np.min(array)), float(np.max(array))
+    if not (low >= 0 and high <= 255 and bool(np.all(array == np.round(array)))):
+        raise ConfigError(f"image observations are uint8 frames 0..255, as the env gives "
+                          f"them; got {array.dtype} values in [{low:g}, {high:g}]: pass the "
+                          "env's frames (frames scaled to [0, 1]: (x * 255).round() as uint8)")
+
+
 def _indices_of_discrete_obs(env: Any, obs: Any) -> bool:
     """Whether ``obs`` holds integer indices of a Discrete observation space (the env's
     own observations, which predict one-hot encodes; float rows are taken as encoded)."""
@@ -272,9 +366,10 @@ def _indices_of_discrete_obs(env: Any, obs: Any) -> bool:
 
 
 def _path(value: object, what: str) -> Path:
-    """``value`` as a Path, or ConfigError naming ``what`` for anything that is no path."""
+    """``value`` as an absolute Path (``~`` expanded), or ConfigError naming ``what`` for
+    anything that is no path."""
     try:
-        return Path(value)  # type: ignore[arg-type]
+        return Path(value).expanduser().absolute()  # type: ignore[arg-type]
     except TypeError:
         raise ConfigError(f"{what} must be a path (str or os.PathLike), got {value!r} "
                           f"({type(value).__name__}); pass e.g. 'runs/my-run'") from None
@@ -319,6 +414,9 @@ def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = 
     run settings (e.g. ``device="cpu"``).
     """
     run_dir = _path(path, "load() path")
+    if "total_env_steps" in flags:
+        raise ConfigError("total_env_steps is learn()'s argument, not a setting: "
+                          f"load(...).learn({flags['total_env_steps']!r}) trains that many more")
     if env is not None:
         _register_again(run_dir, env)
     # The saved config with the overrides a later learn() (a resume) accepts; others refused.

@@ -470,7 +470,8 @@ SB3_NAMES: dict[str, tuple[str, ...]] = {
     "normalize": ("normalize_obs", "normalize_rewards"), "n_envs": ("num_envs",),
     "n_timesteps": ("total_env_steps",), "total_timesteps": ("total_env_steps",),
     "policy_kwargs": ("hidden", "activation", "ortho_init"), "net_arch": ("hidden",),
-    "activation_fn": ("activation",),
+    "activation_fn": ("activation",), "verbose": ("progress",),
+    "tensorboard_log": ("tensorboard",),
 }
 
 

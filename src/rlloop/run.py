@@ -109,6 +109,21 @@ def claim_default_run_dir(config: RunConfig) -> Path:
     raise AssertionError("unreachable")
 
 
+@contextlib.contextmanager
+def claimed_default_run_dir(config: RunConfig) -> Iterator[Path]:
+    """:func:`claim_default_run_dir` for the block; when the block raises, the directory
+    (and ``runs/`` if this made it) is removed if still empty: the run never started."""
+    made = [p for p in reversed(default_run_dir(config).parents) if not p.exists()]
+    path = claim_default_run_dir(config)
+    try:
+        yield path
+    except BaseException:
+        for p in (path, *reversed(made)):
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
+
+
 def solve_threshold(config: RunConfig) -> float | None:
     if config.solve_threshold is not None:
         return config.solve_threshold
@@ -603,17 +618,9 @@ def train(config: RunConfig, run_dir: str | Path | None = None, *,
     ``started_at`` (``time.time()``, default now) is when start-up began (``time/startup_s``),
     e.g. the process's start for the CLI."""
     if not run_dir:
-        made = [p for p in reversed(default_run_dir(config).parents) if not p.exists()]
-        path = claim_default_run_dir(config)
-        try:
+        with claimed_default_run_dir(config) as path:
             return _run_session(config, path, resume=False, console=console,
                                 callbacks=callbacks, started_at=started_at)
-        except BaseException:
-            # Left empty, the run never started: remove it, and runs/ if this made it.
-            for p in (path, *reversed(made)):
-                with contextlib.suppress(OSError):
-                    p.rmdir()
-            raise
     path = Path(run_dir)
     refuse_study_dir(path)
     if (path / "config.yaml").exists():
