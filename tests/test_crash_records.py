@@ -127,12 +127,21 @@ def test_a_render_failure_is_one_clear_error():
 
     from rlloop.video import RenderUnavailableError, _render_checked
 
-    def render() -> None:
-        raise RuntimeError("an OpenGL platform library has not been loaded")
+    # A function whose frame reads as MuJoCo's renderer's.
+    namespace: dict = {}
+    exec(compile("def render():\n    raise RuntimeError('an OpenGL platform library has not "
+                 "been loaded')\n", "site-packages/mujoco/gl_context.py", "exec"), namespace)
 
     with pytest.raises(RenderUnavailableError, match=r"Hopper-v5 could not render a frame "
                                                      r"\(RuntimeError: an OpenGL .*MUJOCO_GL=egl"):
-        _render_checked(render, "Hopper-v5")()
+        _render_checked(namespace["render"], "Hopper-v5")()
+
+    def render() -> None:  # any other env's failure: no MuJoCo advice
+        raise ValueError("no frame")
+
+    with pytest.raises(RenderUnavailableError) as caught:
+        _render_checked(render, "Custom-v0")()
+    assert str(caught.value) == "Custom-v0 could not render a frame (ValueError: no frame)"
 
 
 def test_mujoco_renders_offscreen_without_a_display(monkeypatch):

@@ -723,8 +723,9 @@ def resume_config(run_dir: str | Path, *, allow_import: bool = False, env: str |
                 if not (isinstance(value, dict) and key != "env_kwargs") and value != old[key]]
     fixed = [key for key in changed if not resumable(key, saved.algo)]
     if fixed:
-        raise ConfigError(f"a resumed run cannot change {', '.join(fixed)} (the run's env, "
-                          "networks and data depend on it); drop the override or start a new "
+        raise ConfigError(f"a resumed run cannot change {', '.join(fixed)} (a resume "
+                          "continues the run as it was set up: its env, networks, optimisers "
+                          "and data follow its settings); drop the override or start a new "
                           "run. A resume may change budgets, stop rules, evaluation, "
                           "checkpoint and logging settings")
     return config

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,11 +195,19 @@ def _render_checked(render: Callable[[], Any], env_id: str) -> Callable[[], Any]
         except RlloopError:
             raise
         except Exception as e:
+            hint = ("; MuJoCo envs without a display need MUJOCO_GL=egl (or osmesa) and its "
+                    "system library") if _raised_in_mujoco(e) else ""
             raise RenderUnavailableError(
                 f"{env_id} could not render a frame ({type(e).__name__}: "
-                f"{' '.join(str(e).split())[:200]}); MuJoCo envs without a display need "
-                "MUJOCO_GL=egl (or osmesa) and its system library") from e
+                f"{' '.join(str(e).split())[:200]}){hint}") from e
     return checked
+
+
+def _raised_in_mujoco(error: BaseException) -> bool:
+    """Whether ``error`` came from MuJoCo's renderer (a frame of its traceback is in a
+    ``mujoco`` package or Gymnasium's MuJoCo envs)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return any("mujoco" in frame.filename.lower() for frame in frames)
 
 
 def _native_fps(env_id: str) -> float:
