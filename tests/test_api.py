@@ -16,6 +16,7 @@ from conftest import rlloop_cmd
 from torch import Tensor
 
 from rlloop import DQN, PPO, Callback, load
+from rlloop.api import _register_again
 from rlloop.callbacks import load_callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.envs.core import EnvError, StepResult, VecEnv
@@ -226,6 +227,31 @@ def test_factory_and_instance_envs_train(tmp_path, cli_env):
     out = _run([sys.executable, "-c", script, str(tmp_path / "run")], cli_env, tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "2"  # an int, as `rlloop eval --json` gives it
+
+
+def test_loading_an_instance_run_registers_its_env_once(tmp_path, monkeypatch):
+    """In a fresh process the instance's generated id is the saved one: load(run,
+    env=instance) registered it twice ("Overriding environment ... already in registry")."""
+    import itertools
+    import warnings
+
+    from rlloop.envs import objects
+
+    class ProbeOnceEnv(gymnasium.Env):
+        observation_space = gymnasium.spaces.Box(-1, 1, (2,))
+        action_space = gymnasium.spaces.Discrete(2)
+
+    monkeypatch.setattr(objects, "_counter", itertools.count(1))  # as in a fresh process
+    saved = "ProbeOnceEnv-rlloop1-v0"
+    (tmp_path / "config.yaml").write_text(f"algo: ppo\nenv: {saved}\n")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _register_again(tmp_path, ProbeOnceEnv())
+        assert saved in gymnasium.registry
+        assert not [w for w in caught if "Overriding" in str(w.message)]
+    finally:
+        gymnasium.registry.pop(saved, None)
 
 
 def test_settings_are_checked_and_untrusted_runs_refused(tmp_path):

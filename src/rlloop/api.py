@@ -28,6 +28,7 @@ from rlloop.config import MAX_EVAL_EPISODES, RunConfig, build_config, integer, s
 from rlloop.envs.core import Box
 from rlloop.envs.gym import find_gym_env
 from rlloop.envs.objects import (
+    copies_of,
     env_id_of,
     is_object_env,
     register_object_env,
@@ -439,8 +440,8 @@ def _register_again(run_dir: Path, env: EnvLike) -> None:
         raise ConfigError(f"{run_dir} was not trained on an env object; load it without env=")
     if env_id in gymnasium.registry:
         return
-    if isinstance(env, gymnasium.Env):
-        env = gymnasium.registry[env_id_of(env)].entry_point
+    if isinstance(env, gymnasium.Env):  # (env_id_of would register it a second time)
+        env = copies_of(env)
     if not callable(env):
         raise ConfigError(f"env= must be a gymnasium.Env or a function returning one, got "
                           f"{type(env).__name__}")

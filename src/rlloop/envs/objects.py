@@ -33,7 +33,7 @@ def env_id_of(env: Any) -> str:
         spec = env.spec
         name = type(env.unwrapped).__name__
         threshold = None if spec is None else spec.reward_threshold
-        return register_object_env(lambda **kwargs: _copy_of(env, kwargs), name, threshold)
+        return register_object_env(copies_of(env), name, threshold)
     if callable(env):
         return register_object_env(env, getattr(env, "__name__", type(env).__name__),
                                    reward_threshold_of(env))
@@ -68,6 +68,11 @@ def reward_threshold_of(factory: Callable[..., Any]) -> float | None:
         close = getattr(probe, "close", None)
         if callable(close):
             close()
+
+
+def copies_of(env: gymnasium.Env[Any, Any]) -> Callable[..., gymnasium.Env[Any, Any]]:
+    """The factory an instance is registered with: each env a copy of ``env``."""
+    return lambda **kwargs: _copy_of(env, kwargs)
 
 
 def _copy_of(env: gymnasium.Env[Any, Any], kwargs: dict[str, Any]) -> gymnasium.Env[Any, Any]:
