@@ -388,6 +388,8 @@ def test_predict_names_a_dict_entry_of_the_wrong_shape():
                                           r"observation \(2\), got shape \(3,\)"):
         model.predict({k: np.stack([v, v]) for k, v in obs.items()},
                       episode_start=[True, False, True])
+    with pytest.raises(ConfigError, match=r"not a list of dicts: stack each entry"):
+        model.predict([obs, obs])
 
 
 def test_a_dict_image_entry_is_scaled_once_under_normalize_obs():

@@ -205,6 +205,10 @@ class Model:
         ``RecurrentPPO.predict`` takes it. Other policies ignore it."""
         actor = self._acting()
         spec = actor.settings.spec
+        if isinstance(obs, list | tuple) and obs and all(isinstance(o, Mapping) for o in obs):
+            raise ConfigError("predict takes one Dict observation, or a batch as one dict of "
+                              "stacked entries ({key: array [B, *entry shape]}), not a list "
+                              "of dicts: stack each entry (np.stack([o[key] for o in obs]))")
         if isinstance(obs, Mapping) or _indices_of_discrete_obs(actor.env, obs):
             # Flattened (a Dict) or one-hot encoded (Discrete indices) as the env does it.
             rows, one = _gym_env(actor.env).flatten_obs(obs)
