@@ -192,6 +192,36 @@ def test_bad_multi_agent_configs_are_typed_errors():
         build_algorithm(_config("backend=gymnasium"))  # was recorded and not used
 
 
+def test_independent_modules_take_agents_with_other_observation_shapes():
+    """The first update fed agent b's 5-wide observations of a placeholder row (tagged
+    module 0) to agent a's 3-wide network: 'mat1 and mat2 shapes cannot be multiplied'."""
+    algo = build_algorithm(_config("ma_ppo.policy_mapping=independent", "env_kwargs.wide_b=true",
+                                   env="pettingzoo:ma_envs"))
+    assert {a: s.obs_shape for a, s in algo.spec.agent_specs.items()} == {"a": (3,), "b": (5,)}
+    trainer = Trainer(algo, eval_episodes=2)
+    before = {k: [p.clone() for p in m.parameters()] for k, m in algo.learner.modules.items()}
+    stats = trainer.step()
+    assert {"a/losses/policy", "b/losses/policy"} <= set(stats)
+    for k, m in algo.learner.modules.items():  # both modules trained
+        assert any(not torch.equal(p, q) for p, q in zip(m.parameters(), before[k], strict=True))
+    algo.close()
+
+
+def test_ma_ppo_refuses_action_spaces_and_leagues_it_cannot_train():
+    from rlloop.errors import ConfigError
+
+    with pytest.raises(EnvError, match=r"MultiDiscrete\(\[2 3\]\) is not supported by ma_ppo"):
+        build_algorithm(_config("env_kwargs.multi_discrete=true", env="pettingzoo:ma_envs"))
+    # The league's advice was policy_mapping=independent, which a league ignored.
+    with pytest.raises(ConfigError, match=r"drop ma_ppo\.league_every or "
+                                          r"ma_ppo\.policy_mapping=independent"):
+        _config("ma_ppo.league_every=2", "ma_ppo.policy_mapping=independent")
+    with pytest.raises(ConfigError, match="a self-play league needs agents with the same "
+                                          "spaces"):
+        build_algorithm(_config("ma_ppo.league_every=2", "env_kwargs.wide_b=true",
+                                env="pettingzoo:ma_envs"))
+
+
 def test_state_round_trips_through_a_checkpoint(tmp_path):
     first = build_algorithm(_config("ma_ppo.policy_mapping=independent", "seed=1"))
     Trainer(first).step()

@@ -97,8 +97,10 @@ class MultiAgentPPO:
         if self.config.policy_mapping == "independent" and not self.league:
             return dict(specs), lambda agent, episode: agent
         if len(set(specs.values())) != 1:
+            fix = ("a self-play league needs agents with the same spaces" if self.league
+                   else "use ma_ppo.policy_mapping=independent")
             raise ConfigError(f"{self.spec.env_id}: agents have different spaces, so they "
-                              "cannot share one module; use ma_ppo.policy_mapping=independent")
+                              f"cannot share one module; {fix}")
         if self.league:
             if len(agents) != 2:
                 raise ConfigError(f"a self-play league needs a two-player env; "
@@ -211,10 +213,14 @@ class MultiAgentPPO:
         for agent, rollout in self.rollout.items():
             buf = with_waiting(rollout, self._waiting[agent])
             values, final_values = torch.zeros_like(buf.rewards), torch.zeros_like(buf.rewards)
-            for k in buf.module.unique().tolist():
+            # Values where GAE reads them: decisions, and final observations. (Rows where
+            # the agent did not act may hold another module's tag: a placeholder row
+            # tagged 0, which a module for other observation shapes cannot read.)
+            read = buf.active | buf.truncated
+            for k in buf.module[read].unique().tolist():
                 if table[k] not in learner.modules:  # the random player or a removed snapshot
                     continue
-                module, rows = learner.modules[table[k]], buf.module == k
+                module, rows = learner.modules[table[k]], (buf.module == k) & read
                 values[rows] = module.value(buf.obs[rows])  # type: ignore[operator]
                 cut = rows & buf.truncated
                 if bool(cut.any()):

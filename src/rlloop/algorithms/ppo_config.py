@@ -248,6 +248,10 @@ class MultiAgentPPOConfig(PPOConfig):
             raise ConfigError(f"ma_ppo.league_every must be >= 0, got {self.league_every}")
         if self.league_size < 1:
             raise ConfigError(f"ma_ppo.league_size must be >= 1, got {self.league_size}")
+        if self.league_every and self.policy_mapping == "independent":
+            raise ConfigError("a self-play league maps agents to 'main' and its snapshots, "
+                              "not one module per agent; drop ma_ppo.league_every or "
+                              "ma_ppo.policy_mapping=independent")
         if self.use_sde or self.net is not None or self.cuda_graph:
             raise ConfigError("ma_ppo supports neither gSDE, custom networks nor CUDA "
                               "graphs; drop ma_ppo.use_sde, ma_ppo.net and ma_ppo.cuda_graph")

@@ -167,6 +167,10 @@ def _turn_based(make_aec: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
 def _agent_spec(env_id: str, obs_space: spaces.Space[Any], act_space: spaces.Space[Any]
                 ) -> AgentSpec:
     action = convert_action_space(env_id, act_space)
+    if not isinstance(action, Discrete | Box):
+        raise EnvError(f"{env_id}: action space {act_space} is not supported by ma_ppo "
+                       "(Discrete or Box); PPO takes MultiDiscrete and MultiBinary on "
+                       "single-agent envs")
     if isinstance(obs_space, spaces.Box):
         return AgentSpec(tuple(obs_space.shape), action)
     if isinstance(obs_space, spaces.Discrete):
