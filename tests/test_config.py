@@ -38,6 +38,9 @@ def test_roundtrip_through_dict():
         (["ppo.activation=gelu"], "ppo.activation must be one of"),
         (["ppo.minibatch_size=-1"], "ppo.minibatch_size must be > 0"),
         (["horizons_per_env_reset=0"], "horizons_per_env_reset must be"),
+        # (was a ValueError at the start of training, reported as unexpected, exit 1)
+        (["horizons_per_env_reset=3"], "eval_every=5 must be a multiple of "
+                                       "horizons_per_env_reset=3"),
         (["ppo.hidden=[]"], "ppo.hidden must be a non-empty list"),
         (["noequals"], "--set expects key=value"),
         # Each of these trained (or hung) on before: a negative value weight, a negative

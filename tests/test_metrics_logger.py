@@ -245,3 +245,23 @@ def test_reset() -> None:
     logger.reset()
     assert logger.reduce() == {}
     assert len(logger) == 0
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_a_sum_does_not_depend_on_when_values_were_folded(reduce):
+    """A checkpoint folds pending values; the fold added them as one group
+    (``acc + sum(new)``), so a run's saved sums differed in the last bits with the
+    checkpoint cadence (off-policy learners log the learning rate every step)."""
+    values = [0.1, 0.7, 1e-3, 0.35, 2.2, 0.9, 1e-7] * 40
+
+    def total(fold_every: int) -> dict:
+        m = MetricsLogger()
+        for i, v in enumerate(values):
+            m.log_value("x", v, reduce=reduce, with_throughput=reduce == "sum")
+            if i % fold_every == 0:
+                m.get_state()  # what a checkpoint does
+        return m.get_state()["stats"]["x"]
+
+    once, often, odd = total(10**9), total(1), total(37)
+    assert once["acc"] == often["acc"] == odd["acc"]
+    assert once["since_reduce"] == often["since_reduce"] == odd["since_reduce"]

@@ -225,3 +225,24 @@ def test_cli_trains_evaluates_and_resumes_off_policy(tmp_path, cli_env, algo, en
     latest = load_checkpoint(CheckpointManager(run / "checkpoints").latest())
     assert latest.components["trainer"]["counters"]["env/steps"] == 300
     assert latest.components["trainer"]["counters"]["algorithm/steps"] == 250
+
+
+def test_a_resume_keeps_the_mean_recorders_stats_since_the_last_record(tmp_path):
+    """The mean recorder's sums were not checkpointed: after a cut between two records,
+    the first record of the resumed run averaged only the steps since the resume."""
+    sets = [*QUIET, "num_envs=1", *TINY_DQN, "dqn.learning_starts=10", "dqn.opt_interval=1",
+            "dqn.record_interval=7", "dqn.recorder=mean", "dqn.eval_interval=1000",
+            "eval_episodes=1", "stop_on_solve=false", "save_video=false", "seed=3"]
+
+    def records(run) -> dict[int, dict]:
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: {k: v for k, v in r.items() if k.startswith(("losses/", "q/"))}
+                for r in rows if "losses/q" in r}
+
+    straight = train(build_config("dqn", "CartPole-v1", flags={"total_env_steps": 80},
+                                  sets=sets), tmp_path / "a").run_dir
+    cut = train(build_config("dqn", "CartPole-v1", flags={"total_env_steps": 40}, sets=sets),
+                tmp_path / "b").run_dir  # 30 optimisation steps: 2 past a record
+    resume(cut, total_env_steps=80)
+    a, b = records(straight), records(cut)
+    assert a == b and any(step > 40 for step in a)

@@ -54,7 +54,7 @@ def test_eval_config_rejected_when_envs_reset_once():
 
 
 def test_eval_only_at_reset_boundaries_and_steps_per_eval_multiple():
-    trainer = _trainer(horizons_per_env_reset=2)
+    trainer = _trainer(horizons_per_env_reset=2, eval_every=2)
     trainer.step()
     with pytest.raises(RuntimeError, match="every horizons_per_env_reset=2"):
         trainer.eval()
@@ -62,6 +62,21 @@ def test_eval_only_at_reset_boundaries_and_steps_per_eval_multiple():
     trainer.eval()
     with pytest.raises(ValueError, match="multiple of horizons_per_env_reset=2"):
         trainer.run(steps_per_eval=3)
+
+
+def test_a_run_ending_between_reset_boundaries_keeps_its_last_evaluation(tmp_path):
+    """With horizons_per_env_reset=3 and a budget of 8 iterations, the end-of-run
+    evaluation raised 'eval can only be called every ...': exit 1 and no report."""
+    from rlloop.run import train
+
+    config = build_config("ppo", "CartPole-v1", flags={"total_env_steps": 256}, sets=[
+        "mlflow=false", "progress=false", "save_video=false", "ppo.rollout_steps=8",
+        "num_envs=4", "ppo.minibatch_size=16", "horizons_per_env_reset=3", "eval_every=3",
+        "eval_episodes=2", "stop_on_solve=false"])
+    result = train(config, tmp_path / "run")
+    assert result.env_steps == 256  # 8 iterations: evaluated after 3 and 6, not after 8
+    assert result.last_stats["eval/episodes"] == 2
+    assert (result.run_dir / "report.md").is_file()
 
 
 class _EvalSteps:

@@ -288,7 +288,8 @@ def _train_run(args: argparse.Namespace) -> int:
         "best eval return": "n/a" if best is None else format_number(best),
         "stopped by": result.stopped_by,
         "run directory": str(result.run_dir),
-        "best policy": str(result.run_dir / "best"),
+        "best policy": str(result.run_dir / "best") if (result.run_dir / "best").is_dir()
+        else "none (no evaluation ran)",
         "metrics": str(result.run_dir / "metrics.jsonl"),
     }
     if result.mlflow_ui:  # absent with mlflow=false or when the store was never reached

@@ -201,6 +201,12 @@ class RunConfig:
         if self.horizons_per_env_reset == 0:
             raise ConfigError("horizons_per_env_reset must be > 0 (reset every k iterations) "
                               "or < 0 (reset once), not 0")
+        k = self.horizons_per_env_reset
+        if (k > 0 and self.eval_every > 0 and self.eval_every % k
+                and ALGORITHMS[self.algo].kind != "off_policy"):
+            raise ConfigError(f"eval_every={self.eval_every} must be a multiple of "
+                              f"horizons_per_env_reset={k} (evaluations fall on env-reset "
+                              f"boundaries): set eval_every to a multiple of {k}, or 0")
         if self.hparams is None:
             self.hparams = ALGORITHMS[self.algo].config_cls()
         if self.compile is not None:

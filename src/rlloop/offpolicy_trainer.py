@@ -215,11 +215,21 @@ class BorderSchedule:
                              self._paused)
 
     def get_state(self) -> dict[str, Any]:
-        return {"pending_opts": self.pending_opts}
+        state: dict[str, Any] = {"pending_opts": self.pending_opts}
+        get = getattr(self.recorder, "get_state", None)
+        if get is not None:  # the stats it holds since the last record
+            state["recorder"] = {"kind": type(self.recorder).__name__, "state": get()}
+        return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """``state`` is the trainer's (its counters restored already)."""
         self.pending_opts = int(state.get("pending_opts", 0))
+        saved = state.get("recorder")
+        restore = getattr(self.recorder, "set_state", None)
+        # (a resume may pick another recorder: its records start afresh)
+        if saved is not None and restore is not None and (
+                saved["kind"] == type(self.recorder).__name__):
+            restore(saved["state"])
         counters = state["counters"]
         self._mark_time = _clock()
         self._mark_counts = (int(counters["env/steps"]), int(counters["algorithm/steps"]),

@@ -161,7 +161,7 @@ class Trainer:
         collects = self.state.get("algorithm/collects", 0)  # a task counts epochs
         if env_config and k < 0 and collects:
             raise ValueError(_EVAL_CONFIG_ONCE)
-        if k > 0 and collects % k:
+        if not self.eval_allowed():
             raise RuntimeError(
                 f"eval can only be called every horizons_per_env_reset={k} collects (now at "
                 f"{collects}); call it at a multiple of {k}")
@@ -170,6 +170,12 @@ class Trainer:
                 self.eval_episodes, env_config, deterministic))
         self.log(stats)
         return stats
+
+    def eval_allowed(self) -> bool:
+        """Whether :meth:`eval` may run now: with ``horizons_per_env_reset=k > 0``, only
+        every k collects (rl8's rule)."""
+        k = self.algorithm.horizons_per_env_reset
+        return not (k > 0 and self.state.get("algorithm/collects", 0) % k)
 
     def eval_with(self, evaluate: Callable[[], Mapping[str, float]]) -> Stats:
         """Run ``evaluate``; its results as ``eval/...`` stats with ``time/eval_s``, kept

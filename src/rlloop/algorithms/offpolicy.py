@@ -79,7 +79,11 @@ class Evaluator(Protocol):
 
 
 class Recorder(Protocol):
-    """Border's Recorder: collects optimisation stats, hands them over at a record."""
+    """Border's Recorder: collects optimisation stats, hands them over at a record.
+
+    One that holds stats across records' boundaries may also define ``get_state()`` and
+    ``set_state(state)``: checkpoints then keep what it holds, so the first record after a
+    resume is the one a run trained straight through writes."""
 
     def add(self, stats: Mapping[str, Tensor | float]) -> None: ...
     def pop(self) -> Stats: ...
@@ -207,6 +211,17 @@ class MeanRecorder:
                if (n := int(self._counts[k])) > 0}
         self._sums, self._counts = {}, {}
         return out
+
+    def get_state(self) -> dict[str, Any]:
+        """The sums and counts since the last record (exact: a float32 sum is a float)."""
+        keys = list(self._sums)
+        return {"keys": keys, "sums": [float(self._sums[k]) for k in keys],
+                "counts": [int(self._counts[k]) for k in keys]}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        keys = list(state["keys"])
+        self._sums = dict(zip(keys, (float(v) for v in state["sums"]), strict=True))
+        self._counts = dict(zip(keys, (int(n) for n in state["counts"]), strict=True))
 
 
 def _frame_replay(spec: ExperienceSpec, cfg: OffPolicyConfig) -> Replay:

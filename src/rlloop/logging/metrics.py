@@ -47,6 +47,13 @@ _PENDING_LIMIT: Final = 1024
 _MISSING: Final[Any] = object()
 
 
+def _added(total: float, values: list[float]) -> float:
+    """``total + values[0] + values[1] + ...``, in that order."""
+    for x in values:
+        total += x
+    return total
+
+
 def _to_floats(values: list[Value]) -> list[float]:
     """Convert numbers and 0-d tensors to floats, with one device sync for all tensors."""
     out: list[float] = []
@@ -117,8 +124,10 @@ class _Stat:
             return
         new = _to_floats(self.pending)
         self.pending = []
+        # Sums add value by value onto what was folded before, so a sum never depends on
+        # when folds happened (a checkpoint folds): `acc + sum(new)` rounds by the groups.
         if self.with_throughput:
-            self.since_reduce += sum(new)
+            self.since_reduce = _added(self.since_reduce, new)
         if self.window_values is not None:
             self.window_values.extend(new)  # the deque's maxlen drops the oldest
         elif self.ema_coeff is not None:
@@ -127,7 +136,7 @@ class _Stat:
                 ema = x if ema is None else ema + c * (x - ema)
             self.acc = ema
         elif self.reduce in ("sum", "mean"):
-            self.acc = (self.acc or 0.0) + sum(new)
+            self.acc = _added(self.acc or 0.0, new)
             self.count += len(new)
         else:
             op = min if self.reduce == "min" else max
