@@ -225,3 +225,22 @@ def test_sigterm_after_training_interrupts_like_ctrl_c():
     with pytest.raises(KeyboardInterrupt), terminate_as_interrupt():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
+
+
+def test_sigusr1_outside_the_training_loop_does_not_kill_the_run(tmp_path, cli_env):
+    """SIGUSR1's default action killed the process outside the loop (start-up, the
+    end-of-run report): no report.md, exit -10. The loop's handler saves; outside it the
+    signal is ignored."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        rlloop_cmd("train", "ppo", "--env", "CartPole-v1", "--run-dir", str(run), "--quiet",
+                   "--total-env-steps", "2048", "--set", "stop_on_solve=false",
+                   "--set", "mlflow=false", "--set", "save_video=false"),
+        env=cli_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (run / "checkpoints" / "000002048").is_dir(), proc, "the final checkpoint")
+    while proc.poll() is None:  # through the report, to the exit
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (run / "report.md").is_file() and (run / "summary.json").is_file()

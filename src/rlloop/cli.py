@@ -14,6 +14,7 @@ import argparse
 import atexit
 import json
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -298,6 +299,15 @@ def _train_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ignore_save_requests() -> None:
+    """SIGUSR1 (save a checkpoint) is the training loop's: before it starts there is
+    nothing to save and after it ends the final checkpoint is written, but the signal's
+    default action would kill the process there (a scheduler's checkpoint request during
+    start-up or the report). The loop installs its own handler for its duration."""
+    if hasattr(signal, "SIGUSR1"):
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 def _process_start() -> float:
     """When this process started (``time.time()`` scale). On Linux from its start in
     clock ticks since boot and the uptime (to ~10 ms): psutil's ``create_time`` adds
@@ -477,6 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         args = _parser().parse_args(argv)
+        if args.command in ("train", "tune") and argv is None:
+            _ignore_save_requests()
         if args.command in ("train", "eval"):
             code = _train(args) if args.command == "train" else _eval(args)
             if argv is None:  # this process is the command: its work is done and saved
