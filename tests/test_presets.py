@@ -220,3 +220,20 @@ def test_zoo_benchmark_trains_seeds_in_parallel_processes(tmp_path, cli_env):
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert sorted(r["seed"] for r in rows) == [0, 1]  # one line each, written by the parent
     assert "| CartPole-v1 | ppo | 2,000 |" in done.stdout and "2 seeds" in done.stdout
+
+
+def test_the_listing_shows_each_presets_budget_and_sane_evaluation_cadences():
+    """Presets without an rl-zoo score listed their budget as '-'; Humanoid PPO evaluated
+    1,028 times over its 10M steps (5 x 1,000-step episodes each: half the run), and
+    MountainCarContinuous PPO 500 times over 20k steps."""
+    from rlloop.presets import listing
+
+    budgets = {(row.env, row.algo): row.budget for row in listing()}
+    assert all(budgets.values())
+    assert budgets[("Humanoid-v5", "ppo")] == 10_000_000
+    for algo, env in (("ppo", "Humanoid-v5"), ("ppo", "MountainCarContinuous-v0"),
+                      ("ppo", "HalfCheetah-v5"), ("ppo", "CartPole-v1")):
+        config = build_config(algo, env)
+        hp = config.hparams
+        evals = config.total_env_steps / (config.eval_every * hp.rollout_steps * config.num_envs)
+        assert 10 <= evals <= 120, (algo, env, evals)

@@ -51,6 +51,9 @@ def test_report_lists_changed_settings_with_defaults_and_rounds_numbers(runs):
     assert "| ppo.normalize_obs | False | True |" in section
     assert "| total_env_steps | 200000 | 1024 |" in section
     assert "ppo.gamma" not in section and "clip_coef" not in section  # left at defaults
+    # The defaults column holds the preset's values: the report says so.
+    assert "## Settings that differ from the defaults (the ppo preset for CartPole-v1 " \
+           "included)" in report and "| setting | preset / default | this run |" in section
     wall = re.search(r"\| wall_time_s \| ([0-9.e+-]+) \|", report)
     assert wall is not None and len(wall.group(1).replace(".", "").lstrip("0")) <= 4
     phases = report.split("## Env steps per second, by phase")[1]

@@ -171,7 +171,7 @@ def _presets(args: argparse.Namespace) -> int:
         return 0
     rows = listing(args.algo, args.env)
     width = max(len(row.env) for row in rows)
-    print(f"{'env':{width}s}  {'algo':6s} {'budget':>10s}  rl-zoo score (at its budget)")
+    print(f"{'env':{width}s}  {'algo':6s} {'budget':>10s}  rl-zoo score (at that budget)")
     for row in rows:
         budget = f"{row.budget:,}" if row.budget else "-"
         zoo = ("-" if row.zoo_score is None else f"{row.zoo_score:g}" if row.zoo_std is None

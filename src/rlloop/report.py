@@ -251,6 +251,20 @@ def changed_settings(config: RunConfig) -> dict[str, tuple[Any, Any]]:
     return {k: (defaults.get(k), v) for k, v in ours.items() if defaults.get(k) != v}
 
 
+def _preset_words(config: RunConfig) -> tuple[str, str]:
+    """The heading's note and the defaults column's name: a run with a preset compares
+    with the preset's values, not rlloop's bare defaults."""
+    from rlloop.presets import preset
+
+    try:
+        has_preset = bool(preset(config.algo, config.env))
+    except Exception:  # an env or algorithm the presets cannot read: no preset
+        has_preset = False
+    if not has_preset:
+        return "", "default"
+    return f" (the {config.algo} preset for {config.env} included)", "preset / default"
+
+
 # ---- the report ----------------------------------------------------------------------------
 def _table(rows: Iterable[Sequence[Any]], header: Sequence[str]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -258,7 +272,8 @@ def _table(rows: Iterable[Sequence[Any]], header: Sequence[str]) -> list[str]:
 
 
 def _html(title: str, summary: dict[str, Any], changed: dict[str, tuple[Any, Any]],
-          rates: dict[str, float], times: dict[str, float], figures: Iterable[str]) -> str:
+          rates: dict[str, float], times: dict[str, float], figures: Iterable[str],
+          preset_note: str = "") -> str:
     def table(rows: Iterable[Sequence[Any]]) -> str:
         body = "".join("<tr>" + "".join(f"<td>{html.escape(str(round_number(c)))}</td>"
                                         for c in row) + "</tr>" for row in rows)
@@ -266,7 +281,7 @@ def _html(title: str, summary: dict[str, Any], changed: dict[str, tuple[Any, Any
 
     parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<h1>{html.escape(title)}</h1>", table(summary.items()),
-             "<h2>Settings that differ from the defaults</h2>",
+             f"<h2>Settings that differ from the defaults{html.escape(preset_note)}</h2>",
              table((k, d, v) for k, (d, v) in changed.items()) if changed
              else f"<p>{_NO_CHANGES}</p>",
              "<h2>Env steps per second, by phase</h2>", table(rates.items()),
@@ -362,10 +377,11 @@ def write_report(run_dir: Path, result: RunResult, config: RunConfig,
     changed = changed_settings(config)
     rates = phase_rates(rows)
     title = f"{config.algo} on {config.env}"
+    preset_note, default = _preset_words(config)
     lines = [f"# {title}", "", *_table(summary.items(), ("", "")), "",
-             "## Settings that differ from the defaults", ""]
+             f"## Settings that differ from the defaults{preset_note}", ""]
     lines += (_table(((k, d, v) for k, (d, v) in changed.items()),
-                     ("setting", "default", "this run")) if changed else [_NO_CHANGES])
+                     ("setting", default, "this run")) if changed else [_NO_CHANGES])
     lines += ["", "## Env steps per second, by phase", ""]
     lines += _table(rates.items(), ("phase", "env steps/s"))
     times = run_phase_times(rows) if phases_logged else {}
@@ -373,4 +389,5 @@ def write_report(run_dir: Path, result: RunResult, config: RunConfig,
     lines += _table(times.items(), ("phase", "seconds")) if times else [_NO_PHASES]
     lines += ["", *(f"![{name[:-4].replace('_', ' ')}]({name})\n" for name in figures)]
     write_file(run_dir / "report.md", "\n".join(lines))
-    write_file(run_dir / "report.html", _html(title, summary, changed, rates, times, figures))
+    write_file(run_dir / "report.html", _html(title, summary, changed, rates, times, figures,
+                                                  preset_note))

@@ -100,7 +100,9 @@ def listing(algo: str | None = None, env_id: str | None = None) -> list[Listed]:
             if algo not in (None, name) or env_id not in (None, found.env):
                 continue
             bench = found.benchmark.get(name, {})
-            rows.append(Listed(found.env, name, bench.get("budget"), bench.get("zoo_score"),
+            # rl-zoo's budget of its score, else the preset's own (no score to reach)
+            budget = bench.get("budget") or found.algorithms[name].get("total_env_steps")
+            rows.append(Listed(found.env, name, budget, bench.get("zoo_score"),
                                bench.get("zoo_std")))
     if not rows:
         what = " and ".join(x for x in (algo and f"algorithm {algo!r}",
