@@ -85,6 +85,13 @@ def test_sac_gsde_log_std_is_bounded_and_a_budget_below_learning_starts_is_named
         "to use the cluster, or drop ray.address"]
     assert run_warnings(build_config("ppo", "CartPole-v1", sets=[
         "ray.address=garbage", "num_env_runners=2"])) == []
+    # A preset's iteration much larger than the budget asked for (was silent).
+    assert run_warnings(build_config("ppo", "LunarLander-v3", sets=[
+        "total_env_steps=2048"])) == [
+        "total_env_steps=2,048 rounds up to whole iterations of num_envs x "
+        "ppo.rollout_steps = 16,384 env steps: this run trains 16,384; lower num_envs or "
+        "ppo.rollout_steps for a shorter run"]
+    assert run_warnings(build_config("ppo", "LunarLander-v3")) == []
 
 
 def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path):

@@ -67,7 +67,23 @@ def idle_ray_address(config: Any) -> str | None:
             "num_env_runners to use the cluster, or drop ray.address")
 
 
+def rounded_budget(config: Any) -> str | None:
+    """A line when PPO's budget, rounded up to whole iterations, is well above the one
+    asked for (a smoke run of a preset with 16 envs x 1,024 steps trains 16,384 steps)."""
+    steps = getattr(config.hparams, "rollout_steps", None)
+    if steps is None or config.num_env_runners > 0:
+        return None
+    iteration = config.num_envs * steps
+    trained = -(-config.total_env_steps // iteration) * iteration
+    if trained < 1.5 * config.total_env_steps:
+        return None
+    section = config.hparams.section
+    return (f"total_env_steps={config.total_env_steps:,} rounds up to whole iterations of "
+            f"num_envs x {section}.rollout_steps = {iteration:,} env steps: this run trains "
+            f"{trained:,}; lower num_envs or {section}.rollout_steps for a shorter run")
+
+
 def run_warnings(config: Any) -> list[str]:
     """The run-level lines of a config that trains, but not as its settings suggest."""
-    return [line for line in (untrained_budget(config), idle_ray_address(config))
-            if line is not None]
+    return [line for line in (untrained_budget(config), idle_ray_address(config),
+                              rounded_budget(config)) if line is not None]
