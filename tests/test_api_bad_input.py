@@ -128,8 +128,9 @@ def test_the_run_stays_the_models_after_a_chdir(tmp_path, monkeypatch):
     assert model.learn(32).env_steps == 64  # the same run, continued
     model.close()
     default = PPO("CartPole-v1", seed=0, **SMALL)
-    default.learn(32)
+    result = default.learn(32)
     assert default.run_dir is not None and default.run_dir.is_absolute()
+    assert result.run_dir == default.run_dir  # the result's path is absolute too
     default.close()
 
 

@@ -214,6 +214,9 @@ def test_host_arrays_keep_their_dtype_in_the_one_transfer_off_the_cpu():
         (torch.from_numpy(a).dtype, torch.Size(a.shape)) for a in arrays]
     for a, t in zip(arrays, packed_to_device(arrays, torch.device("cpu")), strict=True):
         assert t.dtype == torch.from_numpy(a).dtype and np.array_equal(t.numpy(), a)
+    empty = [np.zeros(0, np.uint8), np.zeros((0, 3), np.float32)]  # nothing to send at all
+    assert [(t.dtype, t.shape) for t in packed_to_device(empty, torch.device("cpu"))] == [
+        (torch.uint8, torch.Size([0])), (torch.float32, torch.Size([0, 3]))]
 
 
 def test_pixel_observations_stay_uint8_on_any_device():

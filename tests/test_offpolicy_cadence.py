@@ -246,3 +246,18 @@ def test_a_resume_keeps_the_mean_recorders_stats_since_the_last_record(tmp_path)
     resume(cut, total_env_steps=80)
     a, b = records(straight), records(cut)
     assert a == b and any(step > 40 for step in a)
+
+
+def test_the_mean_recorders_state_keeps_integer_sums_exact():
+    from rlloop.algorithms.offpolicy import MeanRecorder
+
+    straight, cut = MeanRecorder(), MeanRecorder()
+    big = torch.tensor(2**24 + 1)  # an int64 stat: a float32 sum would round it
+    for recorder in (straight, cut):
+        recorder.add({"n": big, "x": torch.tensor(0.1)})
+    again = MeanRecorder()
+    again.set_state(cut.get_state())
+    for recorder in (straight, again):
+        recorder.add({"n": big, "x": torch.tensor(0.7)})
+    assert again.pop() == straight.pop() == {"n": float(2**24 + 1),
+                                             "x": float(torch.tensor(0.1) + 0.7) / 2}

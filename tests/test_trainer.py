@@ -1,5 +1,6 @@
 """Trainer semantics (rl8's): counters, eval rules, stop conditions, env resets."""
 
+import dataclasses
 import math
 
 import pytest
@@ -76,6 +77,11 @@ def test_a_run_ending_between_reset_boundaries_keeps_its_last_evaluation(tmp_pat
     result = train(config, tmp_path / "run")
     assert result.env_steps == 256  # 8 iterations: evaluated after 3 and 6, not after 8
     assert result.last_stats["eval/episodes"] == 2
+    assert (result.run_dir / "report.md").is_file()
+    # No evaluation before the budget ends (eval_every=0): none at all, and a report.
+    config = dataclasses.replace(config, eval_every=0, total_env_steps=64)
+    result = train(config, tmp_path / "none")
+    assert "eval/return_mean" not in result.last_stats and result.best_eval_return is None
     assert (result.run_dir / "report.md").is_file()
 
 

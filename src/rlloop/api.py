@@ -161,7 +161,7 @@ class Model:
             with (claimed_default_run_dir(config) if self.run_dir is None
                   else contextlib.nullcontext(self.run_dir)) as run_dir:
                 try:
-                    result = train(config, run_dir, callbacks=callbacks)
+                    result = train(config, run_dir.absolute(), callbacks=callbacks)
                 finally:  # a callback's exception leaves a run to continue, or none
                     if _latest(run_dir) is not None:
                         self.run_dir = run_dir.absolute()

@@ -290,7 +290,7 @@ def _train_run(args: argparse.Namespace) -> int:
         "stopped by": result.stopped_by,
         "run directory": str(result.run_dir),
         "best policy": str(result.run_dir / "best") if (result.run_dir / "best").is_dir()
-        else "none (no evaluation ran)",
+        else "none (no evaluation saved one)",
         "metrics": str(result.run_dir / "metrics.jsonl"),
     }
     if result.mlflow_ui:  # absent with mlflow=false or when the store was never reached

@@ -478,9 +478,10 @@ class Session:
                     stats = {**stats, **trainer.latest_eval}
                 if "eval/return_mean" not in stats and not trainer.eval_allowed():
                     # horizons_per_env_reset=k: a budget that ends between two k-collect
-                    # boundaries, where no evaluation may run, leaves the last one standing.
+                    # boundaries, where no evaluation may run, leaves the last one standing
+                    # (or none).
                     stats = {**stats, **trainer.latest_eval}
-                if "eval/return_mean" not in stats:
+                elif "eval/return_mean" not in stats:
                     # The final checkpoint holds the state as training left it: this extra
                     # evaluation advances eval seeds (and any global RNG the env draws
                     # from), which a run trained straight through never does.

@@ -213,15 +213,23 @@ class MeanRecorder:
         return out
 
     def get_state(self) -> dict[str, Any]:
-        """The sums and counts since the last record (exact: a float32 sum is a float)."""
+        """The sums and counts since the last record, as Python numbers: a float32 sum is
+        a float exactly, an integer sum an int."""
         keys = list(self._sums)
-        return {"keys": keys, "sums": [float(self._sums[k]) for k in keys],
+        return {"keys": keys, "sums": [_number(self._sums[k]) for k in keys],
                 "counts": [int(self._counts[k]) for k in keys]}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         keys = list(state["keys"])
-        self._sums = dict(zip(keys, (float(v) for v in state["sums"]), strict=True))
+        self._sums = dict(zip(keys, state["sums"], strict=True))
         self._counts = dict(zip(keys, (int(n) for n in state["counts"]), strict=True))
+
+
+def _number(value: Tensor | float) -> float | int:
+    """``value`` as a Python int (integer tensors and ints) or float."""
+    if isinstance(value, Tensor):
+        return value.item() if value.is_floating_point() else int(value)
+    return value
 
 
 def _frame_replay(spec: ExperienceSpec, cfg: OffPolicyConfig) -> Replay:
