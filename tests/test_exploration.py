@@ -176,7 +176,7 @@ def test_sde_noise_has_that_variance_and_a_matrix_per_row():
     sde = _sde()
     phi = torch.randn(1, 5)
     gen = torch.Generator().manual_seed(1)
-    eps = sde.sample_eps((20000,), gen, phi)
+    eps = sde.sample_eps((20000,), gen)
     with torch.no_grad():
         noise = sde.noise(phi.expand(20000, 5), eps)
         expected = sde.log_std_of(phi).exp().square()[0]

@@ -159,12 +159,13 @@ class Model:
         else:
             config = dataclasses.replace(self.config, total_env_steps=total_env_steps)
             with (claimed_default_run_dir(config) if self.run_dir is None
-                  else contextlib.nullcontext(self.run_dir)) as run_dir:
+                  else contextlib.nullcontext(self.run_dir)) as claimed:
+                run_dir = claimed.absolute()
                 try:
-                    result = train(config, run_dir.absolute(), callbacks=callbacks)
+                    result = train(config, run_dir, callbacks=callbacks)
                 finally:  # a callback's exception leaves a run to continue, or none
                     if _latest(run_dir) is not None:
-                        self.run_dir = run_dir.absolute()
+                        self.run_dir = run_dir
         assert self.run_dir is not None
         self.config = load_run_config(self.run_dir, allow_import=self.allow_import,
                                       **self._overrides)

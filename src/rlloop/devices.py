@@ -119,10 +119,8 @@ def packed_to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list
     for a in contiguous:
         starts.append(size)
         size += -(-a.nbytes // _ALIGN) * _ALIGN
-    if not size:  # nothing to send (a zero-byte buffer cannot be viewed as another dtype)
-        return [torch.empty(np.shape(raw), dtype=_torch_dtype(a.dtype), device=device)
-                for raw, a in zip(arrays, contiguous, strict=True)]
-    packed = np.zeros(size, np.uint8)
+    # (at least one aligned segment: a zero-byte buffer cannot be viewed as another dtype)
+    packed = np.zeros(max(size, _ALIGN), np.uint8)
     for a, start in zip(contiguous, starts, strict=True):
         packed[start:start + a.nbytes] = a.reshape(-1).view(np.uint8)
     moved = to_device(torch.from_numpy(packed), device)

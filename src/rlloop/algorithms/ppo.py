@@ -250,7 +250,7 @@ class PPO(AlgorithmBase):
             freq = self.config.sde_sample_freq
             if self._sde_eps is None or self._sde_age == 0 or (
                     freq > 0 and self._sde_age % freq == 0):
-                self._sde_eps = sde.sample_eps((len(obs),), self.generator, obs)
+                self._sde_eps = sde.sample_eps((len(obs),), self.generator)
             self._sde_age += 1
         eps = self._sde_eps if sde is not None else None
         if self._rollout_values is None:

@@ -114,7 +114,7 @@ class SACLearner(OffPolicyLearnerBase):
         """The policy's standard normal draws ``[B, d]`` at ``next_obs`` and at ``obs``;
         with gSDE one noise matrix ``[latent, d]`` serves both (as in SB3)."""
         if isinstance(m.actor, TanhGSDEActor):
-            eps = m.actor.sde.sample_eps((), self.generator, batch.reward)
+            eps = m.actor.sde.sample_eps((), self.generator)
             return eps, eps
         shape = (len(batch), m.actor.act_dim)
         return (standard_normal(shape, batch.reward, self.generator),
@@ -204,7 +204,7 @@ class SAC(OffPolicyAlgorithmBase):
             return actor.sample(obs, self.generator).view(-1, *self.space.shape)
         freq = self.config.sde_sample_freq
         if self._sde_age == 0 or (freq > 0 and self._sde_age % freq == 0):
-            self._sde_eps = actor.sde.sample_eps((len(obs),), self.generator, obs)
+            self._sde_eps = actor.sde.sample_eps((len(obs),), self.generator)
         self._sde_age += 1
         return actor.sample(obs, noise=self._sde_eps).view(-1, *self.space.shape)
 

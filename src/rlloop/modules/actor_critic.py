@@ -150,7 +150,7 @@ class ActorCritic(nn.Module):
         if deterministic:
             actions = mean
         else:
-            eps = self.sde.sample_eps((), generator, mean) if sde_eps is None else sde_eps
+            eps = self.sde.sample_eps((), generator) if sde_eps is None else sde_eps
             actions = mean + self.sde.noise(latent, eps)
         return self._finish(actions, d)
 

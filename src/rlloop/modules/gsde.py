@@ -67,15 +67,15 @@ class StateDependentNoise(nn.Module):
             std = log_std.exp()
         return std.expand(self.latent_dim, self.act_dim)
 
-    def sample_eps(self, batch: Sequence[int], generator: torch.Generator | None,
-                   like: Tensor) -> Tensor:
+    def sample_eps(self, batch: Sequence[int], generator: torch.Generator | None) -> Tensor:
         """Standard normal ``eps [*batch, latent, act]`` from ``generator`` (on its
-        device) in ``log_std``'s dtype (``like`` may hold uint8 frames), moved to
-        ``like``'s device; ``batch=()`` gives one matrix."""
-        device = generator.device if generator is not None else like.device
+        device), in ``log_std``'s dtype and on its device; ``batch=()`` gives one
+        matrix."""
+        home = self.log_std
+        device = generator.device if generator is not None else home.device
         eps = torch.randn((*batch, self.latent_dim, self.act_dim), generator=generator,
-                          device=device, dtype=self.log_std.dtype)
-        return eps.to(like.device)
+                          device=device, dtype=home.dtype)
+        return eps.to(home.device)
 
     def _phi(self, latent: Tensor) -> Tensor:
         return latent if self.learn_features else latent.detach()
@@ -141,7 +141,7 @@ class TanhGSDEActor(nn.Module):
 
     def _pre_tanh(self, phi: Tensor, mean: Tensor, generator: torch.Generator | None,
                   noise: Tensor | None) -> Tensor:
-        eps = self.sde.sample_eps((), generator, mean) if noise is None else noise
+        eps = self.sde.sample_eps((), generator) if noise is None else noise
         return mean + self.sde.noise(phi, eps)
 
     def mode(self, obs: Tensor) -> Tensor:
