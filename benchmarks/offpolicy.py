@@ -40,7 +40,8 @@ clock runs only during its own training. Reported per run:
 - ``upd/s``: gradient updates per second over the same time; ``opt/s``: rlloop's border
   optimisation steps per second (one optimisation step = ``gradient_steps`` updates);
 - ``return``: mean return of the trained policy on 20 deterministic Gymnasium episodes
-  (the same eval code and seeds for every run);
+  (the same eval code and seeds for every run; ``--eval-episodes`` takes fewer, only to
+  smoke-test the script);
 - ``late``: the mean of that evaluation at 80%, 90% and 100% of the budget (same env
   step for every run; at the 80% and 90% marks SB3 is evaluated before the updates of
   the rollout that reaches the mark, which rlloop has made: one rollout's updates apart,
@@ -161,8 +162,10 @@ def count_flops(fn: Callable[[], Any]) -> float:
 
 
 def evaluate_gym(env_id: str, act: Callable[[np.ndarray], Any],
-                 episodes: int = EVAL_EPISODES) -> float:
-    """Mean return of ``act`` on ``episodes`` Gymnasium episodes seeded from ``EVAL_SEED``."""
+                 episodes: int | None = None) -> float:
+    """Mean return of ``act`` on ``episodes`` (default ``EVAL_EPISODES``) Gymnasium
+    episodes seeded from ``EVAL_SEED``."""
+    episodes = EVAL_EPISODES if episodes is None else episodes
     env = gym.make(env_id)
     returns = []
     for episode in range(episodes):
@@ -354,18 +357,19 @@ PATHS: dict[str, Callable[[str], list[str]]] = {
 
 def train_seed(algo: str, steps: int, seed: int, paths: Sequence[str] = tuple(PATHS),
                clock_name: str = "wall", threads: int = 1,
-               sb3_flush: bool = True) -> list[Result]:
+               sb3_flush: bool = True, eval_episodes: int = EVAL_EPISODES) -> list[Result]:
     """Every contender of ``algo`` on one seed with ``threads`` torch threads (a worker's
     entry point); rlloop's runs on the gradient ``paths`` only, timed by ``clock_name``;
-    SB3 flushing subnormal floats as rlloop does (``sb3_flush``) or at its own default."""
-    global clock, SB3_FLUSH
-    clock, SB3_FLUSH = CLOCKS[clock_name], sb3_flush
+    SB3 flushing subnormal floats as rlloop does (``sb3_flush``) or at its own default;
+    returns over ``eval_episodes`` episodes."""
+    global clock, SB3_FLUSH, EVAL_EPISODES
+    clock, SB3_FLUSH, EVAL_EPISODES = CLOCKS[clock_name], sb3_flush, eval_episodes
     torch.set_num_threads(threads)
     env_id, chunk, runs = TASKS[algo]
     return train_all(algo, env_id, steps, seed, chunk, [r for r in runs if r[2] in paths])
 
 
-def train_seeds(jobs: Sequence[tuple[str, int, int, Sequence[str], str, int, bool]],
+def train_seeds(jobs: Sequence[tuple[str, int, int, Sequence[str], str, int, bool, int]],
                 workers: int) -> list[Result]:
     """``train_seed`` for each ``(algo, steps, seed)``, ``workers`` processes at a time
     (in this process when 1); results in job order."""
@@ -406,9 +410,14 @@ def main() -> None:
                         help="SB3 trains flushing subnormal floats to zero, as rlloop's "
                              "trainer does by default (on, the like-for-like default), or "
                              "at torch's default (off: each library's own defaults)")
+    parser.add_argument("--eval-episodes", type=int, default=EVAL_EPISODES,
+                        help=f"Gymnasium episodes per return evaluation (default "
+                             f"{EVAL_EPISODES}; fewer only for a smoke test: the returns "
+                             f"then compare nothing)")
     args = parser.parse_args()
-    if args.jobs < 1 or args.threads < 1:
-        parser.error(f"--jobs and --threads must be >= 1, got {args.jobs}, {args.threads}")
+    if args.jobs < 1 or args.threads < 1 or args.eval_episodes < 1:
+        parser.error(f"--jobs, --threads and --eval-episodes must be >= 1, got {args.jobs}, "
+                     f"{args.threads}, {args.eval_episodes}")
     torch.set_num_threads(args.threads)
     steps = {"dqn": args.dqn_steps or (6_000 if args.quick else 40_000),
              "sac": args.sac_steps or (600 if args.quick else 5_000)}
@@ -416,7 +425,8 @@ def main() -> None:
     print(f"clock: {args.clock}, torch threads: {args.threads}")
     print(f"SB3 flushes subnormal floats: {args.sb3_flush == 'on'} (rlloop does by default)")
     jobs = [(algo, steps[algo], seed, tuple(args.paths), args.clock, args.threads,
-             args.sb3_flush == "on") for seed in args.seeds for algo in args.tasks]
+             args.sb3_flush == "on", args.eval_episodes)
+            for seed in args.seeds for algo in args.tasks]
     results = train_seeds(jobs, args.jobs)
     report(results, peak)
     if len(args.seeds) > 1:

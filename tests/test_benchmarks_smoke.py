@@ -85,7 +85,7 @@ def test_offpolicy_benchmark_runs_sac_on_the_threads_asked(
     pytest.importorskip("stable_baselines3")
     run_benchmark(monkeypatch, GPU_BENCHMARK.with_name("offpolicy.py"), "--tasks", "sac",
                   "--sac-steps", "300", "--paths", "autograd", "--threads", "2",
-                  "--clock", "cpu")
+                  "--clock", "cpu", "--eval-episodes", "2")
     out = capsys.readouterr().out
     assert "torch threads: 2" in out and "matmul peak (2 thread(s), fp32)" in out, out
     assert re.search(r"sac Pendulum-v1 seed 0: rlloop 1 env / SB3 env steps/s [\d.]+x", out), out
