@@ -191,7 +191,59 @@ def test_cli_callback_flag(tmp_path, cli_env):
     assert out.returncode == 0, out.stderr
     assert "callback Stop" in out.stdout
     bad = _run(rlloop_cmd("train", "ppo", "--callback", "nosuchmodule:Stop"), cli_env, tmp_path)
-    assert bad.returncode == 2 and "cannot import 'nosuchmodule'" in bad.stderr
+    assert bad.returncode == 2 and "no module named 'nosuchmodule'" in bad.stderr
+
+
+def test_a_callback_raising_in_training_is_named_by_the_cli(tmp_path, cli_env):
+    """It read "(unexpected; ...)": as if rlloop had failed, naming no callback."""
+    (tmp_path / "boom.py").write_text(
+        "from rlloop import Callback\n"
+        "class Boom(Callback):\n"
+        "    def on_step(self, stats):\n"
+        "        raise ValueError('my bug')\n")
+    out = _run(rlloop_cmd("train", "ppo", "--run-dir", "run", "--total-env-steps", "4096",
+                          "--quiet", "--set", "mlflow=false", "--set", "save_video=false",
+                          "--callback", "boom:Boom"), cli_env, tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert "ValueError: my bug (in callback Boom.on_step;" in out.stderr, out.stderr
+    assert "unexpected" not in out.stderr
+    assert CheckpointManager(tmp_path / "run" / "checkpoints").latest() is not None
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("def broken(:\n", r"importing 'cbbad' raised SyntaxError: .*; fix the module"),
+    ("raise RuntimeError('explodes')\n",
+     r"importing 'cbbad' raised RuntimeError: explodes; fix the module"),
+    ("import no_such_dependency_xyz\n",
+     r"importing 'cbbad' failed \(No module named 'no_such_dependency_xyz'\); install what "
+     r"it needs"),
+    ("from rlloop import Callback\nclass C(Callback):\n    def __init__(self):\n"
+     "        raise ValueError('bad init')\n", r"C\(\) raised ValueError: bad init; fix the class"),
+])
+def test_a_callback_module_that_fails_is_one_config_error(tmp_path, monkeypatch, source,
+                                                           message):
+    """A module with a SyntaxError, raising at import or in its class's constructor was a
+    raw error (exit 1, "unexpected"); one whose own import fails was told to put the
+    module on PYTHONPATH, which it was."""
+    (tmp_path / "cbbad.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "cbbad", raising=False)
+    with pytest.raises(ConfigError, match=message):
+        load_callback("cbbad:C")
+
+
+class _NumpyStop(Callback):
+    """Answers with numpy's bool, as `stats[...] < n` on numpy values does."""
+
+    def on_step(self, stats):
+        return np.float64(stats["env/steps"]) < 1024
+
+
+def test_a_numpy_false_from_a_callback_stops_training(tmp_path):
+    """Only the Python `False` stopped a run: numpy's was taken as "go on"."""
+    model = PPO("CartPole-v1", run_dir=tmp_path / "run", stop_on_solve=False, **QUIET)
+    result = model.learn(8192, callbacks=[_NumpyStop()])
+    assert result.stopped_by == "callback _NumpyStop" and result.env_steps < 8192
 
 
 def test_a_callback_class_that_needs_arguments_is_one_config_error(tmp_path, monkeypatch):

@@ -4,19 +4,18 @@
 A :class:`Callback` sees the flat stats of every iteration and every eval, the path of
 every checkpoint written and the run's result. Returning ``False`` from ``on_step`` or
 ``on_eval`` stops the run at the end of that iteration (the final checkpoint and the
-report are written as for any other stop); ``None`` or ``True`` goes on.
+report are written as for any other stop); ``None`` or anything true goes on (a false
+value of another type, such as numpy's ``False``, stops as well).
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlloop.errors import ConfigError
+from rlloop.user_code import CALLBACK_NOTE, import_user_module, one_line
 
 if TYPE_CHECKING:
     from rlloop.run import RunResult
@@ -50,23 +49,33 @@ class UserCallbacks:
 
     def on_step(self, trainer: Trainer, stats: Stats) -> None:
         for cb in self.callbacks:
-            self._check(cb, cb.on_step(stats))
+            self._check(cb, _called(cb, cb.on_step, stats))
 
     def on_eval(self, trainer: Trainer, stats: Stats) -> None:
         for cb in self.callbacks:
-            self._check(cb, cb.on_eval(stats))
+            self._check(cb, _called(cb, cb.on_eval, stats))
 
-    def _check(self, cb: Callback, answer: bool | None) -> None:
-        if answer is False and self.stopped_by is None:
+    def _check(self, cb: Callback, answer: Any) -> None:
+        if answer is not None and not answer and self.stopped_by is None:
             self.stopped_by = f"callback {type(cb).__name__}"
 
     def checkpoint(self, path: Path) -> None:
         for cb in self.callbacks:
-            cb.on_checkpoint(path)
+            _called(cb, cb.on_checkpoint, path)
 
     def train_end(self, result: RunResult) -> None:
         for cb in self.callbacks:
-            cb.on_train_end(result)
+            _called(cb, cb.on_train_end, result)
+
+
+def _called(cb: Callback, hook: Callable[[Any], Any], arg: Any) -> Any:
+    """``hook(arg)``; an error it raises goes on as it is, noted with the callback's name
+    (the CLI's error line names it: a user's code, not rlloop's)."""
+    try:
+        return hook(arg)
+    except Exception as e:
+        e.add_note(f"{CALLBACK_NOTE}{type(cb).__name__}.{hook.__name__}")
+        raise
 
 
 def load_callback(spec: str) -> Callback:
@@ -77,13 +86,7 @@ def load_callback(spec: str) -> Callback:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"--callback expects module:Class, got {spec!r}")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` would: the user's own directory
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"--callback {spec}: cannot import {module_name!r} ({e}); put the "
-                          "module on PYTHONPATH or in the current directory") from None
+    module = import_user_module(module_name, f"--callback {spec}")
     cls = getattr(module, attr, None)
     if cls is None:
         raise ConfigError(f"--callback {spec}: module {module_name!r} has no {attr!r}")
@@ -95,6 +98,9 @@ def load_callback(spec: str) -> Callback:
     except TypeError as e:
         raise ConfigError(f"--callback {spec}: {attr}() cannot be made without arguments "
                           f"({e}); give its parameters defaults") from None
+    except Exception as e:
+        raise ConfigError(f"--callback {spec}: {attr}() raised {type(e).__name__}: "
+                          f"{one_line(e)}; fix the class") from None
     if not isinstance(callback, Callback):
         raise ConfigError(f"--callback {spec}: {attr} is not a subclass of "
                           "rlloop.callbacks.Callback")

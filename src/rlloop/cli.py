@@ -28,6 +28,7 @@ from rlloop.config import BACKENDS, MAX_EVAL_EPISODES, check_set_keys, parse_int
 from rlloop.device_names import DEVICE_CHOICES
 from rlloop.errors import CheckpointError, ConfigError, EnvError, RlloopError, RunDirError
 from rlloop.runfiles import check_output_file, check_run_dir
+from rlloop.user_code import callback_note
 
 #: What ``rlloop eval --json`` prints besides ``episodes``: the evaluation's own names, also
 #: logged as ``eval/<name>`` in metrics.jsonl and returned by the API's ``evaluate()``.
@@ -522,7 +523,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_FAILED
         if os.environ.get("RLLOOP_TRACEBACK"):
             raise
-        print(f"rlloop: error: {type(e).__name__}: {_one_line(e)} (unexpected; "
+        where = callback_note(e)  # a user's callback, not rlloop, raised it
+        print(f"rlloop: error: {type(e).__name__}: {_one_line(e)} "
+              f"({'in callback ' + where + '; ' if where else 'unexpected; '}"
               "RLLOOP_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return EXIT_FAILED
 

@@ -14,9 +14,6 @@ config names only with ``allow_import`` (as for env ids: ``rlloop.envs.imports``
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +21,7 @@ from torch import nn
 
 from rlloop.errors import ConfigError
 from rlloop.modules.choices import check_net_path as check_net_path
+from rlloop.user_code import import_user_module
 
 NetFactory = Callable[[tuple[int, ...]], nn.Module]
 #: Factories handed to the Python API in this process, by their ``module:QualName``.
@@ -56,7 +54,7 @@ def resolve_net(path: str, key: str) -> NetFactory:
     if path in _REGISTERED:
         return _REGISTERED[path]
     module, _, name = path.partition(":")
-    obj: Any = _import(module, path, key)
+    obj: Any = import_user_module(module, f"{key}={path!r}")
     for part in name.split("."):
         if not hasattr(obj, part) and module == "__main__":
             raise ConfigError(f"{key}={path!r}: the network was defined in the script that "
@@ -71,25 +69,3 @@ def resolve_net(path: str, key: str) -> NetFactory:
         raise ConfigError(f"{key}={path!r} is a {type(obj).__name__}, not a network class "
                           "or factory")
     return obj  # type: ignore[no-any-return]
-
-
-def _import(module: str, path: str, key: str) -> Any:
-    if module not in sys.modules and os.getcwd() not in sys.path:
-        # Console scripts, unlike ``python -m``, do not search the working directory,
-        # where a user's network module usually is. Appended: it never shadows a package.
-        sys.path.append(os.getcwd())
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name is not None and (e.name == module or module.startswith(e.name + ".")):
-            raise ConfigError(f"{key}={path!r}: no module named {module!r}; put it on "
-                              "PYTHONPATH or run from the directory that holds it") from None
-        raise ConfigError(f"{key}={path!r}: importing {module!r} failed ({_line(e)}); "
-                          "install what it needs") from None
-    except Exception as e:  # the user's module raised while importing
-        raise ConfigError(f"{key}={path!r}: importing {module!r} raised "
-                          f"{type(e).__name__}: {_line(e)}; fix the module") from None
-
-
-def _line(e: BaseException) -> str:
-    return " ".join(str(e).split())
