@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import rlloop_cmd
 from custom_nets import TinyEncoder
+from torch import Tensor
 
 from rlloop import PPO, SAC, load
 from rlloop.config import build_config
@@ -121,3 +122,88 @@ def test_custom_network_trains_cartpole_from_the_python_api(tmp_path):
     loaded = load(tmp_path / "run")  # the class is found again by its path
     obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
     np.testing.assert_array_equal(loaded.predict(obs), model.predict(obs))
+
+
+def test_a_custom_net_gets_float32_frames_scaled_to_one():
+    """Frames reached the user's network as uint8 0-255 (the README promises float32), so
+    a float first layer failed inside the first rollout."""
+    import pixel_envs  # noqa: F401  (registers rlloop-test/SidePixels-v0)
+    from custom_nets import SeesInput
+
+    SeesInput.seen.clear()
+    algo = build_algorithm(build_config("ppo", "rlloop-test/SidePixels-v0", sets=[
+        "mlflow=false", "num_envs=2", "ppo.rollout_steps=16", "ppo.minibatch_size=32",
+        "ppo.net=custom_nets:SeesInput"]))
+    algo.collect()
+    algo.update(32)
+    seen = SeesInput.seen[2:]  # after the two build-time checks
+    assert seen and all(dtype == torch.float32 and shape[1:] == (36, 36, 1)
+                        and 0.0 <= top <= 1.0 for dtype, shape, top in seen), seen
+    assert max(top for _, _, top in seen) > 0.5  # scaled, not zeroed
+    algo.close()
+
+
+def test_a_custom_net_gets_dict_pixels_scaled_like_rlloops_encoders():
+    import dict_envs  # noqa: F401
+    from custom_nets import SeesInput
+
+    from rlloop.modules.encoders import NetInput
+
+    SeesInput.seen.clear()
+    algo = build_algorithm(build_config("ppo", "rlloop-test/DictCue-v0", sets=[
+        "mlflow=false", "num_envs=2", "ppo.rollout_steps=16", "ppo.minibatch_size=32",
+        "ppo.net=custom_nets:SeesInput"]))
+    algo.collect()
+    assert all(dtype == torch.float32 and top <= 1.0 for dtype, _, top in SeesInput.seen)
+    algo.close()
+    # the image entry's columns are divided by 255, the vector entry's left alone
+    net_input = NetInput((("cue", (2,), False), ("pixels", (2, 2), True)))
+    x = torch.tensor([[0.5, 1.0, 255.0, 0.0, 51.0, 255.0]])
+    assert torch.allclose(net_input(x), torch.tensor([[0.5, 1.0, 1.0, 0.0, 0.2, 1.0]]))
+    standardized = NetInput((("cue", (2,), False), ("pixels", (2, 2), True)),
+                            standardized=True)
+    assert torch.equal(standardized(x), x)
+
+
+@pytest.mark.parametrize("net,match", [
+    ("custom_nets:WrongDim", r"network WrongDim sets features_dim=16 but makes features of "
+                             r"shape \(2, 32\).*set features_dim to what it makes"),
+    ("custom_nets:WrongInput", r"network WrongInput failed on observations of shape \[B, 4\] "
+                               r"\(RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+])
+def test_a_network_that_does_not_fit_is_refused_when_built(net, match):
+    """They failed inside the first rollout with torch's shape error (exit 1)."""
+    with pytest.raises(ConfigError, match=match):
+        build_algorithm(build_config("ppo", "CartPole-v1", sets=[
+            "mlflow=false", "num_envs=2", "ppo.minibatch_size=64", f"ppo.net={net}"]))
+
+
+def test_the_build_time_check_leaves_weights_and_random_stream_alone(monkeypatch):
+    """A seed gives the same initial weights and the same draws after the build as before
+    the check existed."""
+    def build() -> tuple[dict[str, Tensor], Tensor]:
+        torch.manual_seed(0)
+        policy = ActorCritic((4,), Discrete(2), features=TinyEncoder)
+        return policy.state_dict(), torch.rand(3)
+
+    checked = build()
+    monkeypatch.setattr("rlloop.modules.actor_critic.check_features", lambda *args: None)
+    unchecked = build()
+    assert checked[0].keys() == unchecked[0].keys()
+    assert all(torch.equal(checked[0][k], unchecked[0][k]) for k in checked[0])
+    assert torch.equal(checked[1], unchecked[1])
+
+
+def test_settings_a_custom_net_replaces_are_named():
+    """hidden, activation, encoder and cnn_precision changed nothing, without a word."""
+    from rlloop.unused_settings import unused_settings
+
+    config = build_config("ppo", "CartPole-v1", sets=[
+        "ppo.net=custom_nets:TinyEncoder", "ppo.hidden=[32]", "ppo.activation=relu",
+        "ppo.encoder=nature_cnn", "ppo.cnn_precision=bfloat16"])
+    lines = unused_settings(config.hparams)
+    for name in ("hidden", "activation", "encoder", "cnn_precision"):
+        assert any(line.startswith(f"ppo.{name}=") and "has no effect with "
+                   "ppo.net='custom_nets:TinyEncoder'" in line for line in lines), lines
+    assert unused_settings(build_config("ppo", "CartPole-v1", sets=[
+        "ppo.hidden=[32]"]).hparams) == []

@@ -4,7 +4,8 @@ nothing. They are accepted (a tuning space may sample one across the switch) and
 one warning each at the start of a run.
 
 A config dataclass declares its dependencies as ``UNUSED_WHEN``: tuples of (switch field,
-the switch values that leave the settings unused, the settings).
+the switch values that leave the settings unused, the settings); and as ``REPLACED_BY``:
+(a field, the settings it replaces whenever it is set, such as PPO's custom ``net``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 #: (switch, values under which the settings do nothing, settings)
 Dependency = tuple[str, tuple[Any, ...], tuple[str, ...]]
+#: (a field, the settings that do nothing while it is set)
+Replacement = tuple[str, tuple[str, ...]]
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:
@@ -40,6 +43,15 @@ def unused_settings(config: Any) -> list[str]:
                 lines.append(f"{section}.{name}={getattr(config, name)!r} has no effect while "
                              f"{section}.{switch} is {value!r}; drop it or change "
                              f"{section}.{switch}")
+    replaced: tuple[Replacement, ...] = getattr(config, "REPLACED_BY", ())
+    for field, names in replaced:
+        value = getattr(config, field)
+        if value is None:
+            continue
+        for name in names:
+            if getattr(config, name) != defaults[name]:
+                lines.append(f"{section}.{name}={getattr(config, name)!r} has no effect with "
+                             f"{section}.{field}={value!r}, which replaces it; drop it")
     return lines
 
 

@@ -27,7 +27,7 @@ from rlloop.modules.action_masks import resolve_action_mask
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.custom import resolve_net
 from rlloop.modules.distributions import ActionDist
-from rlloop.modules.encoders import DictEncoder, Encoder, NatureCNN, build_encoder
+from rlloop.modules.encoders import DictEncoder, Encoder, NatureCNN, NetInput, build_encoder
 from rlloop.modules.masked import MaskedActorCritic
 from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.runners.graphed import GraphedCollect
@@ -153,7 +153,9 @@ def policy_factory(spec: EnvSpec, config: PPOConfig, mask_dims: int,
         spec.obs_shape, spec.action_space, config.hidden, config.activation,
         config.init_log_std, None if features is not None else _encoder(spec, config),
         sde=(config.full_std, config.use_expln) if config.use_sde else None,
-        ortho_init=config.ortho_init, features=features)
+        ortho_init=config.ortho_init, features=features,
+        net_input=NetInput(spec.obs_parts, standardized=config.normalize_obs)
+        if features is not None else None)
 
 
 def _encoder(spec: EnvSpec, config: PPOConfig) -> Encoder | None:

@@ -12,7 +12,7 @@ from rlloop.errors import ConfigError, check_finite, check_init_log_std
 from rlloop.learners.gradient_clip import GradientClip
 from rlloop.learners.schedules import ScheduleError, make_schedule
 from rlloop.modules.choices import ENCODERS, check_cnn_precision, check_net_path
-from rlloop.unused_settings import Dependency
+from rlloop.unused_settings import Dependency, Replacement
 
 #: ``ppo.micro_batch="auto"`` on a CPU: 1024 rows of a 256-unit layer are 1 MB of
 #: activations, which stay in a core's cache through the backward pass.
@@ -35,6 +35,9 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
         ("recurrent", (None,), ("recurrent_hidden", "seq_len")),
         ("max_grad_norm", (None,), ("grad_clip_by",)),
     )
+    #: A custom network is the actor's and critic's whole body: these shape rlloop's own.
+    REPLACED_BY: ClassVar[tuple[Replacement, ...]] = (
+        ("net", ("hidden", "activation", "encoder", "cnn_precision")),)
 
     rollout_steps: int = 128
     """Env steps per env per iteration (T); the batch is T * num_envs samples."""

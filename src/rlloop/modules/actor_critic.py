@@ -17,7 +17,7 @@ from rlloop.modules.distributions import (
     DiagGaussian,
     MultiCategorical,
 )
-from rlloop.modules.encoders import Encoder, flat_input
+from rlloop.modules.encoders import Encoder, NetInput, flat_input
 from rlloop.modules.gsde import StateDependentNoise
 from rlloop.modules.networks import _init, flat_dim, mlp
 
@@ -33,10 +33,10 @@ class ActorCritic(nn.Module):
     Observations ``[B, *obs_shape]`` are flattened, or go through ``encoder`` (a CNN for
     pixels, shared by policy and value as in Stable-Baselines3's ``CnnPolicy``; the heads
     are then linear on its features and ``hidden`` is unused). Each of actor and critic is
-    a body (an MLP, or a user network from ``features``, which sees observations as they
-    come) and a linear head. Box actions use a state-independent learned ``log_std``, or
-    with ``sde`` (gSDE) a noise matrix on the actor's last hidden features; the
-    environment adapter clips actions to the bounds.
+    a body (an MLP, or a user network from ``features``, which sees observations as
+    float32 with pixels scaled: ``net_input``) and a linear head. Box actions use a
+    state-independent learned ``log_std``, or with ``sde`` (gSDE) a noise matrix on the
+    actor's last hidden features; the environment adapter clips actions to the bounds.
     """
 
     def __init__(
@@ -51,8 +51,11 @@ class ActorCritic(nn.Module):
         sde: tuple[bool, bool] | None = None,
         ortho_init: bool = True,
         features: FeaturesFactory | None = None,
+        net_input: NetInput | None = None,
     ) -> None:
-        """``sde`` is ``(full_std, use_expln)`` to explore with gSDE (Box actions)."""
+        """``sde`` is ``(full_std, use_expln)`` to explore with gSDE (Box actions);
+        ``net_input`` what turns observations into a ``features`` network's input
+        (default: :class:`NetInput` of a plain observation)."""
         super().__init__()
         if encoder is not None and features is not None:
             raise ConfigError("a custom network (net) and an encoder were both given; a "
@@ -70,6 +73,7 @@ class ActorCritic(nn.Module):
         else:  # pragma: no cover - the env layer rejects other spaces first
             raise TypeError(f"unsupported action space {action_space!r}")
         self.flatten = features is None
+        self.net_input = None if features is None else net_input or NetInput()
         if features is None:
             self.actor = mlp(self.obs_dim, hidden, out, activation=activation, out_gain=0.01,
                              ortho_init=ortho_init)
@@ -78,6 +82,8 @@ class ActorCritic(nn.Module):
         else:
             self.actor = _with_head(features(tuple(obs_shape)), out, 0.01, ortho_init)
             self.critic = _with_head(features(tuple(obs_shape)), 1, 1.0, ortho_init)
+            for body in (self.actor[0], self.critic[0]):
+                check_features(body, tuple(obs_shape))
         if isinstance(action_space, Box):
             if sde is None:
                 self.log_std = nn.Parameter(torch.full((out,), float(init_log_std)))
@@ -90,7 +96,9 @@ class ActorCritic(nn.Module):
         observation, or (a user network) the observation as it comes."""
         if self.encoder is not None:
             return self.encoder(obs)
-        return flat_input(obs) if self.flatten else obs
+        if self.net_input is not None:
+            return cast(Tensor, self.net_input(obs))
+        return flat_input(obs)
 
     def _latent_mean(self, x: Tensor) -> tuple[Tensor, Tensor]:
         latent = self.actor[:-1](x)
@@ -174,3 +182,28 @@ def _with_head(body: nn.Module, out: int, gain: float, ortho_init: bool) -> nn.S
         raise ConfigError(f"network {type(body).__name__} must set features_dim (an int > 0: "
                           f"the size of its output features), got {dim!r}")
     return nn.Sequential(body, _init(nn.Linear(dim, out), gain, ortho_init))
+
+
+def check_features(body: nn.Module, obs_shape: tuple[int, ...]) -> None:
+    """Pass a zero batch of two observations through a user network (in eval mode,
+    without gradient, the random generators left as they were): it must make
+    ``[2, features_dim]`` features. A network whose layers do not fit the observation, or
+    whose ``features_dim`` is not what it makes, fails here, naming itself, instead of
+    inside the first rollout."""
+    name, dim = type(body).__name__, getattr(body, "features_dim", None)
+    training = body.training
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            out = body.eval()(torch.zeros(2, *obs_shape))
+    except Exception as e:
+        raise ConfigError(f"network {name} failed on observations of shape [B, "
+                          f"{', '.join(map(str, obs_shape))}] ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())}); make its layers fit that shape"
+                          ) from None
+    finally:
+        body.train(training)
+    if not isinstance(out, Tensor) or tuple(out.shape) != (2, dim):
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ConfigError(f"network {name} sets features_dim={dim} but makes features of "
+                          f"shape {got} from a batch of 2 observations; it must return [B, "
+                          "features_dim]: set features_dim to what it makes")

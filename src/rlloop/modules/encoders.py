@@ -177,6 +177,34 @@ def flat_input(obs: Tensor) -> Tensor:
     return x.float().mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.float()
 
 
+class NetInput(nn.Module):
+    """What a user network (``ppo.net``) takes: observations ``[B, *obs_shape]`` as
+    float32, not flattened, with pixel values scaled to ``[0, 1]`` as rlloop's own
+    encoders scale them: uint8 observations, and the image entries of a Dict observation
+    (which arrive flat, ``parts`` in order), unless ``standardized`` (``normalize_obs``)."""
+
+    def __init__(self, parts: ObsParts = (), *, standardized: bool = False) -> None:
+        super().__init__()
+        sizes = [math.prod(shape) for _, shape, _ in parts]
+        scales = [1.0 / 255.0 if image and not standardized else 1.0 for _, _, image in parts]
+        self.width = sum(sizes)
+        self.scale: Tensor | None
+        # a buffer, so it moves with the module; not saved: checkpoints stay as they were
+        self.register_buffer("scale", torch.tensor(scales).repeat_interleave(
+            torch.tensor(sizes)) if any(scale != 1.0 for scale in scales) else None,
+            persistent=False)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        if obs.dtype == torch.uint8:
+            return obs.float().mul_(1.0 / 255.0)
+        x = obs if obs.is_floating_point() else obs.float()
+        if self.scale is None:
+            return x
+        if x.shape[-1] == self.width:
+            return x * self.scale
+        return torch.cat([x[..., : self.width] * self.scale, x[..., self.width:]], -1)
+
+
 class FlatInput(nn.Module):
     """:func:`flat_input` as a module (no parameters)."""
 
