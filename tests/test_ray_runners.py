@@ -364,3 +364,33 @@ def test_a_cluster_address_where_nothing_listens_is_one_line_at_once(tmp_path, c
     assert out.returncode == 2 and len(err) == 1, err
     assert err[0].startswith(f"rlloop: error: no Ray cluster answers at 127.0.0.1:{port}")
     assert not (tmp_path / "run").exists()
+
+
+class _ScriptNet(torch.nn.Module):
+    """A user network; the test below makes it one of the training script's."""
+
+    def __init__(self, obs_shape: tuple[int, ...]) -> None:
+        # (no zero-argument super(): its class cell would name this module's class, not
+        # the copy Ray unpickles once the test has made it a `__main__` one)
+        torch.nn.Module.__init__(self)
+        self.features_dim = 16
+        self.net = torch.nn.Linear(obs_shape[0], 16)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net(obs))
+
+
+def test_a_network_of_the_training_script_reaches_the_runners(
+        ray_instance: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner imported `__main__:Net`, found its own `__main__` instead (Ray's worker)
+    and failed; Ray restarted it for 300 s before the run failed."""
+    from rlloop.modules.custom import net_path
+
+    monkeypatch.setattr(_ScriptNet, "__module__", "__main__")  # as `python train.py` has it
+    path = net_path(_ScriptNet)  # what PPO(policy=Net) does
+    assert path == "__main__:_ScriptNet"
+    cfg = config("num_env_runners=1", "num_envs=2", "ppo.rollout_steps=32",
+                 "ppo.minibatch_size=32", "total_env_steps=128", "eval_every=0",
+                 "eval_episodes=1", "max_restarts=0", f"ppo.net={path}")
+    result = Session(cfg, tmp_path / "run").run()
+    assert result.env_steps == 128

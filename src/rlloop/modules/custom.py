@@ -69,3 +69,19 @@ def resolve_net(path: str, key: str) -> NetFactory:
         raise ConfigError(f"{key}={path!r} is a {type(obj).__name__}, not a network class "
                           "or factory")
     return obj  # type: ignore[no-any-return]
+
+
+def script_nets(path: str | None, key: str) -> dict[str, NetFactory]:
+    """``{path: factory}`` when ``path`` names a network of the running script
+    (``__main__``), else ``{}``. Other processes (Ray's env runners) cannot import the
+    script, so the factory travels to them (Ray pickles such classes by value) and
+    :func:`register_nets` makes it known there."""
+    if not path or path.partition(":")[0] != "__main__":
+        return {}
+    return {path: resolve_net(path, key)}
+
+
+def register_nets(nets: dict[str, NetFactory]) -> None:
+    """Make factories sent from another process resolvable here (see :func:`script_nets`)."""
+    _REGISTERED.update(nets)
+

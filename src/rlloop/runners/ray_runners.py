@@ -45,6 +45,7 @@ from rlloop.data.rollout import RolloutBuffer
 from rlloop.devices import move_to
 from rlloop.envs.core import Box, Discrete, EnvSpec, StepResult
 from rlloop.errors import RlloopError
+from rlloop.modules.custom import script_nets
 from rlloop.ray_cluster import connect, disconnect, learner_actors
 from rlloop.runners.fragments import Fragment, FragmentSampler
 from rlloop.seeding import derive_seed
@@ -100,11 +101,16 @@ def runner_config(config: RunConfig, index: int) -> RunConfig:
 class EnvRunnerActor:
     """One runner (a Ray actor): an algorithm built for M envs that samples fragments."""
 
-    def __init__(self, config: RunConfig, index: int) -> None:
+    def __init__(self, config: RunConfig, index: int,
+                 nets: dict[str, Any] | None = None) -> None:
+        """``nets``: the run's network if the training script defines it (see
+        :func:`~rlloop.modules.custom.script_nets`)."""
         from rlloop.envs.registry import resolve_env_id
+        from rlloop.modules.custom import register_nets
         from rlloop.run import build_algorithm  # run imports this module's caller
 
         torch.set_num_threads(1)
+        register_nets(nets or {})
         self.index = index
         self.instance = secrets.randbits(62)
         # The learner accepted this id (typed by the user, or allowed for a resumed run):
@@ -230,7 +236,10 @@ class RayEnvRunnerGroup:
             max_task_retries=0,
             num_cpus=config.ray.num_cpus_per_runner, scheduling_strategy="SPREAD")
         # Handles, typed loosely: Ray's stubs do not know the actor's remote methods.
-        self.actors: list[Any] = [actor_cls.remote(config, i) for i in range(self.num_runners)]
+        nets = script_nets(getattr(config.hparams, "net", None),
+                           f"{config.hparams.section}.net")
+        self.actors: list[Any] = [actor_cls.remote(config, i, nets)
+                                  for i in range(self.num_runners)]
         spec = algorithm.env.spec
         self.env = RemoteEnvs(spec, self.num_runners * self.envs, self)
         self.obs = torch.zeros((self.env.num_envs, *spec.obs_shape), device=self.device)
