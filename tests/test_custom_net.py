@@ -207,3 +207,24 @@ def test_settings_a_custom_net_replaces_are_named():
                    "ppo.net='custom_nets:TinyEncoder'" in line for line in lines), lines
     assert unused_settings(build_config("ppo", "CartPole-v1", sets=[
         "ppo.hidden=[32]"]).hparams) == []
+
+
+@pytest.mark.parametrize("net", ["builtins:print", "os:getcwd", "torch:zeros"])
+def test_a_run_naming_a_callable_that_is_no_network_is_refused(tmp_path, net):
+    """A module already imported passed the import check, and loading the run called
+    whatever its config named (``builtins:print`` printed the observation shape)."""
+    from rlloop.envs.core import EnvError
+    from rlloop.saved_runs import load_run_config
+
+    config = build_config("ppo", "CartPole-v1", sets=[
+        "ppo.net=custom_nets:TinyEncoder", "total_env_steps=256", "num_envs=2",
+        "ppo.rollout_steps=128", "eval_every=0", *(f"{k}={str(v).lower()}"
+                                                  for k, v in QUIET.items())])
+    run = train(config, tmp_path / "run").run_dir
+    assert load_run_config(run).hparams.net == "custom_nets:TinyEncoder"  # a class: loads
+    saved = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(saved.replace("custom_nets:TinyEncoder", net))
+    with pytest.raises(EnvError, match=rf"names network ppo.net='{net}', which is not a "
+                                       r"network class.*--allow-import"):
+        load_run_config(run)
+    assert load_run_config(run, allow_import=True).hparams.net == net  # the user's consent

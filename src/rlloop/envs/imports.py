@@ -56,15 +56,42 @@ def check_env_import(env_id: str, *, allow_import: bool, source: str) -> None:
 
 def check_net_import(path: str, *, allow_import: bool, source: str, key: str) -> None:
     """Refuse a network ``module:Class`` from ``source`` (a run directory's config) whose
-    module is not imported yet, unless ``allow_import``: as for env ids."""
-    module = path.partition(":")[0]
-    if not module or module in sys.modules or allow_import:
+    module is not imported yet, unless ``allow_import``: as for env ids. In a module that
+    is imported already, it must name a network class (a ``torch.nn.Module`` subclass), a
+    factory this process was given, or a function of the running script: a config naming
+    ``builtins:print`` or ``os:system`` would otherwise call it."""
+    module, _, name = path.partition(":")
+    if not module or allow_import:
         return
-    raise EnvError(
-        f"{source} names network {key}={path!r}, which would import module {module!r}; "
-        "loading a run never imports code it names: if you trust that module, pass "
-        "--allow-import (Python: allow_import=True)"
-    )
+    consent = ("loading a run never runs code it names: if you trust that module, pass "
+               "--allow-import (Python: allow_import=True)")
+    if module not in sys.modules:
+        raise EnvError(f"{source} names network {key}={path!r}, which would import module "
+                       f"{module!r}; {consent}")
+    if not _a_network(module, name, path):
+        raise EnvError(f"{source} names network {key}={path!r}, which is not a network "
+                       f"class (a torch.nn.Module subclass); {consent}")
+
+
+def _a_network(module: str, name: str, path: str) -> bool:
+    """Whether ``module:name`` (its module imported) is safe to call as a network factory."""
+    import types
+
+    from torch import nn
+
+    from rlloop.modules.custom import registered_net
+
+    if registered_net(path) is not None:
+        return True
+    obj: object = sys.modules[module]
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            return True  # nothing to call: resolving it fails with its own message
+        obj = getattr(obj, part)
+    if isinstance(obj, type):
+        return issubclass(obj, nn.Module)
+    return (module == "__main__" and isinstance(obj, types.FunctionType)
+            and obj.__module__ == "__main__")
 
 
 def _is_pettingzoo_module(name: str) -> bool:

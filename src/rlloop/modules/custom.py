@@ -85,3 +85,8 @@ def register_nets(nets: dict[str, NetFactory]) -> None:
     """Make factories sent from another process resolvable here (see :func:`script_nets`)."""
     _REGISTERED.update(nets)
 
+
+def registered_net(path: str) -> NetFactory | None:
+    """The factory handed to this process under ``path`` (``policy=``), if any."""
+    return _REGISTERED.get(path)
+
