@@ -10,6 +10,7 @@ import torch
 from sign_task import SignTask, learned, params_finite, sign_policy
 from worker_envs import SignEnv
 
+from rlloop.callbacks import Callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import NonFiniteError
@@ -37,6 +38,52 @@ def test_trainer_learns_logs_and_checkpoints(tmp_path):
     ckpt = load_checkpoint(final, expected_components=COMPONENTS)
     assert ckpt.components["trainer"]["counters"]["train/steps"] == 24
     torch.testing.assert_close(ckpt.components["model"]["weight"], model.weight.detach())
+
+
+class _Hears(Callback):
+    """Records what a task run tells it; stops after ``stop_at`` epochs."""
+
+    def __init__(self, stop_at: int) -> None:
+        self.stop_at, self.steps, self.checkpoints = stop_at, [], []
+        self.result = None
+
+    def on_step(self, stats):
+        self.steps.append(stats["train/epochs"])
+        return stats["train/epochs"] < self.stop_at
+
+    def on_checkpoint(self, path):
+        self.checkpoints.append(path.name)
+
+    def on_train_end(self, result):
+        self.result = result
+
+
+def test_callbacks_run_on_a_task_and_can_stop_it(tmp_path):
+    """TaskTrainer took no Callback: one passed as on_epoch failed with a TypeError after a
+    whole epoch, and a function's False did not stop it."""
+    config = TaskConfig(**{**FAST, "checkpoint_every": 4})
+    hears = _Hears(stop_at=3)
+    trainer = TaskTrainer(SignTask(config), sign_policy(), run_dir=tmp_path, callbacks=[hears])
+    trainer.run()
+    assert hears.steps == [1, 2, 3] and trainer.state["train/epochs"] == 3
+    # the final checkpoint rewrites the one saved at its step inside the last epoch
+    assert hears.checkpoints == ["000000004", "000000008", "000000012", "000000012"]
+    assert hears.result.stopped_by == "callback _Hears"
+    assert hears.result.env_steps == trainer.state["env/steps"] and hears.result.run_dir == tmp_path
+    everything = _Hears(stop_at=100)
+    TaskTrainer(SignTask(TaskConfig(**FAST)), sign_policy(), callbacks=everything).run()
+    assert everything.result.stopped_by == "budget" and everything.steps[-1] == 6
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"on_epoch": [_Hears(1)]}, r"on_epoch takes functions of an epoch's stats.*"
+                                r"callbacks=\[\.\.\.\]"),
+    ({"on_epoch": [42]}, r"on_epoch takes functions of an epoch's stats, got 42"),
+    ({"callbacks": [print]}, r"callbacks must be rlloop.Callback instances"),
+])
+def test_task_hooks_of_the_wrong_kind_are_refused_at_once(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        TaskTrainer(SignTask(TaskConfig(**FAST)), sign_policy(), **kwargs)
 
 
 def test_resume_continues_from_the_saved_step(tmp_path):

@@ -13,16 +13,16 @@ import dataclasses
 import re
 import reprlib
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from rlloop.algorithms import ALGORITHMS, AlgorithmBase
 from rlloop.builder import check_action_space
-from rlloop.callbacks import Callback
+from rlloop.callbacks import Callback, as_callbacks
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.config import MAX_EVAL_EPISODES, RunConfig, build_config, integer, sb3_hint
 from rlloop.envs.core import Box
@@ -142,7 +142,7 @@ class Model:
         steps = integer(total_env_steps)
         if isinstance(total_env_steps, float) and total_env_steps.is_integer():
             steps = int(total_env_steps)  # learn(1e5), as the CLI takes 1e5
-        callbacks = _callbacks(callbacks)
+        callbacks = as_callbacks(callbacks)
         if steps is None or steps <= 0:
             raise ConfigError(f"total_env_steps must be an integer > 0, got {total_env_steps!r}")
         total_env_steps = steps
@@ -451,19 +451,6 @@ def _register_again(run_dir: Path, env: EnvLike) -> None:
         raise ConfigError(f"env= must be a gymnasium.Env or a function returning one, got "
                           f"{type(env).__name__}")
     register_object_env(env, "", reward_threshold_of(env), env_id=env_id)
-
-
-def _callbacks(callbacks: object) -> list[Callback]:
-    """``learn``'s callbacks as a list (one may be passed alone, as in SB3); anything that is
-    not a :class:`~rlloop.callbacks.Callback` is refused before training starts."""
-    one = isinstance(callbacks, Callback) or not isinstance(callbacks, Iterable)
-    items: list[object] = [callbacks] if one else list(cast(Iterable[object], callbacks))
-    good = [cb for cb in items if isinstance(cb, Callback)]
-    if len(good) < len(items):
-        wrong = ", ".join(repr(cb) for cb in items if not isinstance(cb, Callback))
-        raise ConfigError(f"callbacks must be rlloop.Callback instances (subclass it and "
-                          f"override on_step, on_eval, ...), got {wrong}")
-    return good
 
 
 def _latest(run_dir: Path | None) -> Path | None:

@@ -10,9 +10,9 @@ value of another type, such as numpy's ``False``, stops as well).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rlloop.errors import ConfigError
 from rlloop.user_code import CALLBACK_NOTE, import_user_module, one_line
@@ -34,7 +34,8 @@ class Callback:
         return None
 
     def on_checkpoint(self, path: Path) -> None:
-        """After a checkpoint was written to ``path`` (periodic and final ones)."""
+        """After a checkpoint was written to ``path`` (periodic and final ones; a final
+        checkpoint at the step of a periodic one rewrites it, and ``path`` comes again)."""
 
     def on_train_end(self, result: RunResult) -> None:
         """Once the run is over, with what it reports."""
@@ -66,6 +67,19 @@ class UserCallbacks:
     def train_end(self, result: RunResult) -> None:
         for cb in self.callbacks:
             _called(cb, cb.on_train_end, result)
+
+
+def as_callbacks(callbacks: object) -> list[Callback]:
+    """``callbacks`` as a list (one may be passed alone, as in SB3); anything that is not a
+    :class:`Callback` is refused (``ConfigError``) before training starts."""
+    one = isinstance(callbacks, Callback) or not isinstance(callbacks, Iterable)
+    items: list[object] = [callbacks] if one else list(cast(Iterable[object], callbacks))
+    good = [cb for cb in items if isinstance(cb, Callback)]
+    if len(good) < len(items):
+        wrong = ", ".join(repr(cb) for cb in items if not isinstance(cb, Callback))
+        raise ConfigError(f"callbacks must be rlloop.Callback instances (subclass it and "
+                          f"override on_step, on_eval, ...), got {wrong}")
+    return good
 
 
 def _called(cb: Callback, hook: Callable[[Any], Any], arg: Any) -> Any:

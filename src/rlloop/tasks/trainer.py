@@ -22,17 +22,18 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic
+from typing import TYPE_CHECKING, Any, Generic
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rlloop.callbacks import Callback, UserCallbacks, as_callbacks
 from rlloop.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from rlloop.conditions import Condition
 from rlloop.devices import move_to
 from rlloop.envs.pool import WorkerPool
-from rlloop.errors import RunDirError
+from rlloop.errors import ConfigError, RunDirError
 from rlloop.learners.learner import GradientClip, NonFiniteError, clip_gradients
 from rlloop.logging import JsonlSink, MultiSink
 from rlloop.logging.sinks import as_sink
@@ -44,6 +45,9 @@ from rlloop.tasks.dataset import TrajectoryDataset, host_iter
 from rlloop.tasks.sampling import SamplingStats
 from rlloop.trainer import MetricsSink, Stats, Trainer
 
+if TYPE_CHECKING:
+    from rlloop.run import RunResult
+
 COMPONENTS = ("model", "optimizer", "trainer", "rng")
 _log = logging.getLogger(__name__)
 
@@ -54,13 +58,24 @@ class TaskTrainer(Generic[ModelT]):
 
     It runs on the one :class:`~rlloop.trainer.Trainer` loop (``self.trainer``) with a
     schedule whose iteration is one epoch. ``state`` holds the counters ``train/steps``,
-    ``train/epochs`` and ``env/steps``. ``on_epoch`` callbacks get each epoch's flat stats
-    (for progress output).
+    ``train/epochs`` and ``env/steps``. ``on_epoch`` functions get each epoch's flat stats
+    (for progress output). ``callbacks`` (:class:`~rlloop.callbacks.Callback`) hear each
+    epoch (``on_step``; ``False`` stops the run after it), each evaluation, each
+    checkpoint written and the end of :meth:`run`, as in ``learn()``.
     """
 
     def __init__(self, task: Task[ModelT], model: ModelT, *, run_dir: str | Path | None = None,
                  resume: bool = False, sink: MetricsSink | None = None,
-                 on_epoch: Sequence[Callable[[Stats], None]] = ()) -> None:
+                 on_epoch: Sequence[Callable[[Stats], None]] = (),
+                 callbacks: Sequence[Callback] = ()) -> None:
+        """Raises ConfigError: an ``on_epoch`` entry that is not a function of the stats
+        (a :class:`~rlloop.callbacks.Callback` goes in ``callbacks``), or a ``callbacks``
+        entry that is not a ``Callback``."""
+        for hook in on_epoch:
+            if isinstance(hook, Callback) or not callable(hook):
+                raise ConfigError(f"on_epoch takes functions of an epoch's stats, got {hook!r}"
+                                  "; pass rlloop.Callback objects as callbacks=[...]")
+        self._user = UserCallbacks(as_callbacks(callbacks))
         cfg = task.config
         torch.set_num_threads(cfg.torch_threads)
         self.task, self.model = task, model.to(task.device)  # before its optimiser exists
@@ -80,7 +95,7 @@ class TaskTrainer(Generic[ModelT]):
         self._sink = MultiSink(sinks)
         self._schedule = _EpochSchedule(self)
         self.trainer = Trainer(_TaskEvaluation(task, model), sink=self._sink,
-                               schedule=self._schedule)
+                               schedule=self._schedule, callbacks=[self._user])
         if resume:
             self._restore()
         else:  # sampling draws from the global generators; a resume restores them
@@ -107,11 +122,27 @@ class TaskTrainer(Generic[ModelT]):
                 self.save()
             self._sink.close(status)
 
+        started = time.perf_counter()
+        stopped_by = "budget"
         with supervised(self, finish):
             schedule.pool = self.task.get_worker_pool()
             if not schedule.finished(self.trainer):
-                self.trainer.run(stop_conditions=stop_conditions)
+                self.trainer.run(stop_conditions=[
+                    *stop_conditions, lambda _: self._user.stopped_by is not None])
+                if not schedule.finished(self.trainer):
+                    stopped_by = self._user.stopped_by or "stop condition"
+        if self.stop_requested:
+            stopped_by = f"signal {self.stop_requested}"
+        self._user.train_end(self._result(time.perf_counter() - started, stopped_by))
         return schedule.last
+
+    def _result(self, seconds: float, stopped_by: str) -> RunResult:
+        """What :meth:`run` tells the callbacks' ``on_train_end`` (``run_dir``: the working
+        directory when the trainer has none)."""
+        from rlloop.run import RunResult
+
+        return RunResult(self.run_dir or Path(), self.state["env/steps"], seconds, None,
+                         dict(self._schedule.last), stopped_by)
 
     def epoch(self, pool: WorkerPool) -> Stats:
         """Collect one epoch, then train on it; returns the epoch's flat stats."""
@@ -245,7 +276,9 @@ class TaskTrainer(Generic[ModelT]):
         metadata = {"task": type(self.task).__qualname__,
                     "config": dataclasses.asdict(self.task.config),
                     "train_steps": self.state["train/steps"]}
-        return self.manager.save(self.state["train/steps"], components, metadata=metadata)
+        path = self.manager.save(self.state["train/steps"], components, metadata=metadata)
+        self._user.checkpoint(path)
+        return path
 
     def _restore(self) -> None:
         if self.manager is None:
