@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -61,3 +62,19 @@ class Counter20(gymnasium.Env):  # type: ignore[type-arg]
 
 if COUNTER_ID not in gymnasium.registry:
     gymnasium.register(COUNTER_ID, entry_point=Counter20)
+
+HOME_ONLY_ID = "rlloop-test/HomeOnly-v0"
+
+
+class HomeOnly(CartPoleEnv):
+    """CartPole that cannot be made outside the process ``home_pid`` (a runner that can
+    never start: its envs fail in its constructor, every time)."""
+
+    def __init__(self, home_pid: int = 0, **kwargs: Any) -> None:
+        if os.getpid() != home_pid:
+            raise ValueError(f"HomeOnly can only be made in process {home_pid}")
+        super().__init__(**kwargs)
+
+
+if HOME_ONLY_ID not in gymnasium.registry:
+    gymnasium.register(HOME_ONLY_ID, entry_point=HomeOnly, max_episode_steps=500)

@@ -18,7 +18,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-import runner_envs  # noqa: E402, F401  (registers SlowFromSeed-v0)
+import runner_envs  # noqa: E402  (registers SlowFromSeed-v0 and HomeOnly-v0)
 from ray.exceptions import GetTimeoutError, RayActorError  # noqa: E402
 
 import rlloop.envs.slow  # noqa: E402, F401  (registers SlowCartPole-v1, as --env would)
@@ -394,3 +394,20 @@ def test_a_network_of_the_training_script_reaches_the_runners(
                  "eval_episodes=1", "max_restarts=0", f"ppo.net={path}")
     result = Session(cfg, tmp_path / "run").run()
     assert result.env_steps == 128
+
+
+def test_a_runner_that_cannot_start_fails_the_run_at_once(
+        ray_instance: None, tmp_path: Path) -> None:
+    """A runner whose constructor fails the same way every time was restarted by Ray
+    until RESTART_TIMEOUT_S (300 s) ran out."""
+    from rlloop.runners.ray_runners import EnvRunnerError
+
+    cfg = build_config("ppo", f"runner_envs:{runner_envs.HOME_ONLY_ID}", sets=[
+        *QUIET, "num_env_runners=1", "num_envs=2", "ppo.rollout_steps=32",
+        "ppo.minibatch_size=32", "total_env_steps=128", "eval_every=0", "eval_episodes=1",
+        f"env_kwargs.home_pid={os.getpid()}", "max_restarts=3"])
+    start = time.monotonic()
+    with pytest.raises(EnvRunnerError, match=r"env runner 0 could not start: .*HomeOnly can "
+                                             r"only be made in process"):
+        Session(cfg, tmp_path / "run").run()
+    assert time.monotonic() - start < 120

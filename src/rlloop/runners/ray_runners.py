@@ -25,6 +25,7 @@ import bisect
 import contextlib
 import dataclasses
 import math
+import re
 import secrets
 import time
 from collections import deque
@@ -133,6 +134,16 @@ class EnvRunnerActor:
 
     def current_weights_seq_no(self) -> int:
         return self.weights_seq_no
+
+
+def _raised(traceback_text: str) -> str | None:
+    """The last ``SomeError: message`` line of a remote traceback, or None."""
+    found = None
+    for line in traceback_text.splitlines():
+        match = re.match(r"\s*((?:\w+\.)*\w+(?:Error|Exception)): (.+)", line)
+        if match:
+            found = f"{match[1].rpartition('.')[2]}: {match[2].strip()}"
+    return found
 
 
 def weights_lag(published: list[int], weights_seq_no: int) -> int:
@@ -348,6 +359,11 @@ class RayEnvRunnerGroup:
         unavailable): they count once, and are retried until it is back."""
         cfg = self.config
         cause = _one_line(error)
+        if isinstance(error, RayActorError) and error.actor_init_failed:
+            # Its constructor raised (its env, network or settings): each restart would
+            # raise again, so Ray's restarts only delay the error.
+            raise EnvRunnerError(f"env runner {runner} could not start: "
+                                 f"{_raised(str(error)) or cause}; fix that and run again")
         down = self._down_since[runner]
         if down is not None and isinstance(error, RayActorError):
             if time.monotonic() - down > RESTART_TIMEOUT_S:
