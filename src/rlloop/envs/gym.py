@@ -36,7 +36,7 @@ from rlloop.envs.core import (
     MultiDiscrete,
     StepResult,
 )
-from rlloop.envs.gym_async import GuardedAsyncVectorEnv
+from rlloop.envs.gym_async import EnvWorkerError, GuardedAsyncVectorEnv
 from rlloop.envs.gym_threads import ThreadedVectorEnv
 from rlloop.envs.objects import is_object_env
 from rlloop.errors import RlloopError
@@ -567,14 +567,22 @@ class GymVecEnv:
         failure = getattr(self._vec, "failure", None)
         if failure is not None:
             return {"lost": failure}
-        state: dict[str, Any] = {
-            "env_rngs": [g.bit_generator.state for g in self._vec.get_attr("np_random")],
-            "action_space_rng": self._vec.action_space.np_random.bit_generator.state,
-            "single_action_space_rng": (
-                self._vec.single_action_space.np_random.bit_generator.state
-            ),
-        }
-        physics = self._physics()
+        try:
+            state: dict[str, Any] = {
+                "env_rngs": [g.bit_generator.state for g in self._vec.get_attr("np_random")],
+                "action_space_rng": self._vec.action_space.np_random.bit_generator.state,
+                "single_action_space_rng": (
+                    self._vec.single_action_space.np_random.bit_generator.state
+                ),
+            }
+            physics = self._physics()
+        except EnvWorkerError:
+            # a worker died unseen until asked (killed by a signal): the final checkpoint
+            # goes on without the envs' state, as after any worker failure
+            failure = getattr(self._vec, "failure", None)
+            if failure is None:
+                raise
+            return {"lost": failure}
         if physics is not None:
             state["physics"] = physics
         return state

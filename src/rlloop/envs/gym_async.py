@@ -8,8 +8,11 @@ keeps its process start-up, spaces and senders and replaces every receive:
   includes making the env, gets ``START_TIMEOUT_S`` more); a worker that raises, dies
   (a segfault) or misses its deadline raises :class:`EnvWorkerError`, one line naming
   the env, the worker and what happened (a raised exception's traceback is logged);
-* a stop signal (see :mod:`rlloop.signals`) makes any wait give up ``STOP_GRACE_S``
-  seconds after it with :class:`~rlloop.signals.StopInterrupted`;
+* a stop signal (see :mod:`rlloop.signals`) makes a wait give up with
+  :class:`~rlloop.signals.StopInterrupted` once no worker has answered for
+  ``STOP_GRACE_S`` seconds past the signal: a hung worker cannot hold a stop back, while
+  workers that answer (dozens starting up, a long evaluation's steps) let the iteration
+  finish as on the in-process backends;
 * after any failure or interruption every worker is killed and ``failure`` says why;
   ``close()`` waits at most a second for workers to exit before killing them.
 
@@ -24,9 +27,11 @@ import logging
 import math
 import selectors
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from copy import deepcopy
+from multiprocessing import forkserver
 from typing import Any, NoReturn
 
 import numpy as np
@@ -42,9 +47,33 @@ from rlloop.signals import StopInterrupted, stop_requested_since
 START_TIMEOUT_S = 120.0
 """Extra seconds for the first answer: a worker process starts and makes its env."""
 STOP_GRACE_S = 3.0
-"""Seconds a wait goes on after a stop signal before it gives up."""
+"""Seconds without an answer a wait goes on after a stop signal before it gives up."""
+START_STOP_GRACE_S = 15.0
+"""The same for the workers' start-up (a process start and its imports, one after another
+on a loaded machine: the first answer can take seconds)."""
 _POLL_S = 0.25  # how often a wait looks at the stop request
 _log = logging.getLogger(__name__)
+
+
+def start_forkserver() -> None:
+    """Start multiprocessing's forkserver, if it is not running, with ``SIGTERM`` ignored.
+
+    The workers' parent is the forkserver: a ``SIGTERM`` to the whole process group (a
+    scheduler's, ``kill -TERM -PGID``) that killed it would take the workers with it (their
+    parent-death signal) before the trainer's final checkpoint could ask them for their
+    state. An ignored signal stays ignored across ``exec``; the forkserver still exits
+    with the trainer (its pipe closes). Meanwhile the trainer's own ``SIGTERM`` is blocked
+    in this thread, so one that arrives is delivered once its handler is back."""
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()  # signal handlers belong to the main thread
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    handler = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if handler is None else handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 class EnvWorkerError(RlloopError, RuntimeError):
@@ -77,6 +106,7 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
         self.failure: str | None = None
         """Why the workers are gone (None while they serve)."""
         self._selector: selectors.BaseSelector | None = None
+        start_forkserver()
         super().__init__(env_fns, shared_memory=False, context="forkserver", worker=gym_worker,
                          autoreset_mode=AutoresetMode.SAME_STEP)
 
@@ -171,19 +201,22 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
 
     def _receive(self, command: str, timeout: float | None) -> list[Any]:
         """Every worker's answer to the command in flight, in env order."""
-        deadline = time.monotonic() + (math.inf if timeout is None else timeout)
+        started = time.monotonic()
+        deadline = started + (math.inf if timeout is None else timeout)
         answers: dict[int, Any] = {}
         try:
             if self._selector is None:  # one selector for all waits: a wait costs one syscall
                 self._selector = selectors.DefaultSelector()
                 for i, pipe in enumerate(self.parent_pipes):
                     self._selector.register(pipe, selectors.EVENT_READ, i)
+            answered = started  # when a worker last answered this command
             while len(answers) < self.num_envs:
-                self._check_stop(command)
+                self._check_stop(command, answered)
                 ready = self._selector.select(max(0.0, min(deadline - time.monotonic(),
                                                            _POLL_S)))
                 for key, _ in ready:  # a dead worker's pipe reads EOF: _answer names it
                     answers[key.data] = self._answer(key.data, command)
+                    answered = time.monotonic()
                 if not ready:  # someone is slow: has it died, or missed its deadline?
                     slow = [i for i in range(self.num_envs) if i not in answers]
                     for i in slow:
@@ -235,11 +268,15 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
                               f"{self.processes[i].pid}) {what}; {fix}, then resume from "
                               "the last checkpoint")
 
-    def _check_stop(self, command: str) -> None:
+    def _check_stop(self, command: str, answered: float) -> None:
+        """Give up a wait whose last answer came at ``answered`` once no answer has come
+        for ``STOP_GRACE_S`` past a stop signal (a long evaluation's short waits, or
+        workers starting one after another, never do)."""
         since = stop_requested_since()
-        if since is not None and time.monotonic() >= since + STOP_GRACE_S:
+        grace = START_STOP_GRACE_S if command == "start-up" else STOP_GRACE_S
+        if since is not None and time.monotonic() >= max(since, answered) + grace:
             raise StopInterrupted(f"{self.env_id}: gave up waiting for {command} "
-                                  f"{STOP_GRACE_S} s after a stop signal")
+                                  f"{grace} s after a stop signal")
 
     # ---- teardown -----------------------------------------------------------------------
     def _assert_is_running(self) -> None:
@@ -262,17 +299,16 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
         self._stop_workers(grace=1.0 if polite else 0.0)
 
     def _stop_workers(self, grace: float) -> None:
-        """Join for up to ``grace`` seconds, then SIGTERM, then SIGKILL; close the pipes."""
+        """Join for up to ``grace`` seconds, then SIGKILL (workers ignore SIGTERM: see
+        :mod:`rlloop.gym_worker`); close the pipes."""
         deadline = time.monotonic() + grace
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))
         for process in self.processes:
             if process.is_alive():
-                process.terminate()
-                process.join(0.5)
-            if process.is_alive():
                 process.kill()
-                process.join(5.0)
+        for process in self.processes:
+            process.join(5.0)
         if self._selector is not None:
             self._selector.close()
         for pipe in self.parent_pipes:
