@@ -283,6 +283,7 @@ def test_a_resume_with_runners_restarts_what_the_learner_carried(ray_instance: N
     first: Any = build_algorithm(cfg)
     try:
         first.collect()
+        first_obs = first.buffer.obs[0].clone()
         first.update(64)
         state = first.get_state()
     finally:
@@ -294,6 +295,10 @@ def test_a_resume_with_runners_restarts_what_the_learner_carried(ray_instance: N
         assert resumed.runner.restarted_at_resume
         assert torch.count_nonzero(resumed.reward_running) == 0
         assert resumed.reward_stats.count == state["reward_norm"]["count"]
+        # the runners' new episodes are not the run's first ones again (they were: each
+        # runner's seed is the run's, whatever the sitting)
+        resumed.collect()
+        assert not torch.equal(resumed.buffer.obs[0], first_obs)
     finally:
         resumed.close()
 

@@ -132,6 +132,12 @@ class EnvRunnerActor:
     def reset(self, seed: int) -> None:
         self.algorithm.runner.reset(seed=seed)
 
+    def restart(self, seed: int) -> None:
+        """New episodes and a new sampling stream, both from ``seed`` (a resumed run's: not
+        the first sitting's again)."""
+        self.algorithm.generator.manual_seed(derive_seed(seed, "sampling"))
+        self.algorithm.runner.reset(seed=seed)
+
     def current_weights_seq_no(self) -> int:
         return self.weights_seq_no
 
@@ -458,9 +464,16 @@ class RayEnvRunnerGroup:
         self.restart_due = True  # the runners' envs begin new episodes (see get_state)
 
     def restart_episodes(self) -> None:
-        """After ``set_state``: the runners' envs started new episodes when they were made,
-        so only what the learner carried along the old ones is dropped (as an in-process
-        runner's `restart_episodes`)."""
+        """After ``set_state``: the runners start new episodes and sampling streams from
+        seeds of the resume point (their own seeds would replay the run's first episodes,
+        as a `gymnasium-async` run reseeds after lost workers), and what the learner
+        carried along the old ones is dropped (as an in-process runner's
+        `restart_episodes`)."""
+        base = derive_seed(self.config.seed, f"env-runners-resumed-{self.episodes.count}-"
+                                             f"{self.restarts}") % 2**31
+        self._drain()
+        ray.get([actor.restart.remote(base + i * self.envs)
+                 for i, actor in enumerate(self.actors)])
         self.episodes.restart()
         self.restarted.update(range(self.num_runners))
         self.restart_due, self.restarted_at_resume = False, True
