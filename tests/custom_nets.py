@@ -71,3 +71,15 @@ class WrongInput(nn.Module):
 
     def forward(self, obs: Tensor) -> Tensor:
         return self.net(obs)
+
+
+class LazyEncoder(nn.Module):
+    """Its first layer learns its input size at the first forward pass."""
+
+    def __init__(self, obs_shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.features_dim = 16
+        self.net = nn.Sequential(nn.Flatten(), nn.LazyLinear(16), nn.Tanh())
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.net(obs)

@@ -195,21 +195,23 @@ def test_the_build_time_check_leaves_weights_and_random_stream_alone(monkeypatch
 
 
 def test_settings_a_custom_net_replaces_are_named():
-    """hidden, activation, encoder and cnn_precision changed nothing, without a word."""
+    """encoder and cnn_precision changed nothing, without a word (hidden and activation
+    neither, but presets set them: a warning there would name what the user never set)."""
     from rlloop.unused_settings import unused_settings
 
     config = build_config("ppo", "CartPole-v1", sets=[
         "ppo.net=custom_nets:TinyEncoder", "ppo.hidden=[32]", "ppo.activation=relu",
         "ppo.encoder=nature_cnn", "ppo.cnn_precision=bfloat16"])
     lines = unused_settings(config.hparams)
-    for name in ("hidden", "activation", "encoder", "cnn_precision"):
+    for name in ("encoder", "cnn_precision"):
         assert any(line.startswith(f"ppo.{name}=") and "has no effect with "
                    "ppo.net='custom_nets:TinyEncoder'" in line for line in lines), lines
-    assert unused_settings(build_config("ppo", "CartPole-v1", sets=[
-        "ppo.hidden=[32]"]).hparams) == []
+    assert unused_settings(build_config("ppo", "HalfCheetah-v5", sets=[
+        "ppo.net=custom_nets:TinyEncoder"]).hparams) == []  # its preset sets hidden
 
 
-@pytest.mark.parametrize("net", ["builtins:print", "os:getcwd", "torch:zeros"])
+@pytest.mark.parametrize("net", ["builtins:print", "os:getcwd", "torch:zeros", "shutil:rmtree",
+                                 "torch.hub:load", "rlloop.api:load"])
 def test_a_run_naming_a_callable_that_is_no_network_is_refused(tmp_path, net):
     """A module already imported passed the import check, and loading the run called
     whatever its config named (``builtins:print`` printed the observation shape)."""
@@ -228,3 +230,35 @@ def test_a_run_naming_a_callable_that_is_no_network_is_refused(tmp_path, net):
                                        r"network class.*--allow-import"):
         load_run_config(run)
     assert load_run_config(run, allow_import=True).hparams.net == net  # the user's consent
+
+
+def test_a_run_naming_a_factory_function_of_the_users_module_loads(tmp_path, monkeypatch):
+    """A factory function (not a class) from the user's own module, imported by the
+    loading script, loads without --allow-import, as a class does."""
+    from rlloop.saved_runs import load_run_config
+
+    (tmp_path / "user_nets.py").write_text(
+        "from custom_nets import TinyEncoder\n"
+        "def make_net(obs_shape):\n"
+        "    return TinyEncoder(obs_shape)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import user_nets
+
+    config = build_config("ppo", "CartPole-v1", sets=[
+        "ppo.net=user_nets:make_net", "total_env_steps=256", "num_envs=2",
+        "ppo.rollout_steps=128", "eval_every=0", *(f"{k}={str(v).lower()}"
+                                                  for k, v in QUIET.items())])
+    run = train(config, tmp_path / "run").run_dir
+    assert user_nets.make_net and load_run_config(run).hparams.net == "user_nets:make_net"
+
+
+def test_lazy_layers_take_their_shapes_at_build_each_body_its_own_weights():
+    """A LazyLinear net failed at the optimiser ("uninitialized parameter"); the build's
+    check materialises it, and actor and critic must not draw the same weights."""
+    from custom_nets import LazyEncoder
+
+    torch.manual_seed(0)
+    policy = ActorCritic((4,), Discrete(2), features=LazyEncoder)
+    actor, critic = policy.actor[0].net[1].weight, policy.critic[0].net[1].weight
+    assert actor.shape == critic.shape == (16, 4)
+    assert not torch.equal(actor, critic)

@@ -416,3 +416,19 @@ def test_a_runner_that_cannot_start_fails_the_run_at_once(
                                              r"only be made in process"):
         Session(cfg, tmp_path / "run").run()
     assert time.monotonic() - start < 120
+
+
+def test_a_runner_that_cannot_start_on_a_resume_is_the_same_one_line(
+        ray_instance: None) -> None:
+    """The resume's runner restart raised Ray's own ActorDiedError (exit 1, "unexpected")."""
+    from rlloop.runners.ray_runners import EnvRunnerError
+
+    cfg = build_config("ppo", f"runner_envs:{runner_envs.HOME_ONLY_ID}", sets=[
+        *QUIET, "num_env_runners=1", "num_envs=2", "ppo.rollout_steps=32",
+        "ppo.minibatch_size=32", f"env_kwargs.home_pid={os.getpid()}", "max_restarts=3"])
+    algo: Any = build_algorithm(cfg)
+    try:
+        with pytest.raises(EnvRunnerError, match=r"env runner 0 could not start"):
+            algo.set_state(algo.get_state())
+    finally:
+        algo.close()

@@ -75,6 +75,17 @@ def test_callbacks_run_on_a_task_and_can_stop_it(tmp_path):
     assert everything.result.stopped_by == "budget" and everything.steps[-1] == 6
 
 
+def test_a_callbacks_stop_ends_only_that_run(tmp_path):
+    """The stop stayed set: a second run() with budget left stopped after one epoch."""
+    hears = _Hears(stop_at=2)
+    trainer = TaskTrainer(SignTask(TaskConfig(**FAST)), sign_policy(), callbacks=[hears])
+    trainer.run()
+    assert trainer.state["train/epochs"] == 2
+    hears.stop_at = 100
+    trainer.run()
+    assert trainer.state["train/epochs"] == 6 and hears.result.stopped_by == "budget"
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"on_epoch": [_Hears(1)]}, r"on_epoch takes functions of an epoch's stats.*"
                                 r"callbacks=\[\.\.\.\]"),

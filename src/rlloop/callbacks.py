@@ -50,23 +50,31 @@ class UserCallbacks:
 
     def on_step(self, trainer: Trainer, stats: Stats) -> None:
         for cb in self.callbacks:
-            self._check(cb, _called(cb, cb.on_step, stats))
+            self._ask(cb, cb.on_step, stats, "on_step")
 
     def on_eval(self, trainer: Trainer, stats: Stats) -> None:
         for cb in self.callbacks:
-            self._check(cb, _called(cb, cb.on_eval, stats))
+            self._ask(cb, cb.on_eval, stats, "on_eval")
 
-    def _check(self, cb: Callback, answer: Any) -> None:
-        if answer is not None and not answer and self.stopped_by is None:
+    def _ask(self, cb: Callback, hook: Callable[[Stats], Any], stats: Stats,
+             name: str) -> None:
+        """Call ``hook``; a false answer other than None stops the run (reading the answer,
+        e.g. a numpy array's truth, counts as the callback's own code)."""
+        def stops(s: Stats) -> bool:
+            answer = hook(s)
+            return answer is not None and not answer
+
+        if _called(cb, stops, stats, name) and self.stopped_by is None:
             self.stopped_by = f"callback {type(cb).__name__}"
 
     def checkpoint(self, path: Path) -> None:
         for cb in self.callbacks:
-            _called(cb, cb.on_checkpoint, path)
+            _called(cb, cb.on_checkpoint, path, "on_checkpoint")
 
     def train_end(self, result: RunResult) -> None:
         for cb in self.callbacks:
-            _called(cb, cb.on_train_end, result)
+            _called(cb, cb.on_train_end, result, "on_train_end")
+
 
 
 def as_callbacks(callbacks: object) -> list[Callback]:
@@ -82,13 +90,14 @@ def as_callbacks(callbacks: object) -> list[Callback]:
     return good
 
 
-def _called(cb: Callback, hook: Callable[[Any], Any], arg: Any) -> Any:
-    """``hook(arg)``; an error it raises goes on as it is, noted with the callback's name
-    (the CLI's error line names it: a user's code, not rlloop's)."""
+def _called(cb: Callback, hook: Callable[[Any], Any], arg: Any, name: str) -> Any:
+    """``hook(arg)`` (``cb``'s hook ``name``, or its answer's reading); an error it raises
+    goes on as it is, noted with the callback's name (the CLI's error line names it: a
+    user's code, not rlloop's)."""
     try:
         return hook(arg)
     except Exception as e:
-        e.add_note(f"{CALLBACK_NOTE}{type(cb).__name__}.{hook.__name__}")
+        e.add_note(f"{CALLBACK_NOTE}{type(cb).__name__}.{name}")
         raise
 
 
@@ -100,7 +109,8 @@ def load_callback(spec: str) -> Callback:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"--callback expects module:Class, got {spec!r}")
-    module = import_user_module(module_name, f"--callback {spec}")
+    # the working directory first, as before: a user's profile.py is not the stdlib's
+    module = import_user_module(module_name, f"--callback {spec}", cwd_first=True)
     cls = getattr(module, attr, None)
     if cls is None:
         raise ConfigError(f"--callback {spec}: module {module_name!r} has no {attr!r}")

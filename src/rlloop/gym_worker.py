@@ -6,9 +6,8 @@ worker where robustness needs it:
 
 * it dies with its parent: a kernel parent-death signal (Linux) and a thread watching
   the parent's sentinel, so a SIGKILLed trainer leaves no env process behind;
-* it ignores ``SIGINT`` and ``SIGTERM`` (Ctrl-C, a scheduler's or ``kill -TERM -PGID``'s
-  signal reach the whole process group; the parent decides when workers stop, after
-  asking them for their state for its final checkpoint), and is ended by SIGKILL;
+* it ignores ``SIGINT`` (Ctrl-C reaches the whole process group; the parent decides
+  when workers stop) and takes ``SIGTERM``'s default action, so ``terminate()`` works;
 * errors go back over the pipe as ``((type name, message, traceback), False)``, not
   through a queue, and the worker exits after one (its env may be broken);
 * a reset answers ``(obs, mask)`` and a step ``(obs, reward, terminated, truncated,
@@ -45,7 +44,7 @@ def gym_worker(index: int, env_fn: Callable[[], Any], pipe: Connection,
     and ``semaphore`` are unused (no shared memory, errors over the pipe, same-step
     autoreset always, no concurrency limit)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent()
     parent_pipe.close()
     env = None

@@ -13,17 +13,21 @@ from types import ModuleType
 CALLBACK_NOTE = "raised in callback "
 
 
-def import_user_module(module: str, label: str) -> ModuleType:
+def import_user_module(module: str, label: str, *, cwd_first: bool = False) -> ModuleType:
     """``importlib.import_module(module)``, also from the working directory (where a
-    user's module usually is; console scripts, unlike ``python -m``, do not search it).
+    user's module usually is; console scripts, unlike ``python -m``, do not search it):
+    searched last, or first with ``cwd_first`` (as ``python -m`` searches it).
 
     Raises ConfigError, prefixed with ``label`` (what named the module), in one line:
     no such module, a module whose own imports fail, or one that raised while importing.
     """
     from rlloop.errors import ConfigError
 
-    if module not in sys.modules and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # appended: it never shadows an installed package
+    if module not in sys.modules and os.getcwd() not in sys.path and "" not in sys.path:
+        if cwd_first:
+            sys.path.insert(0, os.getcwd())
+        else:
+            sys.path.append(os.getcwd())  # appended: it never shadows an installed package
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:

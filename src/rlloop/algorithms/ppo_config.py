@@ -35,9 +35,9 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
         ("recurrent", (None,), ("recurrent_hidden", "seq_len")),
         ("max_grad_norm", (None,), ("grad_clip_by",)),
     )
-    #: A custom network is the actor's and critic's whole body: these shape rlloop's own.
-    REPLACED_BY: ClassVar[tuple[Replacement, ...]] = (
-        ("net", ("hidden", "activation", "encoder", "cnn_precision")),)
+    #: A custom network is the actor's and critic's whole body: these shape rlloop's own
+    #: (so do hidden and activation, left out: presets set them, a user rarely beside a net).
+    REPLACED_BY: ClassVar[tuple[Replacement, ...]] = (("net", ("encoder", "cnn_precision")),)
 
     rollout_steps: int = 128
     """Env steps per env per iteration (T); the batch is T * num_envs samples."""

@@ -576,9 +576,10 @@ class GymVecEnv:
                 ),
             }
             physics = self._physics()
-        except EnvWorkerError:
-            # a worker died unseen until asked (killed by a signal): the final checkpoint
-            # goes on without the envs' state, as after any worker failure
+        except (EnvWorkerError, StopInterrupted):
+            # a worker died unseen until asked (a process group's SIGTERM reaches the
+            # workers too): the final checkpoint goes on without the envs' state, as after
+            # any worker failure
             failure = getattr(self._vec, "failure", None)
             if failure is None:
                 raise

@@ -27,11 +27,9 @@ import logging
 import math
 import selectors
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from copy import deepcopy
-from multiprocessing import forkserver
 from typing import Any, NoReturn
 
 import numpy as np
@@ -53,27 +51,6 @@ START_STOP_GRACE_S = 15.0
 on a loaded machine: the first answer can take seconds)."""
 _POLL_S = 0.25  # how often a wait looks at the stop request
 _log = logging.getLogger(__name__)
-
-
-def start_forkserver() -> None:
-    """Start multiprocessing's forkserver, if it is not running, with ``SIGTERM`` ignored.
-
-    The workers' parent is the forkserver: a ``SIGTERM`` to the whole process group (a
-    scheduler's, ``kill -TERM -PGID``) that killed it would take the workers with it (their
-    parent-death signal) before the trainer's final checkpoint could ask them for their
-    state. An ignored signal stays ignored across ``exec``; the forkserver still exits
-    with the trainer (its pipe closes). Meanwhile the trainer's own ``SIGTERM`` is blocked
-    in this thread, so one that arrives is delivered once its handler is back."""
-    if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()  # signal handlers belong to the main thread
-        return
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    handler = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if handler is None else handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 class EnvWorkerError(RlloopError, RuntimeError):
@@ -106,7 +83,6 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
         self.failure: str | None = None
         """Why the workers are gone (None while they serve)."""
         self._selector: selectors.BaseSelector | None = None
-        start_forkserver()
         super().__init__(env_fns, shared_memory=False, context="forkserver", worker=gym_worker,
                          autoreset_mode=AutoresetMode.SAME_STEP)
 
@@ -155,9 +131,11 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
             if not dead:
                 self._abandon(f"lost a pipe to a worker ({e})")
                 raise
-            error = self._error(dead[0], self._death(dead[0], "a command"), "fix the env")
-            self._abandon(str(error))
-            raise error from e
+            try:
+                self._died(dead[0], "a command")
+            except (EnvWorkerError, StopInterrupted) as error:
+                self._abandon(str(error))
+                raise error from e
         except (EnvWorkerError, AlreadyPendingCallError, ClosedEnvironmentError):
             raise  # raised before anything was sent
         except BaseException as e:  # some workers may have the command, others not
@@ -221,7 +199,7 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
                     slow = [i for i in range(self.num_envs) if i not in answers]
                     for i in slow:
                         if not self.processes[i].is_alive():
-                            self._fail(i, self._death(i, command), self._fix(command))
+                            self._died(i, command)
                     if time.monotonic() >= deadline:
                         self._fail(slow[0], f"did not answer {command} within step_timeout="
                                    f"{self.step_timeout} s", "raise step_timeout if the env "
@@ -239,11 +217,21 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
                     "`if __name__ == \"__main__\":`)")
         return "fix the env"
 
+    def _died(self, i: int, command: str) -> NoReturn:
+        """Worker ``i`` is gone. After a stop signal that signal is why (a scheduler's
+        SIGTERM to the whole process group reaches the workers too): the run stops as at
+        an iteration boundary, its final checkpoint without the envs' state; otherwise
+        the env is blamed."""
+        if stop_requested_since() is not None:
+            raise StopInterrupted(f"{self.env_id}: worker {i} {self._death(i, command)} "
+                                  "after a stop signal")
+        self._fail(i, self._death(i, command), self._fix(command))
+
     def _answer(self, i: int, command: str) -> Any:
         try:
             payload, ok = self.parent_pipes[i].recv()
         except (EOFError, OSError):
-            self._fail(i, self._death(i, command), self._fix(command))
+            self._died(i, command)
         if not ok:
             name, message, trace = payload
             _log.error("%s: env worker %d raised in %s:\n%s", self.env_id, i, command,
@@ -299,16 +287,17 @@ class GuardedAsyncVectorEnv(AsyncVectorEnv):
         self._stop_workers(grace=1.0 if polite else 0.0)
 
     def _stop_workers(self, grace: float) -> None:
-        """Join for up to ``grace`` seconds, then SIGKILL (workers ignore SIGTERM: see
-        :mod:`rlloop.gym_worker`); close the pipes."""
+        """Join for up to ``grace`` seconds, then SIGTERM, then SIGKILL; close the pipes."""
         deadline = time.monotonic() + grace
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))
         for process in self.processes:
             if process.is_alive():
+                process.terminate()
+                process.join(0.5)
+            if process.is_alive():
                 process.kill()
-        for process in self.processes:
-            process.join(5.0)
+                process.join(5.0)
         if self._selector is not None:
             self._selector.close()
         for pipe in self.parent_pipes:

@@ -12,7 +12,10 @@ the user's own choice and may import what it names.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import sysconfig
+import types
 
 from rlloop.envs.core import EnvError
 from rlloop.errors import ConfigError
@@ -58,8 +61,8 @@ def check_net_import(path: str, *, allow_import: bool, source: str, key: str) ->
     """Refuse a network ``module:Class`` from ``source`` (a run directory's config) whose
     module is not imported yet, unless ``allow_import``: as for env ids. In a module that
     is imported already, it must name a network class (a ``torch.nn.Module`` subclass), a
-    factory this process was given, or a function of the running script: a config naming
-    ``builtins:print`` or ``os:system`` would otherwise call it."""
+    factory this process was given, or a class or function of the user's own code: a
+    config naming ``builtins:print`` or ``os:system`` would otherwise call it."""
     module, _, name = path.partition(":")
     if not module or allow_import:
         return
@@ -70,13 +73,15 @@ def check_net_import(path: str, *, allow_import: bool, source: str, key: str) ->
                        f"{module!r}; {consent}")
     if not _a_network(module, name, path):
         raise EnvError(f"{source} names network {key}={path!r}, which is not a network "
-                       f"class (a torch.nn.Module subclass); {consent}")
+                       f"class (a torch.nn.Module subclass) or a factory of your own code; "
+                       f"{consent}")
 
 
 def _a_network(module: str, name: str, path: str) -> bool:
-    """Whether ``module:name`` (its module imported) is safe to call as a network factory."""
-    import types
-
+    """Whether ``module:name`` (its module imported) is safe to call as a network factory:
+    a ``torch.nn.Module`` subclass, a factory this process was given, or a class or
+    function defined in the user's own code (the running script, or a module outside the
+    interpreter's standard library and installed packages), never e.g. ``os:system``."""
     from torch import nn
 
     from rlloop.modules.custom import registered_net
@@ -88,10 +93,24 @@ def _a_network(module: str, name: str, path: str) -> bool:
         if not hasattr(obj, part):
             return True  # nothing to call: resolving it fails with its own message
         obj = getattr(obj, part)
-    if isinstance(obj, type):
-        return issubclass(obj, nn.Module)
-    return (module == "__main__" and isinstance(obj, types.FunctionType)
-            and obj.__module__ == "__main__")
+    if isinstance(obj, type) and issubclass(obj, nn.Module):
+        return True
+    defined_here = isinstance(obj, type | types.FunctionType) and getattr(
+        obj, "__module__", None) == module
+    return defined_here and (module == "__main__" or _users_module(module))
+
+
+def _users_module(module: str) -> bool:
+    """Whether ``module`` (imported) is a file outside the standard library and the
+    installed packages: the user's own code (a module on PYTHONPATH or in the working
+    directory)."""
+    file = getattr(sys.modules[module], "__file__", None)
+    if not file or module.partition(".")[0] == "rlloop":  # rlloop itself, even editable
+        return False
+    path = os.path.realpath(file)
+    roots = {os.path.realpath(p) for key in ("stdlib", "platstdlib", "purelib", "platlib")
+             if (p := sysconfig.get_paths().get(key))}
+    return not any(path.startswith(root + os.sep) for root in roots)
 
 
 def _is_pettingzoo_module(name: str) -> bool:

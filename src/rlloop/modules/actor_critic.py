@@ -186,14 +186,15 @@ def _with_head(body: nn.Module, out: int, gain: float, ortho_init: bool) -> nn.S
 
 def check_features(body: nn.Module, obs_shape: tuple[int, ...]) -> None:
     """Pass a zero batch of two observations through a user network (in eval mode,
-    without gradient, the random generators left as they were): it must make
+    without gradient; lazy layers take their shapes and draw their weights here, each
+    body its own): it must make
     ``[2, features_dim]`` features. A network whose layers do not fit the observation, or
     whose ``features_dim`` is not what it makes, fails here, naming itself, instead of
     inside the first rollout."""
     name, dim = type(body).__name__, getattr(body, "features_dim", None)
     training = body.training
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
+        with torch.no_grad():
             out = body.eval()(torch.zeros(2, *obs_shape))
     except Exception as e:
         raise ConfigError(f"network {name} failed on observations of shape [B, "

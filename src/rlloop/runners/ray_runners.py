@@ -472,8 +472,13 @@ class RayEnvRunnerGroup:
         base = derive_seed(self.config.seed, f"env-runners-resumed-{self.episodes.count}-"
                                              f"{self.restarts}") % 2**31
         self._drain()
-        ray.get([actor.restart.remote(base + i * self.envs)
-                 for i, actor in enumerate(self.actors)])
+        calls = [actor.restart.remote(base + i * self.envs)
+                 for i, actor in enumerate(self.actors)]
+        for runner, call in enumerate(calls):
+            try:
+                ray.get(call)
+            except RayError as e:  # e.g. it could not start: one line, as in a collect
+                self._failed(runner, e)
         self.episodes.restart()
         self.restarted.update(range(self.num_runners))
         self.restart_due, self.restarted_at_resume = False, True

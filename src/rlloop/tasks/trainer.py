@@ -124,6 +124,7 @@ class TaskTrainer(Generic[ModelT]):
 
         started = time.perf_counter()
         stopped_by = "budget"
+        self._user.stopped_by = None  # a callback's stop ended the previous run() only
         with supervised(self, finish):
             schedule.pool = self.task.get_worker_pool()
             if not schedule.finished(self.trainer):
