@@ -178,16 +178,23 @@ def test_a_callback_stops_training_from_on_eval(tmp_path, algo):
     assert len(stop.evals) == 1 and result.env_steps < 20_000
 
 
+def _train_quietly(tmp_path: Path, cli_env: dict[str, str], steps: str,
+                   *args: str) -> subprocess.CompletedProcess[str]:
+    """``rlloop train ppo`` into ``tmp_path/run`` for ``steps`` env steps, quiet, without
+    MLflow or video, with ``args`` added."""
+    return _run(rlloop_cmd("train", "ppo", "--run-dir", "run", "--total-env-steps", steps,
+                           "--quiet", "--set", "mlflow=false", "--set", "save_video=false",
+                           *args), cli_env, tmp_path)
+
+
 def test_cli_callback_flag(tmp_path, cli_env):
     (tmp_path / "stopper.py").write_text(
         "from rlloop import Callback\n"
         "class Stop(Callback):\n"
         "    def on_step(self, stats):\n"
         "        return stats['env/steps'] < 1024\n")
-    out = _run(rlloop_cmd("train", "ppo", "--run-dir", "run", "--total-env-steps", "100000",
-                          "--quiet", "--set", "mlflow=false", "--set", "save_video=false",
-                          "--set", "stop_on_solve=false", "--callback", "stopper:Stop"),
-               cli_env, tmp_path)
+    out = _train_quietly(tmp_path, cli_env, "100000", "--set", "stop_on_solve=false",
+                         "--callback", "stopper:Stop")
     assert out.returncode == 0, out.stderr
     assert "callback Stop" in out.stdout
     bad = _run(rlloop_cmd("train", "ppo", "--callback", "nosuchmodule:Stop"), cli_env, tmp_path)
@@ -201,9 +208,7 @@ def test_a_callback_raising_in_training_is_named_by_the_cli(tmp_path, cli_env):
         "class Boom(Callback):\n"
         "    def on_step(self, stats):\n"
         "        raise ValueError('my bug')\n")
-    out = _run(rlloop_cmd("train", "ppo", "--run-dir", "run", "--total-env-steps", "4096",
-                          "--quiet", "--set", "mlflow=false", "--set", "save_video=false",
-                          "--callback", "boom:Boom"), cli_env, tmp_path)
+    out = _train_quietly(tmp_path, cli_env, "4096", "--callback", "boom:Boom")
     assert out.returncode == 1, out.stderr
     assert "ValueError: my bug (in callback Boom.on_step;" in out.stderr, out.stderr
     assert "unexpected" not in out.stderr

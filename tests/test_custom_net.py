@@ -54,6 +54,12 @@ def test_user_bodies_get_rlloop_heads_for_the_action_space():
     # A run whose network lived in the training script, evaluated from the CLI
     ("__main__:Encoder", r"the network was defined in the script that trained the run.*"
                          r"rlloop\.load\(run\).*ppo\.net=module:Encoder"),
+    # Networks that do not fit: they failed inside the first rollout with torch's shape
+    # error (exit 1); a zero batch at build refuses them
+    ("custom_nets:WrongDim", r"network WrongDim sets features_dim=16 but makes features of "
+                             r"shape \(2, 32\).*set features_dim to what it makes"),
+    ("custom_nets:WrongInput", r"network WrongInput failed on observations of shape \[B, 4\] "
+                               r"\(RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
 ])
 def test_bad_networks_are_config_errors(net, match):
     with pytest.raises(ConfigError, match=match):
@@ -163,19 +169,6 @@ def test_a_custom_net_gets_dict_pixels_scaled_like_rlloops_encoders():
     standardized = NetInput((("cue", (2,), False), ("pixels", (2, 2), True)),
                             standardized=True)
     assert torch.equal(standardized(x), x)
-
-
-@pytest.mark.parametrize("net,match", [
-    ("custom_nets:WrongDim", r"network WrongDim sets features_dim=16 but makes features of "
-                             r"shape \(2, 32\).*set features_dim to what it makes"),
-    ("custom_nets:WrongInput", r"network WrongInput failed on observations of shape \[B, 4\] "
-                               r"\(RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
-])
-def test_a_network_that_does_not_fit_is_refused_when_built(net, match):
-    """They failed inside the first rollout with torch's shape error (exit 1)."""
-    with pytest.raises(ConfigError, match=match):
-        build_algorithm(build_config("ppo", "CartPole-v1", sets=[
-            "mlflow=false", "num_envs=2", "ppo.minibatch_size=64", f"ppo.net={net}"]))
 
 
 def test_the_build_time_check_leaves_weights_and_random_stream_alone(monkeypatch):

@@ -76,7 +76,6 @@ class UserCallbacks:
             _called(cb, cb.on_train_end, result, "on_train_end")
 
 
-
 def as_callbacks(callbacks: object) -> list[Callback]:
     """``callbacks`` as a list (one may be passed alone, as in SB3); anything that is not a
     :class:`Callback` is refused (``ConfigError``) before training starts."""

@@ -84,15 +84,13 @@ def _a_network(module: str, name: str, path: str) -> bool:
     interpreter's standard library and installed packages), never e.g. ``os:system``."""
     from torch import nn
 
-    from rlloop.modules.custom import registered_net
+    from rlloop.modules.custom import dotted_attribute, is_missing, registered_net
 
     if registered_net(path) is not None:
         return True
-    obj: object = sys.modules[module]
-    for part in name.split("."):
-        if not hasattr(obj, part):
-            return True  # nothing to call: resolving it fails with its own message
-        obj = getattr(obj, part)
+    obj = dotted_attribute(sys.modules[module], name)
+    if is_missing(obj):
+        return True  # nothing to call: resolving it fails with its own message
     if isinstance(obj, type) and issubclass(obj, nn.Module):
         return True
     defined_here = isinstance(obj, type | types.FunctionType) and getattr(

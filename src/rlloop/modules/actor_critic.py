@@ -20,6 +20,7 @@ from rlloop.modules.distributions import (
 from rlloop.modules.encoders import Encoder, NetInput, flat_input
 from rlloop.modules.gsde import StateDependentNoise
 from rlloop.modules.networks import _init, flat_dim, mlp
+from rlloop.user_code import one_line
 
 #: ``factory(obs_shape) -> nn.Module`` with a ``features_dim`` attribute: a user network
 #: mapping observations ``[B, *obs_shape]`` to features ``[B, features_dim]``.
@@ -72,7 +73,6 @@ class ActorCritic(nn.Module):
             out = action_space.dim
         else:  # pragma: no cover - the env layer rejects other spaces first
             raise TypeError(f"unsupported action space {action_space!r}")
-        self.flatten = features is None
         self.net_input = None if features is None else net_input or NetInput()
         if features is None:
             self.actor = mlp(self.obs_dim, hidden, out, activation=activation, out_gain=0.01,
@@ -93,7 +93,7 @@ class ActorCritic(nn.Module):
 
     def features(self, obs: Tensor) -> Tensor:
         """What the actor and critic bodies take: the encoder's features, the flattened
-        observation, or (a user network) the observation as it comes."""
+        observation, or (a user network) the observation as ``net_input`` makes it."""
         if self.encoder is not None:
             return self.encoder(obs)
         if self.net_input is not None:
@@ -187,10 +187,9 @@ def _with_head(body: nn.Module, out: int, gain: float, ortho_init: bool) -> nn.S
 def check_features(body: nn.Module, obs_shape: tuple[int, ...]) -> None:
     """Pass a zero batch of two observations through a user network (in eval mode,
     without gradient; lazy layers take their shapes and draw their weights here, each
-    body its own): it must make
-    ``[2, features_dim]`` features. A network whose layers do not fit the observation, or
-    whose ``features_dim`` is not what it makes, fails here, naming itself, instead of
-    inside the first rollout."""
+    body its own): it must make ``[2, features_dim]`` features. A network whose layers do
+    not fit the observation, or whose ``features_dim`` is not what it makes, fails here,
+    naming itself, instead of inside the first rollout."""
     name, dim = type(body).__name__, getattr(body, "features_dim", None)
     training = body.training
     try:
@@ -199,7 +198,7 @@ def check_features(body: nn.Module, obs_shape: tuple[int, ...]) -> None:
     except Exception as e:
         raise ConfigError(f"network {name} failed on observations of shape [B, "
                           f"{', '.join(map(str, obs_shape))}] ({type(e).__name__}: "
-                          f"{' '.join(str(e).split())}); make its layers fit that shape"
+                          f"{one_line(e)}); make its layers fit that shape"
                           ) from None
     finally:
         body.train(training)

@@ -24,6 +24,8 @@ from rlloop.modules.choices import check_net_path as check_net_path
 from rlloop.user_code import import_user_module
 
 NetFactory = Callable[[tuple[int, ...]], nn.Module]
+#: What :func:`dotted_attribute` returns for a name the object does not have.
+_MISSING = object()
 #: Factories handed to the Python API in this process, by their ``module:QualName``.
 _REGISTERED: dict[str, NetFactory] = {}
 
@@ -54,21 +56,33 @@ def resolve_net(path: str, key: str) -> NetFactory:
     if path in _REGISTERED:
         return _REGISTERED[path]
     module, _, name = path.partition(":")
-    obj: Any = import_user_module(module, f"{key}={path!r}")
-    for part in name.split("."):
-        if not hasattr(obj, part) and module == "__main__":
-            raise ConfigError(f"{key}={path!r}: the network was defined in the script that "
-                              f"trained the run, which this process is not; define {name} "
-                              "and use rlloop.load(run) from Python, or move it to a module "
-                              f"and train with {key}=module:{name}")
-        if not hasattr(obj, part):
-            raise ConfigError(f"{key}={path!r}: module {module!r} has no {name!r}; check the "
-                              "class name")
-        obj = getattr(obj, part)
+    obj = dotted_attribute(import_user_module(module, f"{key}={path!r}"), name)
+    if is_missing(obj) and module == "__main__":
+        raise ConfigError(f"{key}={path!r}: the network was defined in the script that "
+                          f"trained the run, which this process is not; define {name} "
+                          "and use rlloop.load(run) from Python, or move it to a module "
+                          f"and train with {key}=module:{name}")
+    if is_missing(obj):
+        raise ConfigError(f"{key}={path!r}: module {module!r} has no {name!r}; check the "
+                          "class name")
     if not callable(obj):
         raise ConfigError(f"{key}={path!r} is a {type(obj).__name__}, not a network class "
                           "or factory")
     return obj  # type: ignore[no-any-return]
+
+
+def dotted_attribute(obj: object, name: str) -> Any:
+    """``obj.a.b`` for ``name`` "a.b" (a ``QualName``), or :data:`_MISSING`."""
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            return _MISSING
+        obj = getattr(obj, part)
+    return obj
+
+
+def is_missing(obj: object) -> bool:
+    """Whether :func:`dotted_attribute` found nothing."""
+    return obj is _MISSING
 
 
 def script_nets(path: str | None, key: str) -> dict[str, NetFactory]:

@@ -34,7 +34,7 @@ class MaskedActorCritic(ActorCritic):
         if not isinstance(action_space, Discrete) or action_space.n != mask_dims:
             raise TypeError(f"an action mask of {mask_dims} needs Discrete({mask_dims}) actions")
         super().__init__(obs_shape, action_space, hidden, activation, **kwargs)
-        if not self.flatten or not isinstance(self.encoder, DictEncoder | None):
+        if self.net_input is not None or not isinstance(self.encoder, DictEncoder | None):
             raise ConfigError("action masking needs the MLP on flat observations; drop the "
                               "custom net / encoder or set action_mask=false")
         self.mask_dims = mask_dims
