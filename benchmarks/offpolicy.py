@@ -23,10 +23,12 @@ rlloop's shipped presets are the same values):
   step Gymnasium's Pendulum.
 
 rlloop's gradient paths run side by side on one env (``--paths``): ``autograd`` (the
-default: autograd and ``Adam(fused=True)``, eager), ``compiled`` (the same update
-through ``torch.compile``, ``<algo>.compile=true``; its first updates include the
-compilation) and, for DQN, ``manual`` (the opt-in hand-derived backward pass,
-``dqn.manual_backward=true``). The 4-env and Gymnasium-env runs take the default path.
+default: autograd and ``Adam(fused=True)``, eager), ``compiled`` (the same update,
+gradient, clipping and Adam included, through ``torch.compile`` as one graph,
+``<algo>.compile=true``; its first updates include the compilation) and, for DQN,
+``manual`` (the opt-in hand-derived backward pass, ``dqn.manual_backward=true``). The
+Gymnasium-env run takes the default path, the 4-env run the default path and, with
+``compiled`` among ``--paths``, the compiled one.
 
 Budgets (defaults): 40k env steps for DQN and 5k for SAC, which keeps the whole run near
 ten minutes on two cores; rl-zoo trains 50k and 20k (``--dqn-steps``, ``--sac-steps``).
@@ -345,6 +347,7 @@ def report(results: list[Result], peak: float) -> None:
 #: ``(num_envs, backend, gradient path)`` of every rlloop run, per task.
 TASKS = {"dqn": ("CartPole-v1", 1024, ((1, "native", "autograd"), (1, "native", "compiled"),
                                        (1, "native", "manual"), (4, "native", "autograd"),
+                                       (4, "native", "compiled"),
                                        (1, "gymnasium", "autograd"))),
          "sac": ("Pendulum-v1", 100, ((1, "auto", "autograd"), (1, "auto", "compiled")))}
 #: The settings of each gradient path.

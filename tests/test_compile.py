@@ -45,11 +45,26 @@ def test_compiled_updates_equal_eager_updates(name):
         for key in a:
             assert_close(torch.as_tensor(b[key]), torch.as_tensor(a[key]),
                          rtol=1e-4, atol=1e-5, msg=key)
-    assert compiled.learner._compiled  # the update really went through torch.compile
+    assert compiled.learner._whole  # the whole update went through torch.compile
     for p, q in zip(eager.learner.modules.parameters(), compiled.learner.modules.parameters(),
                     strict=True):
         assert_close(q, p, rtol=1e-4, atol=1e-5)
     assert eager.learner.updates == compiled.learner.updates
+
+
+@pytest.mark.slow
+def test_a_parameter_frozen_after_compiling_stays_frozen():
+    """The whole update was built for the parameters trainable then: freezing one later
+    falls back (with a warning) to the loss-only compile, which steps only what has a
+    gradient, as the eager update does."""
+    algo = _algo("dqn", True)
+    algo.optimize(40)
+    weight = algo.learner.module().online.net.layers[0].weight
+    weight.requires_grad_(False)
+    frozen = weight.detach().clone()
+    with pytest.warns(UserWarning, match="do not step exactly the module's trainable"):
+        algo.optimize(40)
+    assert torch.equal(weight, frozen)
 
 
 def test_compile_and_the_hand_derived_backward_exclude_each_other():

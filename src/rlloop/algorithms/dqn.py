@@ -124,6 +124,8 @@ class DQNLearner(OffPolicyLearnerBase):
         if self.backprop is not None:
             loss_stats, self.td_errors = self.backprop(obs, action, target, weights, stats)
             self.step.apply(torch.isfinite(self.td_errors).all())
+        elif (whole := self.whole_update(self.module().online, _loss)) is not None:
+            loss_stats, self.td_errors = whole(obs, action, target, weights)
         else:
             loss_stats, self.td_errors = self.compiled(self._loss_step)(obs, action, target,
                                                                          weights)
@@ -146,6 +148,13 @@ class DQNLearner(OffPolicyLearnerBase):
             hard_update(m.target, m.online)
         else:
             polyak_update(m.target, m.online, self.config.tau)
+
+
+def _loss(online: nn.Module, obs: Tensor, action: Tensor, target: Tensor,
+          weights: Tensor | None) -> tuple[Tensor, tuple[dict[str, Tensor], Tensor]]:
+    """DQN's loss as :class:`~rlloop.learners.whole_update.WholeUpdate` takes it."""
+    loss, stats, td_errors = dqn_loss(online(obs), action, target, weights)
+    return loss, (stats, td_errors)
 
 
 class DQN(OffPolicyAlgorithmBase):

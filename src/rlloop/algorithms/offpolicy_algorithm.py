@@ -10,6 +10,7 @@ every off-policy algorithm checkpoints. Subclasses build ``config``, ``learner``
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,6 +32,7 @@ from rlloop.errors import ConfigError
 from rlloop.learners.learner import GradientClip, Learner
 from rlloop.learners.optim_step import GuardedOptim, GuardedStep, adam
 from rlloop.learners.schedules import learning_rate
+from rlloop.learners.whole_update import LossFn, WholeUpdate
 from rlloop.seeding import derive_seed
 
 
@@ -43,7 +45,8 @@ class OffPolicyLearnerBase(Learner[ReplayBatch]):
 
     A subclass implements ``compute_loss_for_module``, ``configure_optimizers_for_module``
     (calling :meth:`add_adam`), :meth:`target_update_every` and :meth:`update_targets`, and
-    routes its updates through :meth:`compiled` functions that end in :attr:`step`.
+    routes its updates through :meth:`whole_update` where it applies, else through
+    :meth:`compiled` functions that end in :attr:`step`.
     """
 
     def __init__(self, modules: Mapping[str, nn.Module], config: Any,
@@ -53,6 +56,8 @@ class OffPolicyLearnerBase(Learner[ReplayBatch]):
         self.updates = 0
         self.step = GuardedStep()
         self._compiled: dict[str, Callable[..., Any]] = {}
+        self._whole: WholeUpdate | None = None
+        self._whole_supported: bool | None = None  # decided on first use
         super().__init__(modules, config, on_nonfinite=on_nonfinite)  # type: ignore[arg-type]
 
     @property
@@ -89,6 +94,27 @@ class OffPolicyLearnerBase(Learner[ReplayBatch]):
         if name not in self._compiled:
             self._compiled[name] = torch.compile(fn)
         return self._compiled[name]
+
+    def whole_update(self, module: nn.Module, loss_fn: LossFn) -> WholeUpdate | None:
+        """With ``compile``: the update of ``module`` by ``loss_fn`` compiled whole (loss,
+        gradient, clip, Adam; built once, on first use) where :class:`WholeUpdate` takes
+        the module and the optimisers; else ``None`` (eager, or :meth:`compiled` for the rest).
+        """
+        if not getattr(self.config, "compile", False):
+            return None
+        if self._whole is not None and self._whole.stale():  # a parameter was frozen
+            self._whole = self._whole_supported = None
+        if self._whole_supported is None:
+            problem = WholeUpdate.unsupported(module, self.step)
+            self._whole_supported = problem is None
+            if problem is None:
+                self._whole = WholeUpdate(module, loss_fn, self.step)
+            else:
+                warnings.warn(f"compile=true: {problem}, so the update cannot compile as "
+                              "one graph; compiling the loss, with backward() and the "
+                              "optimiser step left eager (slower on a CPU than compile="
+                              "false)", stacklevel=2)
+        return self._whole
 
     def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
         """One gradient update (``compiled``, ending in :attr:`step`), then

@@ -101,8 +101,9 @@ class OffPolicyConfig:
     losses stay float32). Several times faster on CPUs with bfloat16 matrix units (Intel
     AMX) and on GPUs, at bfloat16's 8-bit mantissa in the features."""
     compile: bool = False
-    """Run each gradient update through torch.compile (compiled on the first updates,
-    which takes a while; the README says when it pays)."""
+    """Run each gradient update through torch.compile as one graph: loss, gradient,
+    clipping and Adam (compiled on the first updates, which takes a while; the README
+    says when it pays)."""
 
     def __post_init__(self) -> None:
         s = self.section

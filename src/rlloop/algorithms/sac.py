@@ -151,7 +151,10 @@ class SACLearner(OffPolicyLearnerBase):
     def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
         """One gradient update of every optimiser (one backward pass), then the targets."""
         m = self.module()
-        stats = self.compiled(self._loss_step)(batch, *self._noise(m, batch))
+        if (whole := self.whole_update(m, self._loss)) is not None:
+            stats = whole(batch, *self._noise(m, batch))
+        else:
+            stats = self.compiled(self._loss_step)(batch, *self._noise(m, batch))
         self.after_update()
         return cast(dict[str, Tensor], stats)
 

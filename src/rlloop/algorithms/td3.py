@@ -105,8 +105,12 @@ class TD3Learner(OffPolicyLearnerBase):
     def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
         """One critic update (and actor update when due), then the targets when due."""
         m = self.module()
-        stats = self.compiled(self._loss_step)(batch, self._noise(m, batch),
-                                               self.policy_update_due())
+        actor = self.policy_update_due()
+        if (whole := self.whole_update(m, self._loss)) is not None:
+            # The optimisers are the actor's, then the critic's (configure_optimizers).
+            stats = whole(batch, self._noise(m, batch), actor, active=(actor, True))
+        else:
+            stats = self.compiled(self._loss_step)(batch, self._noise(m, batch), actor)
         self.after_update()
         return cast(dict[str, Tensor], stats)
 
