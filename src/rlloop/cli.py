@@ -28,7 +28,7 @@ from rlloop.config import BACKENDS, MAX_EVAL_EPISODES, check_set_keys, parse_int
 from rlloop.device_names import DEVICE_CHOICES
 from rlloop.errors import CheckpointError, ConfigError, EnvError, RlloopError, RunDirError
 from rlloop.runfiles import check_output_file, check_run_dir
-from rlloop.user_code import callback_note
+from rlloop.user_code import callback_note, one_line
 
 #: What ``rlloop eval --json`` prints besides ``episodes``: the evaluation's own names, also
 #: logged as ``eval/<name>`` in metrics.jsonl and returned by the API's ``evaluate()``.
@@ -510,7 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rlloop: error: {e}", file=sys.stderr)
         return EXIT_DISK_FULL
     except (RlloopError, EnvError, CheckpointError) as e:
-        print(f"rlloop: error: {_one_line(e)}", file=sys.stderr)
+        print(f"rlloop: error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # a second stop signal: the run saved what it could
         print("rlloop: interrupted", file=sys.stderr)
@@ -524,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("RLLOOP_TRACEBACK"):
             raise
         where = callback_note(e)  # a user's callback, not rlloop, raised it
-        print(f"rlloop: error: {type(e).__name__}: {_one_line(e)} "
+        print(f"rlloop: error: {type(e).__name__}: {one_line(e)} "
               f"({'in callback ' + where + '; ' if where else 'unexpected; '}"
               "RLLOOP_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return EXIT_FAILED
@@ -556,10 +556,6 @@ def _exit_now(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())
 
 
 if __name__ == "__main__":

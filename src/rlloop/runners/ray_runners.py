@@ -50,6 +50,7 @@ from rlloop.modules.custom import script_nets
 from rlloop.ray_cluster import connect, disconnect, learner_actors
 from rlloop.runners.fragments import Fragment, FragmentSampler
 from rlloop.seeding import derive_seed
+from rlloop.user_code import one_line
 
 if TYPE_CHECKING:
     from rlloop.algorithms.base import AlgorithmBase
@@ -364,7 +365,7 @@ class RayEnvRunnerGroup:
         that is not allowed. Calls made while Ray restarts it fail too (the actor is
         unavailable): they count once, and are retried until it is back."""
         cfg = self.config
-        cause = _one_line(error)
+        cause = _cause_line(error)
         if isinstance(error, RayActorError) and error.actor_init_failed:
             # Its constructor raised (its env, network or settings): each restart would
             # raise again, so Ray's restarts only delay the error.
@@ -544,10 +545,8 @@ def attach_env_runners(algorithm: AlgorithmBase, config: RunConfig) -> RayEnvRun
     return group
 
 
-def _one_line(error: RayError) -> str:
+def _cause_line(error: RayError) -> str:
     """The cause of a runner's failure in one line: the env's exception, or Ray's reason."""
     if isinstance(error, RayTaskError) and error.cause is not None:
-        cause = error.cause
-        return f"{type(cause).__name__}: {' '.join(str(cause).split())}"
-    text = " ".join(str(error).split())
-    return text[:300]
+        return f"{type(error.cause).__name__}: {one_line(error.cause)}"
+    return one_line(error)[:300]
