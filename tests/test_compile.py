@@ -36,7 +36,10 @@ def _algo(name: str, compile: bool) -> OffPolicyAlgorithmBase:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dqn", "sac", "td3"])
+# TD3 compiles two graphs (with and without its delayed actor update), about a minute
+# from an empty cache on two cores: out of the default run (the toy test in
+# test_whole_update.py covers an inactive optimiser).
+@pytest.mark.parametrize("name", ["dqn", "sac", pytest.param("td3", marks=pytest.mark.heavy)])
 def test_compiled_updates_equal_eager_updates(name):
     eager, compiled = _algo(name, False), _algo(name, True)
     for _ in range(4):

@@ -103,7 +103,8 @@ def test_an_inactive_optimiser_is_left_as_it_is_and_gets_no_state():
     step = _learner(net)
     head = [p.clone() for p in net.head.parameters()]
     body = [p.clone() for p in net.body.parameters()]
-    WholeUpdate(net, _loss, step)(torch.randn(8, 3), torch.randn(8, 2), active=(True, False))
+    WholeUpdate(net, _loss, step, backend="eager")(torch.randn(8, 3), torch.randn(8, 2),
+                                                   active=(True, False))
     assert not step.optims[1].optimizer.state
     assert all(torch.equal(p, q) for p, q in zip(head, net.head.parameters(), strict=True))
     assert not any(torch.equal(p, q) for p, q in zip(body, net.body.parameters(), strict=True))
@@ -116,7 +117,8 @@ def test_each_instance_has_its_own_compile_budget():
     with torch._dynamo.config.patch(recompile_limit=1):
         for rows in (4, 5):
             net = TwoHeads()
-            WholeUpdate(net, _loss, _learner(net))(torch.randn(rows, 3), torch.randn(rows, 2))
+            WholeUpdate(net, _loss, _learner(net), backend="eager")(torch.randn(rows, 3),
+                                                                    torch.randn(rows, 2))
 
 
 def test_freezing_a_parameter_makes_the_update_stale():

@@ -68,12 +68,15 @@ class WholeUpdate:
         loss_fn: The loss, as in :data:`LossFn`.
         step: The learner's guard; its optimisers must each be a plain Adam (see
             :meth:`unsupported`), its flag and skip count are written as the eager path does.
+        backend: ``torch.compile``'s backend (tests trace with ``"eager"``, which skips
+            code generation).
     """
 
     #: Learning rates copied in before each call, not training state.
     transient_attrs = frozenset({"lrs"})
 
-    def __init__(self, module: nn.Module, loss_fn: LossFn, step: GuardedStep) -> None:
+    def __init__(self, module: nn.Module, loss_fn: LossFn, step: GuardedStep,
+                 backend: str = "inductor") -> None:
         self.module, self.step = module, step
         self.bound = _Bound(module, loss_fn)
         trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -88,7 +91,8 @@ class WholeUpdate:
                         for o in step.optims]
         device = next(module.parameters()).device
         self.lrs = [torch.zeros((), device=device) for _ in step.optims]
-        self._fn = torch.compile(_own_code(self._update), fullgraph=True, dynamic=False)
+        self._fn = torch.compile(_own_code(self._update), fullgraph=True, dynamic=False,
+                                 backend=backend)
 
     def stale(self) -> bool:
         """Whether a parameter was frozen since this was built (the graph would still step
