@@ -134,9 +134,9 @@ class DQNLearner(OffPolicyLearnerBase):
 
     def _loss_step(self, obs: Tensor, action: Tensor, target: Tensor, weights: Tensor | None
                    ) -> tuple[dict[str, Tensor], Tensor]:
-        loss, stats, td_errors = dqn_loss(self.module().online(obs), action, target, weights)
+        loss, stats_and_td_errors = _loss(self.module().online, obs, action, target, weights)
         self.step(loss)
-        return stats, td_errors
+        return stats_and_td_errors
 
     def target_update_every(self) -> int:
         return int(self.config.target_update_interval)

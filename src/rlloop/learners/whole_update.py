@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value
+from torch.nn.utils import get_total_norm
 
 from rlloop.learners.optim_step import GuardedStep
 
@@ -185,8 +186,9 @@ def _hooked(module: nn.Module) -> bool:
 
 
 def _clip_scale(grads: Sequence[Tensor], max_norm: float) -> tuple[Tensor, Tensor]:
-    """``clip_grads_with_norm_``'s factor and ``get_total_norm``'s norm of ``grads``."""
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    """``clip_grads_with_norm_``'s factor and the norm of ``grads`` (``get_total_norm``,
+    as the eager step takes it)."""
+    norm = get_total_norm(grads)
     return torch.clamp(max_norm / (norm + 1e-6), max=1.0), norm
 
 
