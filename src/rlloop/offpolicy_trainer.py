@@ -113,6 +113,10 @@ class BorderSchedule:
         self.recorder = recorder or RECORDERS[algorithm.config.recorder]()
         self.save = save
         self.pending_opts = 0  # due optimisation steps not made yet (a save may fall between)
+        # Optimisation steps whose cadence (eval, record, save) has run: fewer than made
+        # when a stop cut in between (a second stop signal where an optimisation step
+        # ends, a stop while eval workers start); a resume then runs it first.
+        self.cadence_at = 0
         self._paused = 0.0  # seconds spent evaluating and saving, excluded from throughput
         self._mark_time = _clock()
         self._mark_counts = (0, 0, 0.0)  # env steps, optimisation steps, paused seconds
@@ -146,6 +150,13 @@ class BorderSchedule:
                 break
         trainer.wall_time += _clock() - t0 - (self._paused - paused)
         return trainer.count(stats)
+
+    def settle(self, trainer: Trainer) -> Stats:
+        """The cadence (eval, record, save) of a cut run's last optimisation step, if the
+        cut came before it; the record written, or ``{}``."""
+        if self.cadence_at < trainer.state["algorithm/steps"]:
+            return self._after_optimization(trainer)
+        return {}
 
     def finished(self, trainer: Trainer) -> bool:
         """``max_opts`` optimisation steps were made."""
@@ -183,6 +194,7 @@ class BorderSchedule:
             trainer.count(record)
             record["opt/steps"] = float(opt_steps)
             trainer.log(record)
+        self.cadence_at = opt_steps  # before the save, which must hold it
         if cad.save_interval and opt_steps % cad.save_interval == 0 and self.save is not None:
             save = self.save
             self._paused_for(lambda: save(opt_steps))
@@ -200,12 +212,13 @@ class BorderSchedule:
         now = _clock()
         env_steps, opt_steps, paused = self._mark_counts
         elapsed = max(now - self._mark_time - (self._paused - paused), 1e-9)
-        out: Stats = {
-            "env/fps": (trainer.state["env/steps"] - env_steps) / elapsed,
-            "opt/steps_per_sec": (trainer.state["algorithm/steps"] - opt_steps) / elapsed,
-            **self.algorithm.episode_stats(), **self.algorithm.pop_times(),
-            "time/total_s": trainer.wall_time,
-        }
+        state = trainer.state
+        made = (state["env/steps"] - env_steps, state["algorithm/steps"] - opt_steps)
+        # (nothing made since the mark: a resume's owed record; its rates died with the cut)
+        out: Stats = {"env/fps": made[0] / elapsed,
+                      "opt/steps_per_sec": made[1] / elapsed} if any(made) else {}
+        out.update({**self.algorithm.episode_stats(), **self.algorithm.pop_times(),
+                    "time/total_s": trainer.wall_time})
         self._mark(trainer, now)
         return out
 
@@ -215,7 +228,7 @@ class BorderSchedule:
                              self._paused)
 
     def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"pending_opts": self.pending_opts}
+        state: dict[str, Any] = {"pending_opts": self.pending_opts, "cadence_at": self.cadence_at}
         get = getattr(self.recorder, "get_state", None)
         if get is not None:  # the stats it holds since the last record
             state["recorder"] = {"kind": type(self.recorder).__name__, "state": get()}
@@ -231,6 +244,8 @@ class BorderSchedule:
                 saved["kind"] == type(self.recorder).__name__):
             restore(saved["state"])
         counters = state["counters"]
+        # (older checkpoints: none owed)
+        self.cadence_at = int(state.get("cadence_at", counters["algorithm/steps"]))
         self._mark_time = _clock()
         self._mark_counts = (int(counters["env/steps"]), int(counters["algorithm/steps"]),
                              self._paused)

@@ -89,6 +89,12 @@ class Schedule(Protocol):
         """Whether the schedule itself ends the run (e.g. border's ``max_opts``)."""
         ...
 
+    def settle(self, trainer: Trainer) -> Stats:
+        """Make what the restored state's last iteration owes the schedule (a cut came
+        between its update and what follows it: border's eval, record and save); its
+        stats, or ``{}`` when nothing is owed."""
+        ...
+
     def get_state(self) -> dict[str, Any]: ...
     def set_state(self, state: Mapping[str, Any]) -> None: ...
 
@@ -123,6 +129,13 @@ class Trainer:
         #: Whether the run must stop within an iteration (after the optimisation step in
         #: flight, where an iteration holds several: border's): the run sets it.
         self.stop_early: Callable[[], bool] = lambda: False
+        # The counters where the last iteration had made its due eval, and whether `run`
+        # evaluates: an iteration whose counters moved but whose eval was cut (a second
+        # stop signal at the update's end, a stop while eval workers start) owes it, and
+        # a resume from its checkpoint makes it first (`eval_owed`).
+        self._settled = dict(self.state)
+        self._evaluating = False
+        self._eval_owed = False
 
     def step(self, *, env_config: dict[str, Any] | None = None) -> Stats:
         """One iteration of the schedule (collect -> update -> log); returns flat stats."""
@@ -136,10 +149,12 @@ class Trainer:
         ``on_step`` comes last, so a checkpoint it writes holds the iteration whole, its
         eval included (the eval count seeds the next eval: a checkpoint taken before it
         would resume with every later eval on other episodes)."""
+        self._evaluating = evaluate
         with flushed_denormals(self.flush_denormal):
             stats = self.schedule.step(self, env_config)
             if evaluate and self.schedule.eval_due(self):
                 stats = {**stats, **self.eval(env_config=eval_env_config)}
+            self._settled = dict(self.state)
             for cb in self.callbacks:
                 cb.on_step(self, stats)
         return stats
@@ -184,6 +199,8 @@ class Trainer:
         stats = {f"eval/{key}": value for key, value in evaluate().items()}
         stats["time/eval_s"] = time.perf_counter() - t0
         self.latest_eval = stats
+        # Made (an owed one too: any eval made now has its episodes); on_eval's saves say so.
+        self._eval_owed, self._settled = False, dict(self.state)
         for cb in self.callbacks:
             cb.on_eval(self, stats)
         return stats
@@ -208,6 +225,9 @@ class Trainer:
         self.schedule.start(self, steps_per_eval, eval_env_config)
         eval_env_config = eval_env_config or env_config
         conditions = list(stop_conditions or [])
+        owed = self.settle(eval_env_config=eval_env_config)
+        if owed and any(condition(owed) for condition in conditions):
+            return owed
         while True:
             stats = self._iteration(env_config, eval_env_config, evaluate=True)
             if self.schedule.finished(self) or any(condition(stats) for condition in conditions):
@@ -217,14 +237,32 @@ class Trainer:
         if self.sink is not None:
             self.sink.log_metrics(stats, step=self.state["env/steps"])
 
+    def settle(self, *, eval_env_config: dict[str, Any] | None = None) -> Stats:
+        """Make what a cut run's last iteration owes (restored from its checkpoint): its
+        due eval, on the episodes it would have had; border's eval, record and save. The
+        stats (with the counters), or ``{}`` when nothing is owed. ``run`` calls it first."""
+        with flushed_denormals(self.flush_denormal):
+            stats = self.schedule.settle(self)
+        if self._eval_owed:
+            stats = {**stats, **self.eval(env_config=eval_env_config)}
+        return self.count(stats) if stats else {}
+
+    def eval_owed(self) -> bool:
+        """Whether the iteration that moved the counters last was cut before its due eval."""
+        return self._eval_owed or (self._evaluating and self.state != self._settled
+                                   and self.schedule.eval_due(self))
+
     def get_state(self) -> dict[str, Any]:
         return {"counters": dict(self.state), "latest_eval": dict(self.latest_eval),
-                "wall_time": self.wall_time, **self.schedule.get_state()}
+                "wall_time": self.wall_time, "eval_owed": self.eval_owed(),
+                **self.schedule.get_state()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         self.state = {k: int(v) for k, v in state["counters"].items()}
         self.latest_eval = {k: float(v) for k, v in state["latest_eval"].items()}
         self.wall_time = float(state["wall_time"])
+        self._settled = dict(self.state)
+        self._eval_owed = bool(state.get("eval_owed", False))  # older checkpoints: none
         self.schedule.set_state(state)
 
 
@@ -281,6 +319,9 @@ class Rl8Schedule:
 
     def finished(self, trainer: Trainer) -> bool:
         return False
+
+    def settle(self, trainer: Trainer) -> Stats:
+        return {}  # an owed eval is the trainer's
 
     def get_state(self) -> dict[str, Any]:
         return {}

@@ -12,17 +12,25 @@ touch the state a resume continues from.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 
 import pytest
 import torch
 from conftest import leaves, rlloop_cmd, same_leaf
 
+from rlloop.algorithms import base
+from rlloop.algorithms.base import AlgorithmBase
+from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
+from rlloop.algorithms.ppo import PPO
 from rlloop.checkpoint import CheckpointManager, load_checkpoint, save_replacing
 from rlloop.config import build_config
 from rlloop.run import resume, saved_best_return, train
+from rlloop.signals import StopInterrupted
 
 CASES = {
     "ppo": ["CartPole-v1", "4096"],
@@ -110,3 +118,107 @@ def test_resume_after_a_crash_past_a_periodic_checkpoint(tmp_path):
     save_replacing(c / "best", best.components, metadata=best.metadata)
     assert resume(c).best_eval_return == 1e9
     assert saved_best_return(c / "best") == 1e9
+
+
+# A cut where an eval is due: (the method a second stop signal strikes in, its call that
+# makes the evaluated update, sets, steps). PPO evaluates every 2nd update (the 4th: 512
+# env steps); DQN every 40th optimisation step (the 80th), its record every 20th, a save
+# every 40th. Either way the cut iteration's eval is the run's 2nd; the "-end" cases cut
+# the budget's last iteration (the resume trains nothing, but owes the eval).
+PPO_SETS = ["num_envs=4", "ppo.rollout_steps=32", "ppo.minibatch_size=64", "eval_every=2",
+            "eval_episodes=3"]
+DQN_SETS = ["num_envs=4", "dqn.learning_starts=200", "dqn.opt_interval=4",
+            "dqn.gradient_steps=1", "dqn.hidden=[64,64]", "dqn.eval_interval=40",
+            "dqn.record_interval=20", "dqn.save_interval=40", "eval_episodes=3"]
+CUTS = {
+    "ppo": (PPO, "update", 4, PPO_SETS, 1280),
+    "ppo-end": (PPO, "update", 4, PPO_SETS, 512),
+    "dqn": (OffPolicyAlgorithmBase, "optimize", 80, DQN_SETS, 1600),
+    "dqn-end": (OffPolicyAlgorithmBase, "optimize", 80, [*DQN_SETS, "dqn.max_opts=80"], 1600),
+}
+
+
+def _two_signals_in_update(monkeypatch, owner, method, cut):
+    """A second SIGTERM inside the update that an eval follows: it interrupts where the
+    update ends (KeyboardInterrupt), after the counters moved and before the eval."""
+    original, made = getattr(owner, method), []
+
+    def update_then_two_signals(self, env_steps):
+        out = original(self, env_steps)
+        made.append(out is not None)  # (a skipped optimisation step returns None)
+        if sum(made) == cut and out is not None:
+            os.kill(os.getpid(), signal.SIGTERM)  # the first: stop at the next boundary
+            os.kill(os.getpid(), signal.SIGTERM)  # the second: where the update ends
+        return out
+
+    monkeypatch.setattr(owner, method, update_then_two_signals)
+    return pytest.raises(KeyboardInterrupt)
+
+
+def _stop_while_eval_workers_start(monkeypatch, owner, method, cut):
+    """A SIGTERM while the 2nd eval's env workers start: the wait gives up
+    (``StopInterrupted``, as the gymnasium-async backend raises it) and the run stops as
+    at a boundary."""
+    evaluations = []
+
+    def eval_gives_up(self, episodes, env_config=None, deterministic=True):
+        evaluations.append(episodes)
+        if len(evaluations) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise StopInterrupted("CartPole-v1: gave up waiting for reset (test)")
+        return original(self, episodes, env_config, deterministic)
+
+    original = AlgorithmBase.evaluate
+    monkeypatch.setattr(AlgorithmBase, "evaluate", eval_gives_up)
+    return contextlib.nullcontext()
+
+
+def _second_signal_during_eval(monkeypatch, owner, method, cut):
+    """A second SIGTERM while the 2nd eval plays its episodes: it interrupts at once. The
+    eval count (it seeds the eval's episodes) was advanced before the episodes, so the
+    resumed run's eval used the next seed."""
+    evaluations = []
+
+    def interrupted_episodes(*args, **kwargs):
+        evaluations.append(kwargs["seed"])
+        if len(evaluations) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    original = base.evaluate
+    monkeypatch.setattr(base, "evaluate", interrupted_episodes)
+    return pytest.raises(KeyboardInterrupt)
+
+
+@pytest.mark.parametrize("cut_by", [_two_signals_in_update, _stop_while_eval_workers_start,
+                                    _second_signal_during_eval],
+                         ids=["second-signal", "eval-gives-up", "signal-in-eval"])
+@pytest.mark.parametrize("case", sorted(CUTS))
+def test_a_run_cut_before_its_due_evaluation_makes_it_when_resumed(
+        tmp_path, monkeypatch, case, cut_by):
+    """A cut between an update and the eval due after it (off-policy: the eval, record and
+    save) left a checkpoint holding the update without the eval; the resumed run skipped
+    it, so every later eval ran on other episodes than a straight run's. The checkpoint
+    now owes the eval and the resume makes it first: the same evaluations and the same
+    final state as a straight run."""
+    owner, method, cut, sets, steps = CUTS[case]
+    algo = case.split("-")[0]
+    sets = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false",
+            *sets]
+    config = build_config(algo, "CartPole-v1", flags={"seed": 5, "total_env_steps": steps},
+                          sets=sets)
+    train(config, tmp_path / "a")
+
+    with monkeypatch.context() as patched, cut_by(patched, owner, method, cut):
+        train(config, tmp_path / "b")
+    cut_at = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
+    assert cut_at.components["trainer"]["counters"]["algorithm/steps"] == cut
+    resume(tmp_path / "b")
+
+    ea, eb = _evals(tmp_path / "a"), _evals(tmp_path / "b")
+    assert len(ea) >= 2 and eb == ea
+    a = load_checkpoint(CheckpointManager(tmp_path / "a" / "checkpoints").latest())
+    b = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
+    la, lb = dict(leaves(a.components["algorithm"])), dict(leaves(b.components["algorithm"]))
+    assert [k for k in la if not same_leaf(la[k], lb[k])] == []

@@ -145,10 +145,11 @@ class AlgorithmBase:
                  deterministic: bool = True) -> dict[str, float]:
         """Run ``episodes`` whole episodes on an eval env; returns ``return_mean`` etc."""
         env = self._eval_env(env_config or {}, min(episodes, self._eval_batch()))
-        self.evals += 1
-        seed = self.settings.seed + EVAL_SEED_OFFSET + self.evals
-        return evaluate(lambda obs: self.act(obs, deterministic), env, episodes, seed=seed,
-                        begin_episodes=self.begin_episodes)
+        seed = self.settings.seed + EVAL_SEED_OFFSET + self.evals + 1
+        result = evaluate(lambda obs: self.act(obs, deterministic), env, episodes, seed=seed,
+                          begin_episodes=self.begin_episodes)
+        self.evals += 1  # counted once made: a resume makes a cut one on the same episodes
+        return result
 
     def _eval_batch(self) -> int:
         """Eval envs stepped together. A native env steps its whole batch in one tensor op,

@@ -273,14 +273,15 @@ class MultiAgentPPO:
         n = min(episodes, 32)
         if n not in self._eval_envs:
             self._eval_envs[n] = self._make_env(n, self.settings.seed + EVAL_SEED_OFFSET, {})
-        self.evals += 1
         opponent = RANDOM if self.config.eval_opponent == "random" else None
-        seed = self.settings.seed + EVAL_SEED_OFFSET + self.evals
+        seed = self.settings.seed + EVAL_SEED_OFFSET + self.evals + 1
         # Its own generator: evaluating never shifts the training draws.
         generator = new_generator(self.device, derive_seed(seed, "evaluation"))
-        return evaluate_multi_agent(
+        result = evaluate_multi_agent(
             self._eval_envs[n], self._policy(deterministic), self.focal_module, opponent,
             episodes, generator, seed=seed)
+        self.evals += 1  # counted once made (see AlgorithmBase.evaluate)
+        return result
 
     def pop_times(self) -> dict[str, float]:
         return self.runner.pop_times()

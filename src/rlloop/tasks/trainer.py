@@ -326,6 +326,9 @@ class _EpochSchedule:
         return (trainer.state["train/steps"] >= self.owner.task.config.total_steps
                 or self.owner.stop_requested is not None)
 
+    def settle(self, trainer: Trainer) -> Stats:
+        return {}  # an epoch is counted once whole
+
     def get_state(self) -> dict[str, Any]:
         return {}
 
