@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -112,17 +114,33 @@ def connect(config: RayConfig, num_runners: int, num_learner_actors: int = 0) ->
                               "logging_level": logging.WARNING}
     if config.address is not None:
         check_reachable(config.address)
-        ray.init(address=config.address, **common)
+        with _own_sigterm():
+            ray.init(address=config.address, **common)
         return True
     # Enough CPUs for every runner to be placed, even beyond the cores: the user asked
     # for that many (a sleep-bound env scales past the core count).
     cpus = config.num_cpus or max(os.cpu_count() or 1, math.ceil(
         num_runners * config.num_cpus_per_runner
         + num_learner_actors * config.num_cpus_per_learner))
-    with _single_machine():
+    with _single_machine(), _own_sigterm():
         ray.init(num_cpus=cpus, include_dashboard=config.dashboard,
                  dashboard_host="127.0.0.1", **common)
     return True
+
+
+@contextmanager
+def _own_sigterm() -> Iterator[None]:
+    """The process's SIGTERM handler, put back after ``ray.init``: Ray's driver sets one of
+    its own (Python's, ``sys.exit(15)``) and then a C one under it (a crash handler that
+    dumps a stack and aborts: a SIGTERM while learner actors or runners started ended the
+    run with exit code 134). A SIGTERM during start-up then does what it does without
+    Ray, and rlloop's stop handler (installed for training) or a user's stays in charge."""
+    handler = signal.getsignal(signal.SIGTERM)  # (None: a C handler, not to be had back)
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if handler is None else handler)
 
 
 def learner_actors(config: Any) -> int:
