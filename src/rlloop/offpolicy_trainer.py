@@ -186,7 +186,9 @@ class BorderSchedule:
         record: Stats = {}
         if do_eval or do_record:
             record = self.recorder.pop()
-            if do_eval:
+            if do_eval and trainer.evaluated_at == opt_steps:  # made before a cut (settle)
+                record.update(trainer.hear_eval())
+            elif do_eval:
                 record.update(self._paused_for(lambda: trainer.eval_with(
                     lambda: self.evaluator.evaluate(self.algorithm, trainer.eval_episodes))))
             if do_record:
@@ -194,7 +196,7 @@ class BorderSchedule:
             trainer.count(record)
             record["opt/steps"] = float(opt_steps)
             trainer.log(record)
-        self.cadence_at = opt_steps  # before the save, which must hold it
+        self.cadence_at = opt_steps  # (the save holds it)
         if cad.save_interval and opt_steps % cad.save_interval == 0 and self.save is not None:
             save = self.save
             self._paused_for(lambda: save(opt_steps))

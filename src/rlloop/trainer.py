@@ -129,13 +129,16 @@ class Trainer:
         #: Whether the run must stop within an iteration (after the optimisation step in
         #: flight, where an iteration holds several: border's): the run sets it.
         self.stop_early: Callable[[], bool] = lambda: False
-        # The counters where the last iteration had made its due eval, and whether `run`
-        # evaluates: an iteration whose counters moved but whose eval was cut (a second
-        # stop signal at the update's end, a stop while eval workers start) owes it, and
-        # a resume from its checkpoint makes it first (`eval_owed`).
-        self._settled = dict(self.state)
-        self._evaluating = False
-        self._eval_owed = False
+        #: ``algorithm/steps`` when the latest eval was made (its stats are ``latest_eval``).
+        self.evaluated_at = -1
+        # A cut (a second stop signal where an update ends, inside an eval or its
+        # callbacks; a stop while eval workers start) may fall between an update and the
+        # eval due after it: the eval is then owed (not made), or made but not heard (its
+        # on_eval callbacks, which save best/ and confirm a solve, did not all run). The
+        # checkpoint says which, and a resume makes or replays it first (`settle`).
+        self._evaluating = False  # the latest iteration was run's (it evaluates when due)
+        self._eval_owed = False  # restored: the cut run owes its last due eval
+        self._eval_heard = True
 
     def step(self, *, env_config: dict[str, Any] | None = None) -> Stats:
         """One iteration of the schedule (collect -> update -> log); returns flat stats."""
@@ -154,7 +157,6 @@ class Trainer:
             stats = self.schedule.step(self, env_config)
             if evaluate and self.schedule.eval_due(self):
                 stats = {**stats, **self.eval(env_config=eval_env_config)}
-            self._settled = dict(self.state)
             for cb in self.callbacks:
                 cb.on_step(self, stats)
         return stats
@@ -199,10 +201,19 @@ class Trainer:
         stats = {f"eval/{key}": value for key, value in evaluate().items()}
         stats["time/eval_s"] = time.perf_counter() - t0
         self.latest_eval = stats
-        # Made (an owed one too: any eval made now has its episodes); on_eval's saves say so.
-        self._eval_owed, self._settled = False, dict(self.state)
-        for cb in self.callbacks:
-            cb.on_eval(self, stats)
+        # Made (an owed one too: an eval made now has its episodes), not heard yet.
+        self._eval_owed, self._eval_heard = False, False
+        self.evaluated_at = self.state.get("algorithm/steps", 0)
+        return self.hear_eval()
+
+    def hear_eval(self) -> Stats:
+        """``latest_eval``, after handing it to the callbacks' ``on_eval`` if they have not
+        all heard it (a cut came while they ran: the resume replays them)."""
+        stats = self.latest_eval
+        if not self._eval_heard:
+            for cb in self.callbacks:
+                cb.on_eval(self, stats)
+            self._eval_heard = True
         return stats
 
     def run(
@@ -238,31 +249,41 @@ class Trainer:
             self.sink.log_metrics(stats, step=self.state["env/steps"])
 
     def settle(self, *, eval_env_config: dict[str, Any] | None = None) -> Stats:
-        """Make what a cut run's last iteration owes (restored from its checkpoint): its
-        due eval, on the episodes it would have had; border's eval, record and save. The
-        stats (with the counters), or ``{}`` when nothing is owed. ``run`` calls it first."""
+        """Finish what a cut run's last iteration left (restored from its checkpoint, or
+        in this process after ``run`` was interrupted): its due eval, made on the episodes
+        it would have had, or, made already, its callbacks and its row; border's eval,
+        record and save. The stats (with the counters), or ``{}`` when nothing was left.
+        ``run`` calls it first."""
         with flushed_denormals(self.flush_denormal):
             stats = self.schedule.settle(self)
-        if self._eval_owed:
-            stats = {**stats, **self.eval(env_config=eval_env_config)}
+            if self.eval_owed():
+                stats = {**stats, **self.eval(env_config=eval_env_config)}
+            elif not self._eval_heard:  # (rl8's eval row is logged once heard)
+                heard = self.hear_eval()
+                self.log(heard)
+                stats = {**stats, **heard}
         return self.count(stats) if stats else {}
 
     def eval_owed(self) -> bool:
-        """Whether the iteration that moved the counters last was cut before its due eval."""
-        return self._eval_owed or (self._evaluating and self.state != self._settled
-                                   and self.schedule.eval_due(self))
+        """Whether the latest update was cut from the eval due after it (not made)."""
+        return self._eval_owed or (
+            self._evaluating and self.schedule.eval_due(self)
+            and self.evaluated_at != self.state.get("algorithm/steps", 0))
 
     def get_state(self) -> dict[str, Any]:
         return {"counters": dict(self.state), "latest_eval": dict(self.latest_eval),
                 "wall_time": self.wall_time, "eval_owed": self.eval_owed(),
+                "evaluated_at": self.evaluated_at, "eval_heard": self._eval_heard,
                 **self.schedule.get_state()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         self.state = {k: int(v) for k, v in state["counters"].items()}
         self.latest_eval = {k: float(v) for k, v in state["latest_eval"].items()}
         self.wall_time = float(state["wall_time"])
-        self._settled = dict(self.state)
-        self._eval_owed = bool(state.get("eval_owed", False))  # older checkpoints: none
+        # (older checkpoints: nothing owed)
+        self._eval_owed = bool(state.get("eval_owed", False))
+        self._eval_heard = bool(state.get("eval_heard", True))
+        self.evaluated_at = int(state.get("evaluated_at", self.state.get("algorithm/steps", 0)))
         self.schedule.set_state(state)
 
 

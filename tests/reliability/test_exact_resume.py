@@ -27,6 +27,7 @@ from rlloop.algorithms import base
 from rlloop.algorithms.base import AlgorithmBase
 from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
 from rlloop.algorithms.ppo import PPO
+from rlloop.callbacks import Callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint, save_replacing
 from rlloop.config import build_config
 from rlloop.run import resume, saved_best_return, train
@@ -124,7 +125,8 @@ def test_resume_after_a_crash_past_a_periodic_checkpoint(tmp_path):
 # makes the evaluated update, sets, steps). PPO evaluates every 2nd update (the 4th: 512
 # env steps); DQN every 40th optimisation step (the 80th), its record every 20th, a save
 # every 40th. Either way the cut iteration's eval is the run's 2nd; the "-end" cases cut
-# the budget's last iteration (the resume trains nothing, but owes the eval).
+# the budget's last iteration (the resume trains nothing, but owes the eval). Each cut
+# below returns how the cut run ends (a context) and the callbacks it trains with.
 PPO_SETS = ["num_envs=4", "ppo.rollout_steps=32", "ppo.minibatch_size=64", "eval_every=2",
             "eval_episodes=3"]
 DQN_SETS = ["num_envs=4", "dqn.learning_starts=200", "dqn.opt_interval=4",
@@ -152,7 +154,7 @@ def _two_signals_in_update(monkeypatch, owner, method, cut):
         return out
 
     monkeypatch.setattr(owner, method, update_then_two_signals)
-    return pytest.raises(KeyboardInterrupt)
+    return pytest.raises(KeyboardInterrupt), []
 
 
 def _stop_while_eval_workers_start(monkeypatch, owner, method, cut):
@@ -170,7 +172,7 @@ def _stop_while_eval_workers_start(monkeypatch, owner, method, cut):
 
     original = AlgorithmBase.evaluate
     monkeypatch.setattr(AlgorithmBase, "evaluate", eval_gives_up)
-    return contextlib.nullcontext()
+    return contextlib.nullcontext(), []
 
 
 def _second_signal_during_eval(monkeypatch, owner, method, cut):
@@ -188,12 +190,31 @@ def _second_signal_during_eval(monkeypatch, owner, method, cut):
 
     original = base.evaluate
     monkeypatch.setattr(base, "evaluate", interrupted_episodes)
-    return pytest.raises(KeyboardInterrupt)
+    return pytest.raises(KeyboardInterrupt), []
+
+
+class _SecondSignalInOnEval(Callback):
+    """A second SIGTERM while the 2nd eval's callbacks run (where best/ is written and a
+    solve confirmed): the eval is made, its callbacks and its row are not."""
+
+    def __init__(self) -> None:
+        self.evals = 0
+
+    def on_eval(self, stats):
+        self.evals += 1
+        if self.evals == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _second_signal_in_on_eval(monkeypatch, owner, method, cut):
+    return pytest.raises(KeyboardInterrupt), [_SecondSignalInOnEval()]
 
 
 @pytest.mark.parametrize("cut_by", [_two_signals_in_update, _stop_while_eval_workers_start,
-                                    _second_signal_during_eval],
-                         ids=["second-signal", "eval-gives-up", "signal-in-eval"])
+                                    _second_signal_during_eval, _second_signal_in_on_eval],
+                         ids=["second-signal", "eval-gives-up", "signal-in-eval",
+                              "signal-in-on-eval"])
 @pytest.mark.parametrize("case", sorted(CUTS))
 def test_a_run_cut_before_its_due_evaluation_makes_it_when_resumed(
         tmp_path, monkeypatch, case, cut_by):
@@ -210,8 +231,10 @@ def test_a_run_cut_before_its_due_evaluation_makes_it_when_resumed(
                           sets=sets)
     train(config, tmp_path / "a")
 
-    with monkeypatch.context() as patched, cut_by(patched, owner, method, cut):
-        train(config, tmp_path / "b")
+    with monkeypatch.context() as patched:
+        ends, callbacks = cut_by(patched, owner, method, cut)
+        with ends:
+            train(config, tmp_path / "b", callbacks=callbacks)
     cut_at = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
     assert cut_at.components["trainer"]["counters"]["algorithm/steps"] == cut
     resume(tmp_path / "b")
@@ -222,3 +245,56 @@ def test_a_run_cut_before_its_due_evaluation_makes_it_when_resumed(
     b = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
     la, lb = dict(leaves(a.components["algorithm"])), dict(leaves(b.components["algorithm"]))
     assert [k for k in la if not same_leaf(la[k], lb[k])] == []
+
+
+def test_a_second_signal_while_a_solve_is_confirmed_keeps_later_evaluations(
+        tmp_path, monkeypatch):
+    """The confirming evaluation of a solve (stop_on_solve) runs inside the evaluation's
+    callbacks: a second signal in it left that evaluation made but not heard, and a
+    resume replays its callbacks, confirming on the same episodes; its evaluations are a
+    straight run's, and it stops solved as that one does."""
+    sets = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=true",
+            "solve_threshold=175", "solve_episodes=5", *PPO_SETS]
+    config = build_config("ppo", "CartPole-v1", flags={"seed": 1, "total_env_steps": 1280},
+                          sets=sets)
+    assert train(config, tmp_path / "a").stopped_by == "solved"
+
+    def signals_in_confirmation(*args, **kwargs):
+        if args[2] == 5:  # the confirming evaluation's 5 episodes
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    original = base.evaluate
+    with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
+        patched.setattr(base, "evaluate", signals_in_confirmation)
+        train(config, tmp_path / "b")
+    assert resume(tmp_path / "b").stopped_by == "solved"
+    assert _evals(tmp_path / "b") == _evals(tmp_path / "a")
+
+
+def test_an_update_that_fails_after_an_evaluation_owes_no_evaluation(tmp_path, monkeypatch):
+    """An update that raises (out of memory, a custom network's error) moves the collect
+    counters but not the update count, which the last evaluation was made at: the final
+    checkpoint owes nothing, and the resumed run evaluates at its own cadence only."""
+    sets = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false",
+            *PPO_SETS]
+    config = build_config("ppo", "CartPole-v1", flags={"seed": 5, "total_env_steps": 768},
+                          sets=sets)
+    original, updates = PPO.update, []
+
+    def fails_third(self, env_steps):
+        updates.append(env_steps)
+        if len(updates) == 3:
+            raise RuntimeError("out of memory (test)")
+        return original(self, env_steps)
+
+    with monkeypatch.context() as patched, pytest.raises(RuntimeError, match="test"):
+        patched.setattr(PPO, "update", fails_third)
+        train(config, tmp_path / "b")
+    cut = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
+    assert cut.components["trainer"]["counters"]["algorithm/steps"] == 2
+    assert cut.components["trainer"]["eval_owed"] is False
+    resume(tmp_path / "b")
+    evaluated = sorted(_evals(tmp_path / "b"))
+    assert evaluated[0] == 256 and 384 not in evaluated, evaluated
