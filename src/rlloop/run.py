@@ -161,13 +161,16 @@ class _Checkpoints:
         self.session.latest_eval_at = trainer.state["env/steps"]
         best = self.session.best_eval_return
         if not math.isnan(value) and (best is None or value > best):
-            self.session.best_eval_return = value
             # A policy snapshot: no replay buffer or optimiser state (GBs for big buffers).
-            self.session.new_best = True
+            snapshot = self.session.components(policy=True)
+            snapshot["trainer"]["best_eval_return"] = value
             with self.session.phases.timed("checkpoints"):
-                save_replacing(self.session.run_dir / "best",
-                               self.session.components(policy=True),
+                save_replacing(self.session.run_dir / "best", snapshot,
                                metadata=self.session.metadata(), replace_incomplete=True)
+            # The run's best once saved: a save cut by a second stop signal leaves the old
+            # best in the final checkpoint, so the resume's replay of this eval saves it.
+            self.session.best_eval_return = value
+            self.session.new_best = True
         # Here, not in a stop condition: its evaluation then comes before the iteration's
         # checkpoint, which must count it (the eval count seeds the next evaluation).
         self.session.check_solved(value)

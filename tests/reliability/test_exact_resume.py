@@ -23,6 +23,7 @@ import pytest
 import torch
 from conftest import leaves, rlloop_cmd, same_leaf
 
+from rlloop import run as run_module
 from rlloop.algorithms import base
 from rlloop.algorithms.base import AlgorithmBase
 from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
@@ -298,3 +299,34 @@ def test_an_update_that_fails_after_an_evaluation_owes_no_evaluation(tmp_path, m
     resume(tmp_path / "b")
     evaluated = sorted(_evals(tmp_path / "b"))
     assert evaluated[0] == 256 and 384 not in evaluated, evaluated
+
+
+def test_a_second_signal_while_best_is_saved_leaves_the_save_to_the_resume(
+        tmp_path, monkeypatch):
+    """The run's best return was raised before best/ was written: a second signal in the
+    write left the old policy in best/ under a final checkpoint that counted the new best,
+    so the resume's replay of the evaluation saw nothing better and never wrote it."""
+    sets = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false",
+            *PPO_SETS]
+    config = build_config("ppo", "CartPole-v1", flags={"seed": 5, "total_env_steps": 512},
+                          sets=sets)
+    train(config, tmp_path / "a")  # evaluations 175.7 at 256, 262.0 at 512: each the best
+    saves = []
+
+    def signals_in_second_save(*args, **kwargs):
+        saves.append(args[0])
+        if len(saves) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    original = run_module.save_replacing
+    with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
+        patched.setattr(run_module, "save_replacing", signals_in_second_save)
+        train(config, tmp_path / "b")
+    assert saves == [tmp_path / "b" / "best"] * 2
+    resume(tmp_path / "b")
+    assert saved_best_return(tmp_path / "b" / "best") == saved_best_return(tmp_path / "a" / "best")
+    a, b = load_checkpoint(tmp_path / "a" / "best"), load_checkpoint(tmp_path / "b" / "best")
+    la, lb = dict(leaves(a.components["algorithm"])), dict(leaves(b.components["algorithm"]))
+    assert [k for k in la if not same_leaf(la[k], lb[k])] == []
