@@ -96,7 +96,7 @@ def test_the_whole_update_equals_the_eager_update_skips_and_follows_state(device
     assert whole_step.flag.item() == 0.0
 
 
-def test_an_inactive_optimiser_is_left_as_it_is_and_gets_no_state():
+def test_an_idle_part_s_optimiser_is_left_as_it_is_and_gets_no_state():
     """TD3's actor between delayed updates: no step, no moments, no step count."""
     torch.manual_seed(1)
     net = TwoHeads()
@@ -104,7 +104,7 @@ def test_an_inactive_optimiser_is_left_as_it_is_and_gets_no_state():
     head = [p.clone() for p in net.head.parameters()]
     body = [p.clone() for p in net.body.parameters()]
     WholeUpdate(net, _loss, step, backend="eager")(torch.randn(8, 3), torch.randn(8, 2),
-                                                   active=(True, False))
+                                                   idle=net.head)
     assert not step.optims[1].optimizer.state
     assert all(torch.equal(p, q) for p, q in zip(head, net.head.parameters(), strict=True))
     assert not any(torch.equal(p, q) for p, q in zip(body, net.body.parameters(), strict=True))

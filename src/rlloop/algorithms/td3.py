@@ -107,8 +107,8 @@ class TD3Learner(OffPolicyLearnerBase):
         m = self.module()
         actor = self.policy_update_due()
         if (whole := self.whole_update(m, self._loss)) is not None:
-            # The optimisers are the actor's, then the critic's (configure_optimizers).
-            stats = whole(batch, self._noise(m, batch), actor, active=(actor, True))
+            stats = whole(batch, self._noise(m, batch), actor,
+                          idle=None if actor else m.actor)
         else:
             stats = self.compiled(self._loss_step)(batch, self._noise(m, batch), actor)
         self.after_update()

@@ -17,8 +17,8 @@ norm leaves parameters, moments and step counts as they were and raises the
 :class:`~rlloop.learners.optim_step.GuardedStep`'s flag, on the device, as the eager path does.
 One difference: a parameter the loss never reaches gets a zero gradient here, where the
 eager step skips it, so its Adam step count advances (its moments stay zero, so it does
-not move); an optimiser none of whose parameters an update reaches is marked inactive
-for it instead (``active``, TD3's actor between delayed updates).
+not move); an optimiser none of whose parameters an update reaches is left out of it
+instead (``idle``, TD3's actor between delayed updates).
 """
 
 from __future__ import annotations
@@ -116,14 +116,16 @@ class WholeUpdate:
             return "a hook sits on the network"
         return None
 
-    def __call__(self, *inputs: Any, active: tuple[bool, ...] | None = None) -> Any:
+    def __call__(self, *inputs: Any, idle: nn.Module | None = None) -> Any:
         """Run one update on ``inputs`` (passed to ``loss_fn``); returns ``aux``.
 
-        ``active`` (one flag per optimiser, default all) leaves the optimisers it marks
-        false as they are, as the eager step leaves an optimiser whose parameters the loss
-        did not reach (TD3's actor between its delayed updates); each pattern is a graph.
+        ``idle``, a part of the module this loss does not reach (TD3's actor between its
+        delayed updates): the optimisers of its parameters alone are left as they are, as
+        the eager step leaves an optimiser whose parameters got no gradient. Each set of
+        idle optimisers is a graph of its own.
         """
-        active = active or (True,) * len(self.groups)
+        spared = set() if idle is None else {id(p) for p in idle.parameters()}
+        active = tuple(not all(id(p) in spared for p in o.params) for o in self.step.optims)
         # An inactive optimiser's state is neither read nor created (as the eager step
         # creates none before an optimiser first steps).
         state: list[Any] = [()] * len(self.params)
