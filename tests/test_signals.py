@@ -24,9 +24,11 @@ import torch
 from conftest import rlloop_cmd
 from proc_utils import still_alive, wait_for
 
+from rlloop import signals
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.envs.core import EnvError
 from rlloop.envs.registry import make_env
+from rlloop.runners.evaluation import evaluate
 from rlloop.signals import atomic, handle_signals, interrupted, supervised, terminate_as_interrupt
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "reinforce_cartpole.py"
@@ -244,3 +246,23 @@ def test_sigusr1_outside_the_training_loop_does_not_kill_the_run(tmp_path, cli_e
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert (run / "report.md").is_file() and (run / "summary.json").is_file()
+
+
+def test_an_evaluation_gives_up_its_grace_period_after_a_stop_signal(monkeypatch):
+    """A first stop signal let an evaluation run to its end: 1,000 slow episodes (Atari's
+    whole games, a 100-episode solve confirmation) outlasted a scheduler's grace period.
+    It now gives up EVAL_STOP_GRACE_S after the signal (the run's checkpoint owes it)."""
+    monkeypatch.setattr(signals, "EVAL_STOP_GRACE_S", 0.3)
+    env = make_env("CartPole-v1", 2, backend="native", seed=0)
+
+    def slow_act(obs):
+        time.sleep(0.01)
+        return torch.zeros(len(obs), dtype=torch.int64)
+
+    assert evaluate(slow_act, env, 2, seed=0)["episodes"] == 2.0  # no stop: to its end
+    with handle_signals(_stop_target()):
+        os.kill(os.getpid(), signal.SIGTERM)
+        started = time.monotonic()
+        with pytest.raises(signals.StopInterrupted, match=r"evaluation left after \d+ of 1000"):
+            evaluate(slow_act, env, 1000, seed=0)
+    assert time.monotonic() - started < 2.0

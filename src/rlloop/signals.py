@@ -10,7 +10,8 @@ loop saves a checkpoint and goes on.
 
 Waits that block outside the loop (the gymnasium-async backend waiting on its worker
 processes) poll :func:`stop_requested_since` and give up with :class:`StopInterrupted`
-a few seconds after a stop request, so a hung worker cannot hold a stop back.
+a few seconds after a stop request, so a hung worker cannot hold a stop back; an
+evaluation gives up :data:`EVAL_STOP_GRACE_S` after one (:func:`check_eval_stop`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,22 @@ class StopInterrupted(Exception):
 def stop_requested_since() -> float | None:
     """``time.monotonic()`` of the first stop signal inside :func:`handle_signals`, or None."""
     return _stop_since
+
+
+#: Seconds an evaluation may go on after a stop signal before it is left (and owed).
+EVAL_STOP_GRACE_S = 10.0
+
+
+def check_eval_stop(done: int, episodes: int) -> None:
+    """Raise :class:`StopInterrupted` in an evaluation (``done`` of ``episodes`` episodes
+    played) once a stop signal has waited :data:`EVAL_STOP_GRACE_S`: a long evaluation
+    (Atari's whole games, a 100-episode solve confirmation) must not outlast a
+    scheduler's grace period. The run stops as at a boundary; its checkpoint owes the
+    evaluation, which the resumed run makes first, on the same episodes."""
+    if _stop_since is not None and time.monotonic() >= _stop_since + EVAL_STOP_GRACE_S:
+        raise StopInterrupted(f"evaluation left after {done} of {episodes} episodes, "
+                              f"{EVAL_STOP_GRACE_S:g} s after a stop signal; the resumed run "
+                              "makes it")
 
 
 def interrupted() -> bool:

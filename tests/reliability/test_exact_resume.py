@@ -24,6 +24,7 @@ import torch
 from conftest import leaves, rlloop_cmd, same_leaf
 
 from rlloop import run as run_module
+from rlloop import signals
 from rlloop.algorithms import base
 from rlloop.algorithms.base import AlgorithmBase
 from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
@@ -194,6 +195,24 @@ def _second_signal_during_eval(monkeypatch, owner, method, cut):
     return pytest.raises(KeyboardInterrupt), []
 
 
+def _stop_outlasting_an_eval(monkeypatch, owner, method, cut):
+    """One SIGTERM as the 2nd eval starts, which then goes on longer than the stop's grace
+    (here 0 s): the eval is left (a long one would outlast a scheduler's grace period)
+    and the run stops as at a boundary, owing it."""
+    evaluations = []
+
+    def signal_then_episodes(*args, **kwargs):
+        evaluations.append(kwargs["seed"])
+        if len(evaluations) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    original = base.evaluate
+    monkeypatch.setattr(base, "evaluate", signal_then_episodes)
+    monkeypatch.setattr(signals, "EVAL_STOP_GRACE_S", 0.0)
+    return contextlib.nullcontext(), []
+
+
 class _SecondSignalInOnEval(Callback):
     """A second SIGTERM while the 2nd eval's callbacks run (where best/ is written and a
     solve confirmed): the eval is made, its callbacks and its row are not."""
@@ -213,9 +232,10 @@ def _second_signal_in_on_eval(monkeypatch, owner, method, cut):
 
 
 @pytest.mark.parametrize("cut_by", [_two_signals_in_update, _stop_while_eval_workers_start,
-                                    _second_signal_during_eval, _second_signal_in_on_eval],
+                                    _second_signal_during_eval, _second_signal_in_on_eval,
+                                    _stop_outlasting_an_eval],
                          ids=["second-signal", "eval-gives-up", "signal-in-eval",
-                              "signal-in-on-eval"])
+                              "signal-in-on-eval", "stop-outlasts-eval"])
 @pytest.mark.parametrize("case", sorted(CUTS))
 def test_a_run_cut_before_its_due_evaluation_makes_it_when_resumed(
         tmp_path, monkeypatch, case, cut_by):

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from rlloop.devices import stats_dtype
 from rlloop.envs.core import VecEnv
+from rlloop.signals import check_eval_stop
 
 #: ``act(obs [N, *obs]) -> actions`` for evaluation (deterministic or sampled).
 ActFn = Callable[[Tensor], Tensor]
@@ -24,6 +25,8 @@ def evaluate(act: ActFn, env: VecEnv, episodes: int, seed: int | None = None,
     does not favour envs whose episodes are short. ``begin_episodes`` (for policies with
     memory) hears ``[N]`` bool flags of the envs whose next observation begins an episode,
     before ``act`` sees it: all of them after the reset, then those that just ended.
+    Inside a training run, a stop signal ends it early (see
+    :func:`~rlloop.signals.check_eval_stop`).
     """
     n = env.num_envs
     obs = env.reset(seed=seed)
@@ -39,6 +42,7 @@ def evaluate(act: ActFn, env: VecEnv, episodes: int, seed: int | None = None,
     for _ in range(max_steps):
         if bool((done_count >= quota).all()):
             break
+        check_eval_stop(len(returns), episodes)
         res = env.step(act(obs))
         running += res.reward
         lengths += 1

@@ -21,6 +21,7 @@ from rlloop.data.multi_agent import AgentRollout
 from rlloop.devices import stats_dtype
 from rlloop.envs.core import Box
 from rlloop.envs.multi_agent import MultiAgentSpec, PettingZooVecEnv, random_actions
+from rlloop.signals import check_eval_stop
 
 RANDOM = "random"
 #: ``policy(module_id, obs [B, *obs]) -> (actions [B, ...], log_probs [B])``.
@@ -255,6 +256,7 @@ def evaluate_multi_agent(
     for _ in range(max_steps):
         if all(d >= q for d, q in zip(done, quota, strict=True)):
             break
+        check_eval_stop(sum(done), episodes)
         actions, _ = act_all(obs, assignment, policy, env.spec, generator)
         res = env.step(actions)
         for a in agents:
