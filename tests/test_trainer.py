@@ -108,6 +108,17 @@ def test_run_stops_on_condition_and_evaluates():
     assert evals.at == [2, 4]  # every steps_per_eval updates, not every update
 
 
+def test_a_run_owes_evaluations_by_its_own_cadence_only():
+    """A run without evals, then one every 2 updates: the second took the first's last
+    update (4, a multiple of 2) for one cut before its due eval and evaluated it first."""
+    trainer = _trainer()
+    evals = _EvalSteps()
+    trainer.callbacks.append(evals)
+    trainer.run(stop_conditions=[HitsUpperBound("env/steps", 128)])
+    trainer.run(steps_per_eval=2, stop_conditions=[HitsUpperBound("env/steps", 192)])
+    assert evals.at == [6]
+
+
 def test_conditions():
     assert HitsUpperBound("a", 1)({"a": 1.0}) and not HitsUpperBound("a", 1)({"a": 0.5})
     assert HitsLowerBound("a", 1)({"a": 0.5}) and not HitsLowerBound("a", 1)({})

@@ -184,19 +184,22 @@ class BorderSchedule:
         do_eval = opt_steps % cad.eval_interval == 0
         do_record = opt_steps % cad.record_interval == 0
         record: Stats = {}
+        if do_eval and trainer.evaluated_at == opt_steps:  # made before a cut (settle)
+            record.update(trainer.hear_eval())
+        elif do_eval:
+            record.update(self._paused_for(lambda: trainer.eval_with(
+                lambda: self.evaluator.evaluate(self.algorithm, trainer.eval_episodes))))
         if do_eval or do_record:
-            record = self.recorder.pop()
-            if do_eval and trainer.evaluated_at == opt_steps:  # made before a cut (settle)
-                record.update(trainer.hear_eval())
-            elif do_eval:
-                record.update(self._paused_for(lambda: trainer.eval_with(
-                    lambda: self.evaluator.evaluate(self.algorithm, trainer.eval_episodes))))
+            # Popped after the eval: a cut in it leaves them in the checkpoint's recorder.
+            record = {**self.recorder.pop(), **record}
             if do_record:
                 record.update(self._throughput(trainer))
             trainer.count(record)
             record["opt/steps"] = float(opt_steps)
-            trainer.log(record)
-        self.cadence_at = opt_steps  # (the save holds it)
+        with atomic():  # the row and the mark that it is written: both or neither
+            if record:
+                trainer.log(record)
+            self.cadence_at = opt_steps  # (the save below holds it)
         if cad.save_interval and opt_steps % cad.save_interval == 0 and self.save is not None:
             save = self.save
             self._paused_for(lambda: save(opt_steps))

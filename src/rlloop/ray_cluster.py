@@ -130,16 +130,16 @@ def connect(config: RayConfig, num_runners: int, num_learner_actors: int = 0) ->
 
 @contextmanager
 def _own_sigterm() -> Iterator[None]:
-    """The process's SIGTERM handler, put back after ``ray.init``: Ray's driver sets one of
-    its own (Python's, ``sys.exit(15)``) and then a C one under it (a crash handler that
-    dumps a stack and aborts: a SIGTERM while learner actors or runners started ended the
-    run with exit code 134). A SIGTERM during start-up then does what it does without
-    Ray, and rlloop's stop handler (installed for training) or a user's stays in charge."""
-    handler = signal.getsignal(signal.SIGTERM)  # (None: a C handler, not to be had back)
+    """SIGTERM handled in Python after ``ray.init``: Ray's driver sets a Python handler
+    (``sys.exit(15)``: the exit hooks then shut Ray down) and, starting its core worker, a
+    C crash handler under it that dumps a stack and aborts (exit code 134, at times a
+    segfault, for a SIGTERM while learner actors or runners started). The Python handler
+    is put back in charge; rlloop's stop handler replaces it while training."""
     try:
         yield
     finally:
         if threading.current_thread() is threading.main_thread():
+            handler = signal.getsignal(signal.SIGTERM)  # (None: set in C; not to be had)
             signal.signal(signal.SIGTERM, signal.SIG_DFL if handler is None else handler)
 
 

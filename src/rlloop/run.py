@@ -152,7 +152,9 @@ class _Checkpoints:
         self.session = session
 
     def on_step(self, trainer: Trainer, stats: Stats) -> None:
-        if save_due(self.session, self.session.checkpoint_every, trainer.state["algorithm/steps"]):
+        # (a settled iteration: the cut run's checkpoint of this step still owes its eval)
+        if trainer.settled or save_due(self.session, self.session.checkpoint_every,
+                                       trainer.state["algorithm/steps"]):
             self.session.save()
 
     def on_eval(self, trainer: Trainer, stats: Stats) -> None:
@@ -460,7 +462,6 @@ class Session:
         self.phases.add("startup", self.phases.elapsed())
         self._start_steps = trainer.state["env/steps"]
         self._final: dict[str, Any] | None = None
-        self._settled = False
         with supervised(self, self._finish), self._profiling():
             try:
                 # A spent budget, or a schedule that has ended (border's max_opts), trains
@@ -477,7 +478,6 @@ class Session:
                         self._training = False
                 else:  # a run cut at its budget's end: the eval (record, save) it owes
                     stats = trainer.settle()
-                    self._settled = bool(stats)  # the final checkpoint must say it is made
                 if (self.latest_eval_at == trainer.state["env/steps"]
                         and "eval/return_mean" in trainer.latest_eval):
                     # A resume of a finished run: its last evaluation stands (another
@@ -595,7 +595,7 @@ class Session:
             # not after a learner rank died: its update may be half applied on rank 0.
             broken = isinstance(sys.exception(), LearnerGroupError)
             if not broken and (self.trainer.state["env/steps"] > self._start_steps
-                               or self._settled or not self.manager.latest()):
+                               or self.trainer.settled or not self.manager.latest()):
                 self.save(self._final)
         finally:
             if status != "FINISHED" or sys.exception() is not None:

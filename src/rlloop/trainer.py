@@ -130,7 +130,10 @@ class Trainer:
         #: flight, where an iteration holds several: border's): the run sets it.
         self.stop_early: Callable[[], bool] = lambda: False
         #: ``algorithm/steps`` when the latest eval was made (its stats are ``latest_eval``).
-        self.evaluated_at = -1
+        self.evaluated_at = 0
+        #: Whether the latest :meth:`settle` finished something, until the next iteration:
+        #: a checkpoint of this step written before it is out of date.
+        self.settled = False
         # A cut (a second stop signal where an update ends, inside an eval or its
         # callbacks; a stop while eval workers start) may fall between an update and the
         # eval due after it: the eval is then owed (not made), or made but not heard (its
@@ -152,7 +155,7 @@ class Trainer:
         ``on_step`` comes last, so a checkpoint it writes holds the iteration whole, its
         eval included (the eval count seeds the next eval: a checkpoint taken before it
         would resume with every later eval on other episodes)."""
-        self._evaluating = evaluate
+        self._evaluating, self.settled = evaluate, False
         with flushed_denormals(self.flush_denormal):
             stats = self.schedule.step(self, env_config)
             if evaluate and self.schedule.eval_due(self):
@@ -183,10 +186,8 @@ class Trainer:
                 f"eval can only be called every horizons_per_env_reset={k} collects (now at "
                 f"{collects}); call it at a multiple of {k}")
         with flushed_denormals(self.flush_denormal):
-            stats = self.eval_with(lambda: self.algorithm.evaluate(
-                self.eval_episodes, env_config, deterministic))
-        self.log(stats)
-        return stats
+            return self.eval_with(lambda: self.algorithm.evaluate(
+                self.eval_episodes, env_config, deterministic), log=True)
 
     def eval_allowed(self) -> bool:
         """Whether :meth:`eval` may run now: with ``horizons_per_env_reset=k > 0``, only
@@ -194,9 +195,11 @@ class Trainer:
         k = self.algorithm.horizons_per_env_reset
         return not (k > 0 and self.state.get("algorithm/collects", 0) % k)
 
-    def eval_with(self, evaluate: Callable[[], Mapping[str, float]]) -> Stats:
+    def eval_with(self, evaluate: Callable[[], Mapping[str, float]], *,
+                  log: bool = False) -> Stats:
         """Run ``evaluate``; its results as ``eval/...`` stats with ``time/eval_s``, kept
-        as ``latest_eval`` and handed to the callbacks' ``on_eval``."""
+        as ``latest_eval``, handed to the callbacks' ``on_eval`` and, with ``log``,
+        logged as a row."""
         t0 = time.perf_counter()
         stats = {f"eval/{key}": value for key, value in evaluate().items()}
         stats["time/eval_s"] = time.perf_counter() - t0
@@ -204,16 +207,20 @@ class Trainer:
         # Made (an owed one too: an eval made now has its episodes), not heard yet.
         self._eval_owed, self._eval_heard = False, False
         self.evaluated_at = self.state.get("algorithm/steps", 0)
-        return self.hear_eval()
+        return self.hear_eval(log=log)
 
-    def hear_eval(self) -> Stats:
-        """``latest_eval``, after handing it to the callbacks' ``on_eval`` if they have not
-        all heard it (a cut came while they ran: the resume replays them)."""
+    def hear_eval(self, *, log: bool = False) -> Stats:
+        """``latest_eval``, after handing it to the callbacks' ``on_eval`` (and, with
+        ``log``, logging its row) if that has not all happened (a cut came while they
+        ran: the resume replays them)."""
         stats = self.latest_eval
         if not self._eval_heard:
             for cb in self.callbacks:
                 cb.on_eval(self, stats)
-            self._eval_heard = True
+            with atomic():  # the row and the mark that it is written: both or neither
+                if log:
+                    self.log(stats)
+                self._eval_heard = True
         return stats
 
     def run(
@@ -237,12 +244,21 @@ class Trainer:
         eval_env_config = eval_env_config or env_config
         conditions = list(stop_conditions or [])
         owed = self.settle(eval_env_config=eval_env_config)
-        if owed and any(condition(owed) for condition in conditions):
-            return owed
-        while True:
-            stats = self._iteration(env_config, eval_env_config, evaluate=True)
-            if self.schedule.finished(self) or any(condition(stats) for condition in conditions):
-                return stats
+        if owed:  # the cut iteration's end, now: its callbacks (a checkpoint) hear it
+            for cb in self.callbacks:
+                cb.on_step(self, owed)
+            if any(condition(owed) for condition in conditions):
+                return owed
+        try:
+            while True:
+                stats = self._iteration(env_config, eval_env_config, evaluate=True)
+                if self.schedule.finished(self) or any(condition(stats)
+                                                       for condition in conditions):
+                    return stats
+        finally:
+            # What this run owes is judged by its own cadence (a later run may evaluate
+            # at another, or call step() without evaluating).
+            self._eval_owed, self._evaluating = self.eval_owed(), False
 
     def log(self, stats: Stats) -> None:
         if self.sink is not None:
@@ -259,9 +275,8 @@ class Trainer:
             if self.eval_owed():
                 stats = {**stats, **self.eval(env_config=eval_env_config)}
             elif not self._eval_heard:  # (rl8's eval row is logged once heard)
-                heard = self.hear_eval()
-                self.log(heard)
-                stats = {**stats, **heard}
+                stats = {**stats, **self.hear_eval(log=True)}
+        self.settled = bool(stats)
         return self.count(stats) if stats else {}
 
     def eval_owed(self) -> bool:

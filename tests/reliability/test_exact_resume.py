@@ -260,11 +260,28 @@ def test_a_run_cut_before_its_due_evaluation_makes_it_when_resumed(
     assert cut_at.components["trainer"]["counters"]["algorithm/steps"] == cut
     resume(tmp_path / "b")
 
-    ea, eb = _evals(tmp_path / "a"), _evals(tmp_path / "b")
+    _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
+
+
+def _rows(run, key):
+    """``(step, keys)`` of the rows of metrics.jsonl that hold ``key``, in order (rates and
+    times left out: they differ between any two runs)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    varying = ("time/", "env/fps", "opt/steps_per_sec")
+    return [(r["step"], sorted(k for k in r if not k.startswith(varying)))
+            for r in rows if key in r]
+
+
+def _same_evaluations_and_state(a, b):
+    """Run ``b`` (cut, resumed) has ``a``'s evaluations, each row once (off-policy records
+    with the same stats), and its final algorithm state."""
+    ea, eb = _evals(a), _evals(b)
     assert len(ea) >= 2 and eb == ea
-    a = load_checkpoint(CheckpointManager(tmp_path / "a" / "checkpoints").latest())
-    b = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
-    la, lb = dict(leaves(a.components["algorithm"])), dict(leaves(b.components["algorithm"]))
+    for key in ("eval/return_mean", "opt/steps"):
+        assert _rows(b, key) == _rows(a, key)
+    ca = load_checkpoint(CheckpointManager(a / "checkpoints").latest())
+    cb = load_checkpoint(CheckpointManager(b / "checkpoints").latest())
+    la, lb = dict(leaves(ca.components["algorithm"])), dict(leaves(cb.components["algorithm"]))
     assert [k for k in la if not same_leaf(la[k], lb[k])] == []
 
 
@@ -350,3 +367,64 @@ def test_a_second_signal_while_best_is_saved_leaves_the_save_to_the_resume(
     a, b = load_checkpoint(tmp_path / "a" / "best"), load_checkpoint(tmp_path / "b" / "best")
     la, lb = dict(leaves(a.components["algorithm"])), dict(leaves(b.components["algorithm"]))
     assert [k for k in la if not same_leaf(la[k], lb[k])] == []
+
+
+def _cut_config(algo="ppo"):
+    steps, sets = (1280, PPO_SETS) if algo == "ppo" else (1600, DQN_SETS)
+    return build_config(algo, "CartPole-v1", flags={"seed": 5, "total_env_steps": steps},
+                        sets=["mlflow=false", "progress=false", "save_video=false",
+                              "stop_on_solve=false", *sets])
+
+
+def test_a_cut_before_the_first_update_owes_no_evaluation(tmp_path, monkeypatch):
+    """The eval count of a new trainer stood at -1, so a checkpoint cut before the first
+    update (a second signal in the first collect, an env worker failing there) owed an
+    eval at step 0, which the resume made: every later eval on other episodes."""
+    config = _cut_config()
+    train(config, tmp_path / "a")
+    original = PPO.collect
+
+    def interrupted(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return original(self)
+
+    with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
+        patched.setattr(PPO, "collect", interrupted)
+        train(config, tmp_path / "b")
+    cut = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
+    assert cut.components["trainer"]["eval_owed"] is False
+    resume(tmp_path / "b")
+    _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_a_settled_evaluation_is_checkpointed_before_the_run_goes_on(
+        tmp_path, monkeypatch, algo):
+    """A resume that made the owed eval and then stopped (one signal during that eval)
+    wrote no checkpoint, as no env step was taken: the next resume made and logged the
+    eval again. The settled iteration now ends as any does (its callbacks, a checkpoint),
+    and the checkpoint of that step no longer owes it."""
+    config = _cut_config(algo)
+    owner, method, cut, *_ = CUTS[algo]
+    train(config, tmp_path / "a")
+    with monkeypatch.context() as patched:
+        ends, _ = _two_signals_in_update(patched, owner, method, cut)
+        with ends:
+            train(config, tmp_path / "b")
+
+    def signal_once(*args, **kwargs):
+        patched.setattr(base, "evaluate", original)
+        os.kill(os.getpid(), signal.SIGTERM)  # one stop while the owed eval plays
+        return original(*args, **kwargs)
+
+    original = base.evaluate
+    with monkeypatch.context() as patched:
+        patched.setattr(base, "evaluate", signal_once)
+        assert resume(tmp_path / "b").stopped_by == "signal SIGTERM"
+    settled = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
+    trainer = settled.components["trainer"]
+    assert trainer["counters"]["algorithm/steps"] == cut
+    assert (trainer["eval_owed"], trainer["eval_heard"]) == (False, True)
+    resume(tmp_path / "b")
+    _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
