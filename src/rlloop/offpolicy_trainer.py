@@ -117,6 +117,9 @@ class BorderSchedule:
         # when a stop cut in between (a second stop signal where an optimisation step
         # ends, a stop while eval workers start); a resume then runs it first.
         self.cadence_at = 0
+        #: What the latest optimisation step calls for (eval, record, save), judged when
+        #: it is made: a resume that settles it keeps the cut run's cadence.
+        self.due = (False, False, False)
         self._paused = 0.0  # seconds spent evaluating and saving, excluded from throughput
         self._mark_time = _clock()
         self._mark_counts = (0, 0, 0.0)  # env steps, optimisation steps, paused seconds
@@ -142,6 +145,7 @@ class BorderSchedule:
                 if opt is None:
                     continue
                 state["algorithm/steps"] += 1
+                self.due = self._due(state["algorithm/steps"])
                 self.recorder.add(opt)
             stats.update(self._after_optimization(trainer))
             if self.finished(trainer):
@@ -157,6 +161,15 @@ class BorderSchedule:
         if self.cadence_at < trainer.state["algorithm/steps"]:
             return self._after_optimization(trainer)
         return {}
+
+    def forgo(self, trainer: Trainer) -> bool:
+        owed, self.cadence_at = self.cadence_at, trainer.state["algorithm/steps"]
+        return owed < self.cadence_at
+
+    def _due(self, opt_steps: int) -> tuple[bool, bool, bool]:
+        cad = self.cadence
+        return (opt_steps % cad.eval_interval == 0, opt_steps % cad.record_interval == 0,
+                bool(cad.save_interval) and opt_steps % cad.save_interval == 0)
 
     def finished(self, trainer: Trainer) -> bool:
         """``max_opts`` optimisation steps were made."""
@@ -180,9 +193,8 @@ class BorderSchedule:
         self._mark(trainer)
 
     def _after_optimization(self, trainer: Trainer) -> Stats:
-        cad, opt_steps = self.cadence, trainer.state["algorithm/steps"]
-        do_eval = opt_steps % cad.eval_interval == 0
-        do_record = opt_steps % cad.record_interval == 0
+        opt_steps = trainer.state["algorithm/steps"]
+        do_eval, do_record, do_save = self.due
         record: Stats = {}
         if do_eval and trainer.evaluated_at == opt_steps:  # made before a cut (settle)
             record.update(trainer.hear_eval())
@@ -200,7 +212,7 @@ class BorderSchedule:
             if record:
                 trainer.log(record)
             self.cadence_at = opt_steps  # (the save below holds it)
-        if cad.save_interval and opt_steps % cad.save_interval == 0 and self.save is not None:
+        if do_save and self.save is not None:
             save = self.save
             self._paused_for(lambda: save(opt_steps))
         return record
@@ -233,7 +245,8 @@ class BorderSchedule:
                              self._paused)
 
     def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"pending_opts": self.pending_opts, "cadence_at": self.cadence_at}
+        state: dict[str, Any] = {"pending_opts": self.pending_opts, "cadence_at": self.cadence_at,
+                                 "cadence_due": list(self.due)}
         get = getattr(self.recorder, "get_state", None)
         if get is not None:  # the stats it holds since the last record
             state["recorder"] = {"kind": type(self.recorder).__name__, "state": get()}
@@ -251,6 +264,9 @@ class BorderSchedule:
         counters = state["counters"]
         # (older checkpoints: none owed)
         self.cadence_at = int(state.get("cadence_at", counters["algorithm/steps"]))
+        due = state.get("cadence_due")
+        self.due = (self._due(int(counters["algorithm/steps"])) if due is None
+                    else (bool(due[0]), bool(due[1]), bool(due[2])))
         self._mark_time = _clock()
         self._mark_counts = (int(counters["env/steps"]), int(counters["algorithm/steps"]),
                              self._paused)

@@ -152,9 +152,10 @@ class _Checkpoints:
         self.session = session
 
     def on_step(self, trainer: Trainer, stats: Stats) -> None:
+        due = save_due(self.session, self.session.checkpoint_every,
+                       trainer.state["algorithm/steps"])
         # (a settled iteration: the cut run's checkpoint of this step still owes its eval)
-        if trainer.settled or save_due(self.session, self.session.checkpoint_every,
-                                       trainer.state["algorithm/steps"]):
+        if due or trainer.settled:
             self.session.save()
 
     def on_eval(self, trainer: Trainer, stats: Stats) -> None:
@@ -210,6 +211,7 @@ class Session:
         self.save_requested = False
         self.stop_requested: str | None = None
         self.solved = False
+        self.solved_at: int | None = None  # env steps of the evaluation confirmed solved
         self._training = False  # inside the training loop (evals there may solve the run)
         self._solve_threshold: float | None = None  # known when the loop starts
         check_members(run_dir)
@@ -340,7 +342,7 @@ class Session:
         algorithm = self.algorithm.get_policy_state() if policy else self.algorithm.get_state()
         return {"algorithm": algorithm,
                 "trainer": {**self.trainer.get_state(), "best_eval_return": self.best_eval_return,
-                            "latest_eval_at": self.latest_eval_at},
+                            "latest_eval_at": self.latest_eval_at, "solved_at": self.solved_at},
                 "rng": capture_rng_state()}
 
     def metadata(self) -> dict[str, Any]:
@@ -368,7 +370,13 @@ class Session:
         returns = [r for r in (ckpt.components["trainer"].get("best_eval_return"),
                                saved_best_return(self.run_dir / "best")) if r is not None]
         self.best_eval_return = max(returns) if returns else None
-        self.latest_eval_at = ckpt.components["trainer"].get("latest_eval_at")
+        saved = ckpt.components["trainer"]
+        self.latest_eval_at = saved.get("latest_eval_at")
+        # Solved by this checkpoint's evaluation, cut in a later callback: the resume
+        # hands that evaluation to the rest of them, then stops as the cut run would have.
+        # (A run stopped solved and resumed trains on, and is judged anew.)
+        self.solved = (saved.get("eval_unheard") is not None
+                       and saved.get("solved_at") == self.trainer.state["env/steps"])
         restore_rng_state(ckpt.components["rng"])
         # Rows a crashed run logged after this checkpoint: the resumed run logs them anew.
         state = self.trainer.state
@@ -417,7 +425,7 @@ class Session:
                                   self.trainer.state["env/steps"])
             if value < threshold:
                 return
-        self.solved = True
+        self.solved, self.solved_at = True, self.trainer.state["env/steps"]
 
     def run(self) -> RunResult:
         """Train until a stop condition; always writes a final checkpoint and the report.
@@ -594,8 +602,11 @@ class Session:
             # Steps taken (off-policy ones too, before any optimisation step), or a new run;
             # not after a learner rank died: its update may be half applied on rank 0.
             broken = isinstance(sys.exception(), LearnerGroupError)
+            # An error, not a stop: a resume must not make again what it cut (an env or a
+            # callback that fails there would fail on every resume).
+            forgone = isinstance(sys.exception(), Exception) and self.trainer.forgo()
             if not broken and (self.trainer.state["env/steps"] > self._start_steps
-                               or self.trainer.settled or not self.manager.latest()):
+                               or forgone or not self.manager.latest()):
                 self.save(self._final)
         finally:
             if status != "FINISHED" or sys.exception() is not None:

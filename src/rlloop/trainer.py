@@ -95,6 +95,11 @@ class Schedule(Protocol):
         stats, or ``{}`` when nothing is owed."""
         ...
 
+    def forgo(self, trainer: Trainer) -> bool:
+        """Owe nothing for the latest iteration (see :meth:`Trainer.forgo`); whether
+        something was owed."""
+        ...
+
     def get_state(self) -> dict[str, Any]: ...
     def set_state(self, state: Mapping[str, Any]) -> None: ...
 
@@ -137,11 +142,12 @@ class Trainer:
         # A cut (a second stop signal where an update ends, inside an eval or its
         # callbacks; a stop while eval workers start) may fall between an update and the
         # eval due after it: the eval is then owed (not made), or made but not heard (its
-        # on_eval callbacks, which save best/ and confirm a solve, did not all run). The
-        # checkpoint says which, and a resume makes or replays it first (`settle`).
+        # on_eval callbacks, which save best/ and confirm a solve, did not all run, or its
+        # row is not logged). The checkpoint says which, and a resume makes it, or hands
+        # it to the callbacks that had not heard it, first (`settle`).
         self._evaluating = False  # the latest iteration was run's (it evaluates when due)
         self._eval_owed = False  # restored: the cut run owes its last due eval
-        self._eval_heard = True
+        self._unheard: int | None = None  # the first callback the latest eval is owed to
 
     def step(self, *, env_config: dict[str, Any] | None = None) -> Stats:
         """One iteration of the schedule (collect -> update -> log); returns flat stats."""
@@ -205,22 +211,23 @@ class Trainer:
         stats["time/eval_s"] = time.perf_counter() - t0
         self.latest_eval = stats
         # Made (an owed one too: an eval made now has its episodes), not heard yet.
-        self._eval_owed, self._eval_heard = False, False
+        self._eval_owed, self._unheard = False, 0
         self.evaluated_at = self.state.get("algorithm/steps", 0)
         return self.hear_eval(log=log)
 
     def hear_eval(self, *, log: bool = False) -> Stats:
-        """``latest_eval``, after handing it to the callbacks' ``on_eval`` (and, with
-        ``log``, logging its row) if that has not all happened (a cut came while they
-        ran: the resume replays them)."""
+        """``latest_eval``, after handing it to the callbacks' ``on_eval`` that have not
+        heard it (a cut came while they ran: the resume goes on from the one it cut) and,
+        with ``log``, logging its row."""
         stats = self.latest_eval
-        if not self._eval_heard:
-            for cb in self.callbacks:
-                cb.on_eval(self, stats)
+        if self._unheard is not None:
+            for i in range(self._unheard, len(self.callbacks)):
+                self.callbacks[i].on_eval(self, stats)
+                self._unheard = i + 1
             with atomic():  # the row and the mark that it is written: both or neither
                 if log:
                     self.log(stats)
-                self._eval_heard = True
+                self._unheard = None
         return stats
 
     def run(
@@ -244,11 +251,8 @@ class Trainer:
         eval_env_config = eval_env_config or env_config
         conditions = list(stop_conditions or [])
         owed = self.settle(eval_env_config=eval_env_config)
-        if owed:  # the cut iteration's end, now: its callbacks (a checkpoint) hear it
-            for cb in self.callbacks:
-                cb.on_step(self, owed)
-            if any(condition(owed) for condition in conditions):
-                return owed
+        if owed and any(condition(owed) for condition in conditions):
+            return owed
         try:
             while True:
                 stats = self._iteration(env_config, eval_env_config, evaluate=True)
@@ -267,17 +271,33 @@ class Trainer:
     def settle(self, *, eval_env_config: dict[str, Any] | None = None) -> Stats:
         """Finish what a cut run's last iteration left (restored from its checkpoint, or
         in this process after ``run`` was interrupted): its due eval, made on the episodes
-        it would have had, or, made already, its callbacks and its row; border's eval,
-        record and save. The stats (with the counters), or ``{}`` when nothing was left.
-        ``run`` calls it first."""
+        it would have had, or, made already, the callbacks and the row it is owed to;
+        border's eval, record and save. Then that iteration ends as any does: the
+        callbacks' ``on_step`` hear its stats (the eval's, with the counters). Returns
+        them, or ``{}`` when nothing was left. ``run`` calls it first."""
         with flushed_denormals(self.flush_denormal):
             stats = self.schedule.settle(self)
             if self.eval_owed():
                 stats = {**stats, **self.eval(env_config=eval_env_config)}
-            elif not self._eval_heard:  # (rl8's eval row is logged once heard)
+            elif self._unheard is not None:  # (rl8's eval row is logged once heard)
                 stats = {**stats, **self.hear_eval(log=True)}
-        self.settled = bool(stats)
-        return self.count(stats) if stats else {}
+            self.settled = bool(stats)
+            if not stats:
+                return {}
+            stats = self.count(stats)
+            for cb in self.callbacks:  # (the run's checkpoints the settled iteration)
+                cb.on_step(self, stats)
+        return stats
+
+    def forgo(self) -> bool:
+        """What the latest iteration left is not to be made by a resume: an error (not a
+        stop) cut it, and an env or a callback that fails there would fail again on every
+        resume. The run goes on at its cadence, as if that eval had been made. Returns
+        whether anything was left (a checkpoint of this step is then out of date)."""
+        left = self.eval_owed() or self._unheard is not None
+        self._eval_owed, self._evaluating, self._unheard = False, False, None
+        self.evaluated_at = self.state.get("algorithm/steps", 0)
+        return self.schedule.forgo(self) or left
 
     def eval_owed(self) -> bool:
         """Whether the latest update was cut from the eval due after it (not made)."""
@@ -288,7 +308,7 @@ class Trainer:
     def get_state(self) -> dict[str, Any]:
         return {"counters": dict(self.state), "latest_eval": dict(self.latest_eval),
                 "wall_time": self.wall_time, "eval_owed": self.eval_owed(),
-                "evaluated_at": self.evaluated_at, "eval_heard": self._eval_heard,
+                "evaluated_at": self.evaluated_at, "eval_unheard": self._unheard,
                 **self.schedule.get_state()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -297,7 +317,8 @@ class Trainer:
         self.wall_time = float(state["wall_time"])
         # (older checkpoints: nothing owed)
         self._eval_owed = bool(state.get("eval_owed", False))
-        self._eval_heard = bool(state.get("eval_heard", True))
+        unheard = state.get("eval_unheard")
+        self._unheard = None if unheard is None else int(unheard)
         self.evaluated_at = int(state.get("evaluated_at", self.state.get("algorithm/steps", 0)))
         self.schedule.set_state(state)
 
@@ -358,6 +379,9 @@ class Rl8Schedule:
 
     def settle(self, trainer: Trainer) -> Stats:
         return {}  # an owed eval is the trainer's
+
+    def forgo(self, trainer: Trainer) -> bool:
+        return False
 
     def get_state(self) -> dict[str, Any]:
         return {}

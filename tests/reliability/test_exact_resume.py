@@ -425,6 +425,101 @@ def test_a_settled_evaluation_is_checkpointed_before_the_run_goes_on(
     settled = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
     trainer = settled.components["trainer"]
     assert trainer["counters"]["algorithm/steps"] == cut
-    assert (trainer["eval_owed"], trainer["eval_heard"]) == (False, True)
+    assert (trainer["eval_owed"], trainer["eval_unheard"]) == (False, None)
     resume(tmp_path / "b")
     _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
+
+
+
+class _Heard(Callback):
+    """What a user's callback hears (``("step"|"eval", env steps)``); ``cut_at``: a second
+    signal in its on_eval of that evaluation (counted from 1)."""
+
+    def __init__(self, cut_at: int | None = None) -> None:
+        self.heard: list[tuple[str, int]] = []
+        self.evals, self.cut_at = 0, cut_at
+
+    def on_step(self, stats):
+        self.heard.append(("step", int(stats["env/steps"])))
+
+    def on_eval(self, stats):
+        self.evals += 1
+        self.heard.append(("eval", int(stats.get("env/steps", -1))))
+        if self.evals == self.cut_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_cut_in_a_callback_after_a_confirmed_solve_stops_solved_on_resume(tmp_path):
+    """The solve was confirmed (an extra evaluation) in the run's own on_eval, then a
+    second signal struck in a user's on_eval: the resume replayed every callback,
+    confirmed again on other episodes (and failed, training on). It now hands the
+    evaluation to the callbacks that had not heard it, and stops solved."""
+    sets = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=true",
+            "solve_threshold=170", "solve_episodes=5", *PPO_SETS]
+    config = build_config("ppo", "CartPole-v1", flags={"seed": 5, "total_env_steps": 1280},
+                          sets=sets)
+    assert train(config, tmp_path / "a").stopped_by == "solved"
+    with pytest.raises(KeyboardInterrupt):
+        train(config, tmp_path / "b", callbacks=[_Heard(cut_at=1)])
+    assert resume(tmp_path / "b").stopped_by == "solved"
+    for key in ("eval/return_mean", "eval/solve_return_mean"):
+        assert _rows(tmp_path / "b", key) == _rows(tmp_path / "a", key)
+
+
+def test_a_settled_off_policy_step_keeps_the_cut_run_s_cadence(tmp_path, monkeypatch):
+    """Resumed with another eval_interval, the settle judged the cut step's eval by the
+    new one (80 % 30): the eval it owed was never made, and every later one moved."""
+    owner, method, cut, sets, steps = CUTS["dqn"]
+    clean = build_config("dqn", "CartPole-v1", flags={"seed": 5, "total_env_steps": steps},
+                         sets=["mlflow=false", "progress=false", "save_video=false",
+                               "stop_on_solve=false", *sets, f"dqn.max_opts={cut}"])
+    train(clean, tmp_path / "a")  # stops cleanly after the cut step, its eval made
+    resume(tmp_path / "a", sets=["dqn.max_opts=0", "dqn.eval_interval=30"])
+    with monkeypatch.context() as patched:
+        ends, _ = _two_signals_in_update(patched, owner, method, cut)
+        with ends:
+            train(_cut_config("dqn"), tmp_path / "b")
+    resume(tmp_path / "b", sets=["dqn.eval_interval=30"])
+    _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
+
+
+def test_an_evaluation_that_fails_is_not_made_again_by_every_resume(tmp_path, monkeypatch):
+    """An evaluation that raised (an env failing on its episodes) was owed: every resume
+    made it first, on the same episodes, and failed again before training a step. An
+    error (not a stop) now forgoes it: the resume goes on, the next evaluation on the
+    next episodes."""
+    seeds = []
+    original = base.evaluate
+
+    def fails_on_the_second(*args, **kwargs):
+        seeds.append(kwargs["seed"])
+        if kwargs["seed"] == seeds[0] + 1:
+            raise RuntimeError("env: simulation unstable (test)")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(base, "evaluate", fails_on_the_second)
+    with pytest.raises(RuntimeError, match="unstable"):
+        train(_cut_config(), tmp_path / "b")
+    cut = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
+    assert cut.components["trainer"]["eval_owed"] is False
+    assert resume(tmp_path / "b").env_steps == 1280
+    assert seeds[2] == seeds[1] + 1  # the failed evaluation's episodes are not retried
+
+
+def test_a_settle_at_the_budget_s_end_ends_the_iteration_for_the_callbacks(
+        tmp_path, monkeypatch):
+    """With the budget spent, the resume settled the cut iteration but called no on_step:
+    a user's callback never heard that iteration end (with budget left, it did)."""
+    owner, method, cut, sets, steps = CUTS["ppo-end"]
+    config = build_config("ppo", "CartPole-v1", flags={"seed": 5, "total_env_steps": steps},
+                          sets=["mlflow=false", "progress=false", "save_video=false",
+                                "stop_on_solve=false", *sets])
+    straight, cut_run, resumed = _Heard(), _Heard(), _Heard()
+    train(config, tmp_path / "a", callbacks=[straight])
+    with monkeypatch.context() as patched:
+        ends, _ = _two_signals_in_update(patched, owner, method, cut)
+        with ends:
+            train(config, tmp_path / "b", callbacks=[cut_run])
+    resume(tmp_path / "b", callbacks=[resumed])
+    assert cut_run.heard + resumed.heard == straight.heard

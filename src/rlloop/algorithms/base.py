@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -19,6 +21,7 @@ from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.runners.env_runner import EnvRunner
 from rlloop.runners.evaluation import evaluate
 from rlloop.seeding import derive_seed, seed_global_rngs
+from rlloop.signals import StopInterrupted
 
 if TYPE_CHECKING:
     from rlloop.learners.learner import Learner
@@ -146,10 +149,9 @@ class AlgorithmBase:
         """Run ``episodes`` whole episodes on an eval env; returns ``return_mean`` etc."""
         env = self._eval_env(env_config or {}, min(episodes, self._eval_batch()))
         seed = self.settings.seed + EVAL_SEED_OFFSET + self.evals + 1
-        result = evaluate(lambda obs: self.act(obs, deterministic), env, episodes, seed=seed,
-                          begin_episodes=self.begin_episodes)
-        self.evals += 1  # counted once made: a resume makes a cut one on the same episodes
-        return result
+        with counted_once_made(self):
+            return evaluate(lambda obs: self.act(obs, deterministic), env, episodes,
+                            seed=seed, begin_episodes=self.begin_episodes)
 
     def _eval_batch(self) -> int:
         """Eval envs stepped together. A native env steps its whole batch in one tensor op,
@@ -238,3 +240,19 @@ class AlgorithmBase:
         for env in self._eval_envs.values():
             env.close()
         self._eval_envs.clear()
+
+
+@contextmanager
+def counted_once_made(owner: Any) -> Iterator[None]:
+    """Count an evaluation (``owner.evals``, which seeds the next one's episodes) once it
+    is made, or once it failed (its episodes are not tried again); one a stop cut (a
+    second signal, the grace of :func:`~rlloop.signals.check_eval_stop`) is not counted:
+    the resumed run makes it on the same episodes."""
+    try:
+        yield
+    except (KeyboardInterrupt, StopInterrupted):
+        raise
+    except Exception:
+        owner.evals += 1
+        raise
+    owner.evals += 1

@@ -21,7 +21,12 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from rlloop.algorithms.base import EVAL_SEED_OFFSET, EnvSettings, horizon_starts
+from rlloop.algorithms.base import (
+    EVAL_SEED_OFFSET,
+    EnvSettings,
+    counted_once_made,
+    horizon_starts,
+)
 from rlloop.algorithms.league import MAIN, League
 from rlloop.algorithms.ppo import PPOLearner
 from rlloop.algorithms.ppo_config import MultiAgentPPOConfig as MultiAgentPPOConfig
@@ -277,11 +282,10 @@ class MultiAgentPPO:
         seed = self.settings.seed + EVAL_SEED_OFFSET + self.evals + 1
         # Its own generator: evaluating never shifts the training draws.
         generator = new_generator(self.device, derive_seed(seed, "evaluation"))
-        result = evaluate_multi_agent(
-            self._eval_envs[n], self._policy(deterministic), self.focal_module, opponent,
-            episodes, generator, seed=seed)
-        self.evals += 1  # counted once made (see AlgorithmBase.evaluate)
-        return result
+        with counted_once_made(self):
+            return evaluate_multi_agent(
+                self._eval_envs[n], self._policy(deterministic), self.focal_module, opponent,
+                episodes, generator, seed=seed)
 
     def pop_times(self) -> dict[str, float]:
         return self.runner.pop_times()
