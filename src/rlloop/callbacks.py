@@ -67,6 +67,11 @@ class UserCallbacks:
         if _called(cb, stops, stats, name) and self.stopped_by is None:
             self.stopped_by = f"callback {type(cb).__name__}"
 
+    def each(self) -> list[_OneUserCallback]:
+        """One trainer callback per user callback: a resume hands a cut evaluation to the
+        ones that had not heard it, each by itself (see ``Trainer.hear_eval``)."""
+        return [_OneUserCallback(self, cb) for cb in self.callbacks]
+
     def checkpoint(self, path: Path) -> None:
         for cb in self.callbacks:
             _called(cb, cb.on_checkpoint, path, "on_checkpoint")
@@ -74,6 +79,19 @@ class UserCallbacks:
     def train_end(self, result: RunResult) -> None:
         for cb in self.callbacks:
             _called(cb, cb.on_train_end, result, "on_train_end")
+
+
+class _OneUserCallback:
+    """The trainer callback for one user :class:`Callback` of a :class:`UserCallbacks`."""
+
+    def __init__(self, owner: UserCallbacks, callback: Callback) -> None:
+        self.owner, self.callback = owner, callback
+
+    def on_step(self, trainer: Trainer, stats: Stats) -> None:
+        self.owner._ask(self.callback, self.callback.on_step, stats, "on_step")
+
+    def on_eval(self, trainer: Trainer, stats: Stats) -> None:
+        self.owner._ask(self.callback, self.callback.on_eval, stats, "on_eval")
 
 
 def as_callbacks(callbacks: object) -> list[Callback]:

@@ -162,10 +162,6 @@ class BorderSchedule:
             return self._after_optimization(trainer)
         return {}
 
-    def forgo(self, trainer: Trainer) -> bool:
-        owed, self.cadence_at = self.cadence_at, trainer.state["algorithm/steps"]
-        return owed < self.cadence_at
-
     def _due(self, opt_steps: int) -> tuple[bool, bool, bool]:
         cad = self.cadence
         return (opt_steps % cad.eval_interval == 0, opt_steps % cad.record_interval == 0,

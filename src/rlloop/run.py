@@ -287,7 +287,7 @@ class Session:
             self.profiler = TraceProfiler(config.profile, run_dir / "profile")
             self.profiler.label(self.algorithm, ALGORITHMS[config.algo].kind)
         self.trainer = Trainer(self.algorithm, sink=self.sink, eval_episodes=config.eval_episodes,
-                               callbacks=[_Checkpoints(self), self.user_callbacks,
+                               callbacks=[_Checkpoints(self), *self.user_callbacks.each(),
                                           *([self.profiler] if self.profiler else [])],
                                schedule=schedule)
         self.trainer.stop_early = self._stop_now
@@ -375,7 +375,7 @@ class Session:
         # Solved by this checkpoint's evaluation, cut in a later callback: the resume
         # hands that evaluation to the rest of them, then stops as the cut run would have.
         # (A run stopped solved and resumed trains on, and is judged anew.)
-        self.solved = (saved.get("eval_unheard") is not None
+        self.solved = (self.config.stop_on_solve and saved.get("eval_unheard") is not None
                        and saved.get("solved_at") == self.trainer.state["env/steps"])
         restore_rng_state(ckpt.components["rng"])
         # Rows a crashed run logged after this checkpoint: the resumed run logs them anew.
@@ -602,11 +602,8 @@ class Session:
             # Steps taken (off-policy ones too, before any optimisation step), or a new run;
             # not after a learner rank died: its update may be half applied on rank 0.
             broken = isinstance(sys.exception(), LearnerGroupError)
-            # An error, not a stop: a resume must not make again what it cut (an env or a
-            # callback that fails there would fail on every resume).
-            forgone = isinstance(sys.exception(), Exception) and self.trainer.forgo()
             if not broken and (self.trainer.state["env/steps"] > self._start_steps
-                               or forgone or not self.manager.latest()):
+                               or not self.manager.latest()):
                 self.save(self._final)
         finally:
             if status != "FINISHED" or sys.exception() is not None:

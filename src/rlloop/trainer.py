@@ -95,11 +95,6 @@ class Schedule(Protocol):
         stats, or ``{}`` when nothing is owed."""
         ...
 
-    def forgo(self, trainer: Trainer) -> bool:
-        """Owe nothing for the latest iteration (see :meth:`Trainer.forgo`); whether
-        something was owed."""
-        ...
-
     def get_state(self) -> dict[str, Any]: ...
     def set_state(self, state: Mapping[str, Any]) -> None: ...
 
@@ -289,16 +284,6 @@ class Trainer:
                 cb.on_step(self, stats)
         return stats
 
-    def forgo(self) -> bool:
-        """What the latest iteration left is not to be made by a resume: an error (not a
-        stop) cut it, and an env or a callback that fails there would fail again on every
-        resume. The run goes on at its cadence, as if that eval had been made. Returns
-        whether anything was left (a checkpoint of this step is then out of date)."""
-        left = self.eval_owed() or self._unheard is not None
-        self._eval_owed, self._evaluating, self._unheard = False, False, None
-        self.evaluated_at = self.state.get("algorithm/steps", 0)
-        return self.schedule.forgo(self) or left
-
     def eval_owed(self) -> bool:
         """Whether the latest update was cut from the eval due after it (not made)."""
         return self._eval_owed or (
@@ -379,9 +364,6 @@ class Rl8Schedule:
 
     def settle(self, trainer: Trainer) -> Stats:
         return {}  # an owed eval is the trainer's
-
-    def forgo(self, trainer: Trainer) -> bool:
-        return False
 
     def get_state(self) -> dict[str, Any]:
         return {}

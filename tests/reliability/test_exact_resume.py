@@ -484,11 +484,11 @@ def test_a_settled_off_policy_step_keeps_the_cut_run_s_cadence(tmp_path, monkeyp
     _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
 
 
-def test_an_evaluation_that_fails_is_not_made_again_by_every_resume(tmp_path, monkeypatch):
-    """An evaluation that raised (an env failing on its episodes) was owed: every resume
-    made it first, on the same episodes, and failed again before training a step. An
-    error (not a stop) now forgoes it: the resume goes on, the next evaluation on the
-    next episodes."""
+def test_an_evaluation_that_fails_is_made_again_on_the_next_episodes(tmp_path, monkeypatch):
+    """An evaluation that raised (an env failing on its episodes) was owed, and each resume
+    made it first on the same episodes, failing again before training a step. A failed
+    evaluation is counted: the resume makes the owed one on the next episodes and goes on
+    (an error is not forgone: a full disk in best/'s save must be redone)."""
     seeds = []
     original = base.evaluate
 
@@ -502,9 +502,9 @@ def test_an_evaluation_that_fails_is_not_made_again_by_every_resume(tmp_path, mo
     with pytest.raises(RuntimeError, match="unstable"):
         train(_cut_config(), tmp_path / "b")
     cut = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
-    assert cut.components["trainer"]["eval_owed"] is False
+    assert cut.components["trainer"]["eval_owed"] is True
     assert resume(tmp_path / "b").env_steps == 1280
-    assert seeds[2] == seeds[1] + 1  # the failed evaluation's episodes are not retried
+    assert seeds[2] == seeds[1] + 1 and 512 in _evals(tmp_path / "b")
 
 
 def test_a_settle_at_the_budget_s_end_ends_the_iteration_for_the_callbacks(
@@ -523,3 +523,52 @@ def test_a_settle_at_the_budget_s_end_ends_the_iteration_for_the_callbacks(
             train(config, tmp_path / "b", callbacks=[cut_run])
     resume(tmp_path / "b", callbacks=[resumed])
     assert cut_run.heard + resumed.heard == straight.heard
+
+
+def test_an_error_after_a_stop_signal_is_taken_for_the_stop(tmp_path, monkeypatch):
+    """A stop signal that surfaces as an error (Box2D turns the interrupt into one of its
+    own; workers killed with the trainer fail) is a stop: the evaluation it cut is owed,
+    not forgone, and the resumed run makes it on the same episodes."""
+    config = _cut_config()
+    train(config, tmp_path / "a")
+    seeds = []
+    original = base.evaluate
+
+    def stopped_then_failed(*args, **kwargs):
+        seeds.append(kwargs["seed"])
+        if len(seeds) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise RuntimeError("Box2D: interrupted (test)")
+        return original(*args, **kwargs)
+
+    with monkeypatch.context() as patched, pytest.raises(RuntimeError, match="Box2D"):
+        patched.setattr(base, "evaluate", stopped_then_failed)
+        train(config, tmp_path / "b")
+    resume(tmp_path / "b")
+    _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
+
+
+
+def test_a_resume_hands_a_cut_evaluation_to_each_user_callback_that_missed_it(tmp_path):
+    """User callbacks were one entry of the loop's: a cut in the second one's on_eval made
+    the resume call the first one again for the same evaluation."""
+    config = _cut_config()
+    first, second = _Heard(), _Heard(cut_at=2)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, tmp_path / "b", callbacks=[first, second])
+    first_again, second_again = _Heard(), _Heard()
+    resume(tmp_path / "b", callbacks=[first_again, second_again])
+    evals_heard = [h for h in first.heard + first_again.heard if h[0] == "eval"]
+    assert len(evals_heard) == len(_evals(tmp_path / "b"))  # each evaluation once
+    assert second_again.heard[0] == ("eval", -1) and first_again.heard[0][0] == "step"
+
+
+def test_a_solve_is_not_restored_when_the_resume_turns_stop_on_solve_off(tmp_path):
+    sets = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=true",
+            "solve_threshold=170", "solve_episodes=5", *PPO_SETS]
+    config = build_config("ppo", "CartPole-v1", flags={"seed": 5, "total_env_steps": 768},
+                          sets=sets)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, tmp_path / "b", callbacks=[_Heard(cut_at=1)])
+    result = resume(tmp_path / "b", sets=["stop_on_solve=false"])
+    assert (result.stopped_by, result.env_steps) == ("budget", 768)

@@ -21,7 +21,7 @@ from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.runners.env_runner import EnvRunner
 from rlloop.runners.evaluation import evaluate
 from rlloop.seeding import derive_seed, seed_global_rngs
-from rlloop.signals import StopInterrupted
+from rlloop.signals import StopInterrupted, stop_requested_since
 
 if TYPE_CHECKING:
     from rlloop.learners.learner import Learner
@@ -246,13 +246,14 @@ class AlgorithmBase:
 def counted_once_made(owner: Any) -> Iterator[None]:
     """Count an evaluation (``owner.evals``, which seeds the next one's episodes) once it
     is made, or once it failed (its episodes are not tried again); one a stop cut (a
-    second signal, the grace of :func:`~rlloop.signals.check_eval_stop`) is not counted:
-    the resumed run makes it on the same episodes."""
+    second signal, the grace of :func:`~rlloop.signals.check_eval_stop`, an error after
+    a stop signal) is not counted: the resumed run makes it on the same episodes."""
     try:
         yield
     except (KeyboardInterrupt, StopInterrupted):
         raise
     except Exception:
-        owner.evals += 1
+        if stop_requested_since() is None:
+            owner.evals += 1
         raise
     owner.evals += 1

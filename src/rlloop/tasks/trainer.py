@@ -329,9 +329,6 @@ class _EpochSchedule:
     def settle(self, trainer: Trainer) -> Stats:
         return {}  # an epoch is counted once whole
 
-    def forgo(self, trainer: Trainer) -> bool:
-        return False
-
     def get_state(self) -> dict[str, Any]:
         return {}
 
