@@ -212,6 +212,7 @@ class Session:
         self.stop_requested: str | None = None
         self.solved = False
         self.solved_at: int | None = None  # env steps of the evaluation confirmed solved
+        self.resumed_owing = False  # restored from a checkpoint that owes an evaluation
         self._training = False  # inside the training loop (evals there may solve the run)
         self._solve_threshold: float | None = None  # known when the loop starts
         check_members(run_dir)
@@ -371,6 +372,12 @@ class Session:
                                saved_best_return(self.run_dir / "best")) if r is not None]
         self.best_eval_return = max(returns) if returns else None
         saved = ckpt.components["trainer"]
+        steps = saved["counters"].get("algorithm/steps", 0)
+        # It owes an evaluation (or its callbacks, or border's cadence): what the settle
+        # makes of it (made, heard, or failed and counted) must be saved even if this
+        # sitting takes no step, or every resume would start from the same debt.
+        self.resumed_owing = bool(saved.get("eval_owed") or saved.get("eval_unheard") is not None
+                                  or saved.get("cadence_at", steps) < steps)
         self.latest_eval_at = saved.get("latest_eval_at")
         # Solved by this checkpoint's evaluation, cut in a later callback: the resume
         # hands that evaluation to the rest of them, then stops as the cut run would have.
@@ -603,7 +610,7 @@ class Session:
             # not after a learner rank died: its update may be half applied on rank 0.
             broken = isinstance(sys.exception(), LearnerGroupError)
             if not broken and (self.trainer.state["env/steps"] > self._start_steps
-                               or not self.manager.latest()):
+                               or self.resumed_owing or not self.manager.latest()):
                 self.save(self._final)
         finally:
             if status != "FINISHED" or sys.exception() is not None:

@@ -572,3 +572,47 @@ def test_a_solve_is_not_restored_when_the_resume_turns_stop_on_solve_off(tmp_pat
         train(config, tmp_path / "b", callbacks=[_Heard(cut_at=1)])
     result = resume(tmp_path / "b", sets=["stop_on_solve=false"])
     assert (result.stopped_by, result.env_steps) == ("budget", 768)
+
+
+class _Raises(_Heard):
+    def on_eval(self, stats):
+        super().on_eval(stats)
+        raise ValueError("callback failed (test)")
+
+
+def test_what_a_resume_settles_is_saved_even_if_it_takes_no_step(tmp_path, monkeypatch):
+    """A resume that failed in its settle (the owed evaluation failing again on the next
+    episodes; a callback failing after another had heard it) wrote no checkpoint, as it
+    took no step: the next resume retried the same episodes, or handed the evaluation
+    again to the callbacks that had heard it."""
+    seeds, bad = [], set()
+    original = base.evaluate
+
+    def fails_twice(*args, **kwargs):
+        seeds.append(kwargs["seed"])
+        if len(seeds) == 1:
+            bad.update({kwargs["seed"] + 1, kwargs["seed"] + 2})
+        if kwargs["seed"] in bad:
+            raise RuntimeError("env: simulation unstable (test)")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(base, "evaluate", fails_twice)
+    with pytest.raises(RuntimeError, match="unstable"):
+        train(_cut_config(), tmp_path / "b")
+    with pytest.raises(RuntimeError, match="unstable"):  # on the next episodes too
+        resume(tmp_path / "b")
+    assert resume(tmp_path / "b").env_steps == 1280
+    assert seeds[:5] == [seeds[0] + i for i in range(5)]  # each failure moves on
+
+    monkeypatch.undo()
+    owner, method, cut, *_ = CUTS["ppo"]
+    with monkeypatch.context() as patched:
+        ends, _ = _two_signals_in_update(patched, owner, method, cut)
+        with ends:
+            train(_cut_config(), tmp_path / "c")
+    heard = _Heard()
+    with pytest.raises(ValueError, match="callback failed"):
+        resume(tmp_path / "c", callbacks=[heard, _Raises()])
+    heard_again = _Heard()
+    resume(tmp_path / "c", callbacks=[heard_again, _Heard()])
+    assert [h for h in heard.heard + heard_again.heard if h[0] == "eval"] == [("eval", -1)] * 4
