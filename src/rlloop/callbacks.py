@@ -42,21 +42,14 @@ class Callback:
 
 
 class UserCallbacks:
-    """The trainer callback that calls user :class:`Callback`\\ s and remembers a stop."""
+    """User :class:`Callback`\\ s: one trainer callback each (:meth:`each`), their
+    checkpoint and end-of-training hooks, and the stop one of them asked for."""
 
     def __init__(self, callbacks: Sequence[Callback]) -> None:
         self.callbacks = list(callbacks)
         self.stopped_by: str | None = None
 
-    def on_step(self, trainer: Trainer, stats: Stats) -> None:
-        for cb in self.callbacks:
-            self._ask(cb, cb.on_step, stats, "on_step")
-
-    def on_eval(self, trainer: Trainer, stats: Stats) -> None:
-        for cb in self.callbacks:
-            self._ask(cb, cb.on_eval, stats, "on_eval")
-
-    def _ask(self, cb: Callback, hook: Callable[[Stats], Any], stats: Stats,
+    def ask(self, cb: Callback, hook: Callable[[Stats], Any], stats: Stats,
              name: str) -> None:
         """Call ``hook``; a false answer other than None stops the run (reading the answer,
         e.g. a numpy array's truth, counts as the callback's own code)."""
@@ -88,10 +81,10 @@ class _OneUserCallback:
         self.owner, self.callback = owner, callback
 
     def on_step(self, trainer: Trainer, stats: Stats) -> None:
-        self.owner._ask(self.callback, self.callback.on_step, stats, "on_step")
+        self.owner.ask(self.callback, self.callback.on_step, stats, "on_step")
 
     def on_eval(self, trainer: Trainer, stats: Stats) -> None:
-        self.owner._ask(self.callback, self.callback.on_eval, stats, "on_eval")
+        self.owner.ask(self.callback, self.callback.on_eval, stats, "on_eval")
 
 
 def as_callbacks(callbacks: object) -> list[Callback]:

@@ -368,10 +368,10 @@ class Session:
         self.trainer.set_state(ckpt.components["trainer"])
         # best/ may hold a better policy than this checkpoint knows of (one found after it
         # by a run that then crashed): a resumed run must not replace it with a worse one.
-        returns = [r for r in (ckpt.components["trainer"].get("best_eval_return"),
+        saved = ckpt.components["trainer"]
+        returns = [r for r in (saved.get("best_eval_return"),
                                saved_best_return(self.run_dir / "best")) if r is not None]
         self.best_eval_return = max(returns) if returns else None
-        saved = ckpt.components["trainer"]
         steps = saved["counters"].get("algorithm/steps", 0)
         # It owes an evaluation (or its callbacks, or border's cadence): what the settle
         # makes of it (made, heard, or failed and counted) must be saved even if this

@@ -142,6 +142,27 @@ CUTS = {
 }
 
 
+#: A solve stops the run once 5 fresh episodes confirm it (threshold 175 unless overridden).
+SOLVE_SETS = ["stop_on_solve=true", "solve_threshold=175", "solve_episodes=5"]
+
+
+def _two_sigterms():
+    """The first SIGTERM asks for a stop at the next boundary; the second interrupts at
+    once, or where the update in progress ends (an ``atomic`` block)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _config(algo="ppo", *, steps=None, seed=5, sets=()):
+    """A quiet CartPole run of ``algo`` with its cut-test settings (``CUTS``'s), no stop
+    on solve unless ``sets`` say otherwise; ``steps`` defaults to the ``CUTS`` budget."""
+    own_steps, own_sets = (1280, PPO_SETS) if algo == "ppo" else (1600, DQN_SETS)
+    return build_config(algo, "CartPole-v1",
+                        flags={"seed": seed, "total_env_steps": steps or own_steps},
+                        sets=["mlflow=false", "progress=false", "save_video=false",
+                              "stop_on_solve=false", *own_sets, *sets])
+
+
 def _two_signals_in_update(monkeypatch, owner, method, cut):
     """A second SIGTERM inside the update that an eval follows: it interrupts where the
     update ends (KeyboardInterrupt), after the counters moved and before the eval."""
@@ -151,8 +172,7 @@ def _two_signals_in_update(monkeypatch, owner, method, cut):
         out = original(self, env_steps)
         made.append(out is not None)  # (a skipped optimisation step returns None)
         if sum(made) == cut and out is not None:
-            os.kill(os.getpid(), signal.SIGTERM)  # the first: stop at the next boundary
-            os.kill(os.getpid(), signal.SIGTERM)  # the second: where the update ends
+            _two_sigterms()  # the second interrupts where the update ends
         return out
 
     monkeypatch.setattr(owner, method, update_then_two_signals)
@@ -186,8 +206,7 @@ def _second_signal_during_eval(monkeypatch, owner, method, cut):
     def interrupted_episodes(*args, **kwargs):
         evaluations.append(kwargs["seed"])
         if len(evaluations) == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGTERM)
+            _two_sigterms()
         return original(*args, **kwargs)
 
     original = base.evaluate
@@ -223,8 +242,7 @@ class _SecondSignalInOnEval(Callback):
     def on_eval(self, stats):
         self.evals += 1
         if self.evals == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGTERM)
+            _two_sigterms()
 
 
 def _second_signal_in_on_eval(monkeypatch, owner, method, cut):
@@ -246,10 +264,7 @@ def test_a_run_cut_before_its_due_evaluation_makes_it_when_resumed(
     final state as a straight run."""
     owner, method, cut, sets, steps = CUTS[case]
     algo = case.split("-")[0]
-    sets = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false",
-            *sets]
-    config = build_config(algo, "CartPole-v1", flags={"seed": 5, "total_env_steps": steps},
-                          sets=sets)
+    config = _config(algo, steps=steps, sets=sets)
     train(config, tmp_path / "a")
 
     with monkeypatch.context() as patched:
@@ -291,16 +306,12 @@ def test_a_second_signal_while_a_solve_is_confirmed_keeps_later_evaluations(
     callbacks: a second signal in it left that evaluation made but not heard, and a
     resume replays its callbacks, confirming on the same episodes; its evaluations are a
     straight run's, and it stops solved as that one does."""
-    sets = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=true",
-            "solve_threshold=175", "solve_episodes=5", *PPO_SETS]
-    config = build_config("ppo", "CartPole-v1", flags={"seed": 1, "total_env_steps": 1280},
-                          sets=sets)
+    config = _config(seed=1, sets=SOLVE_SETS)
     assert train(config, tmp_path / "a").stopped_by == "solved"
 
     def signals_in_confirmation(*args, **kwargs):
         if args[2] == 5:  # the confirming evaluation's 5 episodes
-            os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGTERM)
+            _two_sigterms()
         return original(*args, **kwargs)
 
     original = base.evaluate
@@ -315,10 +326,7 @@ def test_an_update_that_fails_after_an_evaluation_owes_no_evaluation(tmp_path, m
     """An update that raises (out of memory, a custom network's error) moves the collect
     counters but not the update count, which the last evaluation was made at: the final
     checkpoint owes nothing, and the resumed run evaluates at its own cadence only."""
-    sets = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false",
-            *PPO_SETS]
-    config = build_config("ppo", "CartPole-v1", flags={"seed": 5, "total_env_steps": 768},
-                          sets=sets)
+    config = _config(steps=768)
     original, updates = PPO.update, []
 
     def fails_third(self, env_steps):
@@ -343,18 +351,14 @@ def test_a_second_signal_while_best_is_saved_leaves_the_save_to_the_resume(
     """The run's best return was raised before best/ was written: a second signal in the
     write left the old policy in best/ under a final checkpoint that counted the new best,
     so the resume's replay of the evaluation saw nothing better and never wrote it."""
-    sets = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false",
-            *PPO_SETS]
-    config = build_config("ppo", "CartPole-v1", flags={"seed": 5, "total_env_steps": 512},
-                          sets=sets)
+    config = _config(steps=512)
     train(config, tmp_path / "a")  # evaluations 175.7 at 256, 262.0 at 512: each the best
     saves = []
 
     def signals_in_second_save(*args, **kwargs):
         saves.append(args[0])
         if len(saves) == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGTERM)
+            _two_sigterms()
         return original(*args, **kwargs)
 
     original = run_module.save_replacing
@@ -369,24 +373,16 @@ def test_a_second_signal_while_best_is_saved_leaves_the_save_to_the_resume(
     assert [k for k in la if not same_leaf(la[k], lb[k])] == []
 
 
-def _cut_config(algo="ppo"):
-    steps, sets = (1280, PPO_SETS) if algo == "ppo" else (1600, DQN_SETS)
-    return build_config(algo, "CartPole-v1", flags={"seed": 5, "total_env_steps": steps},
-                        sets=["mlflow=false", "progress=false", "save_video=false",
-                              "stop_on_solve=false", *sets])
-
-
 def test_a_cut_before_the_first_update_owes_no_evaluation(tmp_path, monkeypatch):
     """The eval count of a new trainer stood at -1, so a checkpoint cut before the first
     update (a second signal in the first collect, an env worker failing there) owed an
     eval at step 0, which the resume made: every later eval on other episodes."""
-    config = _cut_config()
+    config = _config()
     train(config, tmp_path / "a")
     original = PPO.collect
 
     def interrupted(self):
-        os.kill(os.getpid(), signal.SIGTERM)
-        os.kill(os.getpid(), signal.SIGTERM)
+        _two_sigterms()
         return original(self)
 
     with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
@@ -405,7 +401,7 @@ def test_a_settled_evaluation_is_checkpointed_before_the_run_goes_on(
     wrote no checkpoint, as no env step was taken: the next resume made and logged the
     eval again. The settled iteration now ends as any does (its callbacks, a checkpoint),
     and the checkpoint of that step no longer owes it."""
-    config = _cut_config(algo)
+    config = _config(algo)
     owner, method, cut, *_ = CUTS[algo]
     train(config, tmp_path / "a")
     with monkeypatch.context() as patched:
@@ -446,8 +442,7 @@ class _Heard(Callback):
         self.evals += 1
         self.heard.append(("eval", int(stats.get("env/steps", -1))))
         if self.evals == self.cut_at:
-            os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGTERM)
+            _two_sigterms()
 
 
 def test_a_cut_in_a_callback_after_a_confirmed_solve_stops_solved_on_resume(tmp_path):
@@ -455,10 +450,7 @@ def test_a_cut_in_a_callback_after_a_confirmed_solve_stops_solved_on_resume(tmp_
     second signal struck in a user's on_eval: the resume replayed every callback,
     confirmed again on other episodes (and failed, training on). It now hands the
     evaluation to the callbacks that had not heard it, and stops solved."""
-    sets = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=true",
-            "solve_threshold=170", "solve_episodes=5", *PPO_SETS]
-    config = build_config("ppo", "CartPole-v1", flags={"seed": 5, "total_env_steps": 1280},
-                          sets=sets)
+    config = _config(sets=[*SOLVE_SETS, "solve_threshold=170"])
     assert train(config, tmp_path / "a").stopped_by == "solved"
     with pytest.raises(KeyboardInterrupt):
         train(config, tmp_path / "b", callbacks=[_Heard(cut_at=1)])
@@ -470,16 +462,14 @@ def test_a_cut_in_a_callback_after_a_confirmed_solve_stops_solved_on_resume(tmp_
 def test_a_settled_off_policy_step_keeps_the_cut_run_s_cadence(tmp_path, monkeypatch):
     """Resumed with another eval_interval, the settle judged the cut step's eval by the
     new one (80 % 30): the eval it owed was never made, and every later one moved."""
-    owner, method, cut, sets, steps = CUTS["dqn"]
-    clean = build_config("dqn", "CartPole-v1", flags={"seed": 5, "total_env_steps": steps},
-                         sets=["mlflow=false", "progress=false", "save_video=false",
-                               "stop_on_solve=false", *sets, f"dqn.max_opts={cut}"])
+    owner, method, cut, *_ = CUTS["dqn"]
+    clean = _config("dqn", sets=[f"dqn.max_opts={cut}"])
     train(clean, tmp_path / "a")  # stops cleanly after the cut step, its eval made
     resume(tmp_path / "a", sets=["dqn.max_opts=0", "dqn.eval_interval=30"])
     with monkeypatch.context() as patched:
         ends, _ = _two_signals_in_update(patched, owner, method, cut)
         with ends:
-            train(_cut_config("dqn"), tmp_path / "b")
+            train(_config("dqn"), tmp_path / "b")
     resume(tmp_path / "b", sets=["dqn.eval_interval=30"])
     _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
 
@@ -500,7 +490,7 @@ def test_an_evaluation_that_fails_is_made_again_on_the_next_episodes(tmp_path, m
 
     monkeypatch.setattr(base, "evaluate", fails_on_the_second)
     with pytest.raises(RuntimeError, match="unstable"):
-        train(_cut_config(), tmp_path / "b")
+        train(_config(), tmp_path / "b")
     cut = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
     assert cut.components["trainer"]["eval_owed"] is True
     assert resume(tmp_path / "b").env_steps == 1280
@@ -511,10 +501,8 @@ def test_a_settle_at_the_budget_s_end_ends_the_iteration_for_the_callbacks(
         tmp_path, monkeypatch):
     """With the budget spent, the resume settled the cut iteration but called no on_step:
     a user's callback never heard that iteration end (with budget left, it did)."""
-    owner, method, cut, sets, steps = CUTS["ppo-end"]
-    config = build_config("ppo", "CartPole-v1", flags={"seed": 5, "total_env_steps": steps},
-                          sets=["mlflow=false", "progress=false", "save_video=false",
-                                "stop_on_solve=false", *sets])
+    owner, method, cut, _, steps = CUTS["ppo-end"]
+    config = _config(steps=steps)
     straight, cut_run, resumed = _Heard(), _Heard(), _Heard()
     train(config, tmp_path / "a", callbacks=[straight])
     with monkeypatch.context() as patched:
@@ -529,7 +517,7 @@ def test_an_error_after_a_stop_signal_is_taken_for_the_stop(tmp_path, monkeypatc
     """A stop signal that surfaces as an error (Box2D turns the interrupt into one of its
     own; workers killed with the trainer fail) is a stop: the evaluation it cut is owed,
     not forgone, and the resumed run makes it on the same episodes."""
-    config = _cut_config()
+    config = _config()
     train(config, tmp_path / "a")
     seeds = []
     original = base.evaluate
@@ -552,7 +540,7 @@ def test_an_error_after_a_stop_signal_is_taken_for_the_stop(tmp_path, monkeypatc
 def test_a_resume_hands_a_cut_evaluation_to_each_user_callback_that_missed_it(tmp_path):
     """User callbacks were one entry of the loop's: a cut in the second one's on_eval made
     the resume call the first one again for the same evaluation."""
-    config = _cut_config()
+    config = _config()
     first, second = _Heard(), _Heard(cut_at=2)
     with pytest.raises(KeyboardInterrupt):
         train(config, tmp_path / "b", callbacks=[first, second])
@@ -564,10 +552,7 @@ def test_a_resume_hands_a_cut_evaluation_to_each_user_callback_that_missed_it(tm
 
 
 def test_a_solve_is_not_restored_when_the_resume_turns_stop_on_solve_off(tmp_path):
-    sets = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=true",
-            "solve_threshold=170", "solve_episodes=5", *PPO_SETS]
-    config = build_config("ppo", "CartPole-v1", flags={"seed": 5, "total_env_steps": 768},
-                          sets=sets)
+    config = _config(steps=768, sets=[*SOLVE_SETS, "solve_threshold=170"])
     with pytest.raises(KeyboardInterrupt):
         train(config, tmp_path / "b", callbacks=[_Heard(cut_at=1)])
     result = resume(tmp_path / "b", sets=["stop_on_solve=false"])
@@ -598,7 +583,7 @@ def test_what_a_resume_settles_is_saved_even_if_it_takes_no_step(tmp_path, monke
 
     monkeypatch.setattr(base, "evaluate", fails_twice)
     with pytest.raises(RuntimeError, match="unstable"):
-        train(_cut_config(), tmp_path / "b")
+        train(_config(), tmp_path / "b")
     with pytest.raises(RuntimeError, match="unstable"):  # on the next episodes too
         resume(tmp_path / "b")
     assert resume(tmp_path / "b").env_steps == 1280
@@ -609,7 +594,7 @@ def test_what_a_resume_settles_is_saved_even_if_it_takes_no_step(tmp_path, monke
     with monkeypatch.context() as patched:
         ends, _ = _two_signals_in_update(patched, owner, method, cut)
         with ends:
-            train(_cut_config(), tmp_path / "c")
+            train(_config(), tmp_path / "c")
     heard = _Heard()
     with pytest.raises(ValueError, match="callback failed"):
         resume(tmp_path / "c", callbacks=[heard, _Raises()])

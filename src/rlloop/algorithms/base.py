@@ -148,8 +148,7 @@ class AlgorithmBase:
                  deterministic: bool = True) -> dict[str, float]:
         """Run ``episodes`` whole episodes on an eval env; returns ``return_mean`` etc."""
         env = self._eval_env(env_config or {}, min(episodes, self._eval_batch()))
-        seed = self.settings.seed + EVAL_SEED_OFFSET + self.evals + 1
-        with counted_once_made(self):
+        with counted_once_made(self) as seed:
             return evaluate(lambda obs: self.act(obs, deterministic), env, episodes,
                             seed=seed, begin_episodes=self.begin_episodes)
 
@@ -243,13 +242,14 @@ class AlgorithmBase:
 
 
 @contextmanager
-def counted_once_made(owner: Any) -> Iterator[None]:
-    """Count an evaluation (``owner.evals``, which seeds the next one's episodes) once it
-    is made, or once it failed (its episodes are not tried again); one a stop cut (a
-    second signal, the grace of :func:`~rlloop.signals.check_eval_stop`, an error after
-    a stop signal) is not counted: the resumed run makes it on the same episodes."""
+def counted_once_made(owner: Any) -> Iterator[int]:
+    """The seed of ``owner``'s next evaluation's episodes (from ``owner.settings.seed`` and
+    its eval count ``owner.evals``), counted once the evaluation is made, or once it
+    failed (its episodes are not tried again); one a stop cut (a second signal, the grace
+    of :func:`~rlloop.signals.check_eval_stop`, an error after a stop signal) is not
+    counted: the resumed run makes it on the same episodes."""
     try:
-        yield
+        yield owner.settings.seed + EVAL_SEED_OFFSET + owner.evals + 1
     except (KeyboardInterrupt, StopInterrupted):
         raise
     except Exception:

@@ -279,10 +279,9 @@ class MultiAgentPPO:
         if n not in self._eval_envs:
             self._eval_envs[n] = self._make_env(n, self.settings.seed + EVAL_SEED_OFFSET, {})
         opponent = RANDOM if self.config.eval_opponent == "random" else None
-        seed = self.settings.seed + EVAL_SEED_OFFSET + self.evals + 1
-        # Its own generator: evaluating never shifts the training draws.
-        generator = new_generator(self.device, derive_seed(seed, "evaluation"))
-        with counted_once_made(self):
+        with counted_once_made(self) as seed:
+            # Its own generator: evaluating never shifts the training draws.
+            generator = new_generator(self.device, derive_seed(seed, "evaluation"))
             return evaluate_multi_agent(
                 self._eval_envs[n], self._policy(deterministic), self.focal_module, opponent,
                 episodes, generator, seed=seed)

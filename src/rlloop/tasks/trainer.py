@@ -95,7 +95,7 @@ class TaskTrainer(Generic[ModelT]):
         self._sink = MultiSink(sinks)
         self._schedule = _EpochSchedule(self)
         self.trainer = Trainer(_TaskEvaluation(task, model), sink=self._sink,
-                               schedule=self._schedule, callbacks=[self._user])
+                               schedule=self._schedule, callbacks=self._user.each())
         if resume:
             self._restore()
         else:  # sampling draws from the global generators; a resume restores them
