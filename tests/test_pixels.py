@@ -74,7 +74,12 @@ def test_cnn_convolves_channels_last_with_the_channels_first_results():
     torch.testing.assert_close(out, x)
     for mine, theirs in zip(cnn.parameters(), reference.parameters(), strict=True):
         assert mine.is_contiguous()  # weights stay channels-first (fused Adam's state)
-        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5)
+        # Each weight gradient sums thousands of products of size ~|grad|.max(): the two
+        # layouts' kernels sum them in other orders (which order depends on the CPU's
+        # vector width), so an element near zero carries the rounding of terms far larger
+        # than itself. The bound scales with the gradient's largest element.
+        scale = float(theirs.grad.abs().max())
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5 * scale)
 
 
 def test_bfloat16_cnn_convolves_in_bfloat16_and_trains_float32_weights():
