@@ -115,8 +115,9 @@ def test_cnn_precision_is_checked_and_reaches_every_algorithms_encoder():
     for algo, env in (("ppo", "rlloop-test/SidePixels-v0"), ("dqn", "rlloop-test/SidePixels-v0"),
                       ("sac", "rlloop-test/SidePixelsBox-v0"),
                       ("td3", "rlloop-test/SidePixelsBox-v0")):
+        small = [] if algo == "ppo" else [f"{algo}.buffer_size=1000"]  # not 1M frames
         algorithm = build_algorithm(build_config(
-            algo, env, sets=[*QUIET, "num_envs=2", f"{algo}.cnn_precision=bfloat16"]))
+            algo, env, sets=[*QUIET, "num_envs=2", f"{algo}.cnn_precision=bfloat16", *small]))
         try:
             cnns = [m for m in _all_modules(algorithm) if isinstance(m, NatureCNN)]
             assert cnns and all(c.dtype == torch.bfloat16 for c in cnns), algo
