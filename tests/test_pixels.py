@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,11 @@ from conftest import env_without, rlloop_cmd
 from pixel_envs import register, register_box
 from stepping import run_steps
 
+from rlloop import devices
 from rlloop.config import build_config
 from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.returns import gae
+from rlloop.devices import cpu_has_bfloat16_units
 from rlloop.envs import env_spec, make_env
 from rlloop.errors import ConfigError
 from rlloop.memory import estimate
@@ -80,6 +83,39 @@ def test_cnn_convolves_channels_last_with_the_channels_first_results():
         # than itself. The bound scales with the gradient's largest element.
         scale = float(theirs.grad.abs().max())
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_cpu_bfloat16_instructions_are_read_from_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")  # AVX2-only (AMD EPYC)
+    assert cpu_has_bfloat16_units(info) is False
+    info.write_text("flags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    assert cpu_has_bfloat16_units(info) is True
+    info.write_text("Features\t: fp asimd sve bf16\n")  # Arm
+    assert cpu_has_bfloat16_units(info) is True
+    info.write_text("processor\t: 0\n")
+    assert cpu_has_bfloat16_units(info) is None
+    assert cpu_has_bfloat16_units(tmp_path / "missing") is None
+
+
+def test_a_bfloat16_cnn_warns_once_where_the_cpu_emulates_bfloat16(monkeypatch):
+    # Emulated bfloat16 convolutions ran 11x slower than float32 on an AVX2-only CPU.
+    frames = torch.zeros((2, 4, 36, 36), dtype=torch.uint8)
+    cnn = NatureCNN((4, 36, 36), precision="bfloat16")
+    for emulated in (True, False):
+        monkeypatch.setattr(devices, "cpu_has_bfloat16_units", lambda e=emulated: not e)
+        devices.warn_if_bfloat16_is_emulated.cache_clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cnn(frames)
+            cnn(frames)
+            NatureCNN((4, 36, 36))(frames)  # float32 never warns
+        said = [str(w.message) for w in caught]
+        if emulated:
+            assert len(said) == 1 and "set <algo>.cnn_precision=float32" in said[0], said
+        else:
+            assert not said
+    devices.warn_if_bfloat16_is_emulated.cache_clear()
 
 
 def test_bfloat16_cnn_convolves_in_bfloat16_and_trains_float32_weights():

@@ -16,7 +16,9 @@ import dataclasses
 import functools
 import logging
 import platform
+import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -178,3 +180,36 @@ def set_generator_state(generator: torch.Generator, state: Any, fallback_seed: i
     _log.warning("a random generator was saved on another kind of device than %s; it is "
                  "seeded afresh, so this resume is not bit-exact", generator.device)
     generator.manual_seed(fallback_seed)
+
+
+#: CPU flags of bfloat16 matrix instructions: x86's AVX512-BF16 and AMX, Arm's BF16.
+BFLOAT16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_has_bfloat16_units(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
+    """Whether the CPU computes bfloat16 products in hardware (:data:`BFLOAT16_CPU_FLAGS`
+    among its ``flags``/``Features``); ``None`` where ``cpuinfo`` cannot tell (no such
+    file, as on macOS and Windows, or no flags in it)."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return bool(flags & BFLOAT16_CPU_FLAGS) if flags else None
+
+
+@functools.cache
+def warn_if_bfloat16_is_emulated() -> None:
+    """Warn once per process where a bfloat16 CNN computes on a CPU without bfloat16
+    instructions: oneDNN then converts every product through float32, and a Nature CNN's
+    forward and backward pass of 256 frames ran 11x slower than in float32 (3.06 s against
+    0.27 s on an AVX2-only AMD EPYC core)."""
+    if cpu_has_bfloat16_units() is False:
+        warnings.warn("cnn_precision=bfloat16 on a CPU without bfloat16 instructions "
+                      "(AVX512-BF16, AMX or Arm BF16): its convolutions are emulated, about "
+                      "10x slower than float32; set <algo>.cnn_precision=float32",
+                      stacklevel=3)

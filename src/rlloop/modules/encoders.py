@@ -25,6 +25,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
+from rlloop.devices import warn_if_bfloat16_is_emulated
 from rlloop.errors import ConfigError
 from rlloop.modules.choices import ENCODERS as ENCODERS
 from rlloop.modules.choices import EncoderKind as EncoderKind
@@ -114,6 +115,8 @@ class NatureCNN(nn.Module):
         if self.dtype == torch.float32:
             out: Tensor = self.net(x)
             return out
+        if x.device.type == "cpu" and not torch.compiler.is_compiling():
+            warn_if_bfloat16_is_emulated()
         # Each weight is read once per pass: no cast cache (which a CUDA graph must not keep).
         with torch.autocast(x.device.type, dtype=self.dtype, cache_enabled=False):
             out = self.net(x)
