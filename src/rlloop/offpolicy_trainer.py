@@ -155,12 +155,15 @@ class BorderSchedule:
         trainer.wall_time += _clock() - t0 - (self._paused - paused)
         return trainer.count(stats)
 
+    def owes(self, trainer: Trainer) -> bool:
+        """Whether a cut came before the cadence (eval, record, save) of the last
+        optimisation step."""
+        return self.cadence_at < trainer.state["algorithm/steps"]
+
     def settle(self, trainer: Trainer) -> Stats:
-        """The cadence (eval, record, save) of a cut run's last optimisation step, if the
-        cut came before it; the record written, or ``{}``."""
-        if self.cadence_at < trainer.state["algorithm/steps"]:
-            return self._after_optimization(trainer)
-        return {}
+        """The cadence a cut run's last optimisation step :meth:`owes`; the record
+        written, or ``{}``."""
+        return self._after_optimization(trainer) if self.owes(trainer) else {}
 
     def _due(self, opt_steps: int) -> tuple[bool, bool, bool]:
         cad = self.cadence

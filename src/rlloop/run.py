@@ -372,12 +372,10 @@ class Session:
         returns = [r for r in (saved.get("best_eval_return"),
                                saved_best_return(self.run_dir / "best")) if r is not None]
         self.best_eval_return = max(returns) if returns else None
-        steps = saved["counters"].get("algorithm/steps", 0)
         # It owes an evaluation (or its callbacks, or border's cadence): what the settle
         # makes of it (made, heard, or failed and counted) must be saved even if this
         # sitting takes no step, or every resume would start from the same debt.
-        self.resumed_owing = bool(saved.get("eval_owed") or saved.get("eval_unheard") is not None
-                                  or saved.get("cadence_at", steps) < steps)
+        self.resumed_owing = self.trainer.owes()
         self.latest_eval_at = saved.get("latest_eval_at")
         # Solved by this checkpoint's evaluation, cut in a later callback: the resume
         # hands that evaluation to the rest of them, then stops as the cut run would have.

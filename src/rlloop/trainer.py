@@ -89,10 +89,14 @@ class Schedule(Protocol):
         """Whether the schedule itself ends the run (e.g. border's ``max_opts``)."""
         ...
 
+    def owes(self, trainer: Trainer) -> bool:
+        """Whether the restored state's last iteration owes the schedule something (a cut
+        came between its update and what follows it: border's eval, record and save)."""
+        ...
+
     def settle(self, trainer: Trainer) -> Stats:
-        """Make what the restored state's last iteration owes the schedule (a cut came
-        between its update and what follows it: border's eval, record and save); its
-        stats, or ``{}`` when nothing is owed."""
+        """Make what :meth:`owes` says the last iteration owes; its stats, or ``{}`` when
+        nothing is owed."""
         ...
 
     def get_state(self) -> dict[str, Any]: ...
@@ -284,6 +288,11 @@ class Trainer:
                 cb.on_step(self, stats)
         return stats
 
+    def owes(self) -> bool:
+        """Whether the latest iteration left :meth:`settle` something to finish: its due
+        eval, the callbacks or the row of one made, or the schedule's part."""
+        return self.eval_owed() or self._unheard is not None or self.schedule.owes(self)
+
     def eval_owed(self) -> bool:
         """Whether the latest update was cut from the eval due after it (not made)."""
         return self._eval_owed or (
@@ -362,8 +371,11 @@ class Rl8Schedule:
     def finished(self, trainer: Trainer) -> bool:
         return False
 
+    def owes(self, trainer: Trainer) -> bool:
+        return False  # an owed eval is the trainer's
+
     def settle(self, trainer: Trainer) -> Stats:
-        return {}  # an owed eval is the trainer's
+        return {}
 
     def get_state(self) -> dict[str, Any]:
         return {}

@@ -326,8 +326,11 @@ class _EpochSchedule:
         return (trainer.state["train/steps"] >= self.owner.task.config.total_steps
                 or self.owner.stop_requested is not None)
 
+    def owes(self, trainer: Trainer) -> bool:
+        return False  # an epoch is counted once whole
+
     def settle(self, trainer: Trainer) -> Stats:
-        return {}  # an epoch is counted once whole
+        return {}
 
     def get_state(self) -> dict[str, Any]:
         return {}
