@@ -18,7 +18,6 @@ from rlloop import devices
 from rlloop.config import build_config
 from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.returns import gae
-from rlloop.devices import cpu_has_bfloat16_units
 from rlloop.envs import env_spec, make_env
 from rlloop.errors import ConfigError
 from rlloop.memory import estimate
@@ -88,14 +87,14 @@ def test_cnn_convolves_channels_last_with_the_channels_first_results():
 def test_cpu_bfloat16_instructions_are_read_from_cpuinfo(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")  # AVX2-only (AMD EPYC)
-    assert cpu_has_bfloat16_units(info) is False
+    assert devices.cpu_has_bfloat16_units(info) is False
     info.write_text("flags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n")
-    assert cpu_has_bfloat16_units(info) is True
+    assert devices.cpu_has_bfloat16_units(info) is True
     info.write_text("Features\t: fp asimd sve bf16\n")  # Arm
-    assert cpu_has_bfloat16_units(info) is True
+    assert devices.cpu_has_bfloat16_units(info) is True
     info.write_text("processor\t: 0\n")
-    assert cpu_has_bfloat16_units(info) is None
-    assert cpu_has_bfloat16_units(tmp_path / "missing") is None
+    assert devices.cpu_has_bfloat16_units(info) is None
+    assert devices.cpu_has_bfloat16_units(tmp_path / "missing") is None
 
 
 def test_a_bfloat16_cnn_warns_once_where_the_cpu_emulates_bfloat16(monkeypatch):
