@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from conftest import rlloop_cmd
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from rlloop.learners.adam import Adam
 
@@ -85,6 +86,29 @@ def test_adam_matches_torch_adam() -> None:
     for key in their_state["state"]:
         for name, value in their_state["state"][key].items():
             assert torch.equal(our_state["state"][key][name], value)
+
+
+def test_adam_runs_its_own_and_global_step_hooks() -> None:
+    """Without hooks rlloop's Adam skips torch's step wrapper; with one, the wrapper runs."""
+    param = torch.nn.Parameter(torch.ones(3))
+    opt = Adam([param], lr=0.1, fused=True)
+    calls: list[str] = []
+    param.grad = torch.ones(3)
+    opt.step()  # no hook registered: nothing to call
+    pre = opt.register_step_pre_hook(lambda *_: calls.append("pre"))
+    post = opt.register_step_post_hook(lambda *_: calls.append("post"))
+    opt.step()
+    assert calls == ["pre", "post"]
+    pre.remove()
+    post.remove()
+    handle = register_optimizer_step_pre_hook(lambda *_: calls.append("global"))
+    try:
+        opt.step()
+    finally:
+        handle.remove()
+    opt.step()
+    assert calls == ["pre", "post", "global"]
+    assert int(opt.state[param]["step"]) == 4
 
 
 def _in_git_repo(directory: Path) -> str:

@@ -3,6 +3,12 @@
 Three ways to bound an update, as RLlib's learner offers them: by the global norm of all
 of an optimiser's gradients together (the usual PPO choice), by each tensor's own norm,
 or elementwise by value.
+
+The global norm and its clip are ``torch.nn.utils``' maths (``get_total_norm``,
+``clip_grads_with_norm_``). On a CPU they run as one op per tensor, which is what those
+functions' foreach ops run there too, minus the Python that sorts the tensors into
+device groups: 30 µs instead of 160 µs for a three-layer MLP, paid by every off-policy
+update. The results are bit-identical (``tests/test_gradients.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,36 @@ from rlloop.learners.gradient_clip import LearnerError as LearnerError
 def grad_norm(params: Sequence[Tensor]) -> Tensor:
     """The global L2 norm of the gradients of ``params`` (zero when none has a gradient)."""
     grads = [p.grad for p in params if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads) if grads else _zero(params)
+    return total_norm(grads) if grads else _zero(params)
+
+
+def total_norm(grads: Sequence[Tensor]) -> Tensor:
+    """``get_total_norm(grads)``: the L2 norm of all of ``grads`` together (not empty)."""
+    if _per_tensor(grads):
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g)
+                                                     for g in grads]))
+    return torch.nn.utils.get_total_norm(grads)
+
+
+def clip_to_norm_(params: Sequence[Tensor], max_norm: float, norm: Tensor) -> None:
+    """``clip_grads_with_norm_``: scale the gradients of ``params`` in place by ``min(1,
+    max_norm / (norm + 1e-6))``, ``norm`` being their global norm (a tensor: no host
+    sync)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    if not _per_tensor(grads):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return
+    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(scale)
+
+
+def _per_tensor(grads: Sequence[Tensor]) -> bool:
+    """Whether ``grads`` take the op-per-tensor path: CPU tensors, outside a compiled
+    graph (which fuses either form, and traces torch's own)."""
+    return grads[0].device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def clip_gradients(params: Sequence[Tensor], clip: GradientClip,
@@ -33,11 +68,11 @@ def clip_gradients(params: Sequence[Tensor], clip: GradientClip,
     if not grads:
         return _zero(params)
     if norm is None:
-        norm = torch.nn.utils.get_total_norm(grads)
+        norm = total_norm(grads)
     if clip.max is None:
         return norm
     if clip.by == "global_norm":
-        torch.nn.utils.clip_grads_with_norm_(params, clip.max, norm)
+        clip_to_norm_(params, clip.max, norm)
     elif clip.by == "norm":
         for g in grads:
             g.mul_((clip.max / (g.norm() + 1e-6)).clamp(max=1.0))

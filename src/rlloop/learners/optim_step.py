@@ -8,9 +8,9 @@ optimisers read as ``found_inf``: the same contract through which
 step count untouched; ``tests/test_optim_step.py`` pins it). Optimisers without that
 contract (a user's SGD) fall back to reading the flag, one sync per update.
 
-Everything here is public torch API (``Adam(fused=True)``, ``get_total_norm``,
-``clip_grads_with_norm_``, which are ``clip_grad_norm_`` in two halves), so it works
-across the torch versions the package accepts and inside ``torch.compile``.
+Everything here is public torch API (``Adam(fused=True)``, and ``clip_grad_norm_``'s maths
+in two halves from :mod:`rlloop.learners.gradients`), so it works across the torch
+versions the package accepts and inside ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
 from rlloop.learners.adam import Adam
+from rlloop.learners.gradients import clip_to_norm_, total_norm
 
 
 def adam(params: Sequence[Tensor], lr: float, eps: float = 1e-8) -> torch.optim.Adam:
@@ -104,8 +104,8 @@ class GuardedStep:
         for o in self.optims:
             grads = [p.grad for p in o.params if p.grad is not None]
             if o.max_grad_norm is not None and grads:
-                norm = get_total_norm(grads)
-                clip_grads_with_norm_(o.params, o.max_grad_norm, norm)
+                norm = total_norm(grads)
+                clip_to_norm_(o.params, o.max_grad_norm, norm)
                 finite = finite & torch.isfinite(norm)
         assert self.flag is not None and self.skipped is not None
         torch.logical_not(finite, out=self.flag)

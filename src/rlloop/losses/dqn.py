@@ -54,8 +54,10 @@ def dqn_loss(
         ``target - Q(s, a)`` for ``update_priorities``.
     """
     q = q_values.gather(1, actions.long().unsqueeze(1)).squeeze(1)
-    per_sample = F.smooth_l1_loss(q, target.detach(), reduction="none")
-    loss = per_sample.mean() if weights is None else (weights * per_sample).mean()
+    if weights is None:  # SB3's form: the mean inside the loss op (one autograd node)
+        loss = F.smooth_l1_loss(q, target.detach())
+    else:
+        loss = (weights * F.smooth_l1_loss(q, target.detach(), reduction="none")).mean()
     td_errors = (target - q).detach()
     return loss, dqn_stats(loss.detach(), q.detach(), td_errors), td_errors
 
