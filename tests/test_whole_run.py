@@ -111,6 +111,17 @@ def test_adam_runs_its_own_and_global_step_hooks() -> None:
     assert int(opt.state[param]["step"]) == 4
 
 
+def test_adam_takes_torch_s_wrapper_where_torch_keeps_its_hooks_elsewhere(monkeypatch) -> None:
+    import torch.optim.optimizer as torch_optimizer
+
+    from rlloop.learners import adam
+
+    opt = Adam([torch.nn.Parameter(torch.ones(1))], lr=0.1, fused=True)
+    assert not adam._step_hooks(opt)
+    monkeypatch.delattr(torch_optimizer, "_global_optimizer_pre_hooks")
+    assert adam._step_hooks(opt)
+
+
 def _in_git_repo(directory: Path) -> str:
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     subprocess.run(["git", "init", "-q", str(directory)], check=True)

@@ -41,11 +41,13 @@ def _without_profile_hook(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _step_hooks(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether a step hook would run around ``optimizer.step()`` (its own or a global one)."""
-    everywhere = ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")
-    own = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks")
-    return (any(getattr(torch_optimizer, name, None) for name in everywhere)
-            or any(getattr(optimizer, name, None) for name in own))
+    """Whether a step hook would run around ``optimizer.step()`` (its own or a global one);
+    True where this torch keeps its hooks elsewhere, so that they run."""
+    hooks = [getattr(torch_optimizer, "_global_optimizer_pre_hooks", None),
+             getattr(torch_optimizer, "_global_optimizer_post_hooks", None),
+             getattr(optimizer, "_optimizer_step_pre_hooks", None),
+             getattr(optimizer, "_optimizer_step_post_hooks", None)]
+    return any(h is None or len(h) > 0 for h in hooks)
 
 
 class Adam(torch.optim.Adam):
