@@ -11,8 +11,8 @@ they take torch's own path. The update is torch's own Adam either way.
 profiler label (``record_function``) that costs ~40 µs a call even with no profiler
 running: an off-policy learner pays it on every update (2-3% of a DQN update here). Ours
 runs that wrapper only while a step hook is registered (the optimiser's own or a global
-one), so hooks run as before; the trace of ``rlloop train --profile`` labels the
-learner's phases itself.
+one), so hooks run as before, and ``zero_grad()`` sets the gradients to None without
+its label; the trace of ``rlloop train --profile`` labels the learner's phases itself.
 """
 
 from __future__ import annotations
@@ -81,6 +81,11 @@ class Adam(torch.optim.Adam):
             _unwrapped(torch.optim.Adam.add_param_group)(self, param_group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if set_to_none:  # what torch's does, minus its profiler label (as for ``step``)
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+            return
         if _DYNAMO in sys.modules:
             super().zero_grad(set_to_none)
         else:
