@@ -47,9 +47,14 @@ def clip_to_norm_(params: Sequence[Tensor], max_norm: float, norm: Tensor) -> No
     if not _per_tensor(grads):
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         return
-    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    scale = clip_scale(max_norm, norm)
     for g in grads:
         g.mul_(scale)
+
+
+def clip_scale(max_norm: float, norm: Tensor) -> Tensor:
+    """``clip_grads_with_norm_``'s factor ``min(1, max_norm / (norm + 1e-6))``."""
+    return torch.clamp(max_norm / (norm + 1e-6), max=1.0)
 
 
 def _per_tensor(grads: Sequence[Tensor]) -> bool:

@@ -24,14 +24,14 @@ instead (``idle``, TD3's actor between delayed updates).
 from __future__ import annotations
 
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value
-from torch.nn.utils import get_total_norm
 
+from rlloop.learners.gradients import clip_scale, total_norm
 from rlloop.learners.optim_step import GuardedStep
 
 #: ``loss_fn(module, *inputs) -> (loss, aux)``: the module's parameters are the ones being
@@ -153,7 +153,8 @@ class WholeUpdate:
         for (*_, max_norm), group, on in zip(self.hparams, self.groups, active, strict=True):
             scales.append(None)
             if on and max_norm is not None:
-                scales[-1], norm = _clip_scale([grads[i] for i in group], max_norm)
+                norm = total_norm([grads[i] for i in group])
+                scales[-1] = clip_scale(max_norm, norm)
                 finite = finite & torch.isfinite(norm)
         for (beta1, beta2, eps, _), group, lr, scale, on in zip(
                 self.hparams, self.groups, lrs, scales, active, strict=True):
@@ -185,13 +186,6 @@ def _hooked(module: nn.Module) -> bool:
                   "_global_backward_hooks", "_global_backward_pre_hooks")
     return (any(getattr(nn.modules.module, name, None) for name in everywhere)
             or any(getattr(m, name, None) for m in module.modules() for name in hooks))
-
-
-def _clip_scale(grads: Sequence[Tensor], max_norm: float) -> tuple[Tensor, Tensor]:
-    """``clip_grads_with_norm_``'s factor and the norm of ``grads`` (``get_total_norm``,
-    as the eager step takes it)."""
-    norm = get_total_norm(grads)
-    return torch.clamp(max_norm / (norm + 1e-6), max=1.0), norm
 
 
 def _adam_state(optimizer: torch.optim.Optimizer, p: Tensor) -> tuple[Tensor, Tensor, Tensor]:

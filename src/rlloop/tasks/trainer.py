@@ -34,6 +34,7 @@ from rlloop.conditions import Condition
 from rlloop.devices import move_to
 from rlloop.envs.pool import WorkerPool
 from rlloop.errors import ConfigError, RunDirError
+from rlloop.learners.gradients import grad_norm
 from rlloop.learners.learner import GradientClip, NonFiniteError, clip_gradients
 from rlloop.logging import JsonlSink, MultiSink
 from rlloop.logging.sinks import as_sink
@@ -241,9 +242,7 @@ class TaskTrainer(Generic[ModelT]):
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()  # type: ignore[no-untyped-call]
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        grads = [p.grad for p in params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads) if grads \
-            else torch.zeros((), device=self.task.device)
+        norm = grad_norm(params)
         if not bool(torch.isfinite(norm)):
             self.optimizer.zero_grad(set_to_none=True)
             return self._skip("gradient")
