@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import QUIET  # a sibling script: no MLflow, progress or video; no solve stop
 
 from rlloop.algorithms.base import AlgorithmBase
-from rlloop.config import build_config
-from rlloop.run import train
-from rlloop.saved_runs import load_policy, load_run_policy
+from rlloop.config.run_config import build_config
+from rlloop.runs.saved import load_policy, load_run_policy
+from rlloop.runs.session import train
 
 
 def score(algorithm: AlgorithmBase, episodes: int, deterministic: bool) -> str:

@@ -87,7 +87,7 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from rlloop.numerics import flushed_denormals
+from rlloop.system.numerics import flushed_denormals
 
 EVAL_EPISODES = 20
 EVAL_SEED = 10_000
@@ -190,9 +190,9 @@ class RlloopRun:
 
     def __init__(self, algo: str, env_id: str, steps: int, seed: int, num_envs: int,
                  backend: str = "auto", path: str = "autograd") -> None:
-        from rlloop.config import build_config
-        from rlloop.offpolicy_trainer import OffPolicyAlgorithm, OffPolicyTrainer
-        from rlloop.run import build_algorithm
+        from rlloop.config.run_config import build_config
+        from rlloop.runs.build import build_algorithm
+        from rlloop.trainers.offpolicy_schedule import OffPolicyAlgorithm, OffPolicyTrainer
 
         never = 10**12
         sets = ["mlflow=false", "progress=false", f"num_envs={num_envs}", f"backend={backend}",
@@ -229,7 +229,7 @@ class RlloopRun:
         self.late_returns.append(evaluate_gym(self.env_id, self.act))
 
     def result(self, load: tuple[float, float]) -> Result:
-        from rlloop.algorithms.offpolicy import ReplayBatch
+        from rlloop.algorithms.offpolicy_loop import ReplayBatch
 
         algorithm = self.algorithm
         batch = ReplayBatch.of(algorithm.loop.replay.sample(

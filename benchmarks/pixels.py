@@ -37,10 +37,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.envs.atari import make_atari
-from rlloop.envs.registry import resolve_env_id
-from rlloop.run import build_algorithm
+from rlloop.envs.ids import resolve_env_id
+from rlloop.runs.build import build_algorithm
 
 ENV = "ALE/Breakout-v5"
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]
@@ -162,7 +162,7 @@ def sb3_dqn(env_steps: int, buffer: int, device: str) -> Measurement:
 
 
 def _flushing(enabled: bool, run: Callable[[], Measurement]) -> Measurement:
-    from rlloop.numerics import flushed_denormals
+    from rlloop.system.numerics import flushed_denormals
 
     with flushed_denormals(enabled):
         return run()

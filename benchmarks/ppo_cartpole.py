@@ -49,7 +49,7 @@ class Outcome:
 
 def run_rlloop(seed: int, backend: str, budget: int, eval_every: int, episodes: int,
                compile: bool = False) -> Outcome:
-    from rlloop.config import build_config
+    from rlloop.config.run_config import build_config
 
     config = build_config("ppo", "CartPole-v1", flags={"seed": seed, "backend": backend},
                           sets=["mlflow=false", "progress=false",
@@ -64,8 +64,8 @@ def run_rlloop(seed: int, backend: str, budget: int, eval_every: int, episodes: 
 def solve_rlloop(config: Any, budget: int, eval_every: int, episodes: int) -> Outcome:
     """Train ``config``'s run until a deterministic evaluation of ``episodes`` episodes
     every ``eval_every`` env steps reaches :data:`THRESHOLD`, or ``budget`` env steps."""
-    from rlloop.run import build_algorithm
-    from rlloop.trainer import Trainer
+    from rlloop.runs.build import build_algorithm
+    from rlloop.trainers.loop import Trainer
 
     algo = build_algorithm(config)
     trainer = Trainer(algo, eval_episodes=episodes)

@@ -110,9 +110,9 @@ def rlloop_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
     (``ppo.compile=true``; the warm-up iteration compiles it, and the FLOPs, the same
     maths, are the eager run's); with ``cuda_graph`` its rollouts replay a CUDA graph
     (``ppo.cuda_graph=true``; one more untimed iteration captures it)."""
-    from rlloop.config import build_config
-    from rlloop.run import build_algorithm
-    from rlloop.trainer import Trainer
+    from rlloop.config.run_config import build_config
+    from rlloop.runs.build import build_algorithm
+    from rlloop.trainers.loop import Trainer
 
     sets = ["mlflow=false", "progress=false", f"num_envs={num_envs}",
             f"ppo.rollout_steps={steps}", f"ppo.hidden={HIDDEN}", "ppo.activation=relu",
@@ -176,7 +176,7 @@ def rl8_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
              seed: int) -> Measurement:
     from rl8 import Algorithm, AlgorithmConfig
 
-    from rlloop.devices import keep_freed_host_memory
+    from rlloop.system.devices import keep_freed_host_memory
 
     # The allocator settings rlloop's own side runs with (its build step makes them):
     # without them rl8 would pay the kernel's page zeroing that rlloop is spared.

@@ -66,10 +66,10 @@ SOLVE_BUDGET_S = 600.0
 
 def rlloop_throughput(env: str, runners: int, envs: int, seconds: float,
                       backend: str) -> dict[str, Any]:
-    from rlloop.config import build_config
-    from rlloop.envs.registry import resolve_env_id
-    from rlloop.run import build_algorithm
-    from rlloop.trainer import Trainer
+    from rlloop.config.run_config import build_config
+    from rlloop.envs.ids import resolve_env_id
+    from rlloop.runs.build import build_algorithm
+    from rlloop.trainers.loop import Trainer
 
     env_id, sleep_s, _ = ENVS[env]
     resolve_env_id(env_id, allow_import=True)
@@ -97,8 +97,8 @@ def rlloop_throughput(env: str, runners: int, envs: int, seconds: float,
 
 
 def rlloop_solve(runners: int) -> dict[str, Any]:
-    from rlloop.config import build_config
-    from rlloop.run import Session
+    from rlloop.config.run_config import build_config
+    from rlloop.runs.session import Session
 
     config = build_config("ppo", "CartPole-v1", sets=[
         "mlflow=false", "progress=false", "save_video=false", f"num_env_runners={runners}"])
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     sys.path.insert(0, str(SRC))
-    from rlloop.ray_cluster import RayConfig, connect
+    from rlloop.runners.ray_cluster import RayConfig, connect
 
     started = connect(RayConfig(), max(args.runners))  # one local instance for every run
     rows: list[dict[str, Any]] = []

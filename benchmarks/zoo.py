@@ -103,7 +103,7 @@ class Row:
 
 
 def rows(only: list[str]) -> list[Row]:
-    from rlloop.presets import all_files
+    from rlloop.config.presets import all_files
 
     found = [Row(f.env, algo, int(b["budget"]), float(b["zoo_score"]),
                  float(b.get("zoo_std", 0.0)))
@@ -140,8 +140,9 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
               ) -> dict[str, Any] | None:
     """One seed trained (or resumed) and scored; None when another process is training
     it (its run directory is locked): that sitting records it."""
-    from rlloop.config import build_config
-    from rlloop.run import evaluate_run, has_checkpoint, resume, train
+    from rlloop.config.run_config import build_config
+    from rlloop.runs.saved import evaluate_run
+    from rlloop.runs.session import has_checkpoint, resume, train
 
     steps = max(1, round(row.budget * fraction))
     run_dir = runs / f"{row.env}-{row.algo}-{seed}-{fraction:g}"
@@ -176,7 +177,7 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
 def in_use(run_dir: Path) -> str | None:
     """Why ``run_dir`` is not ours to train in (another process holds its lock), or None."""
     from rlloop.errors import RunDirError
-    from rlloop.run_lock import ensure_free
+    from rlloop.runs.lock import ensure_free
 
     try:
         ensure_free(run_dir)

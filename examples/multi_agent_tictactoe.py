@@ -21,10 +21,11 @@ import torch
 from torch import Tensor
 
 from rlloop.checkpoint import load_checkpoint
-from rlloop.cli import main as rlloop
+from rlloop.cli.main import main as rlloop
 from rlloop.envs.multi_agent import make_multi_agent_env
-from rlloop.run import COMPONENTS, build_algorithm, load_run_config, policy_checkpoint
 from rlloop.runners.multi_agent import RANDOM, evaluate_multi_agent
+from rlloop.runs.build import COMPONENTS, build_algorithm
+from rlloop.runs.saved import load_run_config, policy_checkpoint
 
 ENV = "pettingzoo:classic.tictactoe_v3"
 

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.cli import main as rlloop
+from rlloop.cli.main import main as rlloop
 
 
 def run(run_dir: Path, env: str, every: int, size: int, steps: int, seed: int) -> dict:

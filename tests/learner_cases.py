@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from rlloop.algorithms.ppo import PPOConfig, PPOLearner
+from rlloop.algorithms.ppo import PPOLearner
+from rlloop.config.ppo import PPOConfig
 from rlloop.data.rollout import PPOBatch
 from rlloop.envs.core import Discrete
 from rlloop.learners.learner import DEFAULT_MODULE_ID

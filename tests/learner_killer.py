@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 
-from rlloop.callbacks import Callback
+from rlloop.trainers.callbacks import Callback
 
 
 class KillLearnerRank(Callback):

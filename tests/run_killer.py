@@ -9,7 +9,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from rlloop.callbacks import Callback
+from rlloop.trainers.callbacks import Callback
 
 
 def _mlflow_run_exists(db: Path) -> bool:

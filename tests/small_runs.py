@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlloop.config import build_config
-from rlloop.run import train
+from rlloop.config.run_config import build_config
+from rlloop.runs.session import train
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 PPO = ["ppo.normalize_obs=true", "ppo.lr=0.001", "num_envs=4", "ppo.rollout_steps=64",

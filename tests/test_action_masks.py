@@ -11,7 +11,7 @@ from conftest import rlloop_cmd
 from mask_envs import N_ACTIONS, MaskedChoice
 from stepping import run_iterations
 
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.envs.core import Discrete
 from rlloop.envs.registry import make_env
 from rlloop.errors import ConfigError
@@ -24,7 +24,7 @@ from rlloop.modules.action_masks import (
 from rlloop.modules.distributions import Categorical
 from rlloop.modules.masked import MaskedActorCritic
 from rlloop.modules.q_networks import QNetwork
-from rlloop.run import build_algorithm
+from rlloop.runs.build import build_algorithm
 
 ENV = "rlloop-test/MaskedChoice-v0"
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]

@@ -17,20 +17,16 @@ from torch import Tensor
 
 from rlloop import DQN, PPO, Callback, load
 from rlloop.api import _register_again
-from rlloop.callbacks import load_callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.envs.core import EnvError, StepResult, VecEnv
+from rlloop.envs.core import StepResult, VecEnv
 from rlloop.envs.registry import make_env
 from rlloop.envs.wrappers import NormalizeObservation
-from rlloop.errors import ConfigError, RunDirError
-from rlloop.run import (
-    COMPONENTS,
-    acting_config,
-    build_algorithm,
-    policy_checkpoint,
-    solve_threshold,
-)
+from rlloop.errors import ConfigError, EnvError, RunDirError
 from rlloop.runners.evaluation import evaluate
+from rlloop.runs.build import COMPONENTS, build_algorithm
+from rlloop.runs.saved import acting_config, policy_checkpoint
+from rlloop.runs.session import solve_threshold
+from rlloop.trainers.callbacks import load_callback
 
 QUIET = {"save_video": False, "progress": False, "mlflow": False}
 
@@ -466,7 +462,7 @@ def test_a_dict_image_entry_is_scaled_once_under_normalize_obs():
 def test_an_exported_policy_numbers_actions_as_the_env_does(tmp_path):
     """The export gave indices from 0 for a ``start``-offset action space, unlike eval
     and predict."""
-    from rlloop.export import export_run
+    from rlloop.cli.export import export_run
 
     if "rlloop-test/OffsetActions-v0" not in gymnasium.registry:
         gymnasium.register("rlloop-test/OffsetActions-v0", entry_point=_Offset,

@@ -14,15 +14,15 @@ import torch
 from conftest import FakeClock, plain_console, rlloop_cmd
 from rich.console import Console
 
-from rlloop.builder import check_action_space
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.data.nstep import NStepProcessor
 from rlloop.envs.gym import GymVecEnv, gym_env_spec
 from rlloop.errors import ConfigError, EnvError
 from rlloop.logging import ConsoleSink
 from rlloop.logging.console import _fmt_duration
-from rlloop.memory import check_memory, estimate
 from rlloop.runners.env_runner import EpisodeTracker
+from rlloop.runs.build import check_action_space
+from rlloop.runs.memory import check_memory, estimate
 
 
 def _plain_sink(total: int | None) -> tuple[ConsoleSink, io.StringIO, FakeClock]:
@@ -102,7 +102,7 @@ def test_live_console_close_stops_the_bar_even_when_its_update_fails(
 
 def _fake_available(monkeypatch: pytest.MonkeyPatch, nbytes: int) -> None:
     memory = namedtuple("memory", "available")
-    monkeypatch.setattr("rlloop.memory.psutil.virtual_memory", lambda: memory(nbytes))
+    monkeypatch.setattr("rlloop.runs.memory.psutil.virtual_memory", lambda: memory(nbytes))
 
 
 def _distinct_tensor_bytes(obj: object) -> int:

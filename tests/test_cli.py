@@ -10,7 +10,7 @@ import pytest
 from conftest import rlloop_cmd
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.cli import EVAL_KEYS
+from rlloop.cli.main import EVAL_KEYS
 
 
 def _run(args, env, cwd, timeout=240):
@@ -140,7 +140,7 @@ def test_resume_applies_safe_overrides_and_refuses_the_rest(tmp_path, cli_env):
 def test_a_closed_pipe_ends_a_listing_quietly(tmp_path, cli_env):
     """`rlloop presets | head` printed "rlloop: error: BrokenPipeError ..." when head left
     before the listing ended."""
-    probe = ("import sys, rlloop.cli as cli\n"
+    probe = ("import sys, rlloop.cli.main as cli\n"
              "def listing(args):\n"
              "    raise BrokenPipeError(32, 'Broken pipe')\n"
              "cli._presets = listing\n"

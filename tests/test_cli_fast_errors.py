@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from rlloop.config import build_config, check_set_keys
+from rlloop.config.run_config import build_config, check_set_keys
 from rlloop.errors import ConfigError
 
 _PROBE = """
 import json, sys
-from rlloop.cli import main
+from rlloop.cli.main import main
 code = main(sys.argv[1:])
 print(json.dumps({"code": code, "torch": "torch" in sys.modules}))
 """
@@ -123,8 +123,8 @@ def test_a_config_file_for_another_algorithm_is_refused(tmp_path) -> None:
 def test_every_config_class_and_build_config_import_without_torch() -> None:
     """The early checks read the config classes' fields and validate whole configs: that
     must not wait for torch's import."""
-    probe = ("import sys\nfrom rlloop.algorithms import ALGORITHMS\n"
-             "from rlloop.config import config_layers, from_dict\n"
+    probe = ("import sys\nfrom rlloop.config.registry import ALGORITHMS\n"
+             "from rlloop.config.run_config import config_layers, from_dict\n"
              "for name, entry in ALGORITHMS.items():\n"
              "    assert entry.config_cls.section == name, name\n"
              "    from_dict(config_layers(name, 'Pendulum-v1' if name in ('sac', 'td3') "
@@ -136,8 +136,8 @@ def test_every_config_class_and_build_config_import_without_torch() -> None:
 
 
 def test_the_registries_of_off_policy_parts_hold_the_names_configs_accept() -> None:
-    import rlloop.algorithms.offpolicy as parts
-    from rlloop.algorithms.offpolicy_config import PARTS, part_names
+    import rlloop.algorithms.offpolicy_loop as parts
+    from rlloop.config.offpolicy import PARTS, part_names
 
     for setting, (registry, builtin) in PARTS.items():
         assert sorted(getattr(parts, registry)) == sorted(builtin) == part_names(setting)
@@ -156,7 +156,7 @@ def test_mlflow_child_is_prestarted_only_for_runs_that_log_to_mlflow(tmp_path):
     setting, after every layer, is on: not for mlflow off in a config file or a saved run."""
     import subprocess as sp
 
-    from rlloop.cli import _wants_mlflow
+    from rlloop.cli.main import _wants_mlflow
 
     off = tmp_path / "off.yaml"
     off.write_text("mlflow: false\n")
@@ -175,7 +175,7 @@ def test_mlflow_child_is_prestarted_only_for_runs_that_log_to_mlflow(tmp_path):
     # input the run will refuse: the child is started as before (and killed at the end)
     assert _wants_mlflow(_args(config=str(tmp_path / "missing.yaml")))
     # and deciding never imports torch
-    probe = ("import argparse, sys\nfrom rlloop.cli import _wants_mlflow\n"
+    probe = ("import argparse, sys\nfrom rlloop.cli.main import _wants_mlflow\n"
              f"_wants_mlflow(argparse.Namespace(algo='ppo', env=None, sets=[], resume=None, "
              f"config={str(off)!r}))\nprint('torch' in sys.modules)")
     out = sp.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
@@ -319,7 +319,7 @@ def test_a_run_dir_holding_other_files_is_refused_and_left_alone(
 
 def test_a_run_dir_holding_only_files_a_run_never_writes_is_taken(tmp_path: Path) -> None:
     """``rlloop train ... --run-dir run > run/train.log``: the shell makes the log first."""
-    from rlloop.run import _refuse_existing_run
+    from rlloop.runs.session import _refuse_existing_run
 
     (tmp_path / "train.log").write_text("")
     (tmp_path / ".gitkeep").write_text("")

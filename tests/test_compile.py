@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
+from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
 from rlloop.algorithms.ppo import PPO
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.errors import ConfigError
-from rlloop.run import build_algorithm
+from rlloop.runs.build import build_algorithm
 
 ENVS = {"dqn": "CartPole-v1", "sac": "Pendulum-v1", "td3": "Pendulum-v1"}
 

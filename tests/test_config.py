@@ -4,9 +4,9 @@ import gymnasium
 import numpy as np
 import pytest
 
-from rlloop.config import build_config, from_dict, load_yaml
+from rlloop.config.run_config import build_config, from_dict, load_yaml
 from rlloop.errors import ConfigError
-from rlloop.run import build_algorithm
+from rlloop.runs.build import build_algorithm
 
 
 def test_layers_preset_file_flags_sets(tmp_path):
@@ -64,7 +64,7 @@ def test_bad_values_raise_config_error(sets, message):
 
 
 def test_sac_gsde_log_std_is_bounded_and_a_budget_below_learning_starts_is_named():
-    from rlloop.unused_settings import run_warnings, untrained_budget
+    from rlloop.config.unused_settings import run_warnings, untrained_budget
 
     with pytest.raises(ConfigError, match=r"sac.init_log_std must be in \[-20, 20\]"):
         build_config("sac", "Pendulum-v1", sets=["sac.init_log_std=-30"])

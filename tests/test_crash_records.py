@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 from rlloop.envs.gym import GymVecEnv
 from rlloop.logging import JsonlSink
-from rlloop.run import Session
-from rlloop.video import drop_leftover_clips
+from rlloop.runs.session import Session
+from rlloop.runs.video import drop_leftover_clips
 
 TESTS = Path(__file__).resolve().parent
 TINY = ["--set", "ppo.rollout_steps=32", "--set", "num_envs=4", "--set", "ppo.minibatch_size=64",
@@ -75,9 +75,9 @@ def test_resuming_a_finished_run_logs_no_second_final_evaluation(tmp_path, cli_e
 
 
 def test_a_stopped_sittings_report_shows_no_earlier_sittings_phases(tmp_path):
-    from rlloop.config import build_config
-    from rlloop.report import _NO_CHANGES, _NO_PHASES, write_report
-    from rlloop.run import RunResult
+    from rlloop.config.run_config import build_config
+    from rlloop.runs.report import _NO_CHANGES, _NO_PHASES, write_report
+    from rlloop.trainers.result import RunResult
 
     config = build_config("ppo", "CartPole-v1")
     sink = JsonlSink(tmp_path / "metrics.jsonl")
@@ -125,7 +125,7 @@ def test_a_render_failure_is_one_clear_error():
     """MuJoCo without a display failed with OpenGL's FatalError, reported as unexpected."""
     import pytest
 
-    from rlloop.video import RenderUnavailableError, _render_checked
+    from rlloop.runs.video import RenderUnavailableError, _render_checked
 
     # A function whose frame reads as MuJoCo's renderer's.
     namespace: dict = {}
@@ -145,7 +145,7 @@ def test_a_render_failure_is_one_clear_error():
 
 
 def test_mujoco_renders_offscreen_without_a_display(monkeypatch):
-    from rlloop.video import offscreen_rendering
+    from rlloop.runs.video import offscreen_rendering
 
     for name in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL"):
         monkeypatch.delenv(name, raising=False)

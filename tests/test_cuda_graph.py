@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.errors import ConfigError
-from rlloop.run import build_algorithm
-from rlloop.trainer import Trainer
+from rlloop.runs.build import build_algorithm
+from rlloop.trainers.loop import Trainer
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

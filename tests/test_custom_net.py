@@ -18,11 +18,12 @@ from custom_nets import TinyEncoder
 from torch import Tensor
 
 from rlloop import PPO, SAC, load
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.envs.core import Box, Discrete
 from rlloop.errors import ConfigError
 from rlloop.modules.actor_critic import ActorCritic
-from rlloop.run import build_algorithm, train
+from rlloop.runs.build import build_algorithm
+from rlloop.runs.session import train
 
 QUIET = {"save_video": False, "progress": False, "mlflow": False}
 NETS = Path(__file__).with_name("custom_nets.py")
@@ -190,7 +191,7 @@ def test_the_build_time_check_leaves_weights_and_random_stream_alone(monkeypatch
 def test_settings_a_custom_net_replaces_are_named():
     """encoder and cnn_precision changed nothing, without a word (hidden and activation
     neither, but presets set them: a warning there would name what the user never set)."""
-    from rlloop.unused_settings import unused_settings
+    from rlloop.config.unused_settings import unused_settings
 
     config = build_config("ppo", "CartPole-v1", sets=[
         "ppo.net=custom_nets:TinyEncoder", "ppo.hidden=[32]", "ppo.activation=relu",
@@ -208,8 +209,8 @@ def test_settings_a_custom_net_replaces_are_named():
 def test_a_run_naming_a_callable_that_is_no_network_is_refused(tmp_path, net):
     """A module already imported passed the import check, and loading the run called
     whatever its config named (``builtins:print`` printed the observation shape)."""
-    from rlloop.envs.core import EnvError
-    from rlloop.saved_runs import load_run_config
+    from rlloop.errors import EnvError
+    from rlloop.runs.saved import load_run_config
 
     config = build_config("ppo", "CartPole-v1", sets=[
         "ppo.net=custom_nets:TinyEncoder", "total_env_steps=256", "num_envs=2",
@@ -228,7 +229,7 @@ def test_a_run_naming_a_callable_that_is_no_network_is_refused(tmp_path, net):
 def test_a_run_naming_a_factory_function_of_the_users_module_loads(tmp_path, monkeypatch):
     """A factory function (not a class) from the user's own module, imported by the
     loading script, loads without --allow-import, as a class does."""
-    from rlloop.saved_runs import load_run_config
+    from rlloop.runs.saved import load_run_config
 
     (tmp_path / "user_nets.py").write_text(
         "from custom_nets import TinyEncoder\n"

@@ -31,16 +31,18 @@ from rlloop.checkpoint import (
     save_checkpoint,
     save_replacing,
 )
-from rlloop.config import RunConfig, build_config
+from rlloop.config.run_config import RunConfig, build_config
 from rlloop.data.returns import gae
 from rlloop.data.rollout import RolloutBuffer
-from rlloop.devices import arrays_to_device, packed_to_device, resolve_device
 from rlloop.envs import make_env
 from rlloop.errors import ConfigError
-from rlloop.run import build_algorithm, evaluate_run, resume, train
 from rlloop.runners.env_runner import EnvRunner, EpisodeTracker
+from rlloop.runs.build import build_algorithm
+from rlloop.runs.saved import evaluate_run
+from rlloop.runs.session import resume, train
+from rlloop.system.devices import arrays_to_device, packed_to_device, resolve_device
 from rlloop.tasks import TaskConfig, TaskTrainer
-from rlloop.trainer import Trainer
+from rlloop.trainers.loop import Trainer
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
@@ -341,7 +343,7 @@ def test_a_run_saved_on_cuda_evaluates_and_resumes_on_cpu(tmp_path, cli_env, cap
             _eval(run)
     # the weights are mapped onto the CPU: the same policy, the same returns
     assert _eval_cli(tmp_path, cli_env, "run", "--device", "cpu") == before
-    with caplog.at_level(logging.WARNING, logger="rlloop.devices"):
+    with caplog.at_level(logging.WARNING, logger="rlloop.system.devices"):
         resume(run, device="cpu", total_env_steps=1024)
     assert "seeded afresh" in caplog.text  # CUDA generators cannot continue on the CPU
     resumed = load_checkpoint(CheckpointManager(run / "checkpoints").latest())

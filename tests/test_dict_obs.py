@@ -10,11 +10,11 @@ import pytest
 import torch
 from mask_envs import minigrid_dict
 
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.envs.registry import make_env
 from rlloop.errors import ConfigError
 from rlloop.modules.encoders import DictEncoder, NatureCNN
-from rlloop.run import build_algorithm
+from rlloop.runs.build import build_algorithm
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("minigrid") is None,
                                 reason="needs minigrid")

@@ -16,15 +16,17 @@ from dict_envs import N_ACTIONS, DictCue, DictMaskedCue
 from stepping import run_iterations
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.data.obs_storage import ObsLayout, ObsStore
 from rlloop.data.replay import ReplayBuffer, Transitions
 from rlloop.envs.core import Discrete, EnvSpec
 from rlloop.envs.registry import make_env
 from rlloop.errors import EnvError
-from rlloop.memory import estimate
 from rlloop.modules.encoders import DictEncoder
-from rlloop.run import build_algorithm, evaluate_run, resume, train
+from rlloop.runs.build import build_algorithm
+from rlloop.runs.memory import estimate
+from rlloop.runs.saved import evaluate_run
+from rlloop.runs.session import resume, train
 
 TESTS = Path(__file__).parent
 CUE = "rlloop-test/DictCue-v0"

@@ -19,17 +19,18 @@ from learner_cases import ppo_update_case
 from proc_utils import live_children
 
 from rlloop.algorithms.distributed import build_rank_learner
-from rlloop.algorithms.offpolicy import ReplayBatch
-from rlloop.algorithms.sac import SACConfig, SACLearner, SACModule
+from rlloop.algorithms.offpolicy_loop import ReplayBatch
+from rlloop.algorithms.sac import SACLearner, SACModule
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.cli import main
-from rlloop.config import build_config
-from rlloop.devices import new_generator
+from rlloop.cli.main import main
+from rlloop.config.offpolicy import SACConfig
+from rlloop.config.run_config import build_config
 from rlloop.envs.core import Box, Discrete, EnvSpec
 from rlloop.learners.distributed import DataParallel
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.learners.learner_group import LearnerSpec, start_group
-from rlloop.run import resume, train
+from rlloop.runs.session import resume, train
+from rlloop.system.devices import new_generator
 
 CPU = torch.device("cpu")
 QUIET = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false"]
@@ -246,7 +247,8 @@ def test_ranks_build_the_algorithms_own_policy_and_count_every_row():
     """Rank 1 builds what rank 0 holds (here the masked policy of an env with an action
     mask; it built a plain one, whose unmasked log-probs bent the shared gradient), and
     the sample counters count the whole minibatch, not rank 0's shard."""
-    from rlloop.algorithms.ppo import PPOConfig, PPOLearner
+    from rlloop.algorithms.ppo import PPOLearner
+    from rlloop.config.ppo import PPOConfig
     from rlloop.data.rollout import PPOBatch
     from rlloop.modules.masked import MaskedActorCritic
 
@@ -287,7 +289,8 @@ def test_a_step_one_shard_overflows_is_skipped_by_every_rank():
 
     from learner_cases import ppo_batch
 
-    from rlloop.algorithms.ppo import PPOConfig, PPOLearner
+    from rlloop.algorithms.ppo import PPOLearner
+    from rlloop.config.ppo import PPOConfig
     from rlloop.modules.actor_critic import ActorCritic
 
     torch.manual_seed(0)

@@ -10,15 +10,15 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlloop.algorithms.offpolicy import OneStepProcessor, ReplayBatch
-from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
-from rlloop.config import build_config
+from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
+from rlloop.algorithms.offpolicy_loop import OneStepProcessor, ReplayBatch
+from rlloop.config.run_config import build_config
 from rlloop.data.nstep import NStepProcessor
 from rlloop.data.replay import PrioritizedReplayBuffer
 from rlloop.errors import ConfigError
 from rlloop.losses.dqn import dqn_loss, dqn_target
 from rlloop.modules.q_networks import QNetwork
-from rlloop.run import build_algorithm
+from rlloop.runs.build import build_algorithm
 
 QUIET = ["mlflow=false", "progress=false", "num_envs=1"]
 TINY = ["dqn.hidden=[16,16]", "dqn.batch_size=8", "dqn.buffer_size=500",

@@ -13,12 +13,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlloop.callbacks import Callback
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.logging.process_sink import discard_spares, has_spare, prestart
-from rlloop.report import FIGURE_PRELOAD
-from rlloop.run import acting_config, build_algorithm, train
-from rlloop.video import EpisodeFrames
+from rlloop.runs.build import build_algorithm
+from rlloop.runs.report import FIGURE_PRELOAD
+from rlloop.runs.saved import acting_config
+from rlloop.runs.session import train
+from rlloop.runs.video import EpisodeFrames
+from rlloop.trainers.callbacks import Callback
 
 QUIET = ["mlflow=false", "progress=false", "stop_on_solve=false", "save_video=false",
          "eval_every=0", "total_env_steps=512"]
@@ -28,7 +30,7 @@ FIGURES = ["learning_curves.png", "losses.png", "diagnostics.png", "throughput.p
 def test_cli_run_draws_its_figures_in_the_child(tmp_path: Path, cli_env: dict[str, str]) -> None:
     code = """
 import json, sys
-from rlloop.cli import main
+from rlloop.cli.main import main
 code = main(sys.argv[1:])
 print(json.dumps({"code": code, "matplotlib": "matplotlib" in sys.modules}))
 """

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import rlloop_cmd
 
-from rlloop.config import build_config
-from rlloop.envs.core import EnvError
-from rlloop.envs.registry import resolve_env_id
-from rlloop.run import claim_default_run_dir, default_run_dir
+from rlloop.config.run_config import build_config
+from rlloop.envs.ids import resolve_env_id
+from rlloop.errors import EnvError
+from rlloop.runs.session import claim_default_run_dir, default_run_dir
 
 MODULE = """
 import gymnasium

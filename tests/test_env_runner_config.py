@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlloop.config import build_config, from_dict, resumable
+from rlloop.config.run_config import build_config, from_dict, resumable
 from rlloop.errors import ConfigError
 from rlloop.runners.fragments import FragmentSampler
 
@@ -50,7 +50,7 @@ def test_ray_section_round_trips_through_yaml() -> None:
 
 
 def test_ray_address_flag_reaches_the_config(tmp_path: Path) -> None:
-    from rlloop.cli import _parser
+    from rlloop.cli.main import _parser
 
     args = _parser().parse_args(["train", "ppo", "--ray-address", "10.0.0.5:6379"])
     assert args.ray_address == "10.0.0.5:6379"
@@ -67,7 +67,8 @@ def test_where_runners_run_may_change_on_resume_but_not_how_many() -> None:
 
 
 def test_a_run_without_runners_never_imports_ray(tmp_path: Path) -> None:
-    code = ("import sys; from rlloop.config import build_config; from rlloop.run import train; "
+    code = ("import sys; from rlloop.config.run_config import build_config; "
+            "from rlloop.runs.session import train; "
             "train(build_config('ppo', sets=['mlflow=false', 'progress=false', "
             "'save_video=false', 'total_env_steps=512', 'eval_episodes=1']), sys.argv[1]); "
             "loaded = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')); "
@@ -80,7 +81,7 @@ def test_a_run_without_runners_never_imports_ray(tmp_path: Path) -> None:
 
 def test_fragment_sampler_sends_the_in_process_rollout() -> None:
     """In one process (no Ray), a runner's fragment is what its runner collected."""
-    from rlloop.run import build_algorithm
+    from rlloop.runs.build import build_algorithm
 
     config = build_config("ppo", sets=["num_envs=2", "ppo.rollout_steps=8",
                                        "ppo.minibatch_size=16", "mlflow=false"])

@@ -12,10 +12,11 @@ import raising_env  # noqa: F401  (registers RaisingCartPole-v0)
 import torch
 
 import rlloop.envs.slow  # noqa: F401  (registers SlowCartPole-v1)
-from rlloop.cli import main as cli_main
-from rlloop.envs.core import EnvError, VecEnv
+from rlloop.cli.main import main as cli_main
+from rlloop.envs.core import VecEnv
 from rlloop.envs.gym_threads import ThreadedVectorEnv
 from rlloop.envs.registry import make_env
+from rlloop.errors import EnvError
 
 SLOW = "rlloop.envs.slow:SlowCartPole-v1"
 

@@ -13,10 +13,10 @@ import torch
 from conftest import env_without, rlloop_cmd
 from stepping import run_steps
 
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.envs import env_spec, make_env
-from rlloop.envs.core import EnvError
-from rlloop.run import build_algorithm
+from rlloop.errors import EnvError
+from rlloop.runs.build import build_algorithm
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false", "backend=envpool"]
 TESTS = Path(__file__).parent

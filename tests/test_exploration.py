@@ -15,7 +15,7 @@ from rlloop.algorithms.ppo import PPO
 from rlloop.algorithms.sac import SAC
 from rlloop.algorithms.td3 import TD3
 from rlloop.checkpoint import load_checkpoint, save_checkpoint
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
 from rlloop.modules.action_noise import OrnsteinUhlenbeckNoise
@@ -23,7 +23,7 @@ from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.distributions import DiagGaussian
 from rlloop.modules.gsde import StateDependentNoise, TanhGSDEActor
 from rlloop.modules.q_networks import tanh_log_det
-from rlloop.run import build_algorithm
+from rlloop.runs.build import build_algorithm
 
 QUIET = ["mlflow=false", "progress=false"]
 

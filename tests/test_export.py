@@ -14,7 +14,7 @@ from conftest import rlloop_cmd
 from small_runs import train_ppo, train_sac
 
 from rlloop.algorithms import AlgorithmBase
-from rlloop.run import load_run_policy
+from rlloop.runs.saved import load_run_policy
 
 LOAD_TORCHSCRIPT = """
 import sys, torch
@@ -97,7 +97,7 @@ def test_torchscript_export_loads_in_a_fresh_process_with_the_eval_actions(
 
 
 def test_the_export_includes_the_observation_normaliser(runs, tmp_path):
-    from rlloop.export import export_run
+    from rlloop.cli.export import export_run
 
     algorithm = load_run_policy(runs["ppo"], device="cpu")
     try:
@@ -113,7 +113,7 @@ def test_the_export_includes_the_observation_normaliser(runs, tmp_path):
 
 
 def test_export_replaces_a_linked_output_instead_of_writing_through_it(runs, tmp_path):
-    from rlloop.export import export_run
+    from rlloop.cli.export import export_run
 
     victim = tmp_path / "victim"
     victim.write_text("keep")
@@ -126,8 +126,8 @@ def test_export_replaces_a_linked_output_instead_of_writing_through_it(runs, tmp
 
 def test_export_refuses_an_output_over_the_runs_own_files(runs):
     """``-o <run>/config.yaml`` wrote ONNX bytes over the run's config: the run was gone."""
+    from rlloop.cli.export import export_run
     from rlloop.errors import RunDirError
-    from rlloop.export import export_run
 
     config = (runs["sac"] / "config.yaml").read_bytes()
     for out in (runs["sac"] / "config.yaml", runs["sac"] / "best" / "manifest.json"):
@@ -167,8 +167,8 @@ torch.save(torch.stack(actions), sys.argv[3])
 
 @pytest.fixture(scope="module")
 def recurrent_run(tmp_path_factory):
-    from rlloop.config import build_config
-    from rlloop.run import train
+    from rlloop.config.run_config import build_config
+    from rlloop.runs.session import train
 
     run = tmp_path_factory.mktemp("export-recurrent") / "run"
     train(build_config("ppo", "CartPole-v1", flags={"total_env_steps": 320}, sets=[

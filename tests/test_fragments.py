@@ -10,11 +10,11 @@ import pytest
 import torch
 from mask_envs import MaskedChoice, register
 
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.errors import ConfigError
-from rlloop.run import build_algorithm
 from rlloop.runners.fragments import FragmentSampler
 from rlloop.runners.ray_runners import runner_config
+from rlloop.runs.build import build_algorithm
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 
@@ -90,7 +90,7 @@ def test_settings_the_runners_cannot_follow_are_refused(algo, sets, named):
 
 
 def test_an_env_config_on_the_first_step_resets_the_env_it_builds():
-    from rlloop.trainer import Trainer
+    from rlloop.trainers.loop import Trainer
 
     config = build_config("ppo", "CartPole-v1", sets=[
         *QUIET, "backend=gymnasium", "num_envs=2", "ppo.rollout_steps=16",

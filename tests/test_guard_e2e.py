@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.learners.learner import NonFiniteError
-from rlloop.run import train
+from rlloop.runs.session import train
 
 ENV_ID = "rlloop-test/NaNCartPole-v0"
 SETS = ["mlflow=false", "progress=false", "stop_on_solve=false", "eval_every=0",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from proc_utils import live_children, still_alive
 
-from rlloop.config import build_config
-from rlloop.run import Session
+from rlloop.config.run_config import build_config
+from rlloop.runs.session import Session
 
 
 def test_ppo_trains_through_async_gymnasium_envs(tmp_path):

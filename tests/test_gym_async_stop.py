@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlloop.envs.registry import make_env
-from rlloop.signals import StopInterrupted
+from rlloop.system.signals import StopInterrupted
 
 
 @pytest.fixture

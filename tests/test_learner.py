@@ -6,13 +6,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from rlloop.learners.learner import (
-    GradientClip,
-    Learner,
-    LearnerError,
-    TensorBatch,
-    clip_gradients,
-)
+from rlloop.learners.gradient_clip import GradientClip, LearnerError
+from rlloop.learners.gradients import clip_gradients
+from rlloop.learners.learner import Learner, TensorBatch
 from rlloop.learners.schedules import Cosine, Exponential, Linear, PiecewiseLinear, make_schedule
 
 

@@ -13,14 +13,8 @@ from torch import Tensor, nn
 
 from rlloop.checkpoint import load_checkpoint, save_checkpoint
 from rlloop.errors import ConfigError
-from rlloop.learners.learner import (
-    STATE_COMPONENTS,
-    GradientClip,
-    Learner,
-    LearnerError,
-    TensorBatch,
-    UnknownModuleError,
-)
+from rlloop.learners.gradient_clip import GradientClip, LearnerError
+from rlloop.learners.learner import STATE_COMPONENTS, Learner, TensorBatch, UnknownModuleError
 
 
 @dataclass(frozen=True)
@@ -172,7 +166,8 @@ def test_unknown_hyperparameter_and_bad_schedule():
 
 
 def test_ppo_entropy_and_clip_coefficients_are_scheduled():
-    from rlloop.algorithms.ppo import PPOConfig, PPOLearner
+    from rlloop.algorithms.ppo import PPOLearner
+    from rlloop.config.ppo import PPOConfig
     from rlloop.data.rollout import PPOBatch
     from rlloop.envs.core import Discrete
     from rlloop.modules.actor_critic import ActorCritic
@@ -198,7 +193,8 @@ def test_ppo_entropy_and_clip_coefficients_are_scheduled():
 
 
 def test_ppo_loss_clips_with_the_scheduled_clip_coefficient():
-    from rlloop.algorithms.ppo import PPOConfig, PPOLearner
+    from rlloop.algorithms.ppo import PPOLearner
+    from rlloop.config.ppo import PPOConfig
     from rlloop.data.rollout import PPOBatch
     from rlloop.envs.core import Discrete
     from rlloop.modules.actor_critic import ActorCritic
@@ -225,7 +221,7 @@ def test_ppo_loss_clips_with_the_scheduled_clip_coefficient():
 
 
 def test_ppo_config_takes_numbers_or_schedules_from_the_command_line():
-    from rlloop.config import build_config
+    from rlloop.config.run_config import build_config
 
     cfg = build_config("ppo", "CartPole-v1", sets=[
         "ppo.ent_coef={type: linear, start: 0.01, end: 0.0, steps: 1000}",

@@ -18,11 +18,11 @@ from torch import Tensor
 
 pytest.importorskip("pettingzoo")
 
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.envs.multi_agent import make_multi_agent_env
-from rlloop.run import build_algorithm
 from rlloop.runners.multi_agent import RANDOM, evaluate_multi_agent
-from rlloop.trainer import Trainer
+from rlloop.runs.build import build_algorithm
+from rlloop.trainers.loop import Trainer
 
 TTT = "pettingzoo:classic.tictactoe_v3"
 BUDGET = 81_920

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlloop.config import build_config
-from rlloop.run import evaluate_run, train
+from rlloop.config.run_config import build_config
+from rlloop.runs.saved import evaluate_run
+from rlloop.runs.session import train
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 BUDGET = 100_000

@@ -11,13 +11,13 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlloop.algorithms.offpolicy import ReplayBatch
-from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
-from rlloop.config import build_config
+from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
+from rlloop.algorithms.offpolicy_loop import ReplayBatch
+from rlloop.config.run_config import build_config
 from rlloop.learners.mlp_backprop import MLPBackprop, dqn_loss_grad, huber_loss
 from rlloop.losses.dqn import dqn_loss, dqn_stats
 from rlloop.modules.q_networks import MLP, QNetwork
-from rlloop.run import build_algorithm
+from rlloop.runs.build import build_algorithm
 
 
 @pytest.mark.parametrize("hidden", [[8], [16, 16], [9, 12, 5]])
@@ -111,7 +111,8 @@ def test_manual_update_skips_a_non_finite_loss():
 
 
 def _learner_for(online: torch.nn.Module):
-    from rlloop.algorithms.dqn import DQNConfig, DQNLearner, DQNModule
+    from rlloop.algorithms.dqn import DQNLearner, DQNModule
+    from rlloop.config.offpolicy import DQNConfig
 
     config = DQNConfig(manual_backward=True, hidden=[16, 16], batch_size=8, lr=1e-2)
     return DQNLearner({"default_policy": DQNModule(online)}, config)  # type: ignore[arg-type]

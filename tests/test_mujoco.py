@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlloop.config import build_config
-from rlloop.presets import all_files, preset
-from rlloop.run import train
+from rlloop.config.presets import all_files, preset
+from rlloop.config.run_config import build_config
+from rlloop.runs.session import train
 
 ENVS = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5",
         "InvertedPendulum-v5"]

@@ -6,11 +6,11 @@ import pytest
 import torch
 from pixel_envs import register
 
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.envs.core import MultiBinary, MultiDiscrete, sample_random_actions
 from rlloop.errors import ConfigError
 from rlloop.modules.distributions import Bernoulli, MultiCategorical
-from rlloop.run import build_algorithm
+from rlloop.runs.build import build_algorithm
 
 register()
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]

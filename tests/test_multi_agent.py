@@ -12,10 +12,10 @@ pytest.importorskip("pettingzoo")
 
 from rlloop.algorithms.ma_ppo import MultiAgentPPO
 from rlloop.checkpoint import load_checkpoint, save_checkpoint
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.data.multi_agent import masked_gae
 from rlloop.data.returns import gae
-from rlloop.envs.core import Box, Discrete, EnvError
+from rlloop.envs.core import Box, Discrete
 from rlloop.envs.multi_agent import (
     AgentSpec,
     make_multi_agent_env,
@@ -23,10 +23,11 @@ from rlloop.envs.multi_agent import (
     random_actions,
 )
 from rlloop.envs.registry import env_spec, make_env
+from rlloop.errors import EnvError
 from rlloop.modules.masked import MaskedActorCritic
-from rlloop.run import build_algorithm
 from rlloop.runners.multi_agent import RANDOM, evaluate_multi_agent
-from rlloop.trainer import Trainer
+from rlloop.runs.build import build_algorithm
+from rlloop.trainers.loop import Trainer
 
 TTT = "pettingzoo:classic.tictactoe_v3"
 RPS = "pettingzoo:classic.rps_v2"

@@ -1,10 +1,10 @@
-"""Flush-to-zero around trainer steps (rlloop.numerics)."""
+"""Flush-to-zero around trainer steps (rlloop.system.numerics)."""
 
 from __future__ import annotations
 
 import torch
 
-from rlloop.numerics import flushed_denormals, flushing_denormals
+from rlloop.system.numerics import flushed_denormals, flushing_denormals
 
 SUBNORMAL = 1e-39  # below float32's smallest normal number (about 1.18e-38)
 
@@ -33,9 +33,9 @@ def test_disabled_block_and_a_mode_set_by_the_caller_are_left_alone() -> None:
 
 
 def test_trainer_steps_run_flushed_and_restore_the_mode() -> None:
-    from rlloop.config import build_config
-    from rlloop.run import build_algorithm
-    from rlloop.trainer import Trainer
+    from rlloop.config.run_config import build_config
+    from rlloop.runs.build import build_algorithm
+    from rlloop.trainers.loop import Trainer
 
     seen: list[bool] = []
 

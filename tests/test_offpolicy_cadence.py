@@ -12,13 +12,15 @@ import torch
 from conftest import rlloop_cmd
 
 from rlloop.checkpoint import CheckpointManager, is_checkpoint, load_checkpoint
-from rlloop.conditions import HitsUpperBound
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.envs.core import sample_random_actions
-from rlloop.offpolicy_trainer import OffPolicyTrainer
-from rlloop.run import COMPONENTS, build_algorithm, evaluate_run, resume, train
-from rlloop.seeding import derive_seed
-from rlloop.trainer import Trainer
+from rlloop.runs.build import COMPONENTS, build_algorithm
+from rlloop.runs.saved import evaluate_run
+from rlloop.runs.session import resume, train
+from rlloop.system.seeding import derive_seed
+from rlloop.trainers.loop import Trainer
+from rlloop.trainers.offpolicy_schedule import OffPolicyTrainer
+from rlloop.trainers.stop_conditions import HitsUpperBound
 
 QUIET = ["mlflow=false", "progress=false"]
 TINY_DQN = ["dqn.hidden=[16]", "dqn.batch_size=8", "dqn.gradient_steps=1",
@@ -249,7 +251,7 @@ def test_a_resume_keeps_the_mean_recorders_stats_since_the_last_record(tmp_path)
 
 
 def test_the_mean_recorders_state_keeps_integer_sums_exact():
-    from rlloop.algorithms.offpolicy import MeanRecorder
+    from rlloop.algorithms.offpolicy_loop import MeanRecorder
 
     straight, cut = MeanRecorder(), MeanRecorder()
     big = torch.tensor(2**24 + 1)  # an int64 stat: a float32 sum would round it

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from rlloop.algorithms.offpolicy import MeanRecorder
-from rlloop.config import build_config
+from rlloop.algorithms.offpolicy_loop import MeanRecorder
+from rlloop.config.run_config import build_config
 from rlloop.learners.optim_step import GuardedOptim, GuardedStep, adam
-from rlloop.run import build_algorithm
+from rlloop.runs.build import build_algorithm
 
 
 def _net() -> nn.Module:

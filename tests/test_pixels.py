@@ -14,15 +14,15 @@ from conftest import env_without, rlloop_cmd
 from pixel_envs import register, register_box
 from stepping import run_steps
 
-from rlloop import devices
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.returns import gae
 from rlloop.envs import env_spec, make_env
 from rlloop.errors import ConfigError
-from rlloop.memory import estimate
 from rlloop.modules.encoders import NatureCNN, build_encoder, flat_input, image_layout
-from rlloop.run import build_algorithm
+from rlloop.runs.build import build_algorithm
+from rlloop.runs.memory import estimate
+from rlloop.system import devices
 
 register()
 register_box()
@@ -481,7 +481,7 @@ def test_memory_check_counts_frames_in_bytes(replay, per_transition):
 def test_predict_and_export_take_uint8_frames():
     # A float frame counts as already scaled, so predict must not turn frames into floats.
     from rlloop.api import PPO
-    from rlloop.export import example_inputs
+    from rlloop.cli.export import example_inputs
 
     model = PPO("rlloop-test/SidePixels-v0", mlflow=False)
     try:
@@ -502,8 +502,9 @@ def test_predict_and_export_take_uint8_frames():
 def test_a_bfloat16_cnn_run_exports_to_onnx_in_float32(tmp_path):
     import onnxruntime
 
-    from rlloop.export import deterministic_policy, export_run, float32_cnns
-    from rlloop.run import load_run_policy, train
+    from rlloop.cli.export import deterministic_policy, export_run, float32_cnns
+    from rlloop.runs.saved import load_run_policy
+    from rlloop.runs.session import train
 
     run = train(build_config("ppo", "rlloop-test/SidePixels-v0",
                              flags={"seed": 0, "total_env_steps": 64, "num_envs": 2},

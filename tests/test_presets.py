@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import rlloop_cmd
 
-from rlloop.algorithms import ALGORITHMS
-from rlloop.algorithms.ppo import PPOConfig
-from rlloop.config import RunConfig, build_config
-from rlloop.presets import all_files, file_name
+from rlloop.config.ppo import PPOConfig
+from rlloop.config.presets import all_files, file_name
+from rlloop.config.registry import ALGORITHMS
+from rlloop.config.run_config import RunConfig, build_config
 
 ZOO_ENVS = {"CartPole-v1": {"ppo", "dqn"}, "Acrobot-v1": {"ppo", "dqn"},
             "MountainCar-v0": {"ppo", "dqn"}, "Pendulum-v1": {"ppo", "sac", "td3"},
@@ -85,7 +85,7 @@ def test_presets_command_bad_input_is_one_line(tmp_path, cli_env, args, expected
 
 
 def test_presets_command_does_not_import_torch(tmp_path, cli_env):
-    code = ("import json, sys; from rlloop.cli import main; main(['presets']); "
+    code = ("import json, sys; from rlloop.cli.main import main; main(['presets']); "
             "main(['presets', 'sac', '--env', 'Pendulum-v1']); "
             "print(json.dumps('torch' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], env=cli_env, cwd=tmp_path,
@@ -113,8 +113,8 @@ def test_zoo_benchmark_resumes_and_writes_the_table(tmp_path, cli_env):
 
 
 def test_zoo_benchmark_resumes_a_seed_stopped_part_way(tmp_path, cli_env):
-    from rlloop.config import build_config
-    from rlloop.run import train
+    from rlloop.config.run_config import build_config
+    from rlloop.runs.session import train
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo.py"
     runs, results = tmp_path / "runs", tmp_path / "zoo.jsonl"
@@ -138,7 +138,7 @@ def test_zoo_benchmark_resumes_a_seed_stopped_part_way(tmp_path, cli_env):
 
 
 def test_zoo_benchmark_leaves_a_seed_that_another_process_trains(tmp_path, cli_env):
-    from rlloop.run_lock import RunLock
+    from rlloop.runs.lock import RunLock
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo.py"
     runs, results = tmp_path / "runs", tmp_path / "zoo.jsonl"
@@ -226,7 +226,7 @@ def test_the_listing_shows_each_presets_budget_and_sane_evaluation_cadences():
     """Presets without an rl-zoo score listed their budget as '-'; Humanoid PPO evaluated
     1,028 times over its 10M steps (5 x 1,000-step episodes each: half the run), and
     MountainCarContinuous PPO 500 times over 20k steps."""
-    from rlloop.presets import listing
+    from rlloop.config.presets import listing
 
     budgets = {(row.env, row.algo): row.budget for row in listing()}
     assert all(budgets.values())

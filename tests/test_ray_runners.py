@@ -22,14 +22,15 @@ import runner_envs  # noqa: E402  (registers SlowFromSeed-v0 and HomeOnly-v0)
 from ray.exceptions import GetTimeoutError, RayActorError  # noqa: E402
 
 import rlloop.envs.slow  # noqa: E402, F401  (registers SlowCartPole-v1, as --env would)
-from rlloop.cli import main as cli_main  # noqa: E402
-from rlloop.config import RunConfig, build_config  # noqa: E402
+from rlloop.cli.main import main as cli_main  # noqa: E402
+from rlloop.config.run_config import RunConfig, build_config  # noqa: E402
 from rlloop.errors import ConfigError  # noqa: E402
-from rlloop.ray_cluster import RayConfig, connect, disconnect  # noqa: E402
-from rlloop.run import Session, build_algorithm  # noqa: E402
 from rlloop.runners.fragments import FragmentSampler  # noqa: E402
+from rlloop.runners.ray_cluster import RayConfig, connect, disconnect  # noqa: E402
 from rlloop.runners.ray_runners import runner_config  # noqa: E402
-from rlloop.trainer import Trainer  # noqa: E402
+from rlloop.runs.build import build_algorithm  # noqa: E402
+from rlloop.runs.session import Session  # noqa: E402
+from rlloop.trainers.loop import Trainer  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]

@@ -13,7 +13,7 @@ import torch
 from conftest import rlloop_cmd
 
 from rlloop.algorithms.recurrent_ppo import RecurrentPPO
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.data.sequences import chunk_states, sequence_mask, to_sequences
 from rlloop.envs.core import Discrete
 from rlloop.envs.masked_velocity import ENV_ID, MaskVelocity
@@ -22,8 +22,8 @@ from rlloop.envs.registry import env_spec, make_env
 from rlloop.errors import ConfigError
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss
 from rlloop.modules.recurrent import RecurrentActorCritic
-from rlloop.run import build_algorithm
-from rlloop.trainer import Trainer
+from rlloop.runs.build import build_algorithm
+from rlloop.trainers.loop import Trainer
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 
@@ -250,7 +250,7 @@ def _assert_resumed_equal(a_run, b_run, half_run_leaves):
 
 
 def test_resume_cut_mid_episode_is_bit_exact(tmp_path):
-    from rlloop.run import resume, train
+    from rlloop.runs.session import resume, train
 
     def config(steps):
         return build_config("ppo", "CartPole-v1", flags={"seed": 5}, sets=[

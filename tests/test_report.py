@@ -61,7 +61,7 @@ def test_report_lists_changed_settings_with_defaults_and_rounds_numbers(runs):
 
 
 def test_sac_diagnostics_come_from_q_statistics(runs):
-    from rlloop.report import DIAGNOSTICS, read_metrics
+    from rlloop.runs.report import DIAGNOSTICS, read_metrics
 
     keys = {k for row in read_metrics(runs["sac"] / "metrics.jsonl") for k in row}
     assert {"q/mean", "alpha/value"} <= keys & set(DIAGNOSTICS)
@@ -105,8 +105,8 @@ def test_plot_overlays_runs_and_groups_seeds(runs, tmp_path, cli_env):
 
 def test_plot_of_a_misspelt_metric_names_the_close_ones(runs, tmp_path):
     """``--metric losses/polcy`` said the runs had not logged it *yet*: train them first."""
+    from rlloop.cli.plot import plot_runs
     from rlloop.errors import ConfigError
-    from rlloop.plot import plot_runs
 
     with pytest.raises(ConfigError, match=r"^the runs never log 'losses/polcy'; did you mean "
                                           r"losses/policy"):
@@ -123,7 +123,7 @@ def test_plot_refuses_a_directory_that_is_not_a_run(tmp_path, cli_env):
 
 
 def test_mean_and_band_interpolates_seeds_onto_the_shared_range():
-    from rlloop.plot import mean_and_band
+    from rlloop.cli.plot import mean_and_band
 
     grid, mean, low, high = mean_and_band([[(0, 0.0), (10, 10.0)], [(2, 4.0), (8, 4.0)]],
                                           points=4)
@@ -137,9 +137,9 @@ def test_throughput_of_a_resumed_run_counts_every_sitting(tmp_path):
     summary paired the whole run's steps with the last sitting's seconds (2000 / 5 = 400
     env/s here, where the run trained 2000 steps in 15 s). Its phase table, empty when a
     signal stopped the sitting, says why."""
-    from rlloop.config import build_config
-    from rlloop.report import write_report
-    from rlloop.run import RunResult
+    from rlloop.config.run_config import build_config
+    from rlloop.runs.report import write_report
+    from rlloop.trainers.result import RunResult
 
     first = [{"step": s, "env/steps": s, "time/total_s": s / 100} for s in range(100, 1001, 100)]
     second = [{"step": s, "env/steps": s, "time/total_s": (s - 1000) / 200}
@@ -159,7 +159,7 @@ def test_figures_of_a_run_with_several_modules_show_each_modules_series():
     """ma_ppo with one module per agent logs ``player_1/losses/policy``, ``episode/
     player_1/return_mean``...: its report had no losses or diagnostics figure and no
     training-return line."""
-    from rlloop.report import _module_keys, report_figures
+    from rlloop.runs.report import _module_keys, report_figures
 
     rows = [{"step": s, "env/steps": s, "player_1/losses/policy": 1.0 / s,
              "player_2/losses/policy": 2.0 / s, "player_1/ppo/approx_kl": 0.01,
@@ -173,6 +173,6 @@ def test_figures_of_a_run_with_several_modules_show_each_modules_series():
 
 def test_a_one_point_curve_is_drawn_as_a_dot():
     """`rlloop plot` of a run with one evaluation drew a legend entry and no curve."""
-    from rlloop.plot import point_marker
+    from rlloop.cli.plot import point_marker
 
     assert point_marker(1) == "o" and point_marker(2) == "" and point_marker(50) == ""

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from rlloop.config import build_config
-from rlloop.run import build_algorithm
+from rlloop.config.run_config import build_config
+from rlloop.runs.build import build_algorithm
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 
@@ -123,7 +123,7 @@ def test_the_reward_normalisers_return_restarts_at_a_horizon_reset():
 
 def _episode_lengths_after_resume(algo: str, env: str, config_key: str, sets: list[str]
                                   ) -> float:
-    from rlloop.trainer import Trainer
+    from rlloop.trainers.loop import Trainer
 
     config = build_config(algo, env, flags={"num_envs": 2},
                           sets=[*QUIET, "horizons_per_env_reset=-1", *sets])

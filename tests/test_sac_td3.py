@@ -12,15 +12,15 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlloop.algorithms.offpolicy import ReplayBatch, box_rescaler
-from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
-from rlloop.config import build_config
+from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
+from rlloop.algorithms.offpolicy_loop import ReplayBatch, box_rescaler
+from rlloop.config.run_config import build_config
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
 from rlloop.losses.sac import sac_actor_loss, sac_alpha_loss, sac_critic_loss, sac_target
 from rlloop.losses.td3 import td3_actor_loss
 from rlloop.modules.q_networks import TanhGaussianActor, TwinQ
-from rlloop.run import build_algorithm
+from rlloop.runs.build import build_algorithm
 
 QUIET = ["mlflow=false", "progress=false", "num_envs=1"]
 

@@ -1,10 +1,10 @@
-"""One user seed, independent random streams (rlloop.seeding)."""
+"""One user seed, independent random streams (rlloop.system.seeding)."""
 
 from __future__ import annotations
 
 import torch
 
-from rlloop.seeding import derive_seed
+from rlloop.system.seeding import derive_seed
 
 
 def test_derived_seeds_are_fixed_distinct_and_in_range():
@@ -17,8 +17,8 @@ def test_derived_seeds_are_fixed_distinct_and_in_range():
 def test_algorithm_and_native_env_draw_different_numbers_from_one_seed():
     # Two generators seeded alike repeat each other: exploration draws would be the
     # env's reset draws. The run's streams must not be the same sequence.
-    from rlloop.config import build_config
-    from rlloop.run import build_algorithm
+    from rlloop.config.run_config import build_config
+    from rlloop.runs.build import build_algorithm
 
     config = build_config("dqn", "CartPole-v1", flags={"seed": 7},
                           sets=["mlflow=false", "progress=false", "num_envs=1",

@@ -15,9 +15,9 @@ pytest.importorskip("pettingzoo")
 
 from rlloop.algorithms.league import MAIN, League
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.config import build_config
-from rlloop.run import build_algorithm
-from rlloop.trainer import Trainer
+from rlloop.config.run_config import build_config
+from rlloop.runs.build import build_algorithm
+from rlloop.trainers.loop import Trainer
 
 TTT = "pettingzoo:classic.tictactoe_v3"
 SMALL = ["--num-envs", "4", "--set", "ma_ppo.rollout_steps=16",

@@ -24,12 +24,18 @@ import torch
 from conftest import rlloop_cmd
 from proc_utils import still_alive, wait_for
 
-from rlloop import signals
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.envs.core import EnvError
 from rlloop.envs.registry import make_env
+from rlloop.errors import EnvError
 from rlloop.runners.evaluation import evaluate
-from rlloop.signals import atomic, handle_signals, interrupted, supervised, terminate_as_interrupt
+from rlloop.system import signals
+from rlloop.system.signals import (
+    atomic,
+    handle_signals,
+    interrupted,
+    supervised,
+    terminate_as_interrupt,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "reinforce_cartpole.py"
 

@@ -480,8 +480,8 @@ def test_process_sink_refuses_a_factory_the_child_cannot_import():
 
 
 NO_MAIN_GUARD = """
-from rlloop.config import build_config
-from rlloop.run import train
+from rlloop.config.run_config import build_config
+from rlloop.runs.session import train
 
 # No `if __name__ == "__main__":` guard: the sink's child must not run this again.
 result = train(build_config("ppo", "CartPole-v1",

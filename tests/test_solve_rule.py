@@ -8,8 +8,8 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from rlloop.config import build_config
-from rlloop.run import train
+from rlloop.config.run_config import build_config
+from rlloop.runs.session import train
 
 COIN = "RlloopTestCoinFlip-v0"
 
@@ -61,7 +61,7 @@ def test_a_confirmed_solve_stops_the_run(tmp_path):
 
 
 def _session(algo: str, env: str, tmp_path, *sets: str):  # type: ignore[no-untyped-def]
-    from rlloop.run import Session
+    from rlloop.runs.session import Session
 
     config = build_config(algo, env, sets=["mlflow=false", "progress=false",
                                            "save_video=false", *sets])

@@ -10,12 +10,12 @@ import torch
 from sign_task import SignTask, learned, params_finite, sign_policy
 from worker_envs import SignEnv
 
-from rlloop.callbacks import Callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import NonFiniteError
 from rlloop.tasks import TaskConfig, TaskTrainer
 from rlloop.tasks.trainer import COMPONENTS, all_finite
+from rlloop.trainers.callbacks import Callback
 
 FAST = {"num_epoch_samples": 200, "batch_size": 50, "lr": 0.1, "total_steps": 24}
 

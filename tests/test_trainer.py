@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from rlloop.conditions import HitsLowerBound, HitsUpperBound, Plateaus
-from rlloop.config import build_config
-from rlloop.run import build_algorithm
-from rlloop.trainer import Trainer
+from rlloop.config.run_config import build_config
+from rlloop.runs.build import build_algorithm
+from rlloop.trainers.loop import Trainer
+from rlloop.trainers.stop_conditions import HitsLowerBound, HitsUpperBound, Plateaus
 
 
 def _trainer(**sets):
@@ -68,7 +68,7 @@ def test_eval_only_at_reset_boundaries_and_steps_per_eval_multiple():
 def test_a_run_ending_between_reset_boundaries_keeps_its_last_evaluation(tmp_path):
     """With horizons_per_env_reset=3 and a budget of 8 iterations, the end-of-run
     evaluation raised 'eval can only be called every ...': exit 1 and no report."""
-    from rlloop.run import train
+    from rlloop.runs.session import train
 
     config = build_config("ppo", "CartPole-v1", flags={"total_env_steps": 256}, sets=[
         "mlflow=false", "progress=false", "save_video=false", "ppo.rollout_steps=8",

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import rlloop_cmd
 
-from rlloop.cli import main
+from rlloop.cli.main import main
 
 optuna = pytest.importorskip("optuna")
 

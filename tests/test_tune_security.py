@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlloop.cli import main
+from rlloop.cli.main import main
 from rlloop.errors import RunDirError
 
 optuna = pytest.importorskip("optuna")

@@ -9,10 +9,10 @@ import logging
 
 import pytest
 
-from rlloop.config import build_config
-from rlloop.presets import all_files
-from rlloop.run import train
-from rlloop.unused_settings import unused_settings
+from rlloop.config.presets import all_files
+from rlloop.config.run_config import build_config
+from rlloop.config.unused_settings import unused_settings
+from rlloop.runs.session import train
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 
@@ -59,7 +59,7 @@ def test_a_run_warns_once_per_unused_setting_and_trains(tmp_path, caplog):
     config = build_config("td3", "Pendulum-v1", flags={"total_env_steps": 60}, sets=[
         *QUIET, "td3.ou_theta=0.3", "td3.learning_starts=20", "td3.batch_size=8",
         "td3.hidden=[8]", "num_envs=1", "eval_episodes=1"])
-    with caplog.at_level(logging.WARNING, logger="rlloop.run"):
+    with caplog.at_level(logging.WARNING, logger="rlloop.runs.session"):
         result = train(config, tmp_path / "run")
     assert result.env_steps >= 60
     assert caplog.text.count("td3.ou_theta=0.3 has no effect") == 1

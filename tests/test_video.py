@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from conftest import rlloop_cmd
 
-from rlloop.config import build_config
-from rlloop.run import train
-from rlloop.video import record_run_video
+from rlloop.config.run_config import build_config
+from rlloop.runs.session import train
+from rlloop.runs.video import record_run_video
 
 imageio = pytest.importorskip("imageio.v2")
 QUIET = ["mlflow=false", "progress=false", "stop_on_solve=false", "eval_every=0"]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlloop.cli import main
+from rlloop.cli.main import main
 
 pytest.importorskip("wandb")
 

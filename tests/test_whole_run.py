@@ -22,7 +22,7 @@ HEAVY = ("torch", "mlflow", "matplotlib")
 def test_help_algos_and_bad_input_import_no_torch(tmp_path: Path, cli_env: dict[str, str]) -> None:
     code = f"""
 import sys
-from rlloop.cli import main
+from rlloop.cli.main import main
 codes = [main(["algos"]), main(["train", "nope"]), main(["train", "ppo", "--bogus"]),
          main(["eval", "not-a-run"]), main(["train", "ppo", "--resume", "not-a-run"])]
 try:
@@ -43,14 +43,14 @@ def test_training_and_evaluation_import_no_dynamo_and_act_on_one_thread(
     """torch.optim's wrappers import torch._dynamo (~1 s) on first use; rlloop's Adam not."""
     code = """
 import sys
-from rlloop.config import build_config
-from rlloop.run import train
+from rlloop.config.run_config import build_config
+from rlloop.runs.session import train
 config = build_config("ppo", "CartPole-v1", flags={"total_env_steps": 1024},
                       sets=["mlflow=false", "save_video=false", "progress=false",
                             "stop_on_solve=false"])
 train(config, "run")
 import torch
-from rlloop.run import evaluate_run
+from rlloop.runs.saved import evaluate_run
 torch.set_num_threads(2)  # torch's default on a 2-core machine
 evaluate_run("run", 2)
 print(torch.get_num_threads(), "torch._dynamo" in sys.modules)

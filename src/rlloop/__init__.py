@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _API = {"PPO": "rlloop.api", "DQN": "rlloop.api", "SAC": "rlloop.api", "TD3": "rlloop.api",
-        "Model": "rlloop.api", "load": "rlloop.api", "Callback": "rlloop.callbacks"}
+        "Model": "rlloop.api", "load": "rlloop.api", "Callback": "rlloop.trainers.callbacks"}
 __all__ = ["DQN", "PPO", "SAC", "TD3", "Callback", "Model", "__version__", "load"]
 
 if TYPE_CHECKING:
     from rlloop.api import DQN, PPO, SAC, TD3, Model, load
-    from rlloop.callbacks import Callback
+    from rlloop.trainers.callbacks import Callback
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: import the API (and torch) only when used

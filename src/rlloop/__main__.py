@@ -1,5 +1,5 @@
 import sys
 
-from rlloop.cli import main
+from rlloop.cli.main import main
 
 sys.exit(main())

@@ -1,7 +1,7 @@
 """The Python API: ``PPO("CartPole-v1", lr=3e-4).learn(100_000)``, ``save``, ``load``,
 ``predict``, ``evaluate``.
 
-A thin layer on the CLI's code path: ``learn`` runs the same :class:`~rlloop.run.Session`
+A thin layer on the CLI's code path: ``learn`` runs the same :class:`~rlloop.runs.session.Session`
 (run directory, MLflow run, checkpoints, report), and ``predict`` / ``evaluate`` act with
 the policy ``rlloop eval`` loads (the run's ``best/``, else its latest checkpoint).
 """
@@ -20,11 +20,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from rlloop.algorithms import ALGORITHMS, AlgorithmBase
-from rlloop.builder import check_action_space
-from rlloop.callbacks import Callback, as_callbacks
+from rlloop.algorithms import AlgorithmBase
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.config import MAX_EVAL_EPISODES, RunConfig, build_config, integer, sb3_hint
+from rlloop.config.registry import ALGORITHMS
+from rlloop.config.run_config import MAX_EVAL_EPISODES, RunConfig, build_config, integer, sb3_hint
 from rlloop.envs.core import Box
 from rlloop.envs.gym import find_gym_env
 from rlloop.envs.objects import (
@@ -36,17 +35,12 @@ from rlloop.envs.objects import (
 )
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.modules.custom import NetFactory, net_path
-from rlloop.run import (
-    RunResult,
-    claimed_default_run_dir,
-    evaluate_run,
-    load_policy,
-    load_run_config,
-    resume,
-    resume_config,
-    train,
-)
-from rlloop.runfiles import links_under
+from rlloop.runs.build import check_action_space
+from rlloop.runs.saved import evaluate_run, load_policy, load_run_config
+from rlloop.runs.session import claimed_default_run_dir, resume, resume_config, train
+from rlloop.system.run_files import links_under
+from rlloop.trainers.callbacks import Callback, as_callbacks
+from rlloop.trainers.result import RunResult
 
 EnvLike = str | Any
 """An env id, a ``gymnasium.Env`` instance or a function returning one."""
@@ -58,7 +52,7 @@ class Model:
     """One algorithm on one env, trained into one run directory.
 
     Keyword arguments are run settings (``seed``, ``device``, ``num_envs``, ``mlflow``,
-    ... : the fields of :class:`~rlloop.config.RunConfig`) or the algorithm's
+    ... : the fields of :class:`~rlloop.config.run_config.RunConfig`) or the algorithm's
     hyperparameters (``lr=3e-4`` sets ``ppo.lr``); the preset for (algorithm, env) fills
     in the rest, as on the command line.
 
@@ -136,7 +130,7 @@ class Model:
               callbacks: Callback | Sequence[Callback] = (), **sb3: Any) -> RunResult:
         """Train for ``total_env_steps`` env steps; a later call trains that many more,
         continuing the same run (and MLflow run) from its last checkpoint. Returns the
-        :class:`~rlloop.run.RunResult` (not the model, as SB3's ``learn`` does)."""
+        :class:`~rlloop.runs.session.RunResult` (not the model, as SB3's ``learn`` does)."""
         if sb3:
             raise _learn_keywords(sb3)
         steps = integer(total_env_steps)
@@ -430,7 +424,7 @@ def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = 
     cls = MODELS.get(config.algo)
     if cls is None:
         raise ConfigError(f"{run_dir} is a {config.algo} run; the Python API loads "
-                          f"{', '.join(MODELS)} runs (use rlloop.run for others)")
+                          f"{', '.join(MODELS)} runs (use rlloop.runs.session for others)")
     return cls._from_run(config, run_dir, allow_import, flags)
 
 

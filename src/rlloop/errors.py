@@ -56,3 +56,11 @@ def check_init_log_std(name: str, value: float) -> None:
         raise ConfigError(f"{name} must be in [-{MAX_ABS_LOG_STD:g}, {MAX_ABS_LOG_STD:g}] (the "
                           f"standard deviation is exp(value): beyond that it overflows or "
                           f"vanishes in float32), got {value}")
+
+
+def suggest_lower(key: str, fits: int) -> str:
+    """``"e.g. --set KEY=N (at most FITS fit)"``, N about half of what fits: the rest of
+    the run needs memory too."""
+    half = max(fits // 2, 1)
+    suggestion = int(str(half)[0]) * 10 ** (len(str(half)) - 1)
+    return f"e.g. --set {key}={suggestion} (at most {fits:,} fit)"

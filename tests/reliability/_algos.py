@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlloop.algorithms import ALGORITHMS
-from rlloop.config import RunConfig, build_config
+from rlloop.config.registry import ALGORITHMS
+from rlloop.config.run_config import RunConfig, build_config
 
 ENVS = {"ppo": "CartPole-v1", "dqn": "CartPole-v1", "sac": "Pendulum-v1", "td3": "Pendulum-v1"}
 QUIET = ["mlflow=false", "progress=false", "num_envs=4"]

@@ -23,12 +23,14 @@ import pytest
 from conftest import rlloop_cmd
 
 import rlloop.algorithms.base as algorithms_base
-from rlloop.algorithms import ALGORITHMS
 from rlloop.checkpoint import CheckpointManager
-from rlloop.cli import main
-from rlloop.config import RunConfig, build_config
+from rlloop.cli.main import main
+from rlloop.config.registry import ALGORITHMS
+from rlloop.config.run_config import RunConfig, build_config
 from rlloop.errors import ConfigError
-from rlloop.run import build_algorithm, evaluate_run, train
+from rlloop.runs.build import build_algorithm
+from rlloop.runs.saved import evaluate_run
+from rlloop.runs.session import train
 
 from ._algos import ALGOS, small_config
 
@@ -230,8 +232,8 @@ MEMORY_CASES = _memory_cases()
 TIMED_MAIN = """
 import contextlib, io, json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
-import rlloop.run
-from rlloop.cli import main
+import rlloop.runs.session
+from rlloop.cli.main import main
 results = {}
 for name, argv in json.loads(sys.argv[1]).items():
     err = io.StringIO()

@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from rlloop.checkpoint import CheckpointMismatchError, load_checkpoint, save_checkpoint
-from rlloop.run import COMPONENTS, Session, build_algorithm
-from rlloop.trainer import Trainer
+from rlloop.runs.build import COMPONENTS, build_algorithm
+from rlloop.runs.session import Session
+from rlloop.trainers.loop import Trainer
 
 from ._algos import ALGOS, small_config
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rlloop.envs import make_env
-from rlloop.run import build_algorithm
-from rlloop.trainer import Trainer
+from rlloop.runs.build import build_algorithm
+from rlloop.trainers.loop import Trainer
 
 from ._algos import ALGOS, small_config
 

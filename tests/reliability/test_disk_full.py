@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint, verify_checkpoint
-from rlloop.cli import EXIT_DISK_FULL
+from rlloop.cli.main import EXIT_DISK_FULL
 
 from ._cli import one_error_line, run, train_args
 

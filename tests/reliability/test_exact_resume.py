@@ -23,17 +23,17 @@ import pytest
 import torch
 from conftest import leaves, rlloop_cmd, same_leaf
 
-from rlloop import run as run_module
-from rlloop import signals
 from rlloop.algorithms import base
 from rlloop.algorithms.base import AlgorithmBase
-from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase
+from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
 from rlloop.algorithms.ppo import PPO
-from rlloop.callbacks import Callback
 from rlloop.checkpoint import CheckpointManager, load_checkpoint, save_replacing
-from rlloop.config import build_config
-from rlloop.run import resume, saved_best_return, train
-from rlloop.signals import StopInterrupted
+from rlloop.config.run_config import build_config
+from rlloop.runs import session as run_module
+from rlloop.runs.session import resume, saved_best_return, train
+from rlloop.system import signals
+from rlloop.system.signals import StopInterrupted
+from rlloop.trainers.callbacks import Callback
 
 CASES = {
     "ppo": ["CartPole-v1", "4096"],

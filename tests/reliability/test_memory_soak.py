@@ -12,8 +12,8 @@ import psutil
 import torch
 
 from rlloop.data.replay import ReplayBuffer, Transitions
-from rlloop.run import build_algorithm
-from rlloop.trainer import Trainer
+from rlloop.runs.build import build_algorithm
+from rlloop.trainers.loop import Trainer
 
 from ._algos import small_config
 

@@ -12,7 +12,7 @@ import subprocess
 from proc_utils import wait_for
 
 from rlloop.checkpoint import CheckpointManager, is_checkpoint, load_checkpoint
-from rlloop.run_lock import LOCK_FILE
+from rlloop.runs.lock import LOCK_FILE
 
 from ._cli import one_error_line, rows, run, start, train_args
 

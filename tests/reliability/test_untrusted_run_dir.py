@@ -14,9 +14,9 @@ import pytest
 import yaml
 from conftest import rlloop_cmd
 
-from rlloop.config import build_config
+from rlloop.config.run_config import build_config
 from rlloop.errors import RunDirError
-from rlloop.runfiles import MEMBERS, check_members, open_append, write_file
+from rlloop.system.run_files import MEMBERS, check_members, open_append, write_file
 
 QUIET = ["--quiet", "--set", "mlflow=false", "--set", "save_video=false"]
 
@@ -90,10 +90,11 @@ def test_plot_reads_a_run_without_importing_the_module_it_names(tmp_path, cli_en
 def test_python_api_never_imports_the_module_a_run_names(tmp_path, cli_env, trained_run):
     _, sentinel = _plant_payload(tmp_path, "ppo", "evilrun.payload:Evil-v0", trained_run)
     script = textwrap.dedent("""
-        from rlloop.envs.core import EnvError
-        from rlloop.export import export_run
-        from rlloop.run import evaluate_run, resume
-        from rlloop.video import record_run_video
+        from rlloop.errors import EnvError
+        from rlloop.cli.export import export_run
+        from rlloop.runs.saved import evaluate_run
+        from rlloop.runs.session import resume
+        from rlloop.runs.video import record_run_video
         for load in (lambda: evaluate_run("evilrun"), lambda: resume("evilrun"),
                      lambda: record_run_video("evilrun", "clip.mp4"),
                      lambda: export_run("evilrun", "torchscript")):

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlloop.devices import new_generator, resolve_device, set_generator_state
 from rlloop.envs.atari import EPISODIC_LIFE, is_atari_id
 from rlloop.envs.core import EnvSpec, VecEnv
 from rlloop.envs.registry import NATIVE_ENVS, make_env
@@ -20,8 +19,9 @@ from rlloop.errors import ConfigError
 from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.runners.env_runner import EnvRunner
 from rlloop.runners.evaluation import evaluate
-from rlloop.seeding import derive_seed, seed_global_rngs
-from rlloop.signals import StopInterrupted, stop_requested_since
+from rlloop.system.devices import new_generator, resolve_device, set_generator_state
+from rlloop.system.seeding import derive_seed, seed_global_rngs
+from rlloop.system.signals import StopInterrupted, stop_requested_since
 
 if TYPE_CHECKING:
     from rlloop.learners.learner import Learner
@@ -51,7 +51,7 @@ class EnvSettings:
     on_nonfinite: str = "skip"
     device: str | torch.device = "cpu"
     """Where the algorithm's envs, storage, modules and generators live (see
-    :func:`rlloop.devices.resolve_device`; ``"auto"`` picks CUDA when present)."""
+    :func:`rlloop.system.devices.resolve_device`; ``"auto"`` picks CUDA when present)."""
     step_timeout: float | None = 60.0
 
 
@@ -71,7 +71,7 @@ class AlgorithmBase:
     checkpoint of ``get_state()`` continues bit-exactly.
 
     Everything lives on ``self.device``; modules are built on the host and moved there
-    (:func:`~rlloop.devices.build_module`), so a seed gives the same initial weights on
+    (:func:`~rlloop.system.devices.build_module`), so a seed gives the same initial weights on
     every device.
     """
 
@@ -246,7 +246,7 @@ def counted_once_made(owner: Any) -> Iterator[int]:
     """The seed of ``owner``'s next evaluation's episodes (from ``owner.settings.seed`` and
     its eval count ``owner.evals``), counted once the evaluation is made, or once it
     failed (its episodes are not tried again); one a stop cut (a second signal, the grace
-    of :func:`~rlloop.signals.check_eval_stop`, an error after a stop signal) is not
+    of :func:`~rlloop.system.signals.check_eval_stop`, an error after a stop signal) is not
     counted: the resumed run makes it on the same episodes."""
     try:
         yield owner.settings.seed + EVAL_SEED_OFFSET + owner.evals + 1

@@ -19,10 +19,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlloop.algorithms.offpolicy import ReplayBatch
-from rlloop.algorithms.ppo import PPOConfig, PPOLearner, policy_factory
-from rlloop.algorithms.sac import SACConfig, SACLearner, SACModule, sac_module_factory
-from rlloop.devices import build_module, new_generator
+from rlloop.algorithms.offpolicy_loop import ReplayBatch
+from rlloop.algorithms.ppo import PPOLearner, policy_factory
+from rlloop.algorithms.sac import SACLearner, SACModule, sac_module_factory
+from rlloop.config.offpolicy import SACConfig
+from rlloop.config.ppo import PPOConfig
 from rlloop.errors import ConfigError
 from rlloop.learners.distributed import DataParallel, GroupInfo, Link, destroy_group
 from rlloop.learners.learner import DEFAULT_MODULE_ID
@@ -30,10 +31,11 @@ from rlloop.learners.learner_group import Launcher, LearnerSpec, start_group
 from rlloop.learners.optim_step import GuardedStep
 from rlloop.modules.action_masks import resolve_action_mask
 from rlloop.modules.custom import resolve_net
+from rlloop.system.devices import build_module, new_generator
 
 if TYPE_CHECKING:
     from rlloop.algorithms.base import AlgorithmBase
-    from rlloop.config import RunConfig
+    from rlloop.config.run_config import RunConfig
 
 
 class DataParallelPPOLearner(DataParallel, PPOLearner):  # type: ignore[misc]
@@ -136,7 +138,7 @@ def build_rank_learner(spec: LearnerSpec, group: GroupInfo, device: torch.device
 def _launcher(config: RunConfig, device: torch.device) -> Launcher | None:
     """Ray actors for ranks 1..L-1 when the run uses Ray (see ``ray.learner_actors``);
     None spawns processes. Ray is imported only then."""
-    from rlloop.ray_cluster import learner_actors
+    from rlloop.runners.ray_cluster import learner_actors
 
     if not learner_actors(config):
         return None

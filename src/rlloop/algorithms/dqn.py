@@ -16,14 +16,13 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import EnvSettings
-from rlloop.algorithms.offpolicy import (
+from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase, OffPolicyLearnerBase
+from rlloop.algorithms.offpolicy_loop import (
     OffPolicyLoop,
     ReplayBatch,
 )
-from rlloop.algorithms.offpolicy_algorithm import OffPolicyAlgorithmBase, OffPolicyLearnerBase
-from rlloop.algorithms.offpolicy_config import DQNConfig as DQNConfig
+from rlloop.config.offpolicy import DQNConfig as DQNConfig
 from rlloop.data.replay import PrioritizedReplayBuffer, Transitions
-from rlloop.devices import build_module
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
@@ -39,6 +38,7 @@ from rlloop.modules.action_masks import (
 from rlloop.modules.encoders import build_encoder
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import QNetwork
+from rlloop.system.devices import build_module
 
 
 class DQNModule(nn.Module):

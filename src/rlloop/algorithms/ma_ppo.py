@@ -29,7 +29,7 @@ from rlloop.algorithms.base import (
 )
 from rlloop.algorithms.league import MAIN, League
 from rlloop.algorithms.ppo import PPOLearner
-from rlloop.algorithms.ppo_config import MultiAgentPPOConfig as MultiAgentPPOConfig
+from rlloop.config.ppo import MultiAgentPPOConfig as MultiAgentPPOConfig
 from rlloop.data.multi_agent import (
     AgentRollout,
     WaitingDecisions,
@@ -39,7 +39,6 @@ from rlloop.data.multi_agent import (
     with_waiting,
 )
 from rlloop.data.rollout import PPOBatch
-from rlloop.devices import build_module, new_generator, resolve_device, set_generator_state
 from rlloop.envs.core import Box
 from rlloop.envs.multi_agent import AgentSpec, PettingZooVecEnv, make_multi_agent_env
 from rlloop.errors import ConfigError
@@ -48,7 +47,8 @@ from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.encoders import build_encoder
 from rlloop.modules.masked import MaskedActorCritic
 from rlloop.runners.multi_agent import RANDOM, MultiAgentRunner, evaluate_multi_agent
-from rlloop.seeding import derive_seed, seed_global_rngs
+from rlloop.system.devices import build_module, new_generator, resolve_device, set_generator_state
+from rlloop.system.seeding import derive_seed, seed_global_rngs
 
 
 class MultiAgentPPO:

@@ -10,17 +10,17 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import AlgorithmBase, EnvSettings
-from rlloop.algorithms.ppo_config import AUTO_MICRO_BATCH as AUTO_MICRO_BATCH
-from rlloop.algorithms.ppo_config import PPOConfig as PPOConfig
+from rlloop.config.ppo import AUTO_MICRO_BATCH as AUTO_MICRO_BATCH
+from rlloop.config.ppo import PPOConfig as PPOConfig
 from rlloop.data.obs_storage import ObsLayout
 from rlloop.data.returns import gae
 from rlloop.data.rollout import PPOBatch, RolloutBuffer
-from rlloop.devices import build_module, resolve_device, stats_dtype
 from rlloop.envs.core import Box, EnvSpec
 from rlloop.envs.wrappers import discounted_reward_scale
 from rlloop.errors import ConfigError
 from rlloop.learners.adam import Adam
-from rlloop.learners.learner import DEFAULT_MODULE_ID, GradientClip, Learner, PoliciesToTrain
+from rlloop.learners.gradient_clip import GradientClip
+from rlloop.learners.learner import DEFAULT_MODULE_ID, Learner, PoliciesToTrain
 from rlloop.learners.schedules import learning_rate
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss, standardize
 from rlloop.modules.action_masks import resolve_action_mask
@@ -31,6 +31,7 @@ from rlloop.modules.encoders import DictEncoder, Encoder, NatureCNN, NetInput, b
 from rlloop.modules.masked import MaskedActorCritic
 from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.runners.graphed import GraphedCollect
+from rlloop.system.devices import build_module, resolve_device, stats_dtype
 
 
 class PPOLearner(Learner[PPOBatch]):

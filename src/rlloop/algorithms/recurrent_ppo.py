@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import EnvSettings
-from rlloop.algorithms.ppo import PPO, PPOConfig, PPOLearner
+from rlloop.algorithms.ppo import PPO, PPOLearner
+from rlloop.config.ppo import PPOConfig
 from rlloop.data.sequences import SequenceBatch, chunk_states, sequence_mask, to_sequences
 from rlloop.errors import ConfigError
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss

@@ -30,18 +30,17 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import EnvSettings
-from rlloop.algorithms.offpolicy import (
-    OffPolicyLoop,
-    ReplayBatch,
-    unit_box,
-)
-from rlloop.algorithms.offpolicy_algorithm import (
+from rlloop.algorithms.offpolicy_base import (
     OffPolicyAlgorithmBase,
     OffPolicyLearnerBase,
     continuous_actions,
 )
-from rlloop.algorithms.offpolicy_config import SACConfig as SACConfig
-from rlloop.devices import build_module
+from rlloop.algorithms.offpolicy_loop import (
+    OffPolicyLoop,
+    ReplayBatch,
+    unit_box,
+)
+from rlloop.config.offpolicy import SACConfig as SACConfig
 from rlloop.envs.core import EnvSpec
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
@@ -51,6 +50,7 @@ from rlloop.modules.encoders import Encoder, build_encoder
 from rlloop.modules.gsde import TanhGSDEActor
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import TanhGaussianActor, TwinQ, standard_normal
+from rlloop.system.devices import build_module
 
 
 class SACModule(nn.Module):

@@ -18,18 +18,17 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import EnvSettings
-from rlloop.algorithms.offpolicy import (
-    OffPolicyLoop,
-    ReplayBatch,
-    unit_box,
-)
-from rlloop.algorithms.offpolicy_algorithm import (
+from rlloop.algorithms.offpolicy_base import (
     OffPolicyAlgorithmBase,
     OffPolicyLearnerBase,
     continuous_actions,
 )
-from rlloop.algorithms.offpolicy_config import TD3Config as TD3Config
-from rlloop.devices import build_module
+from rlloop.algorithms.offpolicy_loop import (
+    OffPolicyLoop,
+    ReplayBatch,
+    unit_box,
+)
+from rlloop.config.offpolicy import TD3Config as TD3Config
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.td3 import smoothed_target_action, td3_actor_loss, td3_critic_loss, td3_target
@@ -37,6 +36,7 @@ from rlloop.modules.action_noise import make_action_noise
 from rlloop.modules.encoders import Encoder, build_encoder
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import DeterministicActor, TwinQ, standard_normal
+from rlloop.system.devices import build_module
 
 
 class TD3Module(nn.Module):

@@ -41,7 +41,6 @@ from rlloop.checkpoint.format import (
     MANIFEST,
     Checkpoint,
     CheckpointCorruptError,
-    CheckpointError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
     CheckpointVersionError,
@@ -55,6 +54,7 @@ from rlloop.checkpoint.store import (
     save_replacing,
     verify_checkpoint,
 )
+from rlloop.errors import CheckpointError
 
 __all__ = [
     "FORMAT_VERSION",

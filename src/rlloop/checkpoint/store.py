@@ -39,7 +39,7 @@ from rlloop.checkpoint.format import (
     _manifest_checksum,
     _rlloop_version,
 )
-from rlloop.runfiles import pid_alive
+from rlloop.system.run_files import pid_alive
 
 # ---------------------------------------------------------------- writing
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from rlloop.data.obs_storage import ObsLayout
-from rlloop.devices import stats_dtype
+from rlloop.system.devices import stats_dtype
 
 #: The fields of a transition that hold observations.
 _OBS_FIELDS = ("obs", "next_obs")

@@ -10,10 +10,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlloop.envs.core import Box, Discrete, EnvError, EnvSpec, StepResult, VecEnv
+    from rlloop.envs.core import Box, Discrete, EnvSpec, StepResult, VecEnv
     from rlloop.envs.gym import GymVecEnv
     from rlloop.envs.native.cartpole import CartPoleVecEnv
     from rlloop.envs.registry import NATIVE_ENVS, env_spec, make_env, register_native
+    from rlloop.errors import EnvError
 
 _MODULES = {
     "Box": "core", "Discrete": "core", "EnvError": "core", "EnvSpec": "core",

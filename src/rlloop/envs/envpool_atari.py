@@ -28,9 +28,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rlloop.devices import arrays_to_device
 from rlloop.envs.atari import EPISODIC_LIFE, FRAME_STACK, is_atari_id
-from rlloop.envs.core import Discrete, EnvError, EnvSpec, StepResult
+from rlloop.envs.core import Discrete, EnvSpec, StepResult
+from rlloop.errors import EnvError
+from rlloop.system.devices import arrays_to_device
 
 INSTALL = "pip install 'rlloop[envpool]'"
 

@@ -24,13 +24,11 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from torch import Tensor
 
-from rlloop.devices import arrays_to_device
 from rlloop.envs import atari
 from rlloop.envs.core import (
     ActionSpace,
     Box,
     Discrete,
-    EnvError,
     EnvSpec,
     MultiBinary,
     MultiDiscrete,
@@ -39,9 +37,10 @@ from rlloop.envs.core import (
 from rlloop.envs.gym_async import EnvWorkerError, GuardedAsyncVectorEnv
 from rlloop.envs.gym_threads import ThreadedVectorEnv
 from rlloop.envs.objects import is_object_env
-from rlloop.errors import RlloopError
-from rlloop.seeding import derive_seed
-from rlloop.signals import StopInterrupted, interrupted
+from rlloop.errors import EnvError, RlloopError
+from rlloop.system.devices import arrays_to_device
+from rlloop.system.seeding import derive_seed
+from rlloop.system.signals import StopInterrupted, interrupted
 
 
 def _one_line(space: gymnasium.Space[Any]) -> str:

@@ -8,15 +8,15 @@ keeps its process start-up, spaces and senders and replaces every receive:
   includes making the env, gets ``START_TIMEOUT_S`` more); a worker that raises, dies
   (a segfault) or misses its deadline raises :class:`EnvWorkerError`, one line naming
   the env, the worker and what happened (a raised exception's traceback is logged);
-* a stop signal (see :mod:`rlloop.signals`) makes a wait give up with
-  :class:`~rlloop.signals.StopInterrupted` once no worker has answered for
+* a stop signal (see :mod:`rlloop.system.signals`) makes a wait give up with
+  :class:`~rlloop.system.signals.StopInterrupted` once no worker has answered for
   ``STOP_GRACE_S`` seconds past the signal: a hung worker cannot hold a stop back, while
   workers that answer (dozens starting up, a long evaluation's steps) let the iteration
   finish as on the in-process backends;
 * after any failure or interruption every worker is killed and ``failure`` says why;
   ``close()`` waits at most a second for workers to exit before killing them.
 
-Workers run :func:`rlloop.gym_worker.gym_worker` (forkserver start: no inherited signal
+Workers run :func:`rlloop.envs.gym_worker.gym_worker` (forkserver start: no inherited signal
 handlers or locks of the trainer; they die with their parent).
 """
 
@@ -38,9 +38,9 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import concatenate
 
+from rlloop.envs.gym_worker import gym_worker
 from rlloop.errors import RlloopError
-from rlloop.gym_worker import gym_worker
-from rlloop.signals import StopInterrupted, stop_requested_since
+from rlloop.system.signals import StopInterrupted, stop_requested_since
 
 START_TIMEOUT_S = 120.0
 """Extra seconds for the first answer: a worker process starts and makes its env."""

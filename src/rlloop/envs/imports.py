@@ -17,8 +17,7 @@ import sys
 import sysconfig
 import types
 
-from rlloop.envs.core import EnvError
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, EnvError
 
 PETTINGZOO_PREFIX = "pettingzoo:"
 

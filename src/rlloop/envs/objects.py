@@ -18,7 +18,7 @@ from typing import Any
 
 import gymnasium
 
-from rlloop.envs.core import EnvError
+from rlloop.errors import EnvError
 
 _GENERATED = re.compile(r"-rlloop\d+-v0$")
 _counter = itertools.count(1)

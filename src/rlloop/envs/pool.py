@@ -28,7 +28,7 @@ from typing import Any, Literal, NamedTuple
 
 from rlloop.envs.worker import ProcessBackend, make_backend
 from rlloop.errors import RlloopError
-from rlloop.worker_loop import Crash, EnvFactory, EnvOutcome, Reseed
+from rlloop.system.worker_loop import Crash, EnvFactory, EnvOutcome, Reseed
 
 __all__ = ["EnvFactory", "EnvOutcome", "Ready", "WorkerError", "WorkerMode", "WorkerPool"]
 
@@ -55,7 +55,7 @@ class Ready(NamedTuple):
 
     Attributes:
         slot: Index of the env in the pool, ``rank * envs_per_worker + j``.
-        outcome: What the env reported (see :class:`~rlloop.worker_loop.EnvOutcome`).
+        outcome: What the env reported (see :class:`~rlloop.system.worker_loop.EnvOutcome`).
         restarted: The worker was restarted since this slot last reported: ``outcome``
             starts a new episode and whatever the caller held for the slot is void.
         generation: Which start of the worker produced this (actions for a stale one

@@ -28,11 +28,12 @@ from typing import Any
 import gymnasium
 import torch
 
-from rlloop.envs.core import EnvError, EnvSpec, VecEnv
+from rlloop.envs.core import EnvSpec, VecEnv
 from rlloop.envs.envpool_atari import EnvpoolAtariVecEnv, check_envpool
 from rlloop.envs.gym import GymVecEnv, gym_env_spec
 from rlloop.envs.ids import NATIVE_IDS, is_pettingzoo_id, resolve_env_id
 from rlloop.envs.native.cartpole import CartPoleVecEnv
+from rlloop.errors import EnvError
 
 NativeFactory = Callable[..., VecEnv]
 """Called as ``factory(num_envs=..., seed=..., **env_kwargs)``, plus ``device=...`` when it

@@ -1,6 +1,6 @@
 """How a worker pool runs its workers: on the caller's thread, in threads, or in processes.
 
-A backend starts worker ``rank`` (an :class:`~rlloop.worker_loop.EnvGroup` made from the
+A backend starts worker ``rank`` (an :class:`~rlloop.system.worker_loop.EnvGroup` made from the
 env factory), carries ``(seq, ops)`` messages to it and brings ``(rank, (seq, reply))``
 back, and stops it. Everything above that (sequence numbers, deadlines, restarts,
 batching) is the pool's job, in :mod:`rlloop.envs.pool`, and is the same for all three.
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
-from rlloop.worker_loop import Crash, EnvFactory, EnvGroup, process_main, serve
+from rlloop.system.worker_loop import Crash, EnvFactory, EnvGroup, process_main, serve
 
 Reply = tuple[int, Any]
 """``(rank, message)`` where message is ``(seq, list[EnvOutcome] | Crash)``."""

@@ -30,13 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.errors import RlloopError
-from rlloop.learners.gradients import (
-    ClipBy,
-    GradientClip,
-    LearnerError,
-    clip_gradients,
-    grad_norm,
-)
+from rlloop.learners.gradient_clip import ClipBy, GradientClip, LearnerError
+from rlloop.learners.gradients import clip_gradients, grad_norm
 from rlloop.learners.optim_step import arm_skip, skips_on_device
 from rlloop.learners.schedules import Schedule, make_schedule
 from rlloop.logging.metrics import MetricsLogger

@@ -42,7 +42,7 @@ from rlloop.learners.distributed import (
     listen_loopback,
     make_store,
 )
-from rlloop.worker_loop import exit_with_parent
+from rlloop.system.worker_loop import exit_with_parent
 
 #: Seconds rank 0 waits for the other ranks to start (importing torch takes seconds on a
 #: loaded machine).

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import urlparse
 
 from rlloop.logging.keys import flatten_mapping
-from rlloop.runfiles import links_under, write_file
+from rlloop.system.run_files import links_under, write_file
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient

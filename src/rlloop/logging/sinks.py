@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rlloop.logging.keys import flatten_mapping
-from rlloop.runfiles import open_append, write_file
+from rlloop.system.run_files import open_append, write_file
 
 _log = pylogging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlloop.logging.metrics import flatten_mapping
+from rlloop.logging.keys import flatten_mapping
 
 #: W&B's own exit codes for a run's end state: anything but 0 marks the run failed.
 _EXIT_CODES = {"FINISHED": 0, "KILLED": 255}

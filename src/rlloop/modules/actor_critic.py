@@ -20,7 +20,7 @@ from rlloop.modules.distributions import (
 from rlloop.modules.encoders import Encoder, NetInput, flat_input
 from rlloop.modules.gsde import StateDependentNoise
 from rlloop.modules.networks import _init, flat_dim, mlp
-from rlloop.user_code import one_line
+from rlloop.system.user_code import one_line
 
 #: ``factory(obs_shape) -> nn.Module`` with a ``features_dim`` attribute: a user network
 #: mapping observations ``[B, *obs_shape]`` to features ``[B, features_dim]``.

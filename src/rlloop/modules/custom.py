@@ -21,7 +21,7 @@ from torch import nn
 
 from rlloop.errors import ConfigError
 from rlloop.modules.choices import check_net_path as check_net_path
-from rlloop.user_code import import_user_module
+from rlloop.system.user_code import import_user_module
 
 NetFactory = Callable[[tuple[int, ...]], nn.Module]
 #: What :func:`dotted_attribute` returns for a name the object does not have.

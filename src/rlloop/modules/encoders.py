@@ -25,11 +25,11 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from rlloop.devices import warn_if_bfloat16_is_emulated
 from rlloop.errors import ConfigError
 from rlloop.modules.choices import ENCODERS as ENCODERS
 from rlloop.modules.choices import EncoderKind as EncoderKind
 from rlloop.modules.networks import mlp
+from rlloop.system.devices import warn_if_bfloat16_is_emulated
 
 #: Smallest side the Nature CNN's three unpadded convolutions (8/4, 4/2, 3/1) accept.
 NATURE_MIN_SIDE = 36

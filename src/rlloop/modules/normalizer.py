@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlloop.devices import stats_dtype
+from rlloop.system.devices import stats_dtype
 
 
 class RunningMeanStd:

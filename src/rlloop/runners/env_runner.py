@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from rlloop.data.rollout import RolloutBuffer
-from rlloop.devices import stats_dtype
 from rlloop.envs.core import VecEnv
+from rlloop.system.devices import stats_dtype
 
 #: ``policy(obs [N, *obs]) -> (actions, log_probs [N])``, run under inference mode.
 PolicyFn = Callable[[Tensor], tuple[Tensor, Tensor]]

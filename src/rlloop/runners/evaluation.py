@@ -7,9 +7,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from rlloop.devices import stats_dtype
 from rlloop.envs.core import VecEnv
-from rlloop.signals import check_eval_stop
+from rlloop.system.devices import stats_dtype
+from rlloop.system.signals import check_eval_stop
 
 #: ``act(obs [N, *obs]) -> actions`` for evaluation (deterministic or sampled).
 ActFn = Callable[[Tensor], Tensor]
@@ -26,7 +26,7 @@ def evaluate(act: ActFn, env: VecEnv, episodes: int, seed: int | None = None,
     memory) hears ``[N]`` bool flags of the envs whose next observation begins an episode,
     before ``act`` sees it: all of them after the reset, then those that just ended.
     Inside a training run, a stop signal ends it early (see
-    :func:`~rlloop.signals.check_eval_stop`).
+    :func:`~rlloop.system.signals.check_eval_stop`).
     """
     n = env.num_envs
     obs = env.reset(seed=seed)

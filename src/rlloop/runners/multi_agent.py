@@ -18,10 +18,10 @@ import torch
 from torch import Tensor
 
 from rlloop.data.multi_agent import AgentRollout
-from rlloop.devices import stats_dtype
 from rlloop.envs.core import Box
 from rlloop.envs.multi_agent import MultiAgentSpec, PettingZooVecEnv, random_actions
-from rlloop.signals import check_eval_stop
+from rlloop.system.devices import stats_dtype
+from rlloop.system.signals import check_eval_stop
 
 RANDOM = "random"
 #: ``policy(module_id, obs [B, *obs]) -> (actions [B, ...], log_probs [B])``.

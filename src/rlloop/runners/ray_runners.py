@@ -36,25 +36,25 @@ import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from torch import Tensor
 
-from rlloop.algorithms.offpolicy import (
+from rlloop.algorithms.offpolicy_loop import (
     STEP_PROCESSORS,
     ExperienceSpec,
     OffPolicyLoop,
     StepProcessor,
 )
 from rlloop.data.rollout import RolloutBuffer
-from rlloop.devices import move_to
 from rlloop.envs.core import Box, Discrete, EnvSpec, StepResult
 from rlloop.errors import RlloopError
 from rlloop.modules.custom import script_nets
-from rlloop.ray_cluster import connect, disconnect, learner_actors
 from rlloop.runners.fragments import Fragment, FragmentSampler
-from rlloop.seeding import derive_seed
-from rlloop.user_code import one_line
+from rlloop.runners.ray_cluster import connect, disconnect, learner_actors
+from rlloop.system.devices import move_to
+from rlloop.system.seeding import derive_seed
+from rlloop.system.user_code import one_line
 
 if TYPE_CHECKING:
     from rlloop.algorithms.base import AlgorithmBase
-    from rlloop.config import RunConfig
+    from rlloop.config.run_config import RunConfig
 
 #: Seconds a failed runner may take to come back (a process start, imports, its envs).
 RESTART_TIMEOUT_S = 300.0
@@ -107,9 +107,9 @@ class EnvRunnerActor:
                  nets: dict[str, Any] | None = None) -> None:
         """``nets``: the run's network if the training script defines it (see
         :func:`~rlloop.modules.custom.script_nets`)."""
-        from rlloop.envs.registry import resolve_env_id
+        from rlloop.envs.ids import resolve_env_id
         from rlloop.modules.custom import register_nets
-        from rlloop.run import build_algorithm  # run imports this module's caller
+        from rlloop.runs.build import build_algorithm  # run imports this module's caller
 
         torch.set_num_threads(1)
         register_nets(nets or {})

@@ -30,13 +30,14 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from rlloop.devices import check_device_name, resolve_device, to_device
 from rlloop.envs.pool import WorkerPool
 from rlloop.errors import ConfigError
 from rlloop.learners.optim_step import adam
+from rlloop.system.device_names import check_device_name
+from rlloop.system.devices import resolve_device, to_device
+from rlloop.system.worker_loop import EnvFactory
 from rlloop.tasks.dataset import TrajectoryDataset, make_dataloader
 from rlloop.tasks.sampling import Sample, SamplingStats, iter_trajectories
-from rlloop.worker_loop import EnvFactory
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
 #: Evaluation and clip episodes are seeded apart from the workers' envs.
@@ -376,7 +377,7 @@ class Task(ABC, Generic[ModelT]):
             ValueError: neither images nor states are asked for.
             RenderUnavailableError: the env renders no ``rgb_array`` frames.
         """
-        from rlloop.video import DEFAULT_FPS, as_frame, offscreen_rendering, write_video
+        from rlloop.runs.video import DEFAULT_FPS, as_frame, offscreen_rendering, write_video
 
         if not (return_images or return_states or save_path):
             raise ValueError("sample_clip must save a video or return images, states or both")

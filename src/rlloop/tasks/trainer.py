@@ -28,26 +28,27 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlloop.callbacks import Callback, UserCallbacks, as_callbacks
 from rlloop.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
-from rlloop.conditions import Condition
-from rlloop.devices import move_to
 from rlloop.envs.pool import WorkerPool
 from rlloop.errors import ConfigError, RunDirError
-from rlloop.learners.gradients import grad_norm
-from rlloop.learners.learner import GradientClip, NonFiniteError, clip_gradients
+from rlloop.learners.gradient_clip import GradientClip
+from rlloop.learners.gradients import clip_gradients, grad_norm
+from rlloop.learners.learner import NonFiniteError
 from rlloop.logging import JsonlSink, MultiSink
 from rlloop.logging.sinks import as_sink
-from rlloop.runfiles import check_members
-from rlloop.seeding import derive_seed, seed_global_rngs
-from rlloop.signals import atomic, save_due, stop_requested_since, supervised
+from rlloop.system.devices import move_to
+from rlloop.system.run_files import check_members
+from rlloop.system.seeding import derive_seed, seed_global_rngs
+from rlloop.system.signals import atomic, save_due, stop_requested_since, supervised
 from rlloop.tasks.base import ModelT, Task
 from rlloop.tasks.dataset import TrajectoryDataset, host_iter
 from rlloop.tasks.sampling import SamplingStats
-from rlloop.trainer import MetricsSink, Stats, Trainer
+from rlloop.trainers.callbacks import Callback, UserCallbacks, as_callbacks
+from rlloop.trainers.loop import MetricsSink, Stats, Trainer
+from rlloop.trainers.stop_conditions import Condition
 
 if TYPE_CHECKING:
-    from rlloop.run import RunResult
+    from rlloop.trainers.result import RunResult
 
 COMPONENTS = ("model", "optimizer", "trainer", "rng")
 _log = logging.getLogger(__name__)
@@ -57,10 +58,10 @@ class TaskTrainer(Generic[ModelT]):
     """Trains ``model`` on ``task``; with ``run_dir``, checkpoints and ``metrics.jsonl`` go
     there and ``resume=True`` continues from its newest checkpoint.
 
-    It runs on the one :class:`~rlloop.trainer.Trainer` loop (``self.trainer``) with a
+    It runs on the one :class:`~rlloop.trainers.loop.Trainer` loop (``self.trainer``) with a
     schedule whose iteration is one epoch. ``state`` holds the counters ``train/steps``,
     ``train/epochs`` and ``env/steps``. ``on_epoch`` functions get each epoch's flat stats
-    (for progress output). ``callbacks`` (:class:`~rlloop.callbacks.Callback`) hear each
+    (for progress output). ``callbacks`` (:class:`~rlloop.trainers.callbacks.Callback`) hear each
     epoch (``on_step``; ``False`` stops the run after it), each evaluation, each
     checkpoint written and the end of :meth:`run`, as in ``learn()``.
     """
@@ -70,7 +71,7 @@ class TaskTrainer(Generic[ModelT]):
                  on_epoch: Sequence[Callable[[Stats], None]] = (),
                  callbacks: Sequence[Callback] = ()) -> None:
         """Raises ConfigError: an ``on_epoch`` entry that is not a function of the stats
-        (a :class:`~rlloop.callbacks.Callback` goes in ``callbacks``), or a ``callbacks``
+        (a :class:`~rlloop.trainers.callbacks.Callback` goes in ``callbacks``), or a ``callbacks``
         entry that is not a ``Callback``."""
         for hook in on_epoch:
             if isinstance(hook, Callback) or not callable(hook):
@@ -141,7 +142,7 @@ class TaskTrainer(Generic[ModelT]):
     def _result(self, seconds: float, stopped_by: str) -> RunResult:
         """What :meth:`run` tells the callbacks' ``on_train_end`` (``run_dir``: the working
         directory when the trainer has none)."""
-        from rlloop.run import RunResult
+        from rlloop.trainers.result import RunResult
 
         return RunResult(self.run_dir or Path(), self.state["env/steps"], seconds, None,
                          dict(self._schedule.last), stopped_by)

@@ -34,14 +34,14 @@ from typing import Any
 
 import yaml
 
-from rlloop.algorithms import ALGORITHMS
-from rlloop.callbacks import Callback
-from rlloop.config import RunConfig, build_config, load_yaml
+from rlloop.config.registry import ALGORITHMS
+from rlloop.config.run_config import RunConfig, build_config, load_yaml
 from rlloop.envs.imports import check_env_import
 from rlloop.errors import ConfigError, EnvError, RunDirError
-from rlloop.run_lock import RunLock
-from rlloop.runfiles import STUDY_FILE, write_file
-from rlloop.signals import installed
+from rlloop.runs.lock import RunLock
+from rlloop.system.run_files import STUDY_FILE, write_file
+from rlloop.system.signals import installed
+from rlloop.trainers.callbacks import Callback
 from rlloop.tuning.space import Param, as_set, default_space, load_space, parse_space, space_data
 from rlloop.tuning.trust import check_saved_study, check_study_links, check_trial_dir
 
@@ -228,7 +228,7 @@ def _check(settings: TuneSettings, config_file: str | None) -> None:
                              flags=settings.flags, sets=[*settings.sets, as_set(param.key, value)])
             except ConfigError as e:
                 raise ConfigError(f"search space key {param.key}: {e}") from None
-    from rlloop.builder import check_fit  # imports torch: after the checks that need none
+    from rlloop.runs.build import check_fit  # imports torch: after the checks that need none
 
     check_fit(_fit_batch(base))  # the algorithm fits the env, the device is there
 
@@ -322,7 +322,7 @@ class Study:
     def _objective(self, trial: Any) -> float:
         import optuna
 
-        from rlloop.run import train
+        from rlloop.runs.session import train
 
         values = {p.key: p.suggest(trial) for p in self.space}
         sets = [as_set(k, v) for k, v in values.items()]

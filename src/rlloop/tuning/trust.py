@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlloop.algorithms import ALGORITHMS
-from rlloop.config import config_layers
+from rlloop.config.registry import ALGORITHMS
+from rlloop.config.run_config import config_layers
 from rlloop.envs.imports import check_env_import, check_net_import, check_saved_endpoints
 from rlloop.errors import ConfigError
-from rlloop.run_lock import LOCK_FILE
-from rlloop.runfiles import STUDY_FILE, refuse_link
+from rlloop.runs.lock import LOCK_FILE
+from rlloop.system.run_files import STUDY_FILE, refuse_link
 from rlloop.tuning.space import as_set
 
 if TYPE_CHECKING:

@@ -10,9 +10,9 @@ import signal
 import sys
 from pathlib import Path
 
+from rlloop.envs.gym_worker import die_with_parent
 from rlloop.envs.ids import resolve_env_id
-from rlloop.gym_worker import die_with_parent
-from rlloop.signals import terminate_as_interrupt
+from rlloop.system.signals import terminate_as_interrupt
 from rlloop.tuning.study import Study, load_settings
 
 

@@ -28,9 +28,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rlloop.devices import set_generator_state
-from rlloop.envs.core import Discrete, EnvError, EnvSpec, StepResult
-from rlloop.seeding import derive_seed
+from rlloop.envs.core import Discrete, EnvSpec, StepResult
+from rlloop.errors import EnvError
+from rlloop.system.devices import set_generator_state
+from rlloop.system.seeding import derive_seed
 
 GRAVITY: Final = 9.8
 CART_MASS: Final = 1.0
@@ -43,7 +44,7 @@ TAU: Final = 0.02  # seconds per step, explicit Euler
 X_LIMIT: Final = 2.4
 THETA_LIMIT: Final = 12 * 2 * math.pi / 360
 RESET_BOUND: Final = 0.05
-STREAM: Final = "native-cartpole"  # see rlloop.seeding
+STREAM: Final = "native-cartpole"  # see rlloop.system.seeding
 MAX_EPISODE_STEPS: Final = 500
 
 CARTPOLE_SPEC: Final = EnvSpec(

@@ -1,7 +1,7 @@
 """Border's training loop as a schedule of the one trainer: a cadence counted in optimisation
 steps.
 
-Each step of a :class:`~rlloop.trainer.Trainer` with a :class:`BorderSchedule` takes one
+Each step of a :class:`~rlloop.trainers.loop.Trainer` with a :class:`BorderSchedule` takes one
 batched env step (``N`` envs; the algorithm turns it into transitions with its step
 processor and pushes them to its replay buffer), then makes every optimisation step that
 fell due (one per ``opt_interval`` env steps). After each optimisation step, with ``k``
@@ -37,16 +37,10 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from rlloop.algorithms.offpolicy import (
-    EVALUATORS,
-    RECORDERS,
-    Evaluator,
-    OffPolicyConfig,
-    Recorder,
-    opts_due,
-)
-from rlloop.signals import atomic
-from rlloop.trainer import RL8_COUNTERS, Algorithm, Callback, MetricsSink, Stats, Trainer
+from rlloop.algorithms.offpolicy_loop import EVALUATORS, RECORDERS, Evaluator, Recorder, opts_due
+from rlloop.config.offpolicy import OffPolicyConfig
+from rlloop.system.signals import atomic
+from rlloop.trainers.loop import RL8_COUNTERS, Algorithm, Callback, MetricsSink, Stats, Trainer
 
 _clock = time.perf_counter
 _NO_EVAL_ENV_CONFIG = (
@@ -272,7 +266,7 @@ class BorderSchedule:
 
 
 class OffPolicyTrainer(Trainer):
-    """The one :class:`~rlloop.trainer.Trainer` on border's cadence: a :class:`BorderSchedule`
+    """The one :class:`~rlloop.trainers.loop.Trainer` on border's cadence: a :class:`BorderSchedule`
     built from its arguments (see there); ``evaluator`` is the schedule's."""
 
     schedule: BorderSchedule

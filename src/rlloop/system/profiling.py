@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlloop.errors import ConfigError
-from rlloop.runfiles import write_file
+from rlloop.system.run_files import write_file
 
 _log = logging.getLogger(__name__)
 

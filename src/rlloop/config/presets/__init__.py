@@ -2,7 +2,7 @@
 
 They play the role of rl-zoo's hyperparameter files: ``rlloop train ppo --env
 CartPole-v1`` should solve the task fast without flags. They are data, one YAML file per
-env in ``rlloop/presets/`` (the env id with ``/`` and ``:`` written as ``-``)::
+env in ``rlloop/config/presets/`` (the env id with ``/`` and ``:`` written as ``-``)::
 
     env: CartPole-v1
     algorithms:
@@ -45,7 +45,7 @@ def file_name(env_id: str) -> str:
 
 
 def _directory() -> Any:
-    return resources.files("rlloop") / "presets"
+    return resources.files(__name__)
 
 
 def _parse(text: str, name: str) -> PresetFile:

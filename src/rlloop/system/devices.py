@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlloop.device_names import DEVICE_CHOICES as DEVICE_CHOICES
-from rlloop.device_names import check_device_name as check_device_name
 from rlloop.errors import ConfigError
+from rlloop.system.device_names import DEVICE_CHOICES as DEVICE_CHOICES
+from rlloop.system.device_names import check_device_name as check_device_name
 
 _log = logging.getLogger(__name__)
 

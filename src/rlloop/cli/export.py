@@ -30,7 +30,7 @@ from rlloop.envs.gym import find_gym_env
 from rlloop.errors import ConfigError
 from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.modules.recurrent import RecurrentActorCritic
-from rlloop.runfiles import check_output_file, check_run_dir, write_file
+from rlloop.system.run_files import check_output_file, check_run_dir, write_file
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
 #: Algorithms whose ``act`` maps one observation batch to one action batch.
@@ -155,7 +155,7 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
                allow_import: bool = False) -> Path:
     """Write the deterministic policy of ``run_dir``'s best checkpoint as ``fmt`` (onnx or
     torchscript) to ``out`` (default ``<run>/policy.onnx`` or ``<run>/policy.pt``)."""
-    from rlloop.saved_runs import load_run_policy
+    from rlloop.runs.saved import load_run_policy
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; choose one of {sorted(FORMATS)}")

@@ -15,14 +15,14 @@ from typing import Any
 import torch
 
 from rlloop.algorithms import AlgorithmBase, PPOConfig
-from rlloop.builder import COMPONENTS, build_algorithm
+from rlloop.runs.build import COMPONENTS, build_algorithm
 from rlloop.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, verify_checkpoint
-from rlloop.config import RunConfig, build_config, load_yaml
+from rlloop.config.run_config import RunConfig, build_config, load_yaml
 from rlloop.envs.imports import check_env_import, check_net_import
 from rlloop.envs.objects import check_object_env
-from rlloop.envs.registry import resolve_env_id
+from rlloop.envs.ids import resolve_env_id
 from rlloop.errors import RunDirError
-from rlloop.runfiles import check_run_dir
+from rlloop.system.run_files import check_run_dir
 
 _log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from rlloop.errors import RlloopError
-from rlloop.runfiles import pid_alive
+from rlloop.system.run_files import pid_alive
 
 _log = logging.getLogger(__name__)
 DEFAULT_FPS = 30
@@ -139,12 +139,13 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
             with ``render_mode="rgb_array"`` (Gymnasium).
     """
     from rlloop.algorithms.base import EVAL_SEED_OFFSET
-    from rlloop.builder import COMPONENTS, build_algorithm
+    from rlloop.runs.build import COMPONENTS, build_algorithm
     from rlloop.checkpoint import load_checkpoint
-    from rlloop.envs.core import EnvError
-    from rlloop.envs.registry import is_pettingzoo_id, make_env
+    from rlloop.errors import EnvError
+    from rlloop.envs.ids import is_pettingzoo_id
+    from rlloop.envs.registry import make_env
     from rlloop.envs.wrappers import NormalizeObservation
-    from rlloop.saved_runs import acting_config, policy_checkpoint, replay_config
+    from rlloop.runs.saved import acting_config, policy_checkpoint, replay_config
 
     config = replay_config(run_dir, backend, device, allow_import=allow_import)
     if is_pettingzoo_id(config.env):
@@ -229,7 +230,7 @@ def save_run_video(run_dir: Path, name: str = "video.mp4") -> Path | None:
     env cannot be rendered (a finished run never fails because of its video)."""
     drop_leftover_clips(run_dir, name)
     # Filmed aside and renamed into place: a link at <run>/video.mp4 is replaced, never
-    # written through (see rlloop.runfiles).
+    # written through (see rlloop.system.run_files).
     aside = run_dir / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp.mp4"
     try:
         record_run_video(run_dir, aside)

@@ -5,9 +5,9 @@ counters call for an eval, a record or a save is its :class:`Schedule`:
 
 * :class:`Rl8Schedule` (the default): rl8's trainer. One iteration collects a rollout and
   updates once; ``run(steps_per_eval=k)`` evaluates every k updates.
-* ``BorderSchedule`` (``rlloop.offpolicy_trainer``): border's cadence. One iteration is one
-  batched env step and the optimisation steps that fell due; evals, records, saves and
-  ``max_opts`` are counted in optimisation steps.
+* ``BorderSchedule`` (``rlloop.trainers.offpolicy_schedule``): border's cadence. One
+  iteration is one batched env step and the optimisation steps that fell due; evals,
+  records, saves and ``max_opts`` are counted in optimisation steps.
 
 Counters (rl8's names): ``algorithm/collects``, ``algorithm/steps`` (updates) and
 ``env/steps``. ``horizons_per_env_reset`` decides when training envs are reset (every k
@@ -23,9 +23,9 @@ from typing import Any, Protocol, cast
 
 from torch import Tensor
 
-from rlloop.conditions import Condition
-from rlloop.numerics import flushed_denormals
-from rlloop.signals import atomic
+from rlloop.system.numerics import flushed_denormals
+from rlloop.system.signals import atomic
+from rlloop.trainers.stop_conditions import Condition
 
 Stats = dict[str, float]
 
@@ -113,7 +113,7 @@ class Trainer:
     """Drives one algorithm. ``state`` holds the running counters (saved in checkpoints).
 
     Steps and evals run with subnormal floats flushed to zero (see
-    :mod:`rlloop.numerics`) unless ``flush_denormal`` is False. ``schedule`` decides what
+    :mod:`rlloop.system.numerics`) unless ``flush_denormal`` is False. ``schedule`` decides what
     an iteration is (default: rl8's collect + update).
     """
 

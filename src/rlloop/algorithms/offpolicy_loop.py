@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from rlloop.algorithms.offpolicy_config import OffPolicyConfig as OffPolicyConfig
-from rlloop.algorithms.offpolicy_config import check_hidden as check_hidden
+from rlloop.config.offpolicy import OffPolicyConfig as OffPolicyConfig
+from rlloop.config.offpolicy import check_hidden as check_hidden
 from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.nstep import NStepProcessor
 from rlloop.data.obs_storage import ObsLayout
@@ -37,12 +37,12 @@ from rlloop.data.replay import (
     Transitions,
     TransitionsLike,
 )
-from rlloop.devices import HOST
 from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, suggest_lower
 from rlloop.learners.learner import TensorBatch
 from rlloop.learners.schedules import Linear
 from rlloop.runners.env_runner import EnvRunner
+from rlloop.system.devices import HOST
 
 Stats = dict[str, float]
 #: ``explore(obs [N, *obs]) -> actions [N, ...]``, the behaviour policy after warm-up.
@@ -152,8 +152,6 @@ def _replay(prioritized: bool) -> Callable[[ExperienceSpec, OffPolicyConfig], Re
 
 
 def _replay_too_big(key: str, value: int, e: ReplayMemoryError) -> str:
-    from rlloop.memory import suggest_lower  # memory imports this module
-
     return (f"{key}={value:,} needs {e.needed / 2**30:.2f} GiB of replay memory but only "
             f"{e.available / 2**30:.2f} GiB of {e.where} are left; lower it, "
             f"{suggest_lower(key, e.fits)}")

@@ -8,12 +8,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from rlloop.config.unused_settings import Dependency
 from rlloop.errors import ConfigError, check_finite, check_init_log_std
 from rlloop.learners.gradient_clip import GradientClip
 from rlloop.modules.choices import ENCODERS, check_cnn_precision
-from rlloop.unused_settings import Dependency
 
-#: The parts a config names (setting -> the registry of :mod:`rlloop.algorithms.offpolicy`
+#: The parts a config names (setting -> the registry of :mod:`rlloop.algorithms.offpolicy_loop`
 #: that builds them) and the names rlloop ships for each.
 PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "replay": ("REPLAY_BUFFERS", ("uniform", "prioritized", "frames")),
@@ -27,7 +27,7 @@ def part_names(setting: str) -> list[str]:
     """The names ``setting`` accepts: rlloop's own parts, or once the registries are
     imported (torch code, where a user may register more) the names they hold."""
     registry_name, builtin = PARTS[setting]
-    registries = sys.modules.get("rlloop.algorithms.offpolicy")
+    registries = sys.modules.get("rlloop.algorithms.offpolicy_loop")
     return sorted(getattr(registries, registry_name) if registries is not None else builtin)
 
 

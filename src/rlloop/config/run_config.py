@@ -23,12 +23,12 @@ from typing import Any, Literal
 
 import yaml
 
-from rlloop.algorithms import ALGORITHMS
-from rlloop.device_names import check_device_name
+from rlloop.config.presets import preset
+from rlloop.config.registry import ALGORITHMS
 from rlloop.errors import ConfigError, check_finite
-from rlloop.presets import preset
-from rlloop.profiling import ProfileConfig
-from rlloop.ray_cluster import RayConfig, check_env_runners
+from rlloop.runners.ray_cluster import RayConfig, check_env_runners
+from rlloop.system.device_names import check_device_name
+from rlloop.system.profiling import ProfileConfig
 
 BACKENDS = ("auto", "native", "gymnasium", "gymnasium-async", "gymnasium-thread", "envpool")
 #: Seeds are 32-bit, the range every generator a run seeds (torch, NumPy, Gymnasium) accepts.

@@ -1,8 +1,8 @@
 """A training run on disk: run directory, sinks, checkpoints, signals, resume.
 
-This is the composition root the CLI calls. The :class:`~rlloop.trainer.Trainer`
+This is the composition root the CLI calls. The :class:`~rlloop.trainers.loop.Trainer`
 knows nothing about files; everything that writes the run directory lives here (reading a
-finished run back is :mod:`rlloop.saved_runs`).
+finished run back is :mod:`rlloop.runs.saved`).
 
 Run directory layout::
 
@@ -39,9 +39,9 @@ from typing import Any, cast
 import torch
 import yaml
 
-from rlloop.algorithms import ALGORITHMS
-from rlloop.builder import COMPONENTS, build_algorithm
-from rlloop.callbacks import Callback, UserCallbacks
+from rlloop.config.registry import ALGORITHMS
+from rlloop.runs.build import COMPONENTS, build_algorithm
+from rlloop.trainers.callbacks import Callback, UserCallbacks
 from rlloop.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -50,22 +50,22 @@ from rlloop.checkpoint import (
     restore_rng_state,
     save_replacing,
 )
-from rlloop.conditions import Condition, HitsUpperBound
-from rlloop.config import RunConfig, build_config, load_yaml, parse_set, resumable
-from rlloop.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
+from rlloop.trainers.stop_conditions import Condition, HitsUpperBound
+from rlloop.config.run_config import RunConfig, build_config, load_yaml, parse_set, resumable
+from rlloop.runs.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
 from rlloop.envs.imports import check_saved_endpoints, saved_endpoints
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.learners.distributed import LearnerGroupError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
 from rlloop.logging.process_sink import has_spare
-from rlloop.numerics import flushed_denormals
-from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
-from rlloop.profiling import TraceProfiler
-from rlloop.report import FIGURE_PRELOAD, FigureWriter, read_metrics, write_figures, write_report
-from rlloop.run_lock import RunLock, ensure_free
-from rlloop.runfiles import MEMBERS, check_members, check_run_dir, refuse_study_dir, write_file
-from rlloop.saved_runs import (
+from rlloop.system.numerics import flushed_denormals
+from rlloop.trainers.offpolicy_schedule import BorderSchedule, OffPolicyAlgorithm
+from rlloop.system.profiling import TraceProfiler
+from rlloop.runs.report import FIGURE_PRELOAD, FigureWriter, read_metrics, write_figures, write_report
+from rlloop.runs.lock import RunLock, ensure_free
+from rlloop.system.run_files import MEMBERS, check_members, check_run_dir, refuse_study_dir, write_file
+from rlloop.runs.saved import (
     acting_config,
     evaluate_run,
     load_policy,
@@ -73,13 +73,14 @@ from rlloop.saved_runs import (
     load_run_policy,
     policy_checkpoint,
 )
-from rlloop.signals import StopInterrupted, save_due, supervised, terminate_as_interrupt
-from rlloop.timing import PhaseTimes, TimedSink
-from rlloop.trainer import Stats, Trainer
-from rlloop.unused_settings import run_warnings, unused_settings
+from rlloop.system.signals import StopInterrupted, save_due, supervised, terminate_as_interrupt
+from rlloop.runs.timing import PhaseTimes, TimedSink
+from rlloop.trainers.loop import Stats, Trainer
+from rlloop.trainers.result import RunResult
+from rlloop.config.unused_settings import run_warnings, unused_settings
 
-#: ``rlloop.run`` is the entry point users import from: building an algorithm
-#: (:mod:`rlloop.builder`) and reading a saved run (:mod:`rlloop.saved_runs`) are here too.
+#: ``rlloop.runs.session`` is the entry point users import from: building an algorithm
+#: (:mod:`rlloop.runs.build`) and reading a saved run (:mod:`rlloop.runs.saved`) are here too.
 __all__ = ["COMPONENTS", "RunResult", "Session", "acting_config", "build_algorithm",
            "default_run_dir", "evaluate_run", "load_policy", "load_run_config",
            "load_run_policy", "policy_checkpoint", "resume", "resume_config",
@@ -130,21 +131,6 @@ def solve_threshold(config: RunConfig) -> float | None:
     return env_spec(config.env, config.backend, env_kwargs=config.env_kwargs).reward_threshold
 
 
-@dataclass
-class RunResult:
-    """What a finished run reports."""
-
-    run_dir: Path
-    env_steps: int
-    wall_time_s: float
-    """This sitting's seconds, from the process's start (or ``started_at``) to the report."""
-    best_eval_return: float | None
-    last_stats: Stats = field(default_factory=dict)
-    stopped_by: str = "budget"
-    mlflow_ui: str | None = None
-    """How to open the run in MLflow; None when nothing reached an MLflow store."""
-
-
 class _Checkpoints:
     """Trainer callback: periodic, on-request (SIGUSR1) and best-so-far checkpoints."""
 
@@ -182,7 +168,7 @@ class _Checkpoints:
 class Session:
     """One run directory with its algorithm, trainer, sinks and checkpoint manager.
 
-    It holds the run directory's lock (:class:`~rlloop.run_lock.RunLock`) from before its
+    It holds the run directory's lock (:class:`~rlloop.runs.lock.RunLock`) from before its
     first write until `run` returns; a second trainer of the same directory is refused.
     """
 
@@ -569,7 +555,7 @@ class Session:
                          self.run_dir, video)
 
     def _film(self) -> Path | None:
-        from rlloop.video import save_run_video
+        from rlloop.runs.video import save_run_video
 
         with self.phases.timed("video"):
             return save_run_video(self.run_dir)
@@ -736,7 +722,7 @@ def resume_config(run_dir: str | Path, *, allow_import: bool = False, env: str |
                   file: str | Path | None = None, sets: list[str] | None = None,
                   **flags: Any) -> RunConfig:
     """A run's saved config with the overrides a resume may apply (see
-    :func:`rlloop.config.resumable`); ``ConfigError`` names any other changed setting."""
+    :func:`rlloop.config.run_config.resumable`); ``ConfigError`` names any other changed setting."""
     saved = load_run_config(run_dir, allow_import=allow_import)
     old = saved.to_dict()
     config = build_config(saved.algo, env, file=file, flags=flags, sets=sets, base=old)

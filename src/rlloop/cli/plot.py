@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from rlloop.config import load_yaml
+from rlloop.config.run_config import load_yaml
 from rlloop.errors import ConfigError
-from rlloop.report import curve, new_figure, png_bytes, read_metrics
-from rlloop.runfiles import check_output_file, write_file
+from rlloop.runs.report import curve, new_figure, png_bytes, read_metrics
+from rlloop.system.run_files import check_output_file, write_file
 
 #: Settings that do not make two runs different settings (seeds of one setting differ here).
 _NOT_A_SETTING = ("seed", "progress", "mlflow", "mlflow_tracking_uri", "tensorboard",
@@ -31,7 +31,7 @@ def _group_key(config: dict[str, Any]) -> str:
 
 def group_runs(run_dirs: Sequence[Path]) -> dict[str, list[Path]]:
     """Runs by setting (label -> run dirs), in the order given."""
-    from rlloop.run import check_run_dir
+    from rlloop.system.run_files import check_run_dir
 
     groups: dict[str, list[Path]] = {}
     labels: dict[str, str] = {}

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from rlloop.errors import ConfigError
-from rlloop.user_code import CALLBACK_NOTE, import_user_module, one_line
+from rlloop.system.user_code import CALLBACK_NOTE, import_user_module, one_line
 
 if TYPE_CHECKING:
-    from rlloop.run import RunResult
-    from rlloop.trainer import Stats, Trainer
+    from rlloop.trainers.loop import Stats, Trainer
+    from rlloop.trainers.result import RunResult
 
 
 class Callback:
@@ -126,7 +126,7 @@ def load_callback(spec: str) -> Callback:
         raise ConfigError(f"--callback {spec}: module {module_name!r} has no {attr!r}")
     if not (isinstance(cls, type) and issubclass(cls, Callback)):
         raise ConfigError(f"--callback {spec}: {attr} is not a subclass of "
-                          "rlloop.callbacks.Callback")
+                          "rlloop.trainers.callbacks.Callback")
     try:
         callback = cls()
     except TypeError as e:
@@ -137,5 +137,5 @@ def load_callback(spec: str) -> Callback:
                           f"{one_line(e)}; fix the class") from None
     if not isinstance(callback, Callback):
         raise ConfigError(f"--callback {spec}: {attr} is not a subclass of "
-                          "rlloop.callbacks.Callback")
+                          "rlloop.trainers.callbacks.Callback")
     return callback

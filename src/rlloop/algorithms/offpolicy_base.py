@@ -1,9 +1,9 @@
 """The algorithm side of border's cadence, shared by DQN, SAC and TD3.
 
 :class:`OffPolicyAlgorithmBase` turns a learner, an :class:`OffPolicyLoop` and a
-behaviour policy (``_explore``) into what :class:`~rlloop.offpolicy_trainer.
+behaviour policy (``_explore``) into what :class:`~rlloop.trainers.offpolicy_schedule.
 OffPolicyTrainer` drives (``env_step``, ``optimize``, ``episode_stats``) and what the
-plain :class:`~rlloop.trainer.Trainer` drives (``collect``, ``update``), with the state
+plain :class:`~rlloop.trainers.loop.Trainer` drives (``collect``, ``update``), with the state
 every off-policy algorithm checkpoints. Subclasses build ``config``, ``learner`` and
 ``loop`` in ``__init__`` and implement ``_explore`` and ``act``.
 """
@@ -18,22 +18,23 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import EVAL_SEED_OFFSET, AlgorithmBase, EnvSettings
-from rlloop.algorithms.offpolicy import (
-    OffPolicyConfig,
+from rlloop.algorithms.offpolicy_loop import (
     OffPolicyLoop,
     ReplayBatch,
     Stats,
     box_rescaler,
     check_env_settings,
 )
-from rlloop.devices import new_generator, resolve_device, set_generator_state
+from rlloop.config.offpolicy import OffPolicyConfig
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
-from rlloop.learners.learner import GradientClip, Learner
+from rlloop.learners.gradient_clip import GradientClip
+from rlloop.learners.learner import Learner
 from rlloop.learners.optim_step import GuardedOptim, GuardedStep, adam
 from rlloop.learners.schedules import learning_rate
 from rlloop.learners.whole_update import LossFn, WholeUpdate
-from rlloop.seeding import derive_seed
+from rlloop.system.devices import new_generator, resolve_device, set_generator_state
+from rlloop.system.seeding import derive_seed
 
 
 class OffPolicyLearnerBase(Learner[ReplayBatch]):

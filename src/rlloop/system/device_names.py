@@ -1,6 +1,6 @@
 """Device settings as names (``auto``, ``cpu``, ``cuda:1``), checked without importing torch.
 
-:mod:`rlloop.devices` turns a name into a ``torch.device``; the config and the CLI only
+:mod:`rlloop.system.devices` turns a name into a ``torch.device``; the config and the CLI only
 need to know whether a name is well formed, and stay torch-free for it.
 """
 

@@ -14,16 +14,16 @@ from dataclasses import dataclass
 
 import psutil
 
-from rlloop.algorithms.dqn import DQNConfig
-from rlloop.algorithms.offpolicy import OffPolicyConfig
-from rlloop.algorithms.ppo import PPOConfig
-from rlloop.algorithms.sac import SACConfig
-from rlloop.algorithms.td3 import TD3Config
-from rlloop.config import RunConfig
+from rlloop.config.offpolicy import DQNConfig
+from rlloop.config.offpolicy import OffPolicyConfig
+from rlloop.config.ppo import PPOConfig
+from rlloop.config.offpolicy import SACConfig
+from rlloop.config.offpolicy import TD3Config
+from rlloop.config.run_config import RunConfig
 from rlloop.data.obs_storage import ObsLayout
 from rlloop.envs.core import Box, EnvSpec
 from rlloop.envs.registry import NATIVE_ENVS
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, suggest_lower
 from rlloop.runners.env_runner import EpisodeTracker
 
 FLOAT = 4
@@ -62,14 +62,6 @@ def _message(need: Need, available: int, total: int | None = None) -> str:
     with_rest = f" ({_gib(total)} with the rest of the run)" if total else ""
     return (f"{need.what}: needs at least {_gib(need.nbytes)}{with_rest} but only "
             f"{_gib(available)} of RAM is available; {need.fix}")
-
-
-def suggest_lower(key: str, fits: int) -> str:
-    """``"e.g. --set KEY=N (at most FITS fit)"``, N about half of what fits: the rest of
-    the run needs memory too."""
-    half = max(fits // 2, 1)
-    suggestion = int(str(half)[0]) * 10 ** (len(str(half)) - 1)
-    return f"e.g. --set {key}={suggestion} (at most {fits:,} fit)"
 
 
 def _gib(nbytes: int) -> str:

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from rlloop.seeding import seed_host_rngs
-from rlloop.worker_loop import exit_with_parent
+from rlloop.system.seeding import seed_host_rngs
+from rlloop.system.worker_loop import exit_with_parent
 
 _PR_SET_PDEATHSIG = 1
 

@@ -23,12 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rlloop.algorithms import ALGORITHMS
-from rlloop.config import BACKENDS, MAX_EVAL_EPISODES, check_set_keys, parse_int
-from rlloop.device_names import DEVICE_CHOICES
+from rlloop.config.registry import ALGORITHMS
+from rlloop.config.run_config import BACKENDS, MAX_EVAL_EPISODES, check_set_keys, parse_int
 from rlloop.errors import CheckpointError, ConfigError, EnvError, RlloopError, RunDirError
-from rlloop.runfiles import check_output_file, check_run_dir
-from rlloop.user_code import callback_note, one_line
+from rlloop.system.device_names import DEVICE_CHOICES
+from rlloop.system.run_files import check_output_file, check_run_dir
+from rlloop.system.user_code import callback_note, one_line
 
 #: What ``rlloop eval --json`` prints besides ``episodes``: the evaluation's own names, also
 #: logged as ``eval/<name>`` in metrics.jsonl and returned by the API's ``evaluate()``.
@@ -84,7 +84,8 @@ def _parser() -> argparse.ArgumentParser:
                    "ppo.net=module:Class); off, loading a run "
                    "never runs code it names")
     t.add_argument("--callback", dest="callbacks", action="append", default=[],
-                   metavar="MODULE:CLASS", help="a rlloop.callbacks.Callback subclass to call "
+                   metavar="MODULE:CLASS",
+                   help="a rlloop.trainers.callbacks.Callback subclass to call "
                    "on every step, eval and checkpoint (imports MODULE; repeatable)")
     t.add_argument("--profile", action="store_true", help="run torch.profiler over a few "
                    "training iterations and write a trace (Perfetto, TensorBoard) to "
@@ -165,7 +166,7 @@ def _add_presets_parser(sub: Any) -> None:
 
 
 def _presets(args: argparse.Namespace) -> int:
-    from rlloop.presets import listing, preset_yaml
+    from rlloop.config.presets import listing, preset_yaml
 
     if args.algo and args.env:
         print(preset_yaml(args.algo, args.env), end="")
@@ -199,14 +200,14 @@ def _train(args: argparse.Namespace) -> int:
     if not args.resume:
         # An env the user typed, or named in the --config file they gave (e.g. the
         # best.yaml `rlloop tune` suggests): its module may be imported.
-        from rlloop.config import load_yaml
+        from rlloop.config.run_config import load_yaml
         from rlloop.envs.ids import resolve_env_id
 
         env = args.env or (load_yaml(Path(args.config)).get("env") if args.config else None)
         if isinstance(env, str) and env:
             resolve_env_id(env, allow_import=True, search_cwd=True)
     from rlloop.logging.process_sink import prestart
-    from rlloop.report import FIGURE_PRELOAD
+    from rlloop.runs.report import FIGURE_PRELOAD
 
     if _wants_mlflow(args):
         from rlloop.logging.mlflow_sink import PRELOAD
@@ -215,7 +216,7 @@ def _train(args: argparse.Namespace) -> int:
         # imports torch and builds the run; unused (bad input), it is killed when the
         # command ends.
         prestart(PRELOAD)
-    # Likewise matplotlib's, for the report's figures (rlloop.report.FigureWriter). Niced:
+    # Likewise matplotlib's, for the report's figures (rlloop.runs.report.FigureWriter). Niced:
     # the MLflow child's import is the longer one, and the figures are needed last.
     prestart(FIGURE_PRELOAD, niceness=5)
     try:
@@ -230,7 +231,7 @@ def _wants_mlflow(args: argparse.Namespace) -> bool:
     """Whether the run ``rlloop train`` is asked for logs to MLflow: its ``mlflow``
     setting after the preset, the config file, the saved config (resume) and ``--set``,
     read without importing torch. Input the run will refuse counts as yes."""
-    from rlloop.config import config_layers, load_yaml
+    from rlloop.config.run_config import config_layers, load_yaml
 
     try:
         base = load_yaml(Path(args.resume) / "config.yaml") if args.resume else None
@@ -242,9 +243,9 @@ def _wants_mlflow(args: argparse.Namespace) -> bool:
 
 
 def _train_run(args: argparse.Namespace) -> int:
-    from rlloop.callbacks import load_callback
-    from rlloop.config import build_config
+    from rlloop.config.run_config import build_config
     from rlloop.logging import format_number, print_summary
+    from rlloop.trainers.callbacks import load_callback
 
     _allow_import_needs_resume(args)
 
@@ -260,7 +261,8 @@ def _train_run(args: argparse.Namespace) -> int:
     if args.profile:  # the defaults, under any profile: section the config file has
         flags["profile"] = {}
     if args.resume:
-        from rlloop.run import load_run_config, resume
+        from rlloop.runs.saved import load_run_config
+        from rlloop.runs.session import resume
 
         saved = load_run_config(args.resume, allow_import=args.allow_import)
         if saved.algo != args.algo:
@@ -279,7 +281,7 @@ def _train_run(args: argparse.Namespace) -> int:
         # Every setting is checked here, before torch's second of import.
         config = build_config(args.algo, args.env, file=args.config, flags=flags,
                               sets=args.sets)
-        from rlloop.run import train
+        from rlloop.runs.session import train
 
         result = train(config, args.run_dir, callbacks=callbacks, started_at=_process_start())
     best = result.best_eval_return
@@ -439,7 +441,7 @@ def _eval(args: argparse.Namespace) -> int:
     check_run_dir(args.run_dir)  # before torch is imported
     if args.video:
         _check_video_file(Path(args.video), Path(args.run_dir))
-    from rlloop.saved_runs import evaluate_run
+    from rlloop.runs.saved import evaluate_run
 
     stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend, args.device,
                          allow_import=args.allow_import,
@@ -448,7 +450,7 @@ def _eval(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {key: stats[key] for key in EVAL_KEYS}
     out["episodes"] = int(stats["episodes"])
     if args.video:
-        from rlloop.video import record_run_video
+        from rlloop.runs.video import record_run_video
 
         video = record_run_video(args.run_dir, args.video, backend=args.backend,
                                  device=args.device, allow_import=args.allow_import)
@@ -466,7 +468,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     check_run_dir(args.run_dir)  # before torch's import: a mistyped path answers at once
-    from rlloop.export import export_run
+    from rlloop.cli.export import export_run
 
     path = export_run(args.run_dir, args.format, args.output, allow_import=args.allow_import)
     print(f"{args.format}: {path}")
@@ -476,7 +478,7 @@ def _export(args: argparse.Namespace) -> int:
 def _plot(args: argparse.Namespace) -> int:
     for run_dir in args.run_dirs:  # before the plotting imports
         check_run_dir(run_dir)
-    from rlloop.plot import plot_runs
+    from rlloop.cli.plot import plot_runs
 
     drawn = plot_runs(args.run_dirs, args.output, args.metric, args.x)
     print(f"{args.output}: {sum(drawn.values())} runs in {len(drawn)} curves")

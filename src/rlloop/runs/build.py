@@ -7,13 +7,15 @@ import os
 import shutil
 import sys
 
-from rlloop.algorithms import ALGORITHMS, AlgorithmBase, EnvSettings
-from rlloop.config import RunConfig
-from rlloop.devices import keep_freed_host_memory, resolve_device
+from rlloop.config.registry import ALGORITHMS
+
+from rlloop.algorithms import AlgorithmBase, EnvSettings
+from rlloop.config.run_config import RunConfig
+from rlloop.system.devices import keep_freed_host_memory, resolve_device
 from rlloop.envs.core import Box, Discrete, EnvSpec, MultiBinary, MultiDiscrete
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError
-from rlloop.memory import check_memory
+from rlloop.runs.memory import check_memory
 
 #: The components of a run's checkpoint.
 COMPONENTS = ("algorithm", "trainer", "rng")

@@ -2,7 +2,7 @@
 
 Figures are drawn on matplotlib's ``Figure`` with the Agg canvas (never pyplot), so no
 display or GUI backend is touched, and matplotlib is imported only when a figure is drawn
-(``rlloop --help`` stays fast). Every file goes through :func:`rlloop.runfiles.write_file`.
+(``rlloop --help`` stays fast). Every file goes through :func:`rlloop.system.run_files.write_file`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlloop.runfiles import write_file
+from rlloop.system.run_files import write_file
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from rlloop.config import RunConfig
-    from rlloop.run import RunResult
+    from rlloop.config.run_config import RunConfig
+    from rlloop.trainers.result import RunResult
 
 Row = dict[str, Any]
 #: Diagnostics worth a panel: PPO's trust-region statistics, Q values, SAC's temperature.
@@ -30,7 +30,7 @@ DIAGNOSTICS = ("ppo/approx_kl", "ppo/clip_fraction", "q/mean", "q/target_mean", 
                "policy/entropy", "dqn/epsilon")
 #: Training phase timers (seconds per logging interval) that steps/s per phase comes from.
 PHASES = ("env", "inference", "learn")
-#: Whole-run phase totals (``rlloop.timing``), logged once at the end of a run.
+#: Whole-run phase totals (``rlloop.runs.timing``), logged once at the end of a run.
 RUN_PHASES = ("startup", "evals", "checkpoints", "logging", "video", "report", "run")
 
 
@@ -240,7 +240,7 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def changed_settings(config: RunConfig) -> dict[str, tuple[Any, Any]]:
     """``key: (default, value)`` for each setting that differs from the defaults of the
     run's algorithm and env (the preset included), i.e. what the user chose."""
-    from rlloop.config import build_config
+    from rlloop.config.run_config import build_config
     from rlloop.errors import ConfigError
 
     try:
@@ -254,7 +254,7 @@ def changed_settings(config: RunConfig) -> dict[str, tuple[Any, Any]]:
 def _preset_words(config: RunConfig) -> tuple[str, str]:
     """The heading's note and the defaults column's name: a run with a preset compares
     with the preset's values, not rlloop's bare defaults."""
-    from rlloop.presets import preset
+    from rlloop.config.presets import preset
 
     try:
         has_preset = bool(preset(config.algo, config.env))
