@@ -12,17 +12,16 @@ from mask_envs import N_ACTIONS, MaskedChoice
 from stepping import run_iterations
 
 from rlloop.config.run_config import build_config
-from rlloop.envs.core import Discrete
-from rlloop.envs.registry import make_env
-from rlloop.errors import ConfigError
-from rlloop.modules.action_masks import (
+from rlloop.envs.action_masks import (
     ILLEGAL_LOGIT,
     legal_actions,
     mask_scores,
-    random_legal_actions,
 )
+from rlloop.envs.core import Discrete
+from rlloop.envs.registry import make_env
+from rlloop.errors import ConfigError
 from rlloop.modules.distributions import Categorical
-from rlloop.modules.masked import MaskedActorCritic
+from rlloop.modules.masked import MaskedActorCritic, random_legal_actions
 from rlloop.modules.q_networks import QNetwork
 from rlloop.runs.build import build_algorithm
 

@@ -144,7 +144,7 @@ def test_number_spellings_in_int_fields_and_schedules():
         "total_env_steps=1e5", "ppo.lr_decay_steps=2E5",
         "ppo.clip_coef={type: linear, start: 2e-1, end: 5e-2, steps: 1e5}"])
     assert cfg.total_env_steps == 100_000 and cfg.hparams.lr_decay_steps == 200_000
-    from rlloop.learners.schedules import make_schedule
+    from rlloop.config.schedules import make_schedule
 
     assert make_schedule(cfg.hparams.clip_coef)(50_000) == pytest.approx(0.125)
     with pytest.raises(ConfigError, match="total_env_steps must be an integer"):

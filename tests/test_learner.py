@@ -6,10 +6,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from rlloop.learners.gradient_clip import GradientClip, LearnerError
+from rlloop.config.gradient_clip import GradientClip, LearnerError
+from rlloop.config.schedules import Cosine, Exponential, Linear, PiecewiseLinear, make_schedule
+from rlloop.data.batch import TensorBatch
 from rlloop.learners.gradients import clip_gradients
-from rlloop.learners.learner import Learner, TensorBatch
-from rlloop.learners.schedules import Cosine, Exponential, Linear, PiecewiseLinear, make_schedule
+from rlloop.learners.learner import Learner
 
 
 @dataclass(frozen=True)

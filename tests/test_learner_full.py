@@ -12,9 +12,10 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.checkpoint import load_checkpoint, save_checkpoint
+from rlloop.config.gradient_clip import GradientClip, LearnerError
+from rlloop.data.batch import TensorBatch
 from rlloop.errors import ConfigError
-from rlloop.learners.gradient_clip import GradientClip, LearnerError
-from rlloop.learners.learner import STATE_COMPONENTS, Learner, TensorBatch, UnknownModuleError
+from rlloop.learners.learner import STATE_COMPONENTS, Learner, UnknownModuleError
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch.testing import assert_close
 
+from rlloop.envs.normalizer import RunningMeanStd
 from rlloop.envs.wrappers import discounted_reward_scale
-from rlloop.modules.normalizer import RunningMeanStd
 
 
 def test_uneven_batches_give_the_statistics_of_all_the_data() -> None:

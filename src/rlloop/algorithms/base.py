@@ -13,10 +13,10 @@ from torch import Tensor
 
 from rlloop.envs.atari import EPISODIC_LIFE, is_atari_id
 from rlloop.envs.core import EnvSpec, VecEnv
+from rlloop.envs.normalizer import RunningMeanStd
 from rlloop.envs.registry import NATIVE_ENVS, make_env
 from rlloop.envs.wrappers import NormalizeObservation
 from rlloop.errors import ConfigError
-from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.runners.env_runner import EnvRunner
 from rlloop.runners.evaluation import evaluate
 from rlloop.system.devices import new_generator, resolve_device, set_generator_state

@@ -24,12 +24,12 @@ from rlloop.algorithms.ppo import PPOLearner, policy_factory
 from rlloop.algorithms.sac import SACLearner, SACModule, sac_module_factory
 from rlloop.config.offpolicy import SACConfig
 from rlloop.config.ppo import PPOConfig
+from rlloop.envs.action_masks import resolve_action_mask
 from rlloop.errors import ConfigError
 from rlloop.learners.distributed import DataParallel, GroupInfo, Link, destroy_group
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.learners.learner_group import Launcher, LearnerSpec, start_group
 from rlloop.learners.optim_step import GuardedStep
-from rlloop.modules.action_masks import resolve_action_mask
 from rlloop.modules.custom import resolve_net
 from rlloop.system.devices import build_module, new_generator
 

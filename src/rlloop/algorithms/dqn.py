@@ -22,20 +22,17 @@ from rlloop.algorithms.offpolicy_loop import (
     ReplayBatch,
 )
 from rlloop.config.offpolicy import DQNConfig as DQNConfig
+from rlloop.config.schedules import Linear
 from rlloop.data.replay import PrioritizedReplayBuffer, Transitions
+from rlloop.envs.action_masks import legal_actions, resolve_action_mask
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.learners.mlp_backprop import DQNBackprop, dqn_backprop
-from rlloop.learners.schedules import Linear
 from rlloop.losses.dqn import dqn_loss, dqn_target
 from rlloop.losses.polyak import hard_update, polyak_update
-from rlloop.modules.action_masks import (
-    legal_actions,
-    random_legal_actions,
-    resolve_action_mask,
-)
 from rlloop.modules.encoders import build_encoder
+from rlloop.modules.masked import random_legal_actions
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import QNetwork
 from rlloop.system.devices import build_module

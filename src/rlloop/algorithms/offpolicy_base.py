@@ -25,13 +25,13 @@ from rlloop.algorithms.offpolicy_loop import (
     box_rescaler,
     check_env_settings,
 )
+from rlloop.config.gradient_clip import GradientClip
 from rlloop.config.offpolicy import OffPolicyConfig
+from rlloop.config.schedules import learning_rate
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
-from rlloop.learners.gradient_clip import GradientClip
 from rlloop.learners.learner import Learner
 from rlloop.learners.optim_step import GuardedOptim, GuardedStep, adam
-from rlloop.learners.schedules import learning_rate
 from rlloop.learners.whole_update import LossFn, WholeUpdate
 from rlloop.system.devices import new_generator, resolve_device, set_generator_state
 from rlloop.system.seeding import derive_seed

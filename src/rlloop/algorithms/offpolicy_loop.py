@@ -27,6 +27,8 @@ from torch import Tensor
 
 from rlloop.config.offpolicy import OffPolicyConfig as OffPolicyConfig
 from rlloop.config.offpolicy import check_hidden as check_hidden
+from rlloop.config.schedules import Linear
+from rlloop.data.batch import TensorBatch
 from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.nstep import NStepProcessor
 from rlloop.data.obs_storage import ObsLayout
@@ -39,8 +41,6 @@ from rlloop.data.replay import (
 )
 from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
 from rlloop.errors import ConfigError, suggest_lower
-from rlloop.learners.learner import TensorBatch
-from rlloop.learners.schedules import Linear
 from rlloop.runners.env_runner import EnvRunner
 from rlloop.system.devices import HOST
 

@@ -10,26 +10,26 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import AlgorithmBase, EnvSettings
+from rlloop.config.gradient_clip import GradientClip
 from rlloop.config.ppo import AUTO_MICRO_BATCH as AUTO_MICRO_BATCH
 from rlloop.config.ppo import PPOConfig as PPOConfig
+from rlloop.config.schedules import learning_rate
 from rlloop.data.obs_storage import ObsLayout
 from rlloop.data.returns import gae
 from rlloop.data.rollout import PPOBatch, RolloutBuffer
+from rlloop.envs.action_masks import resolve_action_mask
 from rlloop.envs.core import Box, EnvSpec
+from rlloop.envs.normalizer import RunningMeanStd
 from rlloop.envs.wrappers import discounted_reward_scale
 from rlloop.errors import ConfigError
 from rlloop.learners.adam import Adam
-from rlloop.learners.gradient_clip import GradientClip
 from rlloop.learners.learner import DEFAULT_MODULE_ID, Learner, PoliciesToTrain
-from rlloop.learners.schedules import learning_rate
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss, standardize
-from rlloop.modules.action_masks import resolve_action_mask
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.custom import resolve_net
 from rlloop.modules.distributions import ActionDist
 from rlloop.modules.encoders import DictEncoder, Encoder, NatureCNN, NetInput, build_encoder
 from rlloop.modules.masked import MaskedActorCritic
-from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.runners.graphed import GraphedCollect
 from rlloop.system.devices import build_module, resolve_device, stats_dtype
 

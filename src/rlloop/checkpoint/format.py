@@ -222,7 +222,8 @@ def _manifest_checksum(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _rlloop_version() -> str:
+def rlloop_version() -> str:
+    """The installed rlloop's version ("unknown" when it is run from a source tree)."""
     try:
         return importlib_metadata.version("rlloop")
     except importlib_metadata.PackageNotFoundError:

@@ -37,7 +37,7 @@ from rlloop.checkpoint.format import (
     _Encoder,
     _log,
     _manifest_checksum,
-    _rlloop_version,
+    rlloop_version,
 )
 from rlloop.system.run_files import pid_alive
 
@@ -103,7 +103,7 @@ def _stage(path: Path, components: Mapping[str, Any], metadata: Mapping[str, Any
             entries[name] = {"skeleton": skeleton, "file": file}
         body: dict[str, Any] = {
             "format": "rlloop-checkpoint", "format_version": FORMAT_VERSION,
-            "created": datetime.now(UTC).isoformat(), "rlloop_version": _rlloop_version(),
+            "created": datetime.now(UTC).isoformat(), "rlloop_version": rlloop_version(),
             "metadata": meta, "components": entries,
         }
         body["manifest_sha256"] = _manifest_checksum(body)
@@ -344,7 +344,7 @@ def _read_manifest(file: Path, seen: list[bytes] | None = None) -> dict[str, Any
     if version > FORMAT_VERSION:
         raise CheckpointVersionError(
             f"{file}: format_version {version} was written by a newer rlloop; this rlloop "
-            f"({_rlloop_version()}) reads format_version <= {FORMAT_VERSION}. Upgrade rlloop."
+            f"({rlloop_version()}) reads format_version <= {FORMAT_VERSION}. Upgrade rlloop."
         )
     if body.pop("manifest_sha256", None) != _manifest_checksum(body):
         raise _corrupt(file, "fails its manifest_sha256 check (modified or damaged)")

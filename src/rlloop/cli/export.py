@@ -27,8 +27,8 @@ from torch import Tensor, nn
 
 from rlloop.algorithms import AlgorithmBase
 from rlloop.envs.gym import find_gym_env
+from rlloop.envs.normalizer import RunningMeanStd
 from rlloop.errors import ConfigError
-from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.modules.recurrent import RecurrentActorCritic
 from rlloop.system.run_files import check_output_file, check_run_dir, write_file
 

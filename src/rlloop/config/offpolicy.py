@@ -8,10 +8,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from rlloop.config.gradient_clip import GradientClip
+from rlloop.config.network_choices import ENCODERS, check_cnn_precision
 from rlloop.config.unused_settings import Dependency
 from rlloop.errors import ConfigError, check_finite, check_init_log_std
-from rlloop.learners.gradient_clip import GradientClip
-from rlloop.modules.choices import ENCODERS, check_cnn_precision
 
 #: The parts a config names (setting -> the registry of :mod:`rlloop.algorithms.offpolicy_loop`
 #: that builds them) and the names rlloop ships for each.

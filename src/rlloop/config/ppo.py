@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from rlloop.config.gradient_clip import GradientClip
+from rlloop.config.network_choices import ENCODERS, check_cnn_precision, check_net_path
+from rlloop.config.schedules import ScheduleError, make_schedule
 from rlloop.config.unused_settings import Dependency, Replacement
 from rlloop.errors import ConfigError, check_finite, check_init_log_std
-from rlloop.learners.gradient_clip import GradientClip
-from rlloop.learners.schedules import ScheduleError, make_schedule
-from rlloop.modules.choices import ENCODERS, check_cnn_precision, check_net_path
 
 #: ``ppo.micro_batch="auto"`` on a CPU: 1024 rows of a 256-unit layer are 1 MB of
 #: activations, which stay in a core's cache through the backward pass.

@@ -13,10 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from rlloop.algorithms.base import AlgorithmBase, EnvSettings
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -44,7 +41,9 @@ class AlgorithmEntry:
         return getattr(importlib.import_module(self.config_module), self.config_name)  # type: ignore[no-any-return]
 
     @property
-    def build(self) -> Callable[[Any, EnvSettings], AlgorithmBase]:
+    def build(self) -> Callable[[Any, Any], Any]:
+        """``build(hparams, env_settings) -> AlgorithmBase`` (typed there: this layer names
+        no algorithm class)."""
         return getattr(importlib.import_module(self.module), self.build_name)  # type: ignore[no-any-return]
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlloop.data.batch import TensorBatch
 from rlloop.data.obs_storage import ObsLayout, ObsStore
-from rlloop.learners.learner import TensorBatch
 
 
 class RolloutBuffer:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlloop.learners.learner import TensorBatch
+from rlloop.data.batch import TensorBatch
 
 
 def num_chunks(steps: int, seq_len: int) -> int:

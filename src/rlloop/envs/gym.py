@@ -24,7 +24,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from torch import Tensor
 
-from rlloop.envs import atari
+import rlloop.envs.atari as atari
 from rlloop.envs.core import (
     ActionSpace,
     Box,

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from rlloop.envs.core import EnvSpec, StepResult, VecEnv
-from rlloop.modules.normalizer import RunningMeanStd
+from rlloop.envs.normalizer import RunningMeanStd
 
 
 class NormalizeObservation:

@@ -31,8 +31,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rlloop.data.batch import TensorBatch
 from rlloop.errors import RlloopError
-from rlloop.learners.learner import Learner, TensorBatch
+from rlloop.learners.learner import Learner
 
 LOOPBACK = "127.0.0.1"
 #: How long a collective waits for a rank before it gives up (a rank that dies closes its

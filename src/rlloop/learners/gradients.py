@@ -18,9 +18,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from rlloop.learners.gradient_clip import ClipBy as ClipBy
-from rlloop.learners.gradient_clip import GradientClip as GradientClip
-from rlloop.learners.gradient_clip import LearnerError as LearnerError
+from rlloop.config.gradient_clip import ClipBy as ClipBy
+from rlloop.config.gradient_clip import GradientClip as GradientClip
+from rlloop.config.gradient_clip import LearnerError as LearnerError
 
 
 def grad_norm(params: Sequence[Tensor]) -> Tensor:

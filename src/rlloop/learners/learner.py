@@ -29,11 +29,12 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 from torch import Tensor, nn
 
+from rlloop.config.gradient_clip import ClipBy, GradientClip, LearnerError
+from rlloop.config.schedules import Schedule, make_schedule
+from rlloop.data.batch import TensorBatch
 from rlloop.errors import RlloopError
-from rlloop.learners.gradient_clip import ClipBy, GradientClip, LearnerError
 from rlloop.learners.gradients import clip_gradients, grad_norm
 from rlloop.learners.optim_step import arm_skip, skips_on_device
-from rlloop.learners.schedules import Schedule, make_schedule
 from rlloop.logging.metrics import MetricsLogger
 
 __all__ = [
@@ -61,30 +62,6 @@ class UnknownModuleError(LearnerError, KeyError):
 
 class NonFiniteError(RlloopError, FloatingPointError):
     """A NaN or infinity reached a loss or gradient with ``on_nonfinite="raise"``."""
-
-
-class TensorBatch:
-    """Mixin for frozen dataclasses of ``[B, ...]`` tensors: length and row selection."""
-
-    def __len__(self) -> int:
-        return int(getattr(self, dataclasses.fields(self)[0].name).shape[0])  # type: ignore[arg-type]
-
-    def select(self, index: Tensor):  # type: ignore[no-untyped-def]
-        """The rows ``index`` of every field (``None`` fields stay ``None``)."""
-        return dataclasses.replace(  # type: ignore[type-var]
-            self,  # type: ignore[arg-type]
-            **{f.name: (v[index] if (v := getattr(self, f.name)) is not None else None)
-               for f in dataclasses.fields(self)},  # type: ignore[arg-type]
-        )
-
-    def num_samples(self) -> int | Tensor:
-        """The samples this batch trains on: its rows (a batch of padded sequences counts
-        its real steps, as a tensor, so that counting never waits for the device)."""
-        return len(self)
-
-    def rows(self, start: int, stop: int):  # type: ignore[no-untyped-def]
-        """Rows ``start:stop`` of every field as views (no copy)."""
-        return self.select(slice(start, stop))  # type: ignore[arg-type]
 
 
 BatchT = TypeVar("BatchT", bound=TensorBatch)

@@ -19,8 +19,8 @@ from typing import Any
 
 from torch import nn
 
+from rlloop.config.network_choices import check_net_path as check_net_path
 from rlloop.errors import ConfigError
-from rlloop.modules.choices import check_net_path as check_net_path
 from rlloop.system.user_code import import_user_module
 
 NetFactory = Callable[[tuple[int, ...]], nn.Module]

@@ -25,9 +25,9 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
+from rlloop.config.network_choices import ENCODERS as ENCODERS
+from rlloop.config.network_choices import EncoderKind as EncoderKind
 from rlloop.errors import ConfigError
-from rlloop.modules.choices import ENCODERS as ENCODERS
-from rlloop.modules.choices import EncoderKind as EncoderKind
 from rlloop.modules.networks import mlp
 from rlloop.system.devices import warn_if_bfloat16_is_emulated
 

@@ -1,21 +1,28 @@
 """An actor-critic for observations that end with a legal-action mask (board games,
-envs with ``info["action_mask"]``; see :mod:`rlloop.modules.action_masks`)."""
+envs with ``info["action_mask"]``; see :mod:`rlloop.envs.action_masks`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 
+from rlloop.envs.action_masks import ILLEGAL_LOGIT, legal_actions, mask_scores
 from rlloop.envs.core import Discrete
 from rlloop.errors import ConfigError
-from rlloop.modules.action_masks import ILLEGAL_LOGIT, legal_actions, mask_scores
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.distributions import ActionDist, Categorical
 from rlloop.modules.encoders import DictEncoder
 
-__all__ = ["ILLEGAL_LOGIT", "MaskedActorCritic"]
+__all__ = ["ILLEGAL_LOGIT", "MaskedActorCritic", "random_legal_actions"]
+
+
+def random_legal_actions(legal: Tensor, generator: torch.Generator | None) -> Tensor:
+    """``[B]`` int64, uniformly random among each row's legal actions."""
+    return Categorical(mask_scores(torch.zeros(legal.shape, device=legal.device),
+                                   legal)).sample(generator)
 
 
 class MaskedActorCritic(ActorCritic):

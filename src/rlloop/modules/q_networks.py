@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlloop.modules.action_masks import legal_actions, mask_scores
+from rlloop.envs.action_masks import legal_actions, mask_scores
 from rlloop.modules.encoders import Encoder, flat_input
 
 LOG_STD_MIN = -20.0

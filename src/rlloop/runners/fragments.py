@@ -16,8 +16,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlloop.algorithms.base import AlgorithmBase
-
 
 @dataclass(frozen=True)
 class Fragment:
@@ -60,7 +58,9 @@ class FragmentSampler:
     raw transitions; the learner's step processor turns them into replay entries.
     """
 
-    def __init__(self, algorithm: AlgorithmBase, fragment_steps: int) -> None:
+    def __init__(self, algorithm: Any, fragment_steps: int) -> None:
+        """``algorithm``: an ``AlgorithmBase`` built for this runner (typed loosely: the
+        algorithms sit above this package)."""
         self.algorithm = algorithm
         self.steps = fragment_steps
         self.on_policy = hasattr(algorithm, "buffer")

@@ -29,6 +29,7 @@ import re
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -53,8 +54,11 @@ from rlloop.system.seeding import derive_seed
 from rlloop.system.user_code import one_line
 
 if TYPE_CHECKING:
-    from rlloop.algorithms.base import AlgorithmBase
     from rlloop.config.run_config import RunConfig
+
+#: ``build(config) -> AlgorithmBase``: how a runner makes its algorithm (``runs.build``'s).
+#: Algorithms are typed loosely here: they sit above this package.
+BuildAlgorithm = Callable[["RunConfig"], Any]
 
 #: Seconds a failed runner may take to come back (a process start, imports, its envs).
 RESTART_TIMEOUT_S = 300.0
@@ -103,13 +107,14 @@ def runner_config(config: RunConfig, index: int) -> RunConfig:
 class EnvRunnerActor:
     """One runner (a Ray actor): an algorithm built for M envs that samples fragments."""
 
-    def __init__(self, config: RunConfig, index: int,
+    def __init__(self, config: RunConfig, index: int, build: BuildAlgorithm,
                  nets: dict[str, Any] | None = None) -> None:
-        """``nets``: the run's network if the training script defines it (see
+        """``build``: makes the runner's algorithm from its config (the learner's own
+        builder, handed down so that this layer imports no run code); ``nets``: the run's
+        network if the training script defines it (see
         :func:`~rlloop.modules.custom.script_nets`)."""
         from rlloop.envs.ids import resolve_env_id
         from rlloop.modules.custom import register_nets
-        from rlloop.runs.build import build_algorithm  # run imports this module's caller
 
         torch.set_num_threads(1)
         register_nets(nets or {})
@@ -118,7 +123,7 @@ class EnvRunnerActor:
         # The learner accepted this id (typed by the user, or allowed for a resumed run):
         # import its module here too.
         resolve_env_id(config.env, allow_import=True)
-        self.algorithm = build_algorithm(runner_config(config, index))
+        self.algorithm = build(runner_config(config, index))
         self.sampler = FragmentSampler(self.algorithm, fragment_steps(config))
         self.weights_seq_no = -1
 
@@ -242,7 +247,8 @@ class RayEnvRunnerGroup:
         algorithm: The learner's algorithm: its policy state is what runners act with.
     """
 
-    def __init__(self, config: RunConfig, algorithm: AlgorithmBase) -> None:
+    def __init__(self, config: RunConfig, algorithm: Any,
+                 build: BuildAlgorithm) -> None:
         self.config, self.algorithm = config, algorithm
         self.num_runners, self.envs = config.num_env_runners, envs_per_runner(config)
         self.device = algorithm.device
@@ -256,7 +262,7 @@ class RayEnvRunnerGroup:
         # Handles, typed loosely: Ray's stubs do not know the actor's remote methods.
         nets = script_nets(getattr(config.hparams, "net", None),
                            f"{config.hparams.section}.net")
-        self.actors: list[Any] = [actor_cls.remote(config, i, nets)
+        self.actors: list[Any] = [actor_cls.remote(config, i, build, nets)
                                   for i in range(self.num_runners)]
         spec = algorithm.env.spec
         self.env = RemoteEnvs(spec, self.num_runners * self.envs, self)
@@ -532,10 +538,12 @@ class RemoteOffPolicyLoop(OffPolicyLoop):
         return steps
 
 
-def attach_env_runners(algorithm: AlgorithmBase, config: RunConfig) -> RayEnvRunnerGroup:
+def attach_env_runners(algorithm: Any, config: RunConfig,
+                       build: BuildAlgorithm) -> RayEnvRunnerGroup:
     """Replace ``algorithm``'s in-process runner with ``config.num_env_runners`` Ray
-    actors; the envs it built for its spaces are closed."""
-    group = RayEnvRunnerGroup(config, algorithm)
+    actors, each of which builds its own algorithm with ``build``; the envs ``algorithm``
+    built for its spaces are closed."""
+    group = RayEnvRunnerGroup(config, algorithm, build)
     algorithm.env.close()
     algorithm.env = group.env  # type: ignore[assignment]
     algorithm.runner = group  # type: ignore[assignment]

@@ -29,7 +29,7 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
         from rlloop.runners.ray_runners import attach_env_runners
 
         try:
-            attach_env_runners(algorithm, config)
+            attach_env_runners(algorithm, config, build_algorithm)
         except BaseException:
             algorithm.close()
             raise

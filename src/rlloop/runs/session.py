@@ -42,6 +42,7 @@ import yaml
 from rlloop.config.registry import ALGORITHMS
 from rlloop.runs.build import COMPONENTS, build_algorithm
 from rlloop.trainers.callbacks import Callback, UserCallbacks
+from rlloop.checkpoint.format import rlloop_version
 from rlloop.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -228,7 +229,6 @@ class Session:
         self.mlflow: ProcessSink | None = None
         self.mlflow_uri: str | None = None
         if config.mlflow:
-            import rlloop
             from rlloop.logging.mlflow_sink import PRELOAD, MlflowSink, sqlite_tracking_uri
 
             # In a child process: importing MLflow and writing to its store is seconds of
@@ -245,7 +245,7 @@ class Session:
                                       run_id=self.identity["mlflow_run_id"], preload=PRELOAD,
                                       tags={"algo": config.algo, "env": config.env,
                                             "seed": config.seed,
-                                            "rlloop_version": rlloop.__version__},
+                                            "rlloop_version": rlloop_version()},
                                       source_dir=str(Path.cwd()))
             sinks.append(self.mlflow)
         if config.tensorboard:

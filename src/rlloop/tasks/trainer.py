@@ -29,9 +29,9 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from rlloop.config.gradient_clip import GradientClip
 from rlloop.envs.pool import WorkerPool
 from rlloop.errors import ConfigError, RunDirError
-from rlloop.learners.gradient_clip import GradientClip
 from rlloop.learners.gradients import clip_gradients, grad_norm
 from rlloop.learners.learner import NonFiniteError
 from rlloop.logging import JsonlSink, MultiSink

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import config_layers
@@ -23,10 +23,8 @@ from rlloop.envs.imports import check_env_import, check_net_import, check_saved_
 from rlloop.errors import ConfigError
 from rlloop.runs.lock import LOCK_FILE
 from rlloop.system.run_files import STUDY_FILE, refuse_link
+from rlloop.tuning.settings import TuneSettings
 from rlloop.tuning.space import as_set
-
-if TYPE_CHECKING:
-    from rlloop.tuning.study import TuneSettings
 
 TRIALS = "trials"
 MEMBERS = (STUDY_FILE, "base.yaml", "space.yaml", "best.yaml", "study.db",

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from rlloop.envs.core import Discrete, EnvSpec
 from rlloop.errors import ConfigError
-from rlloop.modules.distributions import Categorical
 
 #: Logit (or Q-value) of an illegal action: finite, so that ``p * log p`` is 0, not NaN,
 #: in the entropy, and a masked max never meets ``-inf - -inf``.
@@ -34,12 +32,6 @@ def legal_actions(flat_obs: Tensor, mask_dims: int) -> Tensor:
 def mask_scores(scores: Tensor, legal: Tensor) -> Tensor:
     """Logits or Q-values ``[B, A]`` with the illegal entries pushed to ``ILLEGAL_LOGIT``."""
     return scores.masked_fill(~legal, ILLEGAL_LOGIT)
-
-
-def random_legal_actions(legal: Tensor, generator: torch.Generator | None) -> Tensor:
-    """``[B]`` int64, uniformly random among each row's legal actions."""
-    return Categorical(mask_scores(torch.zeros(legal.shape, device=legal.device),
-                                   legal)).sample(generator)
 
 
 def resolve_action_mask(setting: Any, spec: EnvSpec, section: str) -> int:
