@@ -32,6 +32,9 @@ parsed from one read.
 The package is split by concern: ``format`` (errors, values <-> JSON skeleton +
 tensors), ``store`` (atomic writes, verified reads), ``manager`` (numbered checkpoints
 with rotation) and ``rng`` (global RNG state).
+
+May import: ``rlloop.errors`` and ``system`` only: a checkpoint is data, read without
+the code that made it.
 """
 
 from __future__ import annotations

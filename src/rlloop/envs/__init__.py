@@ -2,6 +2,9 @@
 
 Names are imported on first use (PEP 562): `rlloop.envs.ids` checks an env id without
 torch, and importing it must not bring torch along with this package.
+
+May import: ``rlloop.errors``, ``system`` and ``config``; the networks above it only to
+check a network a user module names (``imports``).
 """
 
 from __future__ import annotations

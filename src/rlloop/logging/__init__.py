@@ -2,6 +2,8 @@
 
 Names are imported on first use (PEP 562): the MLflow child process imports its sink from
 here without torch, rich, MLflow or TensorBoard coming along with the package.
+
+May import: ``rlloop.errors`` and ``system`` only.
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""The task API: bring your own algorithm, let rlloop run the envs, batches and checkpoints."""
+"""The task API: bring your own algorithm, let rlloop run the envs, batches and checkpoints.
+
+What lives here: ``base`` (`Task`, its config and hooks), ``sampling`` (env worker pools
+with batched inference), ``dataset`` (trajectories -> minibatches), ``trainer``
+(`TaskTrainer`: the one loop with a task's update).
+
+May import: everything up to ``runs`` (the run directory, video, reports); nothing in rlloop
+imports it: a user's script does.
+"""
 
 from rlloop.tasks.base import Episode, Task, TaskConfig
 from rlloop.tasks.dataset import TrajectoryDataset, collate, make_dataloader

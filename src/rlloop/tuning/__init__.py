@@ -1,6 +1,10 @@
-"""Hyperparameter tuning with Optuna (``rlloop tune``): see `rlloop.tuning.study`.
+"""Hyperparameter tuning with Optuna (``rlloop tune``).
+
+See `rlloop.tuning.study`.
 
 Optuna is imported only when a study runs (``pip install 'rlloop[tune]'``).
+
+May import: everything up to ``runs`` (each trial is a run); nothing imports it but the CLI.
 """
 
 from __future__ import annotations
