@@ -19,7 +19,7 @@ from rlloop.errors import ConfigError
 from rlloop.runs.build import build_algorithm
 
 register()
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 STACK, SIDE = 4, 6
 
 

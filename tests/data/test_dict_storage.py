@@ -28,7 +28,7 @@ from rlloop.runs.memory import estimate
 from rlloop.runs.saved import evaluate_run
 from rlloop.runs.session import resume, train
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 CUE = "rlloop-test/DictCue-v0"
 MASKED = "rlloop-test/DictMaskedCue-v0"
 REACH = "rlloop-test/DictReach-v0"

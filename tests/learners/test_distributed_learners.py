@@ -167,7 +167,7 @@ def _tagged_processes(tag: str) -> list[int]:
 def _train_and_kill(tmp_path: Path, cli_env: dict[str, str], *sets: str):
     env = {**cli_env, "RLLOOP_TEST_TAG": uuid.uuid4().hex,
            "RLLOOP_TEST_KILL_MARKER": str(tmp_path / "killed"),
-           "PYTHONPATH": str(Path(__file__).parent) + os.pathsep + cli_env["PYTHONPATH"]}
+           "PYTHONPATH": str(Path(__file__).parents[1]) + os.pathsep + cli_env["PYTHONPATH"]}
     args = ["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(tmp_path / "run"),
             "--total-env-steps", "1536", "--callback", "learner_killer:KillLearnerRank"]
     for item in (*QUIET, "num_learners=2", "num_envs=4", "ppo.rollout_steps=64",

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "offpolicy.py"
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "offpolicy.py"
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from rlloop.errors import EnvError
 from rlloop.runs.build import build_algorithm
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false", "backend=envpool"]
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 needs_envpool = pytest.mark.skipif(
     not __import__("importlib").util.find_spec("envpool"), reason="envpool is not installed")
 

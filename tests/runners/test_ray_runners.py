@@ -32,7 +32,7 @@ from rlloop.runs.build import build_algorithm  # noqa: E402
 from rlloop.runs.session import Session  # noqa: E402
 from rlloop.trainers.loop import Trainer  # noqa: E402
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 SLOW_ENV = "rlloop.envs.slow:SlowCartPole-v1"
 

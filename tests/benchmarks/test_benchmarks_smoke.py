@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-GPU_BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+GPU_BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu.py"
 
 
 def run_benchmark(monkeypatch: pytest.MonkeyPatch, script: Path, *args: str) -> None:

@@ -396,7 +396,7 @@ def test_import_does_not_load_mlflow_or_tensorboard() -> None:
         "assert 'mlflow' not in sys.modules; "
         "assert 'torch.utils.tensorboard' not in sys.modules"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True)
     assert result.returncode == 0, result.stderr.decode()
 

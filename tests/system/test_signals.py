@@ -37,7 +37,7 @@ from rlloop.system.signals import (
     terminate_as_interrupt,
 )
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "reinforce_cartpole.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reinforce_cartpole.py"
 
 
 

@@ -27,7 +27,7 @@ from rlloop.system import devices
 register()
 register_box()
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 
 
 @pytest.mark.parametrize(("shape", "layout"), [

@@ -95,7 +95,7 @@ def test_presets_command_does_not_import_torch(tmp_path, cli_env):
 
 
 def test_zoo_benchmark_resumes_and_writes_the_table(tmp_path, cli_env):
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
     results, table = tmp_path / "zoo.jsonl", tmp_path / "table.md"
     args = [sys.executable, str(script), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
             "--seeds", "1", "--eval-episodes", "2", "--results", str(results),
@@ -116,7 +116,7 @@ def test_zoo_benchmark_resumes_a_seed_stopped_part_way(tmp_path, cli_env):
     from rlloop.config.run_config import build_config
     from rlloop.runs.session import train
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
     runs, results = tmp_path / "runs", tmp_path / "zoo.jsonl"
     # An earlier sitting's seed 1, stopped with a checkpoint at 1,024 of its 2,048 env steps
     stopped = train(build_config("ppo", "CartPole-v1", flags={"seed": 1,
@@ -140,7 +140,7 @@ def test_zoo_benchmark_resumes_a_seed_stopped_part_way(tmp_path, cli_env):
 def test_zoo_benchmark_leaves_a_seed_that_another_process_trains(tmp_path, cli_env):
     from rlloop.runs.lock import RunLock
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
     runs, results = tmp_path / "runs", tmp_path / "zoo.jsonl"
     # Another sitting trains seed 0 and has not reached its first checkpoint yet.
     live = runs / "CartPole-v1-ppo-0-0.02"
@@ -211,7 +211,7 @@ def test_box2d_sac_presets_translate_rl_zoos_lr_schedule_and_gsde():
 
 @pytest.mark.slow
 def test_zoo_benchmark_trains_seeds_in_parallel_processes(tmp_path, cli_env):
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
     results = tmp_path / "zoo.jsonl"
     args = [sys.executable, str(script), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
             "--seeds", "2", "--jobs", "2", "--eval-episodes", "2", "--results", str(results)]

@@ -14,7 +14,7 @@ from rlloop.config.run_config import build_config, from_dict, resumable
 from rlloop.errors import ConfigError
 from rlloop.runners.fragments import FragmentSampler
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 @pytest.mark.parametrize(("sets", "message"), [

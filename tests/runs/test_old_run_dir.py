@@ -19,7 +19,7 @@ from conftest import rlloop_cmd
 import rlloop
 from rlloop.runs.session import resume
 
-OLD_RUN = Path(__file__).parent / "fixtures" / "runs" / "ppo-cartpole-0.1.0"
+OLD_RUN = Path(__file__).parents[1] / "fixtures" / "runs" / "ppo-cartpole-0.1.0"
 
 
 def _copy(tmp_path: Path) -> Path:

@@ -110,7 +110,7 @@ def test_self_play_from_the_cli_grows_the_league_and_resumes(tmp_path, cli_env):
 
 
 def test_self_play_example_script_runs(tmp_path, cli_env):
-    script = Path(__file__).resolve().parents[1] / "examples" / "self_play_league.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "self_play_league.py"
     out = subprocess.run([sys.executable, str(script), "--run-dir", "league", "--every", "1",
                           "--size", "2", "--steps", "2048"], cwd=tmp_path, env=cli_env,
                          capture_output=True, text=True, timeout=300)

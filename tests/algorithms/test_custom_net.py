@@ -26,7 +26,7 @@ from rlloop.runs.build import build_algorithm
 from rlloop.runs.session import train
 
 QUIET = {"save_video": False, "progress": False, "mlflow": False}
-NETS = Path(__file__).with_name("custom_nets.py")
+NETS = Path(__file__).parents[1] / "custom_nets.py"
 
 
 def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -203,7 +203,7 @@ def test_reinforce_example_solves_cartpole(tmp_path, seed, workers):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
     from reinforce_cartpole import main
 
     result = main(["--run-dir", str(tmp_path / "run"), "--seed", str(seed), "--quiet",

@@ -189,7 +189,7 @@ def test_default_run_mlflow_store_is_complete_when_the_command_returns(
 
 
 def test_cli_wall_benchmark_quick_mode_runs(tmp_path: Path, cli_env: dict[str, str]) -> None:
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "cli_wall.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "cli_wall.py"
     out = subprocess.run([sys.executable, str(script), "--quick", "--workdir", str(tmp_path)],
                          env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr

@@ -121,7 +121,7 @@ def test_unrenderable_env_skips_the_video_with_one_warning(tmp_path, caplog):
 
 
 def test_task_sample_clip_to_mp4(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
     from reinforce_cartpole import ReinforceCartPole, default_config, make_policy
 
     task = ReinforceCartPole(default_config())
@@ -134,7 +134,7 @@ def test_task_sample_clip_to_mp4(tmp_path):
 
 
 def test_example_films_its_checkpoint_into_its_run_dir_without_training(tmp_path, monkeypatch):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
     from reinforce_cartpole import main
 
     monkeypatch.chdir(tmp_path)

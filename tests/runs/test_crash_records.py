@@ -16,7 +16,7 @@ from rlloop.logging import JsonlSink
 from rlloop.runs.session import Session
 from rlloop.runs.video import drop_leftover_clips
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 TINY = ["--set", "ppo.rollout_steps=32", "--set", "num_envs=4", "--set", "ppo.minibatch_size=64",
         "--set", "eval_every=4", "--set", "eval_episodes=2", "--set", "save_video=false",
         "--set", "stop_on_solve=false", "--set", "mlflow_interval_s=0.1", "--quiet"]
