@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 
 from rlloop.errors import RunDirError
+from rlloop.runfiles import refuse_hard_link
 
 try:
     import fcntl
@@ -78,6 +79,7 @@ class RunLock:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     raise _in_use(self.run_dir, self.path, fd) from None
+            refuse_hard_link(self.path, os.fstat(fd))  # the PID is written in place
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except BaseException:
