@@ -18,7 +18,6 @@ give the file's content (someone else's file, maybe) a new owner and mode.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import secrets
@@ -61,8 +60,7 @@ def check_members(run_dir: Path) -> None:
     for name in MEMBERS:
         refuse_link(run_dir / name)
     for name in IN_PLACE:
-        with contextlib.suppress(FileNotFoundError):
-            refuse_hard_link(run_dir / name, os.lstat(run_dir / name))
+        refuse_hard_link(run_dir / name)
     for name in TREES:
         for link in links_under(run_dir / name):
             refuse_link(link)
@@ -76,9 +74,15 @@ def refuse_link(member: Path, where: str = "a run directory",
                           f"never writes through links in {where}: remove the link or {fix}")
 
 
-def refuse_hard_link(path: Path, st: os.stat_result) -> None:
-    """``RunDirError`` if the regular file ``path`` (``st``: its stat or its open
-    descriptor's) has another hard link, which writing it in place would change too."""
+def refuse_hard_link(path: Path, st: os.stat_result | None = None) -> None:
+    """``RunDirError`` if the regular file ``path`` (``st``: its open descriptor's stat;
+    default: the name's, none if missing) has another hard link, which writing it in place
+    would change too."""
+    if st is None:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
     if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
         raise RunDirError(
             f"{path} has {st.st_nlink} hard links (names of one file, maybe outside this "

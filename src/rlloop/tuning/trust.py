@@ -14,8 +14,6 @@ Someone may share a study that a user resumes (``rlloop tune --resume DIR``). So
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,8 +46,7 @@ def check_study_links(path: Path) -> None:
     for member in (*(path / name for name in MEMBERS), *_trial_dirs(path)):
         _refuse_link(member)
     for name in IN_PLACE:
-        with contextlib.suppress(FileNotFoundError):
-            refuse_hard_link(path / name, os.lstat(path / name))
+        refuse_hard_link(path / name)
 
 
 def check_trial_dir(run_dir: Path) -> None:
