@@ -19,7 +19,8 @@ class RunDirError(RlloopError, ValueError):
 
 
 class DiskFullError(RlloopError, OSError):
-    """The device of the run directory is full; the run can resume once there is room."""
+    """The device of the run directory is full (or a file reached its size limit); the run
+    can resume once there is room."""
 
 
 # The two below are defined here, torch-free, so the CLI can catch them without importing

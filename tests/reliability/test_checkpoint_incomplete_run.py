@@ -1,10 +1,12 @@
 """A run directory copied with an interruption: checkpoint directories without their
 ``manifest.json``. A resume replaces them when it gets there instead of crashing, and
-``rlloop eval`` with a damaged ``best/`` evaluates the newest intact checkpoint instead."""
+``rlloop eval`` with a damaged ``best/`` evaluates the newest intact checkpoint instead.
+A symbolic link planted at a checkpoint's name is replaced too, never followed."""
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -53,6 +55,50 @@ def test_resume_replaces_checkpoints_without_manifest(trained, tmp_path):
     verify_checkpoint(run_dir / "best")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["best_eval_return"] is not None
+
+
+def test_resume_replaces_a_link_planted_at_its_next_checkpoint(trained, tmp_path):
+    run_dir = copy_of(trained, tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "notes.txt").write_text("precious")
+    (run_dir / "checkpoints" / "000001536").symlink_to(victim)
+
+    out = run(["train", "ppo", "--resume", str(run_dir), "--quiet", "--total-env-steps", "2048"],
+              tmp_path)
+    assert out.returncode == 0, out.stderr
+    line = one_error_line(out.stderr)
+    link = run_dir / "checkpoints" / "000001536"
+    assert line.startswith(f"replacing {link}: it is a symbolic link"), line
+    manager = CheckpointManager(run_dir / "checkpoints")
+    assert [steps(p) for p in manager.all()] == [512, 1024, 1536, 2048]
+    assert not link.is_symlink()
+    assert [p.name for p in victim.iterdir()] == ["notes.txt"]
+    assert (victim / "notes.txt").read_text() == "precious"
+
+
+@pytest.mark.parametrize("target", ["missing", "file", "checkpoint"])
+def test_a_save_replaces_a_link_at_its_name_whatever_it_points_to(trained, tmp_path, caplog,
+                                                                  target):
+    victim = {"missing": tmp_path / "gone", "file": tmp_path / "victim.txt",
+              "checkpoint": tmp_path / "victim"}[target]
+    if target == "file":
+        victim.write_text("precious")
+    elif target == "checkpoint":
+        shutil.copytree(trained / "best", victim)
+    before = sorted((p.name, p.read_bytes()) for p in victim.iterdir()) if target == \
+        "checkpoint" else victim.exists() and victim.read_bytes()
+    manager = CheckpointManager(tmp_path / "checkpoints")
+    manager.root.mkdir()
+    manager.path_for(512).symlink_to(victim)
+    with caplog.at_level(logging.WARNING):
+        saved = manager.save(512, {"x": {"step": 512}})
+    assert [r.message for r in caplog.records if "symbolic link" in r.message] != []
+    assert not saved.is_symlink() and load_checkpoint(saved).components == {"x": {"step": 512}}
+    assert [p.name for p in manager.root.iterdir()] == ["000000512"]  # no leftover
+    after = sorted((p.name, p.read_bytes()) for p in victim.iterdir()) if target == \
+        "checkpoint" else victim.exists() and victim.read_bytes()
+    assert after == before
 
 
 @pytest.mark.parametrize("damage", ["flip a byte", "no manifest"])

@@ -1,10 +1,13 @@
 """A full disk, for real: a small tmpfs mounted under the test's folder (root only; the
 tests skip where mounting is not permitted). The run ends with one line naming the
 directory and the space needed and exit code 3; the checkpoints already written stay
-intact, no temporary file is left, and the run resumes once there is room."""
+intact, no temporary file is left, and the run resumes once there is room. A file-size
+limit (``ulimit -f``) ends it the same way."""
 
 from __future__ import annotations
 
+import resource
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +17,7 @@ import pytest
 from rlloop.checkpoint import CheckpointManager, load_checkpoint, verify_checkpoint
 from rlloop.cli.main import EXIT_DISK_FULL
 
-from ._cli import one_error_line, run, train_args
+from ._cli import cli_environ, one_error_line, rlloop, run, train_args
 
 
 def _mount(point: Path, size: str) -> None:
@@ -72,3 +75,32 @@ def test_mlflow_store_on_a_full_disk_leaves_no_partial_copy(small_disk: Path) ->
     with pytest.raises(Exception, match="full"):
         MlflowSink(sqlite_tracking_uri(small_disk / "mlflow.db"), "exp")
     assert leftovers(small_disk) == []
+
+
+def _file_size_limit(limit: int) -> None:
+    """In the child: writes past ``limit`` bytes fail with EFBIG (SIGXFSZ ignored, as
+    Python ignores it; the signal would kill the process first)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_file_size_limit_ends_the_run_like_a_full_disk(tmp_path: Path) -> None:
+    from small_runs import train_ppo
+
+    run_dir = train_ppo(tmp_path / "run", steps=512)  # checkpoints of ~170 KiB
+    manager = CheckpointManager(run_dir / "checkpoints")
+    saved = manager.all()
+    # The resume's checkpoint has a 125 KiB file; its other writes are smaller than 64 KiB.
+    out = subprocess.run(rlloop("train", "ppo", "--resume", str(run_dir), "--quiet",
+                                "--total-env-steps", "1024"),
+                         env=cli_environ(), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=240, preexec_fn=lambda: _file_size_limit(64 * 1024))
+    assert out.returncode == EXIT_DISK_FULL, out.stderr
+    line = one_error_line(out.stderr)
+    assert line.startswith(f"rlloop: error: file too large in {run_dir}: "), line
+    assert "at most 64.0 KiB" in line and "ulimit -f" in line, line
+    assert f"--resume {run_dir}" in line, line
+    assert manager.all() == saved
+    for path in [*saved, run_dir / "best"]:
+        verify_checkpoint(path)
+    assert leftovers(run_dir) == []

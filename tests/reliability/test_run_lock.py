@@ -1,6 +1,7 @@
 """One trainer per run directory: a second ``rlloop train`` into a live run, or a
 ``--resume`` of it, is refused with exit 2 and the holder's PID; the lock of a SIGKILLed
-trainer is taken over; ``rlloop eval`` of a live run keeps working."""
+trainer is taken over; ``rlloop eval`` of a live run keeps working; removing ``.lock`` lets
+no second trainer in."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import os
 import signal
 import subprocess
 
+import pytest
 from proc_utils import wait_for
 
 from rlloop.checkpoint import CheckpointManager, is_checkpoint, load_checkpoint
-from rlloop.runs.lock import LOCK_FILE
+from rlloop.errors import RunDirError
+from rlloop.runs.lock import LOCK_FILE, RunLock
+from rlloop.runs.session import resume
 
 from ._cli import one_error_line, rows, run, start, train_args
 
@@ -87,3 +91,23 @@ def test_lock_of_a_killed_trainer_is_taken_over(tmp_path):
     final = load_checkpoint(manager.latest()).components["trainer"]["counters"]["env/steps"]
     assert final == steps + 512
     assert (run_dir / LOCK_FILE).read_text() == ""  # released at the end
+
+
+def test_removing_the_lock_file_lets_no_second_trainer_in(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(train_args(run_dir, 10**9, "--set", "checkpoint_every=1"), tmp_path)
+    manager = CheckpointManager(run_dir / "checkpoints")
+    try:
+        wait_for(lambda: manager.latest() is not None, proc, "the first checkpoint")
+        (run_dir / LOCK_FILE).unlink()  # what a "stale lock" cleanup does
+        # The resume's early probe and the lock its session takes are both refused, and
+        # name the live trainer although its PID file is gone.
+        with pytest.raises(RunDirError, match=f"PID {proc.pid} "):
+            resume(run_dir, total_env_steps=1)  # bounded where it is let in
+        with pytest.raises(RunDirError, match=f"PID {proc.pid} "):
+            RunLock(run_dir).acquire()
+        _stop(proc)
+    finally:
+        _kill_all([proc])
+    steps = [r["step"] for r in rows(run_dir) if "losses/policy" in r]
+    assert steps == sorted(set(steps))  # one writer: no interleaved rows

@@ -16,7 +16,7 @@ from conftest import rlloop_cmd
 
 from rlloop.config.run_config import build_config
 from rlloop.errors import RunDirError
-from rlloop.system.run_files import MEMBERS, check_members, open_append, write_file
+from rlloop.system.run_files import IN_PLACE, MEMBERS, check_members, open_append, write_file
 
 QUIET = ["--quiet", "--set", "mlflow=false", "--set", "save_video=false"]
 
@@ -160,6 +160,35 @@ def test_check_members_covers_every_member(tmp_path):
         (run / name).symlink_to(outside)
         with pytest.raises(RunDirError, match="symbolic link"):
             check_members(run)
+
+
+@pytest.mark.parametrize("member", ["metrics.jsonl", "mlflow.db", ".lock"])
+def test_resume_never_writes_in_place_through_a_hard_link(tmp_path, trained_run, member):
+    from rlloop.runs.session import resume
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    other = tmp_path / "other"  # the file's other name, outside the run
+    os.link(run / member, other)
+    if member == ".lock":  # empty once released: content the PID write would replace
+        other.write_text("precious\n")
+    before = other.read_bytes()
+    with pytest.raises(RunDirError, match=f"{member} has 2 hard links") as refused:
+        resume(run, total_env_steps=2048)  # with its MLflow store, as it was trained
+    assert "\n" not in str(refused.value) and "cp " in str(refused.value)
+    assert other.read_bytes() == before, "the other link's file was changed"
+
+
+def test_hard_links_are_refused_for_every_member_written_in_place(tmp_path):
+    for name in IN_PLACE:
+        run = tmp_path / f"run-{name}"
+        run.mkdir()
+        (run / name).write_bytes(b"")
+        os.link(run / name, tmp_path / f"other-{name}")
+        with pytest.raises(RunDirError, match="hard links"):
+            check_members(run)
+        with pytest.raises(RunDirError, match="hard links"):
+            open_append(run / name).close()  # checked on the descriptor, as it is written
 
 
 def test_write_file_replaces_a_link_instead_of_following_it(tmp_path):

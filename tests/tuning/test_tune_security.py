@@ -158,6 +158,17 @@ def test_resume_refuses_trials_that_is_a_link(study, tmp_path, capsys):
     assert sorted(p.name for p in victim.iterdir()) == ["trial-0000"]
 
 
+def test_resume_never_writes_a_study_database_that_has_another_hard_link(study, tmp_path,
+                                                                         capsys):
+    other = tmp_path / "other.db"  # the database's other name, outside the study
+    other.hardlink_to(study / "study.db")
+    before = other.read_bytes()
+    assert main(["tune", "--resume", str(study), "--trials", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{study / 'study.db'} has 2 hard links" in err and err.count("\n") == 1, err
+    assert other.read_bytes() == before
+
+
 @pytest.mark.parametrize("member", ["base.yaml", "study.db", "tune.json"])
 def test_a_new_study_never_writes_through_a_planted_link(tmp_path, capsys, member):
     """``base.yaml`` was overwritten through a link (copyfile), ``study.db`` created at its

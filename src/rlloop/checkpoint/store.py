@@ -178,11 +178,18 @@ def save_replacing(
     For fixed names such as ``<run>/best``. At every instant either the old or the new
     checkpoint is complete (see the module doc); an existing non-checkpoint is never replaced,
     except, with ``replace_incomplete``, a directory without a manifest: what an interrupted
-    copy of a run leaves under a name the caller owns.
+    copy of a run leaves under a name the caller owns; and a symbolic link there, which is
+    removed (never followed), with a warning.
     """
     path = Path(path)
     if path.parent.is_dir():
         _clean_leftovers(path.parent)
+    if replace_incomplete and path.is_symlink():
+        # A link planted at a name the run will reach (checkpoints/<next step>): refusing it
+        # stopped the run there on every resume; replacing it leaves its target alone.
+        _log.warning("replacing %s: it is a symbolic link (to %s), not a checkpoint; its "
+                     "target is left alone", path, os.readlink(path))
+        path.unlink()
     if (path.exists() or path.is_symlink()) and not is_checkpoint(path):
         incomplete = path.is_dir() and not path.is_symlink() and not (path / MANIFEST).exists()
         if not (replace_incomplete and incomplete):

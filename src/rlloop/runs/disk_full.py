@@ -2,7 +2,9 @@
 
 Checkpoints are written to a temporary sibling and renamed into place, so a full disk
 never damages the ones already there; the run can continue with ``--resume`` once there
-is room again.
+is room again. A file that may not grow (``EFBIG``: the process's file-size limit,
+``ulimit -f``, or the largest file its file system allows) ends the run the same way,
+naming that limit instead of the free space.
 """
 
 from __future__ import annotations
@@ -18,11 +20,17 @@ import torch
 
 from rlloop.errors import DiskFullError
 
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+try:
+    import resource
+except ImportError:  # not POSIX: no per-process file-size limit
+    resource = None  # type: ignore[assignment]
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 def disk_full_cause(exc: BaseException | None) -> OSError | None:
-    """The out-of-space ``OSError`` behind ``exc`` (itself, a cause or a context), else None."""
+    """The out-of-space ``OSError`` behind ``exc`` (itself, a cause or a context), else None:
+    a full disk or quota, or a file past its size limit."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -39,6 +47,8 @@ def disk_full_error(cause: OSError, run_dir: Path, need: int, resume_hint: str) 
         failed = Path(str(cause.filename)).resolve()
         if not failed.is_relative_to(run_dir.resolve()):
             where = failed.parent  # e.g. a cache or temp folder outside the run
+    if cause.errno == errno.EFBIG:
+        return _file_too_large(where, need, resume_hint)
     try:
         free = f"{_size(shutil.disk_usage(where).free)} free"
     except OSError:
@@ -46,6 +56,20 @@ def disk_full_error(cause: OSError, run_dir: Path, need: int, resume_hint: str) 
     return DiskFullError(
         f"no space left on device in {where} ({free}; the next checkpoint needs about "
         f"{_size(need)}); free space there, then {resume_hint}")
+
+
+def _file_too_large(where: Path, need: int, resume_hint: str) -> DiskFullError:
+    """One line for EFBIG: the file-size limit that stopped a write, and how to lift it."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0] if resource is not None else None
+    if limit is None or limit == resource.RLIM_INFINITY:  # the file system's own maximum
+        return DiskFullError(
+            f"file too large in {where}: its file system allows no larger file (the next "
+            f"checkpoint needs about {_size(need)}); move the run to another file system, "
+            f"then {resume_hint}")
+    return DiskFullError(
+        f"file too large in {where}: this process may write files of at most {_size(limit)} "
+        f"(its file-size limit, `ulimit -f`; the next checkpoint needs about {_size(need)}); "
+        f"raise the limit (`ulimit -f unlimited`), then {resume_hint}")
 
 
 def checkpoint_bytes(paths: Sequence[Path], algorithm: Any) -> int:

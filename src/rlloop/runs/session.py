@@ -6,7 +6,8 @@ finished run back is :mod:`rlloop.runs.saved`).
 
 Run directory layout::
 
-    <run>/.lock              held (flock) by the one process training the run
+    <run>/.lock              the PID of the one process training the run (it flocks the
+                             run directory and this file)
     <run>/config.yaml        the full resolved config
     <run>/run.json           run identity (MLflow run id, algo, env)
     <run>/metrics.jsonl      one JSON object per logged step

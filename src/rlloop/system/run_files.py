@@ -8,6 +8,12 @@ following it; files that are appended to are opened with ``O_NOFOLLOW``; and bef
 run writes anything, :func:`check_members` refuses members that are links (which could
 lead outside the directory) (stores and folders such as ``mlflow.db`` and ``checkpoints/``
 cannot be renamed over).
+
+A hard link is another name of the same file, possibly outside the run directory (made by
+``cp -al`` or planted). Renaming over it leaves the other name alone, but a file written in
+place (:data:`IN_PLACE`: appended to, truncated, a database's pages) would change it too.
+Such a member is refused, naming the fix, rather than copied: a copy made by rlloop would
+give the file's content (someone else's file, maybe) a new owner and mode.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -28,8 +35,13 @@ MEMBERS = (
     "summary.json", "report.html", "learning_curves.png", "losses.png", "diagnostics.png",
     "throughput.png", "policy.onnx", "policy.pt", "video.mp4", "mlflow.db", "checkpoints", "best",
     "tensorboard", "artifacts", "profile", "wandb", ".lock",
+    "mlflow.db-journal", "mlflow.db-wal", "mlflow.db-shm",  # SQLite's side files
 )
 """Every name rlloop writes directly inside a run directory."""
+
+IN_PLACE = ("metrics.jsonl", "mlflow.db", "mlflow.db-journal", "mlflow.db-wal",
+            "mlflow.db-shm", ".lock")
+"""The members written in place rather than renamed over: no second hard link allowed."""
 
 #: Members whose whole tree others write into (MLflow's artifact copies): no link anywhere
 #: below them either.
@@ -40,12 +52,15 @@ _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | getattr(os, "
 
 
 def check_members(run_dir: Path) -> None:
-    """Raise ``RunDirError`` if a member of ``run_dir`` is a symbolic link.
+    """Raise ``RunDirError`` if a member of ``run_dir`` is a symbolic link, or one written
+    in place has another hard link.
 
     Members are direct children, so only a link can make one resolve outside the run.
     """
     for name in MEMBERS:
         refuse_link(run_dir / name)
+    for name in IN_PLACE:
+        refuse_hard_link(run_dir / name)
     for name in TREES:
         for link in links_under(run_dir / name):
             refuse_link(link)
@@ -57,6 +72,23 @@ def refuse_link(member: Path, where: str = "a run directory",
     if member.is_symlink():
         raise RunDirError(f"{member} is a symbolic link (to {os.readlink(member)}); rlloop "
                           f"never writes through links in {where}: remove the link or {fix}")
+
+
+def refuse_hard_link(path: Path, st: os.stat_result | None = None) -> None:
+    """``RunDirError`` if the regular file ``path`` (``st``: its open descriptor's stat;
+    default: the name's, none if missing) has another hard link, which writing it in place
+    would change too."""
+    if st is None:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        raise RunDirError(
+            f"{path} has {st.st_nlink} hard links (names of one file, maybe outside this "
+            f"directory); rlloop writes it in place, which would change them all: give it a "
+            f"file of its own (cp {path} {path}.copy && mv {path}.copy {path}) or use "
+            f"another --run-dir")
 
 
 def links_under(folder: Path) -> Iterator[Path]:
@@ -106,13 +138,19 @@ def write_file(path: Path, data: str | bytes) -> None:
 
 
 def open_append(path: Path) -> IO[str]:
-    """``path`` opened for appending text, line-buffered; a link there is refused."""
+    """``path`` opened for appending text, line-buffered; a link there (symbolic, or
+    another hard link of the file) is refused."""
     try:
         fd = os.open(path, _APPEND, 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise RunDirError(f"{path} is a symbolic link; rlloop never writes through links "
                               "in a run directory: remove the link") from None
+        raise
+    try:
+        refuse_hard_link(path, os.fstat(fd))  # the file opened, whatever the name holds now
+    except BaseException:
+        os.close(fd)
         raise
     return os.fdopen(fd, "a", encoding="utf-8", buffering=1)
 

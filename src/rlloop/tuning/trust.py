@@ -8,7 +8,8 @@ Someone may share a study that a user resumes (``rlloop tune --resume DIR``). So
   ``ray.address``) unless the user consents with ``--allow-import``
   (:func:`check_saved_study`); a new study's settings are the user's own and unchecked;
 - rlloop never writes through a symbolic link among the study's own members
-  (:func:`check_study_links`) or at a trial's run directory (:func:`check_trial_dir`).
+  (:func:`check_study_links`) or at a trial's run directory (:func:`check_trial_dir`),
+  nor into a study database (SQLite writes it in place) that has another hard link.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rlloop.config.run_config import config_layers
 from rlloop.envs.imports import check_env_import, check_net_import, check_saved_endpoints
 from rlloop.errors import ConfigError
 from rlloop.runs.lock import LOCK_FILE
-from rlloop.system.run_files import STUDY_FILE, refuse_link
+from rlloop.system.run_files import STUDY_FILE, refuse_hard_link, refuse_link
 from rlloop.tuning.settings import TuneSettings
 from rlloop.tuning.space import as_set
 
@@ -30,15 +31,20 @@ TRIALS = "trials"
 MEMBERS = (STUDY_FILE, "base.yaml", "space.yaml", "best.yaml", "study.db",
            "study.db-journal", "study.db-wal", "study.db-shm", LOCK_FILE, TRIALS)
 """Every name rlloop writes directly inside a study directory (SQLite's side files too)."""
+IN_PLACE = ("study.db", "study.db-journal", "study.db-wal", "study.db-shm")
+"""The members written in place (``.lock`` is checked by the lock itself)."""
 
 CONSENT = "--allow-import to trust this study's settings (Python: allow_import=True)"
 
 
 def check_study_links(path: Path) -> None:
     """``RunDirError`` if a member of the study in ``path`` or one of its trial run
-    directories is a symbolic link: rlloop would write through it, outside the study."""
+    directories is a symbolic link: rlloop would write through it, outside the study; or
+    if its database has another hard link, which SQLite's writes would change too."""
     for member in (*(path / name for name in MEMBERS), *_trial_dirs(path)):
         _refuse_link(member)
+    for name in IN_PLACE:
+        refuse_hard_link(path / name)
 
 
 def check_trial_dir(run_dir: Path) -> None:
