@@ -164,6 +164,7 @@ def test_number_spellings_in_int_fields_and_schedules():
          "ppo.clip_coef: cosine schedule steps must be an integer > 0"),
         (["ppo.ent_coef={type: piecewise, points: [[0, 0.1], [10, .inf]]}"],
          "ppo.ent_coef: piecewise schedule point_value must be a finite number"),
+        (["max_skipped_share=1.5"], r"max_skipped_share must be in \[0, 1\]"),
     ],
 )
 def test_nonsense_values_raise_config_error(sets, message):
