@@ -44,6 +44,9 @@ def _train(args: list[str], env: dict[str, str], cwd: Path) -> tuple[dict[str, o
     (["dqn", "--env", "CartPole-v1", "--set", "dqn.tau=2"],
      "rlloop: error: dqn.tau must be in (0, 1], got 2"),
     (["ppo", "--set", "ppo.micro_batch=0"], "rlloop: error: ppo.micro_batch must be > 0"),
+    # Pendulum with g=.nan stepped NaN forever.
+    (["sac", "--env", "Pendulum-v1", "--set", "env_kwargs.g=.nan"],
+     "rlloop: error: env_kwargs.g must be a finite number, got nan"),
     # An empty --resume trained a new run; --set env= kept the first env's preset.
     (["ppo", "--resume", ""], "rlloop: error: --resume is empty"),
     (["ppo", "--set", "env=Acrobot-v1"], "rlloop: error: --set env=... would keep the preset"),

@@ -25,7 +25,7 @@ import yaml
 
 from rlloop.algorithms import ALGORITHMS
 from rlloop.device_names import check_device_name
-from rlloop.errors import ConfigError, check_finite
+from rlloop.errors import ConfigError, check_finite, check_finite_values
 from rlloop.presets import preset
 from rlloop.profiling import ProfileConfig
 from rlloop.ray_cluster import RayConfig, check_env_runners
@@ -276,6 +276,7 @@ class RunConfig:
         if not 0 <= self.max_skipped_share <= 1:
             raise ConfigError(f"max_skipped_share must be in [0, 1] (1: never stop for skipped "
                               f"updates), got {self.max_skipped_share}")
+        check_finite_values("env_kwargs", self.env_kwargs)  # (check_finite sees no entries)
         limit = self.env_kwargs.get("max_episode_steps")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                                   or limit <= 0):
