@@ -44,9 +44,10 @@ def _train(args: list[str], env: dict[str, str], cwd: Path) -> tuple[dict[str, o
     (["dqn", "--env", "CartPole-v1", "--set", "dqn.tau=2"],
      "rlloop: error: dqn.tau must be in (0, 1], got 2"),
     (["ppo", "--set", "ppo.micro_batch=0"], "rlloop: error: ppo.micro_batch must be > 0"),
-    # Pendulum with g=.nan stepped NaN forever.
+    # Pendulum with g=.nan stepped NaN forever; a negative entropy bonus was trained with.
     (["sac", "--env", "Pendulum-v1", "--set", "env_kwargs.g=.nan"],
      "rlloop: error: env_kwargs.g must be a finite number, got nan"),
+    (["ppo", "--set", "ppo.ent_coef=-5"], "rlloop: error: ppo.ent_coef must be >= 0"),
     # An empty --resume trained a new run; --set env= kept the first env's preset.
     (["ppo", "--resume", ""], "rlloop: error: --resume is empty"),
     (["ppo", "--set", "env=Acrobot-v1"], "rlloop: error: --set env=... would keep the preset"),
