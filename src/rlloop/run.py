@@ -772,10 +772,15 @@ def saved_best_return(best: Path) -> float | None:
 def _check_tracking_store(config: RunConfig) -> None:
     """Refuse, before training, an MLflow store that MLflow would refuse after it."""
     if config.mlflow and config.mlflow_tracking_uri:
-        from rlloop.logging.mlflow_sink import file_store_refusal, unknown_scheme_refusal
+        from rlloop.logging.mlflow_sink import (
+            file_store_refusal,
+            sqlite_store_refusal,
+            unknown_scheme_refusal,
+        )
 
         uri = config.mlflow_tracking_uri
-        reason = unknown_scheme_refusal(uri) or file_store_refusal(uri)
+        reason = (unknown_scheme_refusal(uri) or file_store_refusal(uri)
+                  or sqlite_store_refusal(uri))
         if reason is not None:
             raise ConfigError(reason)
 
