@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+from collections.abc import Mapping
 
 
 class RlloopError(Exception):
@@ -44,6 +46,22 @@ def check_finite(section: str, config: object) -> None:
         value = getattr(config, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{prefix}{f.name} must be a finite number, got {value}")
+
+
+def check_finite_values(name: str, value: object) -> None:
+    """ConfigError for the first NaN or infinite number anywhere in ``value``, a setting of
+    free shape (``env_kwargs``): mappings and lists are searched, and the error names the
+    entry (``env_kwargs.opts.scale[1]``)."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            check_finite_values(f"{name}.{key}", item)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            check_finite_values(f"{name}[{i}]", item)
+    # (NumPy floats are Reals too; integers are finite, and may overflow math.isfinite)
+    elif (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+          and not math.isfinite(value)):
+        raise ConfigError(f"{name} must be a finite number, got {value}")
 
 
 #: The largest |init_log_std|: a standard deviation from 2e-9 to 5e8 (float32's exp

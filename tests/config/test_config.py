@@ -164,6 +164,15 @@ def test_number_spellings_in_int_fields_and_schedules():
          "ppo.clip_coef: cosine schedule steps must be an integer > 0"),
         (["ppo.ent_coef={type: piecewise, points: [[0, 0.1], [10, .inf]]}"],
          "ppo.ent_coef: piecewise schedule point_value must be a finite number"),
+        # env_kwargs reach the env unchecked: Pendulum's g=.nan made every step NaN.
+        (["env_kwargs.g=.nan"], "env_kwargs.g must be a finite number, got nan"),
+        (["env.opts={scale: [1.0, .inf]}"],
+         r"env_kwargs.opts.scale\[1\] must be a finite number, got inf"),
+        # A negative entropy bonus trains the policy to stop exploring.
+        (["ppo.ent_coef=-5"], r"ppo.ent_coef must be >= 0 \(a negative weight"),
+        (["ppo.ent_coef={type: linear, start: 0.01, end: -0.01, steps: 1000}"],
+         "ppo.ent_coef must be >= 0"),
+        (["max_skipped_share=1.5"], r"max_skipped_share must be in \[0, 1\]"),
     ],
 )
 def test_nonsense_values_raise_config_error(sets, message):

@@ -44,6 +44,10 @@ def _train(args: list[str], env: dict[str, str], cwd: Path) -> tuple[dict[str, o
     (["dqn", "--env", "CartPole-v1", "--set", "dqn.tau=2"],
      "rlloop: error: dqn.tau must be in (0, 1], got 2"),
     (["ppo", "--set", "ppo.micro_batch=0"], "rlloop: error: ppo.micro_batch must be > 0"),
+    # Pendulum with g=.nan stepped NaN forever; a negative entropy bonus was trained with.
+    (["sac", "--env", "Pendulum-v1", "--set", "env_kwargs.g=.nan"],
+     "rlloop: error: env_kwargs.g must be a finite number, got nan"),
+    (["ppo", "--set", "ppo.ent_coef=-5"], "rlloop: error: ppo.ent_coef must be >= 0"),
     # An empty --resume trained a new run; --set env= kept the first env's preset.
     (["ppo", "--resume", ""], "rlloop: error: --resume is empty"),
     (["ppo", "--set", "env=Acrobot-v1"], "rlloop: error: --set env=... would keep the preset"),
@@ -223,6 +227,38 @@ def test_a_tracking_uri_no_store_opens_is_refused_before_training(
     for taken in ("http://127.0.0.1:5000", "https://h", "sqlite:///x.db", "databricks",
                   "postgresql+psycopg2://u@h/db", "file:/tmp/m", "/tmp/m", "C:/m"):
         assert unknown_scheme_refusal(taken) is None, taken
+
+
+def test_an_sqlite_store_that_cannot_be_made_is_refused_before_training(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``sqlite:////proc/nope/db`` was taken at the start; the MLflow child failed to make
+    it and the run's rows were lost at the end. It is refused first, and nothing is
+    written."""
+    from rlloop.cli.main import main
+    from rlloop.logging.mlflow_sink import sqlite_store_refusal
+
+    if not Path("/proc").is_dir():
+        pytest.skip("no /proc on this system")
+    uri = "sqlite:////proc/nope/db"
+    code = main(["train", "ppo", "--run-dir", str(tmp_path / "run"), "--quiet",
+                 "--set", "total_env_steps=256", "--set", f"mlflow_tracking_uri={uri}"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"rlloop: error: mlflow_tracking_uri {uri!r}: the database "
+                               "cannot be created in /proc"), lines[0]
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "notes.txt").write_text("not a database")
+    for refused, why in ((tmp_path, "names a directory"),
+                         (tmp_path / "a-file" / "m.db", "a-file is a file"),
+                         (tmp_path / "notes.txt", "is not an SQLite database")):
+        assert why in (sqlite_store_refusal(f"sqlite:///{refused}") or ""), refused
+    # A store that can be made (its folders too) or opened is taken, and nothing is left.
+    for taken in (f"sqlite:///{tmp_path / 'new' / 'deeper' / 'm.db'}",
+                  f"sqlite:///{tmp_path / 'a-file'}", "sqlite://", "sqlite:///:memory:",
+                  "http://127.0.0.1:5000"):
+        assert sqlite_store_refusal(taken) is None, taken
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "notes.txt"]
 
 
 def test_an_mlflow_file_store_is_taken_when_the_user_opts_in(monkeypatch) -> None:

@@ -234,3 +234,28 @@ def test_an_algorithm_that_does_not_fit_the_env_is_refused_before_any_trial(tmp_
     err = capsys.readouterr().err
     assert "dqn needs discrete actions but Pendulum-v1 has continuous ones" in err
     assert err.count("\n") == 1 and not study.exists()
+
+
+def test_a_trial_that_skips_its_updates_fails_and_the_study_goes_on(tmp_path, capsys):
+    """A trial whose run stops for skipping its updates (max_skipped_share) is a failed
+    trial, as one that does not fit the env: the study tries others (here five, all on an
+    env that is NaN at every step, and then says why)."""
+    import gymnasium
+    from test_guard_e2e import ALL_NAN_ID, nan_cartpole
+
+    gymnasium.register(ALL_NAN_ID, entry_point=nan_cartpole, disable_env_checker=True)
+    space = tmp_path / "space.yaml"
+    space.write_text("ppo.lr: {low: 1e-4, high: 1e-3}\n")
+    study = tmp_path / "study"
+    try:
+        code = main(["tune", "ppo", *TINY[2:], *NO_MLFLOW, "--env", ALL_NAN_ID, "--trials", "1",
+                     "--space", str(space), "--total-env-steps", "256",
+                     "--set", "ppo.rollout_steps=16", "--set", "ppo.minibatch_size=64",
+                     "--run-dir", str(study)])
+    finally:
+        gymnasium.registry.pop(ALL_NAN_ID, None)
+    assert code == 2
+    assert "5 trials in a row failed (last: 100% of the updates" in capsys.readouterr().err
+    trials = _study(study).trials
+    assert [t.state.name for t in trials] == ["FAIL"] * 5
+    assert all("max_skipped_share" in t.user_attrs["error"] for t in trials)

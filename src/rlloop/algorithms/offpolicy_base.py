@@ -71,6 +71,15 @@ class OffPolicyLearnerBase(Learner[ReplayBatch]):
         if self.step.skipped is not None:
             self.step.skipped.fill_(value)
 
+    @property
+    def tried_updates(self) -> int:  # type: ignore[override]
+        """Gradient updates tried, skipped ones included: :attr:`updates`."""
+        return self.updates
+
+    @tried_updates.setter
+    def tried_updates(self, value: int) -> None:
+        self.updates = value
+
     def skip_count(self) -> Tensor:
         """:attr:`skipped_updates` as a new tensor, without a host sync."""
         return self.step.skipped.clone() if self.step.skipped is not None else torch.zeros(())

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from rlloop.config.gradient_clip import GradientClip
 from rlloop.config.network_choices import ENCODERS, check_cnn_precision, check_net_path
-from rlloop.config.schedules import ScheduleError, make_schedule
+from rlloop.config.schedules import ScheduleError, make_schedule, schedule_spec
 from rlloop.config.unused_settings import Dependency, Replacement
 from rlloop.errors import ConfigError, check_finite, check_init_log_std
 
@@ -168,7 +168,10 @@ factor 1/2). Tuned values per env live in the presets (``rlloop presets ppo``)."
                               f"{self.section}.gae_lambda in [0, 1]")
         if _start_value(f"{self.section}.clip_coef", self.clip_coef) <= 0:
             raise ConfigError(f"{self.section}.clip_coef must be > 0, got {self.clip_coef}")
-        _start_value(f"{self.section}.ent_coef", self.ent_coef)
+        if _lowest_value(f"{self.section}.ent_coef", self.ent_coef) < 0:
+            raise ConfigError(f"{self.section}.ent_coef must be >= 0 (a negative weight "
+                              "rewards the policy for losing its entropy: it stops exploring), "
+                              f"got {self.ent_coef}; use 0 for no entropy bonus")
         if self.target_kl is not None and self.target_kl <= 0:
             raise ConfigError(f"{self.section}.target_kl must be > 0 (or null: never stop "
                               f"early), got {self.target_kl}")
@@ -225,6 +228,15 @@ def _start_value(name: str, value: float | dict[str, Any]) -> float:
         return make_schedule(value)(0)
     except ScheduleError as e:
         raise ConfigError(f"{name}: {e}") from None
+
+
+def _lowest_value(name: str, value: float | dict[str, Any]) -> float:
+    """The lowest value a scalar-or-schedule setting ``name`` takes: every built-in
+    schedule stays between its start and end values (or its points' values)."""
+    _start_value(name, value)  # ConfigError if unbuildable
+    spec = schedule_spec(make_schedule(value))
+    values = [spec[key] for key in ("value", "start", "end") if key in spec]
+    return float(min(values + [y for _, y in spec.get("points", ())]))
 
 
 @dataclass

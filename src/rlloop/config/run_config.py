@@ -25,7 +25,7 @@ import yaml
 
 from rlloop.config.presets import preset
 from rlloop.config.registry import ALGORITHMS
-from rlloop.errors import ConfigError, check_finite
+from rlloop.errors import ConfigError, check_finite, check_finite_values
 from rlloop.runners.ray_cluster import RayConfig, check_env_runners
 from rlloop.system.device_names import check_device_name
 from rlloop.system.profiling import ProfileConfig
@@ -45,11 +45,14 @@ MAX_ENV_STEPS = 10**15
 RESUMABLE_KEYS = frozenset({
     "total_env_steps", "stop_on_solve", "solve_threshold", "solve_episodes", "eval_every",
     "eval_episodes", "checkpoint_every", "keep_checkpoints", "torch_threads", "device",
-    "mlflow", "mlflow_interval_s", "tensorboard", "progress", "on_nonfinite", "save_video",
+    "mlflow", "mlflow_interval_s", "tensorboard", "progress", "on_nonfinite",
+    "max_skipped_share", "save_video",
     "profile", "wandb", "wandb_project",
     "max_weight_lag", "restart_failed_env_runners", "max_restarts", "ray.address",
     "ray.dashboard", "ray.num_cpus_per_runner", "num_learners", "max_learner_restarts",
     "ray.learner_actors", "ray.num_cpus_per_learner", "ray.num_gpus_per_learner"})
+#: Metrics records in a row over which ``max_skipped_share`` is judged (its docstring says 10).
+SKIPPED_SHARE_RECORDS = 10
 #: Algorithms whose learner can run as several processes (``num_learners > 1``).
 DISTRIBUTED_ALGOS = ("ppo", "sac")
 #: The same inside an algorithm's section (the off-policy cadence and evaluator).
@@ -136,7 +139,14 @@ class RunConfig:
     """Keyword arguments for the env constructor (gymnasium.make kwargs)."""
     on_nonfinite: Literal["skip", "raise"] = "skip"
     """A NaN/inf in a batch, loss or gradient skips that update (counted in
-    guard/skipped_updates) or stops the run with an error naming the step."""
+    guard/skipped_updates; the first skip is a console warning) or stops the run with an
+    error naming the step."""
+    max_skipped_share: float = 0.5
+    """With on_nonfinite=skip: the run stops with an error (its final checkpoint written
+    first) once more than this share of its updates were skipped, averaged over 10 metrics
+    records in a row (each iteration's, off-policy each record_interval's; all of them in
+    a run that ends sooner): an env or setting that yields NaN/inf all the time, so nothing
+    is learned. 1: never stop."""
     step_timeout: float | None = 60.0
     """Seconds a gymnasium-async env worker may take to answer a step or reset before the
     run stops with an error naming the env (null: wait forever). A worker's first answer,
@@ -263,6 +273,10 @@ class RunConfig:
         if self.mlflow_interval_s < 0:
             raise ConfigError(f"mlflow_interval_s must be >= 0 (0: write every iteration), got "
                               f"{self.mlflow_interval_s}")
+        if not 0 <= self.max_skipped_share <= 1:
+            raise ConfigError(f"max_skipped_share must be in [0, 1] (1: never stop for skipped "
+                              f"updates), got {self.max_skipped_share}")
+        check_finite_values("env_kwargs", self.env_kwargs)  # (check_finite sees no entries)
         limit = self.env_kwargs.get("max_episode_steps")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                                   or limit <= 0):

@@ -61,7 +61,8 @@ class UnknownModuleError(LearnerError, KeyError):
 
 
 class NonFiniteError(RlloopError, FloatingPointError):
-    """A NaN or infinity reached a loss or gradient with ``on_nonfinite="raise"``."""
+    """A NaN or infinity reached a loss or gradient with ``on_nonfinite="raise"``, or a run
+    skipped more of its updates for them than its ``max_skipped_share``."""
 
 
 BatchT = TypeVar("BatchT", bound=TensorBatch)
@@ -112,6 +113,9 @@ class Learner(Generic[BatchT]):
         self.on_nonfinite = on_nonfinite
         self.stats_prefix = stats_prefix
         self.skipped_updates = 0
+        #: Gradient steps tried, skipped ones included; a batch refused whole for a NaN/inf
+        #: counts as one. With ``skipped_updates``, the share of updates a run skipped.
+        self.tried_updates = 0
         self.modules = nn.ModuleDict()
         self.metrics = MetricsLogger()
         self._optims: dict[tuple[str, str], _Optim] = {}
@@ -352,6 +356,7 @@ class Learner(Generic[BatchT]):
     def gradient_step(self, mb: MultiBatch[BatchT]) -> dict[str, Tensor]:
         """:meth:`update_minibatch` on prepared minibatches of modules to be updated."""
         optims = [(key, o) for key, o in self._optims.items() if key[0] in mb]
+        self.tried_updates += 1
         for _, o in optims:
             o.optimizer.zero_grad(set_to_none=True)
         losses, stats = self.forward_backward(mb)
@@ -459,6 +464,11 @@ class Learner(Generic[BatchT]):
         for stats in steps:
             self.metrics.log_dict(stats, clear_on_reduce=True)
 
+    def _skip_batch(self) -> None:
+        """Skip a batch with a NaN/inf in it: one update tried and skipped."""
+        self.tried_updates += 1
+        self._skip("observation, reward or target in the batch", {})
+
     def _skip(self, what: str, stats: dict[str, Tensor]) -> dict[str, Tensor]:
         self.skipped_updates += 1
         if self.on_nonfinite == "raise":
@@ -505,7 +515,7 @@ class Learner(Generic[BatchT]):
         self._check_batch(batch)
         batch = {m: b for m, b in batch.items() if len(b) > 0}
         if not self.batch_is_finite(batch):
-            self._skip("observation, reward or target in the batch", {})
+            self._skip_batch()
             return self._finish(0)
         return self._run(self._minibatches(batch, num_epochs, minibatch_size,
                                            shuffle_batch_per_epoch, generator), stop)
@@ -534,7 +544,7 @@ class Learner(Generic[BatchT]):
                 if self.batch_is_finite(mb):
                     yield mb
                 else:
-                    self._skip("observation, reward or target in the batch", {})
+                    self._skip_batch()
 
         return self._run(checked(), stop)
 

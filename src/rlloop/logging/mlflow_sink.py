@@ -21,6 +21,7 @@ import os
 import re
 import secrets
 import subprocess
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +47,8 @@ _TRUNCATED: Final = "...[truncated]"
 _BAD_NAME_CHARS: Final = re.compile(r"[^/\w.\- ]")
 _END_STATUSES: Final = frozenset({"FINISHED", "FAILED", "KILLED"})
 _SQLITE_PREFIX: Final = "sqlite:///"
+#: The first bytes of every SQLite database file.
+_SQLITE_HEADER: Final = b"SQLite format 3\x00"
 
 _T = TypeVar("_T")
 
@@ -85,6 +88,40 @@ def file_store_refusal(tracking_uri: str) -> str | None:
     return (f"mlflow_tracking_uri {tracking_uri!r} is MLflow's file store, which this MLflow "
             "refuses; use a database store (e.g. sqlite:///mlruns.db), leave it unset (a "
             "store inside the run directory), or set MLFLOW_ALLOW_FILE_STORE=true")
+
+
+def sqlite_store_refusal(tracking_uri: str) -> str | None:
+    """Why a ``sqlite:///`` store can be neither opened nor created (a directory in the
+    file's place, no write access to it or to the folder it goes in), in one line naming
+    the fix; None when it can be, and for every other store. The sink would find out in
+    its own process, where a run's rows are then lost; this creates nothing."""
+    path = _sqlite_path(tracking_uri)
+    if path is None:
+        return None
+    fix = ("pick a writable place (sqlite:///DIR/mlflow.db), or leave mlflow_tracking_uri "
+           "unset (a store inside the run directory)")
+    if path.is_dir():
+        return f"mlflow_tracking_uri {tracking_uri!r} names a directory, not a database; {fix}"
+    folder = path.parent  # MLflow makes the missing folders; SQLite writes its journal there
+    while not folder.exists():
+        folder = folder.parent
+    try:
+        if path.exists():
+            with open(path, "r+b") as f:
+                header = f.read(len(_SQLITE_HEADER))
+            if header and header != _SQLITE_HEADER:  # (SQLite makes an empty file its own)
+                return (f"mlflow_tracking_uri {tracking_uri!r} names a file that is not an "
+                        "SQLite database; name an MLflow database or a new file, or leave "
+                        "mlflow_tracking_uri unset (a store inside the run directory)")
+        elif not folder.is_dir():
+            return (f"mlflow_tracking_uri {tracking_uri!r} cannot be created: {folder} is a "
+                    f"file; {fix}")
+        os.rmdir(tempfile.mkdtemp(prefix=".rlloop-", dir=folder))
+    except OSError as e:
+        what = "opened" if path.exists() else f"created in {folder}"
+        return (f"mlflow_tracking_uri {tracking_uri!r}: the database cannot be {what} "
+                f"({e.strerror}); {fix}")
+    return None
 
 
 #: The tracking-store schemes MLflow itself opens (a ``+driver`` suffix aside, e.g.

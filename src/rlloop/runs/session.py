@@ -31,6 +31,7 @@ import re
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,12 +54,20 @@ from rlloop.checkpoint import (
     save_replacing,
 )
 from rlloop.trainers.stop_conditions import Condition, HitsUpperBound
-from rlloop.config.run_config import RunConfig, build_config, load_yaml, parse_set, resumable
+from rlloop.config.run_config import (
+    SKIPPED_SHARE_RECORDS,
+    RunConfig,
+    build_config,
+    load_yaml,
+    parse_set,
+    resumable,
+)
 from rlloop.runs.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
 from rlloop.envs.imports import check_saved_endpoints, saved_endpoints
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.learners.distributed import LearnerGroupError
+from rlloop.learners.learner import Learner, NonFiniteError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
 from rlloop.logging.process_sink import has_spare
 from rlloop.system.numerics import flushed_denormals
@@ -165,6 +174,71 @@ class _Checkpoints:
         # Here, not in a stop condition: its evaluation then comes before the iteration's
         # checkpoint, which must count it (the eval count seeds the next evaluation).
         self.session.check_solved(value)
+
+
+class _SkippedUpdates:
+    """Trainer callback: with ``on_nonfinite=skip``, a warning when updates are first
+    skipped for a NaN/inf, and :class:`NonFiniteError` once more than ``max_skipped_share``
+    of them were skipped, averaged over ``SKIPPED_SHARE_RECORDS`` records in a row: a run
+    whose env yields NaN every step skipped every update and still ended as a success.
+
+    A record is a step whose stats report ``guard/skipped_updates`` (each iteration's;
+    border's every record_interval): the counters are read there, so an off-policy update
+    still never waits for the device.
+    """
+
+    def __init__(self, config: RunConfig, learner: Learner[Any]) -> None:
+        self.active = config.on_nonfinite == "skip"  # (raise stops at the first skip)
+        self.limit = config.max_skipped_share
+        self.learner = learner
+        #: The share of its updates each of the latest records skipped.
+        self.shares: deque[float] = deque(maxlen=SKIPPED_SHARE_RECORDS)
+        self.warned = False
+        self.counts = (0, 0)  # tried and skipped updates at the latest record
+
+    def start(self) -> None:
+        """Count from the learner's counters as they are now (a resumed run's restored)."""
+        self.counts = (self.learner.tried_updates, self.learner.skipped_updates)
+        self.shares.clear()
+
+    def on_step(self, trainer: Trainer, stats: Stats) -> None:
+        if not self.active or "guard/skipped_updates" not in stats:
+            return
+        tried, skipped = self.learner.tried_updates, self.learner.skipped_updates
+        new_tried, new_skipped = tried - self.counts[0], skipped - self.counts[1]
+        self.counts = (tried, skipped)
+        if new_tried <= 0:
+            return  # no update since the latest record
+        self.shares.append(new_skipped / new_tried)
+        if new_skipped and not self.warned:
+            self.warned = True
+            then = ("the run goes on (max_skipped_share=1)" if self.limit >= 1 else
+                    f"the run stops if more than {self.limit:.0%} of its updates are skipped "
+                    f"over {SKIPPED_SHARE_RECORDS} records in a row (max_skipped_share)")
+            _log.warning("updates are being skipped: %d of %d up to env step %s had a "
+                         "NaN/inf in the batch, loss or gradient (guard/skipped_updates); "
+                         "%s", new_skipped, new_tried,
+                         f"{trainer.state['env/steps']:,}", then)
+        if len(self.shares) == SKIPPED_SHARE_RECORDS:
+            self.judge(trainer)
+
+    def on_eval(self, trainer: Trainer, stats: Stats) -> None:
+        pass
+
+    def judge(self, trainer: Trainer) -> None:
+        """Raise :class:`NonFiniteError` if the latest records skipped more than the limit
+        (the end of a run shorter than the window judges all of its records)."""
+        if not self.active or not self.shares:
+            return
+        share = sum(self.shares) / len(self.shares)
+        if share > self.limit:
+            raise NonFiniteError(
+                f"{share:.0%} of the updates of the last {len(self.shares)} metrics records "
+                f"(to env step {trainer.state['env/steps']:,}) were skipped for a NaN/inf in "
+                f"the batch, loss or gradient, more than max_skipped_share={self.limit:g}: "
+                "the run is not learning. Check the env's observations and rewards (and "
+                "env_kwargs) or lower the learning rate, or raise max_skipped_share (1: "
+                "never stop)")
 
 
 class Session:
@@ -274,9 +348,12 @@ class Session:
         if config.profile is not None:
             self.profiler = TraceProfiler(config.profile, run_dir / "profile")
             self.profiler.label(self.algorithm, ALGORITHMS[config.algo].kind)
+        # Last: it may stop the run, after the others have heard the step.
+        self.skipped_updates = _SkippedUpdates(config, self.algorithm.learner)
         self.trainer = Trainer(self.algorithm, sink=self.sink, eval_episodes=config.eval_episodes,
                                callbacks=[_Checkpoints(self), *self.user_callbacks.each(),
-                                          *([self.profiler] if self.profiler else [])],
+                                          *([self.profiler] if self.profiler else []),
+                                          self.skipped_updates],
                                schedule=schedule)
         self.trainer.stop_early = self._stop_now
         if resume:
@@ -461,6 +538,7 @@ class Session:
         stats: Stats = {}
         self.phases.add("startup", self.phases.elapsed())
         self._start_steps = trainer.state["env/steps"]
+        self.skipped_updates.start()
         self._final: dict[str, Any] | None = None
         with supervised(self, self._finish), self._profiling():
             try:
@@ -476,6 +554,8 @@ class Session:
                                             stop_conditions=self.stop_conditions())
                     finally:
                         self._training = False
+                    if not self.stop_requested:  # (a stop signal asks for a quick exit)
+                        self.skipped_updates.judge(trainer)
                 else:  # a run cut at its budget's end: the eval (record, save) it owes
                     stats = trainer.settle()
                 if (self.latest_eval_at == trainer.state["env/steps"]
@@ -679,10 +759,15 @@ def saved_best_return(best: Path) -> float | None:
 def _check_tracking_store(config: RunConfig) -> None:
     """Refuse, before training, an MLflow store that MLflow would refuse after it."""
     if config.mlflow and config.mlflow_tracking_uri:
-        from rlloop.logging.mlflow_sink import file_store_refusal, unknown_scheme_refusal
+        from rlloop.logging.mlflow_sink import (
+            file_store_refusal,
+            sqlite_store_refusal,
+            unknown_scheme_refusal,
+        )
 
         uri = config.mlflow_tracking_uri
-        reason = unknown_scheme_refusal(uri) or file_store_refusal(uri)
+        reason = (unknown_scheme_refusal(uri) or file_store_refusal(uri)
+                  or sqlite_store_refusal(uri))
         if reason is not None:
             raise ConfigError(reason)
 

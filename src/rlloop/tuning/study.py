@@ -274,6 +274,7 @@ class Study:
     def _objective(self, trial: Any) -> float:
         import optuna
 
+        from rlloop.learners.learner import NonFiniteError
         from rlloop.runs.session import train
 
         values = {p.key: p.suggest(trial) for p in self.space}
@@ -290,7 +291,9 @@ class Study:
         pruning = OptunaPruning(trial)
         try:
             result = train(config, run_dir, callbacks=[pruning])
-        except (ConfigError, EnvError) as e:  # e.g. the algorithm does not fit the env
+        # E.g. the algorithm does not fit the env, or these values make every update NaN
+        # (a failed trial; the study goes on).
+        except (ConfigError, EnvError, NonFiniteError) as e:
             trial.set_user_attr("error", str(e))
             raise ConfigError(str(e)) from None
         if result.stopped_by.startswith("signal"):
