@@ -39,7 +39,7 @@ from rlloop.data.replay import (
 )
 from rlloop.devices import HOST
 from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, saved_count
 from rlloop.learners.learner import TensorBatch
 from rlloop.learners.schedules import Linear
 from rlloop.runners.env_runner import EnvRunner
@@ -435,7 +435,7 @@ class OffPolicyLoop:
                 "replay": self.replay.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self.env_steps = int(state["env_steps"])
+        self.env_steps = saved_count(state["env_steps"], "algorithm.offpolicy.env_steps")
         self.processor.set_state(state["processor"])
         self.replay.set_state(state["replay"])
 
