@@ -751,6 +751,15 @@ def has_checkpoint(run_dir: Path) -> bool:
 
 
 def _no_checkpoint(run_dir: Path) -> RunDirError:
+    root = run_dir / "checkpoints"
+    saved = [p for p in root.iterdir() if re.fullmatch(r"[0-9]+", p.name) and p.is_dir()
+             ] if root.is_dir() else []
+    if saved:  # it saved, but what it saved cannot be loaded
+        return RunDirError(f"{run_dir} holds a run whose checkpoints ({len(saved)} in {root}) "
+                           "are all damaged or incomplete (no manifest.json, or failing their "
+                           "checks: see any warnings above), so it cannot be resumed; put "
+                           "back an intact copy of that folder (from a backup of the run), "
+                           "or start over: remove the directory or pick another --run-dir")
     return RunDirError(f"{run_dir} holds a run with no loadable checkpoint (it stopped before "
                        "its first save), so it cannot be resumed; start over: remove the "
                        "directory or pick another --run-dir")

@@ -162,6 +162,28 @@ def test_resume_falls_back_from_a_tampered_checkpoint(trained, tmp_path, caplog,
     assert counters["env/steps"] == 128 and counters["algorithm/steps"] == 2
 
 
+def test_resume_with_every_checkpoint_tampered_names_them(trained, tmp_path, caplog):
+    run_dir = copy_of(trained, tmp_path)
+    for ckpt in CheckpointManager(run_dir / "checkpoints").all():
+        tamper(ckpt, "algorithm", tensors=_nan)
+    with caplog.at_level(logging.WARNING), pytest.raises(RunDirError) as info:
+        resume(run_dir, total_env_steps=256)
+    assert len(warnings_of(caplog)) == 2
+    assert "checkpoints (2 in" in str(info.value) and "all damaged" in str(info.value)
+
+
+def test_resume_with_all_manifests_removed_says_so(trained, tmp_path):
+    run_dir = copy_of(trained, tmp_path)
+    for step in ("000000064", "000000128"):
+        (run_dir / "checkpoints" / step / MANIFEST).unlink()
+    with pytest.raises(RunDirError) as info:
+        resume(run_dir, total_env_steps=256)
+    message = str(info.value)
+    assert "stopped before its first save" not in message
+    assert "damaged or incomplete" in message and "no manifest.json" in message
+    assert "backup" in message and "start over" in message
+
+
 @pytest.mark.parametrize("case", TAMPERED_WEIGHTS)
 def test_eval_falls_back_from_a_tampered_best(trained, tmp_path, case):
     run_dir = copy_of(trained, tmp_path)
