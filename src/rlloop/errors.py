@@ -35,6 +35,25 @@ class CheckpointError(Exception):
     """Base class; the message names the file, the problem and the fix."""
 
 
+class SavedStateError(ValueError):
+    """A saved value (a checkpoint's) that the built run cannot take: wrong type, out of
+    range, a shape unlike the built module's, NaN or infinite weights. Whoever loaded it
+    names the checkpoint (``rlloop.checkpoint.restoring`` makes it a damaged one)."""
+
+
+#: The largest counter a checkpoint may hold (exclusive): 2**53 env steps would take
+#: centuries, and every integer below it is exact as a float (metrics, MLflow's steps).
+MAX_SAVED_COUNT = 2**53
+
+
+def saved_count(value: object, name: str) -> int:
+    """``value`` as a counter: an int in [0, MAX_SAVED_COUNT), else SavedStateError."""
+    if type(value) is not int or not 0 <= value < MAX_SAVED_COUNT:
+        raise SavedStateError(f"{name} is {value!r:.40}, not a count (an integer from 0 "
+                              f"to 2**53)")
+    return value
+
+
 def check_finite(section: str, config: object) -> None:
     """ConfigError for the first NaN or infinite float field of a config dataclass.
 

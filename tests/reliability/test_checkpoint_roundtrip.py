@@ -24,6 +24,7 @@ from rlloop.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from rlloop.errors import SavedStateError
 
 
 def assert_identical(a: Any, b: Any, where: str = "root") -> None:
@@ -234,6 +235,29 @@ def test_restore_rng_state_rejects_incomplete_state() -> None:
     with pytest.raises(ValueError, match="python"):
         restore_rng_state({"torch": torch.get_rng_state(), "numpy": {}})
     assert torch.equal(before, torch.get_rng_state())
+
+
+@pytest.mark.parametrize("part, edit", [
+    ("python", lambda s: s["python"].update(state=s["python"]["state"][:-1])),
+    ("python", lambda s: s["python"].update(version=2)),
+    ("numpy", lambda s: s["numpy"].update(bit_generator="PCG64")),
+    ("numpy", lambda s: s["numpy"]["state"].update(key=s["numpy"]["state"]["key"][:-1])),
+    ("torch", lambda s: s.update(torch=s["torch"][:10])),
+])
+def test_restore_rng_state_checks_every_part_before_setting_any(part, edit) -> None:
+    """A state of another form than the library's is refused before any generator is set
+    (Python's random refused a short state only after torch's and NumPy's were set)."""
+    state = capture_rng_state()
+    edit(state)
+    torch.rand(3)  # the generators move on: a restore would move them back
+    np.random.random(3)
+    random.random()
+    before = (torch.get_rng_state(), np.random.get_state(legacy=False)["state"]["pos"],
+              random.getstate())
+    with pytest.raises(SavedStateError, match=f"rng.{part}"):
+        restore_rng_state(state)
+    assert torch.equal(before[0], torch.get_rng_state())
+    assert before[1:] == (np.random.get_state(legacy=False)["state"]["pos"], random.getstate())
 
 
 def test_strict_load_lists_missing_and_unexpected(tmp_path: Path) -> None:

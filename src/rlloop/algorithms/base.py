@@ -16,7 +16,7 @@ from rlloop.envs.core import EnvSpec, VecEnv
 from rlloop.envs.normalizer import RunningMeanStd
 from rlloop.envs.registry import NATIVE_ENVS, make_env
 from rlloop.envs.wrappers import NormalizeObservation
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, saved_count
 from rlloop.runners.env_runner import EnvRunner
 from rlloop.runners.evaluation import evaluate
 from rlloop.system.devices import new_generator, resolve_device, set_generator_state
@@ -210,7 +210,7 @@ class AlgorithmBase:
             self._rebuild_env(env_config)
             self.runner.reset(seed=self.settings.seed)  # then the saved state goes in
         self.runner.set_state(state["runner"])
-        self.evals = int(state["evals"])
+        self.evals = saved_count(state["evals"], "algorithm.evals")
         if self.obs_stats is not None and "obs_norm" in state:
             self.obs_stats.set_state(state["obs_norm"])
         if getattr(self.runner, "restart_due", False):

@@ -41,7 +41,7 @@ from rlloop.data.multi_agent import (
 from rlloop.data.rollout import PPOBatch
 from rlloop.envs.core import Box
 from rlloop.envs.multi_agent import AgentSpec, PettingZooVecEnv, make_multi_agent_env
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, saved_count
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.encoders import build_encoder
@@ -316,7 +316,8 @@ class MultiAgentPPO:
         self.learner.set_state(state["learner"])
         set_generator_state(self.generator, state["generator"],
                             derive_seed(self.settings.seed, "algorithm-resumed"))
-        self.evals, self.iterations = int(state["evals"]), int(state["iterations"])
+        self.evals = saved_count(state["evals"], "algorithm.evals")
+        self.iterations = saved_count(state["iterations"], "algorithm.iterations")
         env_config = dict(state.get("env_config", {}))
         if env_config != self.env_config:  # made with the run's env_kwargs alone so far
             self._rebuild_env(env_config, self.settings.seed)

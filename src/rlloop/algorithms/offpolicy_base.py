@@ -29,7 +29,7 @@ from rlloop.config.gradient_clip import GradientClip
 from rlloop.config.offpolicy import OffPolicyConfig
 from rlloop.config.schedules import learning_rate
 from rlloop.envs.core import Box
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, saved_count
 from rlloop.learners.learner import Learner
 from rlloop.learners.optim_step import GuardedOptim, GuardedStep, adam
 from rlloop.learners.whole_update import LossFn, WholeUpdate
@@ -219,7 +219,7 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
         self.loop.set_state(state["offpolicy"])
         if getattr(self.runner, "restarted_at_resume", False):
             self.loop.restart_episodes()
-        self.learner.updates = int(state["updates"])
+        self.learner.updates = saved_count(state["updates"], "algorithm.updates")
         set_generator_state(self._eval_generator, state["eval_generator"],
                             derive_seed(self.settings.seed, "evaluation-resumed"))
 

@@ -40,7 +40,7 @@ from rlloop.data.replay import (
     TransitionsLike,
 )
 from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
-from rlloop.errors import ConfigError, suggest_lower
+from rlloop.errors import ConfigError, saved_count, suggest_lower
 from rlloop.runners.env_runner import EnvRunner
 from rlloop.system.devices import HOST
 
@@ -433,7 +433,7 @@ class OffPolicyLoop:
                 "replay": self.replay.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self.env_steps = int(state["env_steps"])
+        self.env_steps = saved_count(state["env_steps"], "algorithm.offpolicy.env_steps")
         self.processor.set_state(state["processor"])
         self.replay.set_state(state["replay"])
 

@@ -47,6 +47,7 @@ from rlloop.checkpoint.format import (
     CheckpointMismatchError,
     CheckpointNotFoundError,
     CheckpointVersionError,
+    restoring,
 )
 from rlloop.checkpoint.manager import CheckpointManager
 from rlloop.checkpoint.rng import capture_rng_state, restore_rng_state
@@ -73,6 +74,7 @@ __all__ = [
     "is_checkpoint",
     "load_checkpoint",
     "restore_rng_state",
+    "restoring",
     "save_checkpoint",
     "save_replacing",
     "verify_checkpoint",

@@ -7,7 +7,8 @@ import json
 import logging
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from rlloop.errors import CheckpointError as CheckpointError  # defined torch-free, for the CLI
+from rlloop.errors import EnvError, RlloopError
 
 FORMAT_VERSION: int = 1
 MANIFEST = "manifest.json"
@@ -55,6 +57,32 @@ def _corrupt(file: Path, problem: str) -> CheckpointCorruptError:
         f"{file}: {problem}. The checkpoint is damaged; load an older one "
         "(CheckpointManager.latest() skips damaged checkpoints) or save it again."
     )
+
+
+@contextmanager
+def restoring(path: Path) -> Iterator[None]:
+    """Applying the values of the checkpoint at ``path`` to a built run: a value it cannot
+    take is a damaged checkpoint (:class:`CheckpointCorruptError` naming it), not a crash.
+
+    Its hashes only prove the files are the ones written with them, and a manifest can be
+    resealed: a wrong type, a counter out of range, a shape unlike the built module's or
+    NaN weights are damage found only here (``SavedStateError``, or the ``KeyError``,
+    ``TypeError`` or ``ValueError`` of a value in the wrong place).
+    """
+    try:
+        yield
+    except (RlloopError, EnvError):  # bad config or env: the checkpoint is not to blame
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        problem = _one_clause(e)
+        raise _corrupt(path, f"lacks {problem}, which the run needs" if type(e) is KeyError
+                       else f"holds a state this run cannot take: {problem}") from e
+
+
+def _one_clause(error: Exception) -> str:
+    """The error's message on one line, without sentence breaks (see ``_first_clause`` of
+    ``rlloop.runs.saved``, which cuts a checkpoint error's advice at the first one)."""
+    return " ".join(str(error).split()).replace(". ", "; ") or type(error).__name__
 
 
 @dataclass(frozen=True)

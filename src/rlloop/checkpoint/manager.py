@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from rlloop.checkpoint.format import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
     _log,
+    restoring,
 )
 from rlloop.checkpoint.store import (
     _sibling,
@@ -78,11 +79,21 @@ class CheckpointManager:
                 _log.warning("skipping checkpoint %s: %s", path, e)
         return None
 
-    def load_latest(self, *, expected_components: Iterable[str] | None = None) -> Checkpoint | None:
-        """Load the newest loadable checkpoint in one pass (None if there is none)."""
+    def load_latest(self, *, expected_components: Iterable[str] | None = None,
+                    restore: Callable[[Checkpoint], None] | None = None) -> Checkpoint | None:
+        """Load the newest loadable checkpoint in one pass (None if there is none).
+
+        ``restore`` applies a loaded checkpoint to the caller's objects; a value they cannot
+        take (see :func:`restoring`) makes the checkpoint a damaged one: it is skipped with
+        a warning, and the next older one is applied over what it left.
+        """
         for path in reversed(self.all()):
             try:
-                return load_checkpoint(path, expected_components=expected_components)
+                ckpt = load_checkpoint(path, expected_components=expected_components)
+                if restore is not None:
+                    with restoring(path):
+                        restore(ckpt)
+                return ckpt
             except (CheckpointCorruptError, CheckpointNotFoundError) as e:
                 _log.warning("skipping checkpoint %s: %s", path, e)
         return None

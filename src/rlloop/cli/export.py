@@ -152,9 +152,13 @@ def float32_cnns(module: nn.Module) -> int:
 
 
 def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
-               allow_import: bool = False) -> Path:
+               allow_import: bool = False, notify: Callable[[str], None] | None = None
+               ) -> Path:
     """Write the deterministic policy of ``run_dir``'s best checkpoint as ``fmt`` (onnx or
-    torchscript) to ``out`` (default ``<run>/policy.onnx`` or ``<run>/policy.pt``)."""
+    torchscript) to ``out`` (default ``<run>/policy.onnx`` or ``<run>/policy.pt``).
+
+    ``notify`` gets one line if a damaged ``best/`` (NaN weights too) is passed over for
+    the newest intact checkpoint (see ``rlloop.runs.saved.restore_policy``)."""
     from rlloop.runs.saved import load_run_policy
 
     if fmt not in FORMATS:
@@ -168,7 +172,8 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
     run = check_run_dir(run_dir)
     path = Path(out) if out else run / FORMATS[fmt]
     check_output_file(path, [run], allowed=[FORMATS[fmt]])
-    algorithm = load_run_policy(run_dir, device="cpu", allow_import=allow_import)
+    algorithm = load_run_policy(run_dir, device="cpu", allow_import=allow_import,
+                                notify=notify)
     try:
         policy = deterministic_policy(algorithm)
         if fmt == "onnx":

@@ -470,7 +470,8 @@ def _export(args: argparse.Namespace) -> int:
     check_run_dir(args.run_dir)  # before torch's import: a mistyped path answers at once
     from rlloop.cli.export import export_run
 
-    path = export_run(args.run_dir, args.format, args.output, allow_import=args.allow_import)
+    path = export_run(args.run_dir, args.format, args.output, allow_import=args.allow_import,
+                      notify=lambda line: print(f"rlloop: warning: {line}", file=sys.stderr))
     print(f"{args.format}: {path}")
     return 0
 

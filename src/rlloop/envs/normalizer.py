@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from rlloop.errors import SavedStateError
 from rlloop.system.devices import stats_dtype
 
 
@@ -47,6 +49,18 @@ class RunningMeanStd:
         return {"mean": self.mean.clone(), "var": self.var.clone(), "count": self.count}
 
     def set_state(self, state: dict[str, Any]) -> None:
+        """Raises ``SavedStateError`` for statistics of another shape than this one's, or a
+        count that is not a positive number: they would broadcast into wrong ones."""
+        mean, var, count = state["mean"], state["var"], state["count"]
+        if not (isinstance(mean, Tensor) and isinstance(var, Tensor)
+                and mean.shape == var.shape == self.mean.shape):
+            found = [list(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                     for t in (mean, var)]
+            raise SavedStateError(f"saved normaliser mean and var are {found}, this "
+                                  f"normaliser's {list(self.mean.shape)}")
+        if not (isinstance(count, int | float) and 0 < count < math.inf):
+            raise SavedStateError(f"saved normaliser count is {count!r:.40}, not a positive "
+                                  "number")
         # to(): onto this normaliser's device, whichever one the state was saved from
         self.mean = state["mean"].to(self.mean.device, self.dtype, copy=True)
         self.var = state["var"].to(self.var.device, self.dtype, copy=True)

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from rlloop.config.gradient_clip import ClipBy, GradientClip, LearnerError
 from rlloop.config.schedules import Schedule, make_schedule
 from rlloop.data.batch import TensorBatch
-from rlloop.errors import RlloopError
+from rlloop.errors import RlloopError, SavedStateError
 from rlloop.learners.gradients import clip_gradients, grad_norm
 from rlloop.learners.optim_step import arm_skip, skips_on_device
 from rlloop.logging.metrics import MetricsLogger
@@ -638,13 +638,49 @@ class Learner(Generic[BatchT]):
                 m for m in self.modules if self.should_module_be_updated(m)]
         return state
 
+    def check_weights(self, modules: Mapping[str, Any]) -> None:
+        """``SavedStateError`` unless each saved state dict in ``modules`` is one of this
+        learner's modules' with the same names and shapes: ``load_state_dict`` copies the
+        tensors that fit before it refuses the others (a transposed weight)."""
+        for module_id, saved in modules.items():
+            what = f"saved weights of module {module_id!r}"
+            if module_id not in self.modules:
+                raise SavedStateError(f"{what}: this learner has only {sorted(self.modules)}")
+            built = self.modules[module_id].state_dict()
+            if not isinstance(saved, Mapping):
+                raise SavedStateError(f"{what} are a {type(saved).__name__}, not a state dict")
+            if missing := sorted(built.keys() - saved.keys()):
+                raise SavedStateError(f"{what} lack {missing}")
+            if unknown := sorted(map(str, saved.keys() - built.keys())):
+                raise SavedStateError(f"{what} hold unknown {unknown}")
+            for name, tensor in built.items():
+                value = saved[name]
+                if isinstance(tensor, Tensor) and not (
+                        isinstance(value, Tensor) and value.shape == tensor.shape):
+                    found = list(value.shape) if isinstance(value, Tensor) else type(value)
+                    raise SavedStateError(f"saved weight {module_id}.{name} has shape "
+                                          f"{found}, the built module's {list(tensor.shape)}")
+
+    def nonfinite_weights(self) -> list[str]:
+        """``<module id>.<name>`` of each floating-point parameter or buffer holding a NaN
+        or an infinity (one host sync for all of them)."""
+        named = [(f"{m}.{k}", t) for m, module in self.modules.items()
+                 for k, t in module.state_dict().items()
+                 if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex())]
+        if not named:
+            return []
+        finite = torch.stack([torch.isfinite(t).all() for _, t in named]).tolist()
+        return [name for (name, _), ok in zip(named, finite, strict=True) if not ok]
+
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`get_state` returned (any subset of components).
 
         ``should_module_be_updated`` comes back as the list of ids it named when saved.
+        Saved weights that do not fit the built modules raise ``SavedStateError`` before
+        any module is loaded (see :meth:`check_weights`).
         """
+        self.check_weights(state.get("module", {}))
         for module_id, sd in state.get("module", {}).items():
-            self._check_module(module_id)
             self.modules[module_id].load_state_dict(sd)
         for key, sd in state.get("optimizer", {}).items():
             module_id, _, name = key.rpartition("/")

@@ -16,13 +16,14 @@ import torch
 
 from rlloop.algorithms import AlgorithmBase, PPOConfig
 from rlloop.runs.build import COMPONENTS, build_algorithm
-from rlloop.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, verify_checkpoint
+from rlloop.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, verify_checkpoint, Checkpoint, restoring
 from rlloop.config.run_config import RunConfig, build_config, load_yaml
 from rlloop.envs.imports import check_env_import, check_net_import
 from rlloop.envs.objects import check_object_env
 from rlloop.envs.ids import resolve_env_id
-from rlloop.errors import RunDirError
+from rlloop.errors import RunDirError, SavedStateError
 from rlloop.system.run_files import check_run_dir
+from rlloop.envs.ids import resolve_env_id
 
 _log = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ def policy_checkpoint(run_dir: Path, notify: Callable[[str], None] | None = None
     """The best checkpoint of a run, else its latest one.
 
     A damaged or incomplete ``best/`` is passed over for the newest intact checkpoint, with
-    one line to ``notify`` (default: a logged warning) saying so.
+    one line to ``notify`` (default: a logged warning) saying so. Only its files are
+    checked here; :func:`restore_policy` checks the values too, as it loads them.
     """
     best = run_dir / "best"
     latest = CheckpointManager(run_dir / "checkpoints").latest
@@ -80,15 +82,73 @@ def policy_checkpoint(run_dir: Path, notify: Callable[[str], None] | None = None
         except CheckpointError as e:
             fallback = latest()
             if fallback is None:
-                raise RunDirError(f"{best} is damaged ({_first_clause(e)}) and {run_dir} has "
-                                  "no intact checkpoint; train the run again") from e
-            (notify or _log.warning)(f"{best} is damaged ({_first_clause(e)}); using the "
-                                     f"newest intact checkpoint {fallback} instead")
+                raise _nothing_intact(best, e) from e
+            (notify or _log.warning)(_passed_over(best, e, fallback))
             return fallback
     found = latest()
     if found is None:
         raise RunDirError(f"{run_dir} has no checkpoint yet; train it first")
     return found
+
+
+def restore_policy(algorithm: AlgorithmBase, run_dir: Path,
+                   notify: Callable[[str], None] | None = None) -> Path:
+    """Load into ``algorithm`` the policy of ``run_dir``'s ``best/``, else of its newest
+    intact checkpoint; return the checkpoint's path.
+
+    A checkpoint is intact when its files verify and ``algorithm`` takes its values: the
+    weights fit the built modules and are finite (NaN weights would be evaluated or
+    exported as they are). A damaged ``best/`` is passed over as in :func:`policy_checkpoint`
+    (one line to ``notify``), a damaged numbered checkpoint with a logged warning.
+    """
+    def restore(ckpt: Checkpoint) -> None:
+        algorithm.set_policy_state(ckpt.components["algorithm"])
+        check_finite_policy(algorithm)
+
+    best = run_dir / "best"
+    manager = CheckpointManager(run_dir / "checkpoints")
+    if best.exists():
+        try:
+            ckpt = load_checkpoint(best, expected_components=COMPONENTS)
+            with restoring(best):
+                restore(ckpt)
+            return best
+        except CheckpointError as e:
+            fallback = manager.load_latest(expected_components=COMPONENTS, restore=restore)
+            if fallback is None:
+                raise _nothing_intact(best, e) from e
+            (notify or _log.warning)(_passed_over(best, e, fallback.path))
+            return fallback.path
+    found = manager.load_latest(expected_components=COMPONENTS, restore=restore)
+    if found is None:
+        if manager.all():
+            raise RunDirError(f"{run_dir} has no intact checkpoint (each one is damaged: see "
+                              "the warnings above); train the run again")
+        raise RunDirError(f"{run_dir} has no checkpoint yet; train it first")
+    return found.path
+
+
+def check_finite_policy(algorithm: AlgorithmBase) -> None:
+    """``SavedStateError`` naming the weights or observation statistics of ``algorithm``
+    that hold a NaN or an infinity: a policy with them acts on NaN."""
+    bad = algorithm.learner.nonfinite_weights()  # type: ignore[attr-defined]
+    stats = getattr(algorithm, "obs_stats", None)
+    if stats is not None and not bool(torch.isfinite(torch.cat([stats.mean.flatten(),
+                                                                stats.var.flatten()])).all()):
+        bad.append("obs_norm")
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise SavedStateError(f"non-finite weights (NaN or inf) in {', '.join(bad[:3])}{more}")
+
+
+def _passed_over(best: Path, error: CheckpointError, fallback: Path) -> str:
+    return (f"{best} is damaged ({_first_clause(error)}); using the newest intact "
+            f"checkpoint {fallback} instead")
+
+
+def _nothing_intact(best: Path, error: CheckpointError) -> RunDirError:
+    return RunDirError(f"{best} is damaged ({_first_clause(error)}) and {best.parent} has "
+                       "no intact checkpoint; train the run again")
 
 
 def _first_clause(error: Exception) -> str:
@@ -144,9 +204,7 @@ def load_policy(config: RunConfig, run_dir: Path | None,
     if run_dir is None:
         return algorithm
     try:
-        path = policy_checkpoint(run_dir, notify)
-        state = load_checkpoint(path, expected_components=COMPONENTS).components["algorithm"]
-        algorithm.set_policy_state(state)
+        restore_policy(algorithm, run_dir, notify)
     except BaseException:
         algorithm.close()
         raise

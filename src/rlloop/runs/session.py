@@ -46,6 +46,7 @@ from rlloop.runs.build import COMPONENTS, build_algorithm
 from rlloop.trainers.callbacks import Callback, UserCallbacks
 from rlloop.checkpoint.format import rlloop_version
 from rlloop.checkpoint import (
+    Checkpoint,
     CheckpointError,
     CheckpointManager,
     capture_rng_state,
@@ -65,7 +66,7 @@ from rlloop.config.run_config import (
 from rlloop.runs.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
 from rlloop.envs.imports import check_saved_endpoints, saved_endpoints
 from rlloop.envs.registry import env_spec
-from rlloop.errors import ConfigError, RunDirError
+from rlloop.errors import ConfigError, RunDirError, SavedStateError, saved_count
 from rlloop.learners.distributed import LearnerGroupError
 from rlloop.learners.learner import Learner, NonFiniteError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
@@ -78,6 +79,7 @@ from rlloop.runs.lock import RunLock, ensure_free
 from rlloop.system.run_files import MEMBERS, check_members, check_run_dir, refuse_study_dir, write_file
 from rlloop.runs.saved import (
     acting_config,
+    check_finite_policy,
     evaluate_run,
     load_policy,
     load_run_config,
@@ -425,32 +427,41 @@ class Session:
         return path
 
     def _restore(self) -> None:
-        ckpt = self.manager.load_latest(expected_components=COMPONENTS)
+        """Continue from the newest checkpoint this run can take: one that fails its checks
+        (damaged files, or values unfit for the built run) is skipped with a warning, and
+        the next older one is restored over what it set."""
+        ckpt = self.manager.load_latest(expected_components=COMPONENTS,
+                                        restore=self._restore_from)
         if ckpt is None:
             raise _no_checkpoint(self.run_dir)
+        # Rows a crashed run logged after this checkpoint: the resumed run logs them anew.
+        state = self.trainer.state
+        self.jsonl.drop_rows_after(state["env/steps"], ("opt/steps", state["algorithm/steps"])
+                                   if self.off_policy else None)
+
+    def _restore_from(self, ckpt: Checkpoint) -> None:
+        """Restore ``ckpt`` (a value the built run cannot take raises: see `_restore`)."""
         self.algorithm.set_state(ckpt.components["algorithm"])
+        check_finite_policy(self.algorithm)
         self.trainer.set_state(ckpt.components["trainer"])
         # best/ may hold a better policy than this checkpoint knows of (one found after it
         # by a run that then crashed): a resumed run must not replace it with a worse one.
         saved = ckpt.components["trainer"]
-        returns = [r for r in (saved.get("best_eval_return"),
+        returns = [r for r in (_saved_return(saved.get("best_eval_return")),
                                saved_best_return(self.run_dir / "best")) if r is not None]
         self.best_eval_return = max(returns) if returns else None
         # It owes an evaluation (or its callbacks, or border's cadence): what the settle
         # makes of it (made, heard, or failed and counted) must be saved even if this
         # sitting takes no step, or every resume would start from the same debt.
         self.resumed_owing = self.trainer.owes()
-        self.latest_eval_at = saved.get("latest_eval_at")
+        self.latest_eval_at = _saved_step(saved.get("latest_eval_at"), "latest_eval_at")
         # Solved by this checkpoint's evaluation, cut in a later callback: the resume
         # hands that evaluation to the rest of them, then stops as the cut run would have.
         # (A run stopped solved and resumed trains on, and is judged anew.)
         self.solved = (self.config.stop_on_solve and saved.get("eval_unheard") is not None
-                       and saved.get("solved_at") == self.trainer.state["env/steps"])
+                       and _saved_step(saved.get("solved_at"), "solved_at")
+                       == self.trainer.state["env/steps"])
         restore_rng_state(ckpt.components["rng"])
-        # Rows a crashed run logged after this checkpoint: the resumed run logs them anew.
-        state = self.trainer.state
-        self.jsonl.drop_rows_after(state["env/steps"], ("opt/steps", state["algorithm/steps"])
-                                   if self.off_policy else None)
 
     # ---- the run -------------------------------------------------------------------------
     def stop_conditions(self) -> list[Condition]:
@@ -750,10 +761,23 @@ def saved_best_return(best: Path) -> float | None:
         return None
     try:
         trainer = load_checkpoint(best).components.get("trainer") or {}
-    except CheckpointError:
+        return _saved_return(trainer.get("best_eval_return"))
+    except (CheckpointError, SavedStateError, AttributeError):  # (AttributeError: not a dict)
         return None
-    value = trainer.get("best_eval_return")
-    return None if value is None else float(value)
+
+
+def _saved_return(value: Any) -> float | None:
+    """A saved best eval return: None, or a finite number (``SavedStateError`` if not)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SavedStateError(f"trainer.best_eval_return is {value!r:.40}, not a return")
+    return float(value)
+
+
+def _saved_step(value: Any, name: str) -> int | None:
+    """A saved env step that may be unset: None, or a count (``SavedStateError`` if not)."""
+    return None if value is None else saved_count(value, f"trainer.{name}")
 
 
 def _check_tracking_store(config: RunConfig) -> None:
@@ -799,6 +823,15 @@ def has_checkpoint(run_dir: Path) -> bool:
 
 
 def _no_checkpoint(run_dir: Path) -> RunDirError:
+    root = run_dir / "checkpoints"
+    saved = [p for p in root.iterdir() if re.fullmatch(r"[0-9]+", p.name) and p.is_dir()
+             ] if root.is_dir() else []
+    if saved:  # it saved, but what it saved cannot be loaded
+        return RunDirError(f"{run_dir} holds a run whose checkpoints ({len(saved)} in {root}) "
+                           "are all damaged or incomplete (no manifest.json, or failing their "
+                           "checks: see any warnings above), so it cannot be resumed; put "
+                           "back an intact copy of that folder (from a backup of the run), "
+                           "or start over: remove the directory or pick another --run-dir")
     return RunDirError(f"{run_dir} holds a run with no loadable checkpoint (it stopped before "
                        "its first save), so it cannot be resumed; start over: remove the "
                        "directory or pick another --run-dir")

@@ -146,6 +146,11 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
     from rlloop.envs.registry import make_env
     from rlloop.envs.wrappers import NormalizeObservation
     from rlloop.runs.saved import acting_config, policy_checkpoint, replay_config
+    from rlloop.runs.build import build_algorithm
+    from rlloop.errors import EnvError
+    from rlloop.envs.ids import is_pettingzoo_id
+    from rlloop.envs.registry import make_env
+    from rlloop.runs.saved import acting_config, replay_config, restore_policy
 
     config = replay_config(run_dir, backend, device, allow_import=allow_import)
     if is_pettingzoo_id(config.env):
@@ -155,12 +160,10 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
         config.backend = "gymnasium"
     if config.backend == "envpool":  # it renders no frames; gymnasium's preprocessing is the same
         config.backend = "gymnasium"
-    state = load_checkpoint(policy_checkpoint(Path(run_dir)),
-                            expected_components=COMPONENTS).components["algorithm"]
     algorithm = build_algorithm(acting_config(config))
     env: Any = None
     try:
-        algorithm.set_policy_state(state)
+        restore_policy(algorithm, Path(run_dir))
         offscreen_rendering()
         try:
             env = make_env(config.env, 1, config.backend, seed=config.seed,

@@ -17,12 +17,14 @@ Callbacks (checkpoints, signals) hang on the loop's ``on_step`` and ``on_eval`` 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from torch import Tensor
 
+from rlloop.errors import SavedStateError, saved_count
 from rlloop.system.numerics import flushed_denormals
 from rlloop.system.signals import atomic
 from rlloop.trainers.stop_conditions import Condition
@@ -306,14 +308,32 @@ class Trainer:
                 **self.schedule.get_state()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        self.state = {k: int(v) for k, v in state["counters"].items()}
-        self.latest_eval = {k: float(v) for k, v in state["latest_eval"].items()}
-        self.wall_time = float(state["wall_time"])
+        """Restore :meth:`get_state`'s output. Raises ``SavedStateError`` before changing
+        anything when its counters are not this schedule's or not counts (a non-negative
+        integer below 2**53: they become metric steps), or a number is not one."""
+        counters = state["counters"]
+        if not isinstance(counters, Mapping) or set(counters) != set(self.state):
+            raise SavedStateError(f"trainer.counters must hold {sorted(self.state)}")
+        latest_eval = state["latest_eval"]
+        if not (isinstance(latest_eval, Mapping) and all(
+                isinstance(v, int | float) and not isinstance(v, bool)
+                for v in latest_eval.values())):
+            raise SavedStateError("trainer.latest_eval must map names to numbers")
+        wall_time = state["wall_time"]
+        if not (isinstance(wall_time, int | float) and 0 <= wall_time < math.inf):
+            raise SavedStateError(f"trainer.wall_time is {wall_time!r:.40}, not seconds")
+        steps = {k: saved_count(v, f"trainer.counters.{k}") for k, v in counters.items()}
+        unheard = state.get("eval_unheard")
+        if unheard is not None:
+            unheard = saved_count(unheard, "trainer.eval_unheard")
+        evaluated_at = saved_count(state.get("evaluated_at", steps.get("algorithm/steps", 0)),
+                                   "trainer.evaluated_at")
+        self.state = steps
+        self.latest_eval = {k: float(v) for k, v in latest_eval.items()}
+        self.wall_time = float(wall_time)
         # (older checkpoints: nothing owed)
         self._eval_owed = bool(state.get("eval_owed", False))
-        unheard = state.get("eval_unheard")
-        self._unheard = None if unheard is None else int(unheard)
-        self.evaluated_at = int(state.get("evaluated_at", self.state.get("algorithm/steps", 0)))
+        self._unheard, self.evaluated_at = unheard, evaluated_at
         self.schedule.set_state(state)
 
 

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from rlloop.algorithms.offpolicy_loop import EVALUATORS, RECORDERS, Evaluator, Recorder, opts_due
 from rlloop.config.offpolicy import OffPolicyConfig
+from rlloop.errors import saved_count
 from rlloop.system.signals import atomic
 from rlloop.trainers.loop import RL8_COUNTERS, Algorithm, Callback, MetricsSink, Stats, Trainer
 
@@ -247,16 +248,18 @@ class BorderSchedule:
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """``state`` is the trainer's (its counters restored already)."""
-        self.pending_opts = int(state.get("pending_opts", 0))
+        counters = state["counters"]
+        # (older checkpoints: none owed)
+        cadence_at = saved_count(state.get("cadence_at", counters["algorithm/steps"]),
+                                 "trainer.cadence_at")
+        self.pending_opts = saved_count(state.get("pending_opts", 0), "trainer.pending_opts")
         saved = state.get("recorder")
         restore = getattr(self.recorder, "set_state", None)
         # (a resume may pick another recorder: its records start afresh)
         if saved is not None and restore is not None and (
                 saved["kind"] == type(self.recorder).__name__):
             restore(saved["state"])
-        counters = state["counters"]
-        # (older checkpoints: none owed)
-        self.cadence_at = int(state.get("cadence_at", counters["algorithm/steps"]))
+        self.cadence_at = cadence_at
         due = state.get("cadence_due")
         self.due = (self._due(int(counters["algorithm/steps"])) if due is None
                     else (bool(due[0]), bool(due[1]), bool(due[2])))
