@@ -1,4 +1,4 @@
-"""Border's cadence: the exact env steps at which optimisations, evals, records and saves
+"""The off-policy cadence: the exact env steps at which optimisations, evals, records and saves
 happen, which directories a run leaves, and the CLI around it."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Border's training loop as a schedule of the one trainer: a cadence counted in optimisation
 steps.
 
-Each step of a :class:`~rlloop.trainer.Trainer` with a :class:`BorderSchedule` takes one
+Each step of a :class:`~rlloop.trainer.Trainer` with an :class:`OffPolicySchedule` takes one
 batched env step (``N`` envs; the algorithm turns it into transitions with its step
 processor and pushes them to its replay buffer), then makes every optimisation step that
 fell due (one per ``opt_interval`` env steps). After each optimisation step, with ``k``
@@ -92,7 +92,7 @@ class Cadence:
                    config.save_interval, config.max_opts)
 
 
-class BorderSchedule:
+class OffPolicySchedule:
     """Border's train step on the one loop (see the module docstring).
 
     Args:
@@ -272,18 +272,19 @@ class BorderSchedule:
 
 
 class OffPolicyTrainer(Trainer):
-    """The one :class:`~rlloop.trainer.Trainer` on border's cadence: a :class:`BorderSchedule`
-    built from its arguments (see there); ``evaluator`` is the schedule's."""
+    """The one :class:`~rlloop.trainer.Trainer` on the off-policy cadence: an
+    :class:`OffPolicySchedule` built from its arguments (see there); ``evaluator`` is the
+    schedule's."""
 
-    schedule: BorderSchedule
+    schedule: OffPolicySchedule
 
     def __init__(self, algorithm: OffPolicyAlgorithm, *, cadence: Cadence | None = None,
                  sink: MetricsSink | None = None, eval_episodes: int = 10,
                  callbacks: Sequence[Callback] = (), evaluator: Evaluator | None = None,
                  recorder: Recorder | None = None,
                  save: Callable[[int], Any] | None = None, flush_denormal: bool = True) -> None:
-        schedule = BorderSchedule(algorithm, cadence=cadence, evaluator=evaluator,
-                                  recorder=recorder, save=save)
+        schedule = OffPolicySchedule(algorithm, cadence=cadence, evaluator=evaluator,
+                                     recorder=recorder, save=save)
         super().__init__(algorithm, sink=sink, eval_episodes=eval_episodes, callbacks=callbacks,
                          flush_denormal=flush_denormal, schedule=schedule)
 

@@ -60,7 +60,7 @@ from rlloop.learners.distributed import LearnerGroupError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
 from rlloop.logging.process_sink import has_spare
 from rlloop.numerics import flushed_denormals
-from rlloop.offpolicy_trainer import BorderSchedule, OffPolicyAlgorithm
+from rlloop.offpolicy_trainer import OffPolicyAlgorithm, OffPolicySchedule
 from rlloop.profiling import TraceProfiler
 from rlloop.report import FIGURE_PRELOAD, FigureWriter, read_metrics, write_figures, write_report
 from rlloop.run_lock import RunLock, ensure_free
@@ -276,12 +276,12 @@ class Session:
         if not resume:
             self.sink.log_params(config.to_dict())
         _write_json(run_dir / "run.json", self.identity)
-        # Off-policy algorithms run on border's cadence: evals and saves counted in
+        # Off-policy algorithms run on the off-policy cadence: evals and saves counted in
         # optimisation steps (their config section), checkpoints named by them.
         self.off_policy = ALGORITHMS[config.algo].kind == "off_policy"
         self.checkpoint_every = 0 if self.off_policy else config.checkpoint_every
-        schedule = (BorderSchedule(cast(OffPolicyAlgorithm, self.algorithm),
-                                   save=lambda _: self.save())
+        schedule = (OffPolicySchedule(cast(OffPolicyAlgorithm, self.algorithm),
+                                      save=lambda _: self.save())
                     if self.off_policy else None)
         self.profiler: TraceProfiler | None = None
         if config.profile is not None:

@@ -3,9 +3,9 @@
 Every algorithm and task runs on :class:`Trainer`. What one iteration does and when the
 counters call for an eval, a record or a save is its :class:`Schedule`:
 
-* :class:`Rl8Schedule` (the default): rl8's trainer. One iteration collects a rollout and
+* :class:`OnPolicySchedule` (the default): rl8's trainer. One iteration collects a rollout and
   updates once; ``run(steps_per_eval=k)`` evaluates every k updates.
-* ``BorderSchedule`` (``rlloop.offpolicy_trainer``): border's cadence. One iteration is one
+* ``OffPolicySchedule`` (``rlloop.offpolicy_trainer``): the off-policy cadence. One iteration is one
   batched env step and the optimisation steps that fell due; evals, records, saves and
   ``max_opts`` are counted in optimisation steps.
 
@@ -126,7 +126,7 @@ class Trainer:
         self.eval_episodes = eval_episodes
         self.callbacks = list(callbacks)
         # Without a schedule the algorithm is rl8's: it collects and updates.
-        self.schedule: Schedule = schedule or Rl8Schedule(cast(Algorithm, algorithm))
+        self.schedule: Schedule = schedule or OnPolicySchedule(cast(Algorithm, algorithm))
         self.state: dict[str, int] = dict.fromkeys(self.schedule.counters, 0)
         self.latest_eval: Stats = {}
         self.wall_time = 0.0
@@ -243,8 +243,8 @@ class Trainer:
         iteration. Without conditions this runs until the schedule ends it (forever for rl8's).
 
         Raises:
-            ValueError: arguments the schedule cannot honour (see :class:`Rl8Schedule`
-                and ``BorderSchedule``).
+            ValueError: arguments the schedule cannot honour (see :class:`OnPolicySchedule`
+                and ``OffPolicySchedule``).
         """
         self.schedule.start(self, steps_per_eval, eval_env_config)
         eval_env_config = eval_env_config or env_config
@@ -320,7 +320,7 @@ class Trainer:
 RL8_COUNTERS: tuple[str, ...] = ("algorithm/collects", "algorithm/steps", "env/steps")
 
 
-class Rl8Schedule:
+class OnPolicySchedule:
     """rl8's iteration: collect a rollout, update once, log; eval every ``steps_per_eval``
     updates (``run``'s argument)."""
 

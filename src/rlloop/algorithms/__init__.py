@@ -28,7 +28,7 @@ class AlgorithmEntry:
     """How to configure and build one algorithm, and which action spaces it supports.
 
     ``kind`` picks the trainer's schedule: ``"on_policy"`` runs rl8's collect + update
-    iterations, ``"off_policy"`` border's cadence (the algorithm then implements
+    iterations, ``"off_policy"`` the off-policy cadence (the algorithm then implements
     ``rlloop.offpolicy_trainer.OffPolicyAlgorithm``). ``config_module`` (torch-free) holds
     ``config_name`` and ``module`` holds ``build_name``; each is imported on first use of
     :attr:`config_cls` or :attr:`build`, so reading a config's fields needs no torch.

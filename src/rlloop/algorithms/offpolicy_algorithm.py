@@ -1,4 +1,4 @@
-"""The algorithm side of border's cadence, shared by DQN, SAC and TD3.
+"""The algorithm side of the off-policy cadence, shared by DQN, SAC and TD3.
 
 :class:`OffPolicyAlgorithmBase` turns a learner, an :class:`OffPolicyLoop` and a
 behaviour policy (``_explore``) into what :class:`~rlloop.offpolicy_trainer.
@@ -164,7 +164,7 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
         """The behaviour policy after warm-up: ``obs [N, ...] -> actions [N, ...]``."""
         raise NotImplementedError
 
-    # ---- border's cadence ------------------------------------------------------------
+    # ---- the off-policy cadence ------------------------------------------------------
     def env_step(self) -> int:
         return self.loop.env_step(self._explore)
 
