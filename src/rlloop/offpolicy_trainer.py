@@ -108,19 +108,16 @@ class OffPolicySchedule:
                  evaluator: Evaluator | None = None, recorder: Recorder | None = None,
                  save: Callable[[int], Any] | None = None) -> None:
         self.algorithm = algorithm
-        self.cadence = cadence or Cadence.of(algorithm.config)
+        #: The intervals a run starts with; ``cadence`` is the one in force (restored with
+        #: the counters it judges until a run starts).
+        self.configured = cadence or Cadence.of(algorithm.config)
+        self.cadence = self.configured
         self.evaluator = evaluator or EVALUATORS[algorithm.config.evaluator]()
         self.recorder = recorder or RECORDERS[algorithm.config.recorder]()
         self.save = save
         self.pending_opts = 0  # due optimisation steps not made yet (a save may fall between)
-        # Optimisation steps whose cadence (eval, record, save) has run: fewer than made
-        # when a stop cut in between (a second stop signal where an optimisation step
-        # ends, a stop while eval workers start); a resume then runs it first.
-        self.cadence_at = 0
-        #: What the latest optimisation step calls for (eval, record, save), judged when
-        #: it is made: a resume that settles it keeps the cut run's cadence.
-        self.due = (False, False, False)
         self._paused = 0.0  # seconds spent evaluating and saving, excluded from throughput
+        self._pause_began: float | None = None  # of the pause in progress (an eval's record)
         self._mark_time = _clock()
         self._mark_counts = (0, 0, 0.0)  # env steps, optimisation steps, paused seconds
 
@@ -139,15 +136,21 @@ class OffPolicySchedule:
             state["env/steps"] += steps
             self.pending_opts = opts_due(state["env/steps"], steps, self.cadence.opt_interval)
         while self.pending_opts:
-            with atomic():  # made and counted whole, or not at all
+            # Made and counted whole, or not at all; its record too when no eval is due (a
+            # cut before an eval leaves the step for the resume to evaluate and record).
+            with atomic():
                 self.pending_opts -= 1
                 opt = algo.optimize(state["env/steps"])
                 if opt is None:
                     continue
                 state["algorithm/steps"] += 1
-                self.due = self._due(state["algorithm/steps"])
                 self.recorder.add(opt)
-            stats.update(self._after_optimization(trainer))
+                if not self.eval_due(trainer):
+                    stats.update(self._record_if_due(trainer))
+            if self.eval_due(trainer):
+                stats.update(self.evaluate(trainer, None))
+            else:
+                self._save_if_due(trainer)
             if self.finished(trainer):
                 self.pending_opts = 0
             elif trainer.stop_early():  # solved, a signal: the rest wait (saved) for a resume
@@ -155,27 +158,22 @@ class OffPolicySchedule:
         trainer.wall_time += _clock() - t0 - (self._paused - paused)
         return trainer.count(stats)
 
-    def owes(self, trainer: Trainer) -> bool:
-        """Whether a cut came before the cadence (eval, record, save) of the last
-        optimisation step."""
-        return self.cadence_at < trainer.state["algorithm/steps"]
+    def eval_due(self, trainer: Trainer) -> bool:
+        """Whether the latest optimisation step calls for an eval (every ``eval_interval``)."""
+        return trainer.state["algorithm/steps"] % self.cadence.eval_interval == 0
 
-    def settle(self, trainer: Trainer) -> Stats:
-        """The cadence a cut run's last optimisation step :meth:`owes`; the record
-        written, or ``{}``."""
-        return self._after_optimization(trainer) if self.owes(trainer) else {}
-
-    def _due(self, opt_steps: int) -> tuple[bool, bool, bool]:
-        cad = self.cadence
-        return (opt_steps % cad.eval_interval == 0, opt_steps % cad.record_interval == 0,
-                bool(cad.save_interval) and opt_steps % cad.save_interval == 0)
+    def evaluate(self, trainer: Trainer, eval_env_config: dict[str, Any] | None) -> Stats:
+        """The latest optimisation step's eval with its record, then its save if due;
+        returns the record."""
+        record: Stats = self._paused_for(lambda: trainer.eval_with(
+            lambda: self.evaluator.evaluate(self.algorithm, trainer.eval_episodes),
+            row=lambda stats: self._record(trainer, stats)))
+        self._save_if_due(trainer)
+        return record
 
     def finished(self, trainer: Trainer) -> bool:
         """``max_opts`` optimisation steps were made."""
         return 0 < self.cadence.max_opts <= trainer.state["algorithm/steps"]
-
-    def eval_due(self, trainer: Trainer) -> bool:
-        return False  # evals fall inside the step, after the optimisation step that is due
 
     def start(self, trainer: Trainer, steps_per_eval: int | None,
               eval_env_config: dict[str, Any] | None) -> None:
@@ -187,50 +185,57 @@ class OffPolicySchedule:
         """
         if eval_env_config:
             raise ValueError(_NO_EVAL_ENV_CONFIG)
-        if steps_per_eval:
-            self.cadence = dataclasses.replace(self.cadence, eval_interval=steps_per_eval)
+        self.cadence = (dataclasses.replace(self.configured, eval_interval=steps_per_eval)
+                        if steps_per_eval else self.configured)
         self._mark(trainer)
 
-    def _after_optimization(self, trainer: Trainer) -> Stats:
+    def _record_if_due(self, trainer: Trainer) -> Stats:
+        """The latest optimisation step's record, logged, if one is due (``{}`` if not)."""
+        if trainer.state["algorithm/steps"] % self.cadence.record_interval:
+            return {}
+        record = self._record(trainer, {})
+        trainer.log(record)
+        return record
+
+    def _record(self, trainer: Trainer, eval_stats: Stats) -> Stats:
+        """The latest optimisation step's record: the recorder's stats and ``eval_stats``,
+        throughput when a record is due, the counters."""
         opt_steps = trainer.state["algorithm/steps"]
-        do_eval, do_record, do_save = self.due
-        record: Stats = {}
-        if do_eval and trainer.evaluated_at == opt_steps:  # made before a cut (settle)
-            record.update(trainer.hear_eval())
-        elif do_eval:
-            record.update(self._paused_for(lambda: trainer.eval_with(
-                lambda: self.evaluator.evaluate(self.algorithm, trainer.eval_episodes))))
-        if do_eval or do_record:
-            # Popped after the eval: a cut in it leaves them in the checkpoint's recorder.
-            record = {**self.recorder.pop(), **record}
-            if do_record:
-                record.update(self._throughput(trainer))
-            trainer.count(record)
-            record["opt/steps"] = float(opt_steps)
-        with atomic():  # the row and the mark that it is written: both or neither
-            if record:
-                trainer.log(record)
-            self.cadence_at = opt_steps  # (the save below holds it)
-        if do_save and self.save is not None:
+        record = {**self.recorder.pop(), **eval_stats}
+        if opt_steps % self.cadence.record_interval == 0:
+            record.update(self._throughput(trainer))
+        trainer.count(record)
+        record["opt/steps"] = float(opt_steps)
+        return record
+
+    def _save_if_due(self, trainer: Trainer) -> None:
+        opt_steps, every = trainer.state["algorithm/steps"], self.cadence.save_interval
+        if every and opt_steps % every == 0 and self.save is not None:
             save = self.save
             self._paused_for(lambda: save(opt_steps))
-        return record
 
     def _paused_for(self, work: Callable[[], Any]) -> Any:
         """Run ``work``; its time is excluded from throughput and the wall time."""
-        t0 = _clock()
+        t0 = self._pause_began = _clock()
         try:
             return work()
         finally:
             self._paused += _clock() - t0
+            self._pause_began = None
+
+    def _paused_until(self, now: float) -> float:
+        """Seconds paused until ``now``: an eval's record is made before its pause ends."""
+        began = self._pause_began
+        return self._paused + (0.0 if began is None else now - began)
 
     def _throughput(self, trainer: Trainer) -> Stats:
         now = _clock()
         env_steps, opt_steps, paused = self._mark_counts
-        elapsed = max(now - self._mark_time - (self._paused - paused), 1e-9)
+        elapsed = max(now - self._mark_time - (self._paused_until(now) - paused), 1e-9)
         state = trainer.state
         made = (state["env/steps"] - env_steps, state["algorithm/steps"] - opt_steps)
-        # (nothing made since the mark: a resume's owed record; its rates died with the cut)
+        # (nothing made since the mark: the record of an eval a cut left for the resume;
+        # its rates died with the cut)
         out: Stats = {"env/fps": made[0] / elapsed,
                       "opt/steps_per_sec": made[1] / elapsed} if any(made) else {}
         out.update({**self.algorithm.episode_stats(), **self.algorithm.pop_times(),
@@ -241,11 +246,11 @@ class OffPolicySchedule:
     def _mark(self, trainer: Trainer, now: float | None = None) -> None:
         self._mark_time = _clock() if now is None else now
         self._mark_counts = (trainer.state["env/steps"], trainer.state["algorithm/steps"],
-                             self._paused)
+                             self._paused_until(self._mark_time))
 
     def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"pending_opts": self.pending_opts, "cadence_at": self.cadence_at,
-                                 "cadence_due": list(self.due)}
+        state: dict[str, Any] = {"pending_opts": self.pending_opts,
+                                 "eval_interval": self.cadence.eval_interval}
         get = getattr(self.recorder, "get_state", None)
         if get is not None:  # the stats it holds since the last record
             state["recorder"] = {"kind": type(self.recorder).__name__, "state": get()}
@@ -260,12 +265,11 @@ class OffPolicySchedule:
         if saved is not None and restore is not None and (
                 saved["kind"] == type(self.recorder).__name__):
             restore(saved["state"])
+        # The counters' eval interval judges whether their eval is pending (a resume may
+        # evaluate at another from its start on; rlloop 2cb7bfe or before: the configured).
+        every = int(state.get("eval_interval", self.configured.eval_interval))
+        self.cadence = dataclasses.replace(self.configured, eval_interval=every)
         counters = state["counters"]
-        # (older checkpoints: none owed)
-        self.cadence_at = int(state.get("cadence_at", counters["algorithm/steps"]))
-        due = state.get("cadence_due")
-        self.due = (self._due(int(counters["algorithm/steps"])) if due is None
-                    else (bool(due[0]), bool(due[1]), bool(due[2])))
         self._mark_time = _clock()
         self._mark_counts = (int(counters["env/steps"]), int(counters["algorithm/steps"]),
                              self._paused)

@@ -75,7 +75,7 @@ from rlloop.saved_runs import (
 )
 from rlloop.signals import StopInterrupted, save_due, supervised, terminate_as_interrupt
 from rlloop.timing import PhaseTimes, TimedSink
-from rlloop.trainer import Stats, Trainer
+from rlloop.trainer import OnPolicySchedule, Schedule, Stats, Trainer
 from rlloop.unused_settings import run_warnings, unused_settings
 
 #: ``rlloop.run`` is the entry point users import from: building an algorithm
@@ -152,10 +152,8 @@ class _Checkpoints:
         self.session = session
 
     def on_step(self, trainer: Trainer, stats: Stats) -> None:
-        due = save_due(self.session, self.session.checkpoint_every,
-                       trainer.state["algorithm/steps"])
-        # (a settled iteration: the cut run's checkpoint of this step still owes its eval)
-        if due or trainer.settled:
+        if save_due(self.session, self.session.checkpoint_every,
+                    trainer.state["algorithm/steps"]):
             self.session.save()
 
     def on_eval(self, trainer: Trainer, stats: Stats) -> None:
@@ -212,7 +210,6 @@ class Session:
         self.stop_requested: str | None = None
         self.solved = False
         self.solved_at: int | None = None  # env steps of the evaluation confirmed solved
-        self.resumed_owing = False  # restored from a checkpoint that owes an evaluation
         self._training = False  # inside the training loop (evals there may solve the run)
         self._solve_threshold: float | None = None  # known when the loop starts
         check_members(run_dir)
@@ -280,9 +277,11 @@ class Session:
         # optimisation steps (their config section), checkpoints named by them.
         self.off_policy = ALGORITHMS[config.algo].kind == "off_policy"
         self.checkpoint_every = 0 if self.off_policy else config.checkpoint_every
-        schedule = (OffPolicySchedule(cast(OffPolicyAlgorithm, self.algorithm),
-                                      save=lambda _: self.save())
-                    if self.off_policy else None)
+        # (the eval cadence a restored checkpoint of rlloop 2cb7bfe or before is judged by)
+        schedule: Schedule = (OffPolicySchedule(cast(OffPolicyAlgorithm, self.algorithm),
+                                                save=lambda _: self.save())
+                              if self.off_policy else
+                              OnPolicySchedule(self.algorithm, config.eval_every or None))
         self.profiler: TraceProfiler | None = None
         if config.profile is not None:
             self.profiler = TraceProfiler(config.profile, run_dir / "profile")
@@ -372,21 +371,23 @@ class Session:
         returns = [r for r in (saved.get("best_eval_return"),
                                saved_best_return(self.run_dir / "best")) if r is not None]
         self.best_eval_return = max(returns) if returns else None
-        # It owes an evaluation (or its callbacks, or border's cadence): what the settle
-        # makes of it (made, heard, or failed and counted) must be saved even if this
-        # sitting takes no step, or every resume would start from the same debt.
-        self.resumed_owing = self.trainer.owes()
         self.latest_eval_at = saved.get("latest_eval_at")
-        # Solved by this checkpoint's evaluation, cut in a later callback: the resume
-        # hands that evaluation to the rest of them, then stops as the cut run would have.
-        # (A run stopped solved and resumed trains on, and is judged anew.)
-        self.solved = (self.config.stop_on_solve and saved.get("eval_unheard") is not None
-                       and saved.get("solved_at") == self.trainer.state["env/steps"])
+        state, pending = self.trainer.state, self.trainer.eval_pending()
+        # Solved by this checkpoint's pending evaluation (a cut came after the solve was
+        # confirmed): the resume makes that evaluation again and stops solved, as the cut
+        # run would have, without confirming anew (that row is logged). (A run stopped
+        # solved and resumed trains on, and is judged anew.)
+        self.solved = (self.config.stop_on_solve and pending
+                       and saved.get("solved_at") == state["env/steps"])
         restore_rng_state(ckpt.components["rng"])
-        # Rows a crashed run logged after this checkpoint: the resumed run logs them anew.
-        state = self.trainer.state
-        self.jsonl.drop_rows_after(state["env/steps"], ("opt/steps", state["algorithm/steps"])
-                                   if self.off_policy else None)
+        # Rows a crashed run logged after this checkpoint, the pending evaluation's among
+        # them (a crash after a resume made it): the resumed run logs them anew.
+        if self.off_policy:
+            self.jsonl.drop_rows_after(state["env/steps"],
+                                       ("opt/steps", state["algorithm/steps"] - pending))
+        else:
+            self.jsonl.drop_rows_after(state["env/steps"],
+                                       also="eval/return_mean" if pending else None)
 
     # ---- the run -------------------------------------------------------------------------
     def stop_conditions(self) -> list[Condition]:
@@ -474,6 +475,7 @@ class Session:
         stats: Stats = {}
         self.phases.add("startup", self.phases.elapsed())
         self._start_steps = trainer.state["env/steps"]
+        self._start_evals = self.algorithm.evals
         self._final: dict[str, Any] | None = None
         with supervised(self, self._finish), self._profiling():
             try:
@@ -489,8 +491,8 @@ class Session:
                                             stop_conditions=self.stop_conditions())
                     finally:
                         self._training = False
-                else:  # a run cut at its budget's end: the eval (record, save) it owes
-                    stats = trainer.settle()
+                else:  # a run cut at its budget's end: its pending eval (record, save)
+                    stats = trainer.finish_iteration()
                 if (self.latest_eval_at == trainer.state["env/steps"]
                         and "eval/return_mean" in trainer.latest_eval):
                     # A resume of a finished run: its last evaluation stands (another
@@ -604,11 +606,14 @@ class Session:
     def _finish(self, status: str) -> None:
         """The final checkpoint (whatever ended the run), then the sinks and envs."""
         try:
-            # Steps taken (off-policy ones too, before any optimisation step), or a new run;
-            # not after a learner rank died: its update may be half applied on rank 0.
+            # Steps taken (off-policy ones too, before any optimisation step), an evaluation
+            # made or failed (a resume's pending one: else each resume would start from it
+            # again), or a new run; not after a learner rank died: its update may be half
+            # applied on rank 0.
             broken = isinstance(sys.exception(), LearnerGroupError)
             if not broken and (self.trainer.state["env/steps"] > self._start_steps
-                               or self.resumed_owing or not self.manager.latest()):
+                               or self.algorithm.evals != self._start_evals
+                               or not self.manager.latest()):
                 self.save(self._final)
         finally:
             if status != "FINISHED" or sys.exception() is not None:
