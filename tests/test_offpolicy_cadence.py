@@ -15,7 +15,7 @@ from rlloop.checkpoint import CheckpointManager, is_checkpoint, load_checkpoint
 from rlloop.conditions import HitsUpperBound
 from rlloop.config import build_config
 from rlloop.envs.core import sample_random_actions
-from rlloop.offpolicy_trainer import OffPolicyTrainer
+from rlloop.offpolicy_trainer import OffPolicySchedule
 from rlloop.run import COMPONENTS, build_algorithm, evaluate_run, resume, train
 from rlloop.seeding import derive_seed
 from rlloop.trainer import Trainer
@@ -29,6 +29,11 @@ def _dqn(*sets: str, num_envs: int = 1):
     config = build_config("dqn", "CartPole-v1", sets=[*QUIET, f"num_envs={num_envs}",
                                                       *TINY_DQN, *sets])
     return config, build_algorithm(config)
+
+
+def _off_policy_trainer(algo, *, sink=None, **parts) -> Trainer:
+    """The one trainer on the off-policy cadence, as a run builds it for DQN, SAC, TD3."""
+    return Trainer(algo, sink=sink, schedule=OffPolicySchedule(algo, **parts))
 
 
 class _Sink:
@@ -70,10 +75,10 @@ def test_cadence_in_env_steps_one_env():
                    "dqn.record_interval=2", "dqn.save_interval=4", "dqn.max_opts=10")
     opts = _watch_optimizations(algo)
     sink, saves = _Sink(), []
-    trainer = OffPolicyTrainer(algo, sink=sink, save=lambda k: saves.append(
+    trainer = _off_policy_trainer(algo, sink=sink, save=lambda k: saves.append(
         (k, trainer.state["env/steps"])))
     evaluator = _Evaluator(lambda: trainer.state)
-    trainer.evaluator = evaluator
+    trainer.schedule.evaluator = evaluator
     stats = trainer.run()
 
     assert opts == [10 + 5 * k for k in range(1, 11)]
@@ -99,7 +104,7 @@ def test_cadence_with_several_envs_and_pending_optimizations():
                    "dqn.record_interval=100", "dqn.save_interval=3", num_envs=4)
     opts = _watch_optimizations(algo)
     pending = []
-    trainer = OffPolicyTrainer(algo, save=lambda k: pending.append(
+    trainer = _off_policy_trainer(algo, save=lambda k: pending.append(
         (k, trainer.get_state()["pending_opts"])))
     trainer.run(stop_conditions=[HitsUpperBound("env/steps", 20)])
     assert opts == [12, 12, 16, 16, 20, 20]
@@ -118,7 +123,7 @@ def test_throughput_and_wall_time_exclude_evaluations():
             return {"return_mean": 0.0}
 
     sink = _Sink()
-    trainer = OffPolicyTrainer(algo, sink=sink, evaluator=SlowEvaluator())
+    trainer = _off_policy_trainer(algo, sink=sink, evaluator=SlowEvaluator())
     start = time.perf_counter()
     trainer.run()
     elapsed = time.perf_counter() - start

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -46,7 +46,7 @@ from rlloop.algorithms.offpolicy import (
     opts_due,
 )
 from rlloop.signals import atomic
-from rlloop.trainer import RL8_COUNTERS, Algorithm, Callback, MetricsSink, Stats, Trainer
+from rlloop.trainer import RL8_COUNTERS, Algorithm, Stats, Trainer
 
 _clock = time.perf_counter
 _NO_EVAL_ENV_CONFIG = (
@@ -55,7 +55,7 @@ _NO_EVAL_ENV_CONFIG = (
 
 
 class OffPolicyAlgorithm(Algorithm, Protocol):
-    """What :class:`OffPolicyTrainer` needs besides the trainer's ``Algorithm``."""
+    """What :class:`OffPolicySchedule` needs besides the trainer's ``Algorithm``."""
 
     config: OffPolicyConfig
 
@@ -274,28 +274,3 @@ class OffPolicySchedule:
         self._mark_counts = (int(counters["env/steps"]), int(counters["algorithm/steps"]),
                              self._paused)
 
-
-class OffPolicyTrainer(Trainer):
-    """The one :class:`~rlloop.trainer.Trainer` on the off-policy cadence: an
-    :class:`OffPolicySchedule` built from its arguments (see there); ``evaluator`` is the
-    schedule's."""
-
-    schedule: OffPolicySchedule
-
-    def __init__(self, algorithm: OffPolicyAlgorithm, *, cadence: Cadence | None = None,
-                 sink: MetricsSink | None = None, eval_episodes: int = 10,
-                 callbacks: Sequence[Callback] = (), evaluator: Evaluator | None = None,
-                 recorder: Recorder | None = None,
-                 save: Callable[[int], Any] | None = None, flush_denormal: bool = True) -> None:
-        schedule = OffPolicySchedule(algorithm, cadence=cadence, evaluator=evaluator,
-                                     recorder=recorder, save=save)
-        super().__init__(algorithm, sink=sink, eval_episodes=eval_episodes, callbacks=callbacks,
-                         flush_denormal=flush_denormal, schedule=schedule)
-
-    @property
-    def evaluator(self) -> Evaluator:
-        return self.schedule.evaluator
-
-    @evaluator.setter
-    def evaluator(self, evaluator: Evaluator) -> None:
-        self.schedule.evaluator = evaluator

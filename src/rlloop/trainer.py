@@ -13,10 +13,6 @@ Counters (rl8's names): ``algorithm/collects``, ``algorithm/steps`` (updates) an
 ``env/steps``. ``horizons_per_env_reset`` decides when training envs are reset (every k
 collects, or only once when k < 0) and constrains when an eval may use another env config.
 Callbacks (checkpoints, signals) hang on the loop's ``on_step`` and ``on_eval`` hooks.
-
-A cut (a second stop signal, a stop that an eval outlasts) may leave a checkpoint between
-an update and its eval; the resumed run makes that whole eval again, on the same episodes,
-so a callback may hear it twice (see :class:`Trainer`).
 """
 
 from __future__ import annotations
@@ -103,8 +99,7 @@ class Schedule(Protocol):
         ...
 
     def get_state(self) -> dict[str, Any]:
-        """What the schedule goes on from, with the eval cadence the counters were reached
-        under (it judges whether the latest update's eval is pending)."""
+        """With the eval cadence in force: it judges the restored update's eval."""
         ...
 
     def set_state(self, state: Mapping[str, Any]) -> None: ...
@@ -164,7 +159,7 @@ class Trainer:
         updates = self.state.get("algorithm/steps", 0)
         with flushed_denormals(self.flush_denormal):
             stats = self.schedule.step(self, env_config)
-            # (an eval follows an update: an off-policy warm-up step made none)
+            # (an eval follows an update; an off-policy warm-up step makes none)
             if (evaluate and self.state.get("algorithm/steps", 0) != updates
                     and self.eval_pending()):
                 stats = {**stats, **self.schedule.evaluate(self, eval_env_config)}
@@ -209,11 +204,8 @@ class Trainer:
         callbacks' ``on_eval``, then ``row(stats)`` is logged (with ``row``) and the stats
         become ``latest_eval``. Returns the row (the stats without ``row``).
 
-        The eval is made whole or not at all: a cut after its episodes (in a callback, or
-        before its row) sets the algorithm's eval count back, so the checkpoint holds the
-        update without its eval and the resume makes all of it again on the same episodes
-        (a callback may hear it twice). Episodes that fail are counted by the algorithm
-        (the resume plays the next ones); a stop in them is not."""
+        Made whole or not at all: a cut after the episodes (in a callback, before the row)
+        sets the eval count back, so the resume makes all of it again on those episodes."""
         count = self.algorithm.evals
         t0 = time.perf_counter()
         stats = {f"eval/{key}": value for key, value in evaluate().items()}

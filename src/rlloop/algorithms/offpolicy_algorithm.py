@@ -2,8 +2,8 @@
 
 :class:`OffPolicyAlgorithmBase` turns a learner, an :class:`OffPolicyLoop` and a
 behaviour policy (``_explore``) into what :class:`~rlloop.offpolicy_trainer.
-OffPolicyTrainer` drives (``env_step``, ``optimize``, ``episode_stats``) and what the
-plain :class:`~rlloop.trainer.Trainer` drives (``collect``, ``update``), with the state
+OffPolicySchedule` drives (``env_step``, ``optimize``, ``episode_stats``) and what the
+on-policy schedule drives (``collect``, ``update``), with the state
 every off-policy algorithm checkpoints. Subclasses build ``config``, ``learner`` and
 ``loop`` in ``__init__`` and implement ``_explore`` and ``act``.
 """
