@@ -190,7 +190,7 @@ class Trainer:
                 f"{collects}); call it at a multiple of {k}")
         with flushed_denormals(self.flush_denormal):
             return self.eval_with(lambda: self.algorithm.evaluate(
-                self.eval_episodes, env_config, deterministic), row=lambda stats: stats)
+                self.eval_episodes, env_config, deterministic))
 
     def eval_allowed(self) -> bool:
         """Whether :meth:`eval` may run now: with ``horizons_per_env_reset=k > 0``, only
@@ -201,8 +201,8 @@ class Trainer:
     def eval_with(self, evaluate: Callable[[], Mapping[str, float]], *,
                   row: Callable[[Stats], Stats] | None = None) -> Stats:
         """Run ``evaluate``; its results as ``eval/...`` stats with ``time/eval_s`` go to the
-        callbacks' ``on_eval``, then ``row(stats)`` is logged (with ``row``) and the stats
-        become ``latest_eval``. Returns the row (the stats without ``row``).
+        callbacks' ``on_eval``, then are logged (in ``row(stats)``, with ``row``) and kept as
+        ``latest_eval``. Returns the row logged.
 
         Made whole or not at all: a cut after the episodes (in a callback, before the row)
         sets the eval count back, so the resume makes all of it again on those episodes."""
@@ -216,8 +216,7 @@ class Trainer:
                 cb.on_eval(self, stats)
             with atomic():  # the row and the count of the eval made: both or neither
                 out = stats if row is None else row(stats)
-                if row is not None:
-                    self.log(out)
+                self.log(out)
                 self.latest_eval = stats
                 self.evaluated_at = self.state.get("algorithm/steps", 0)
                 made = True
