@@ -192,7 +192,8 @@ class RlloopRun:
                  backend: str = "auto", path: str = "autograd") -> None:
         from rlloop.config.run_config import build_config
         from rlloop.runs.build import build_algorithm
-        from rlloop.trainers.offpolicy_schedule import OffPolicyAlgorithm, OffPolicyTrainer
+        from rlloop.trainers.loop import Trainer
+        from rlloop.trainers.offpolicy_schedule import OffPolicyAlgorithm, OffPolicySchedule
 
         never = 10**12
         sets = ["mlflow=false", "progress=false", f"num_envs={num_envs}", f"backend={backend}",
@@ -208,7 +209,8 @@ class RlloopRun:
                       + (" gym" if backend == "gymnasium" and algo == "dqn" else "")
                       + ("" if path == "autograd" else f" {path}"))
         self.algorithm: Any = build_algorithm(self.config)
-        self.trainer = OffPolicyTrainer(cast(OffPolicyAlgorithm, self.algorithm))
+        self.trainer = Trainer(self.algorithm, schedule=OffPolicySchedule(
+            cast(OffPolicyAlgorithm, self.algorithm)))
         self.seconds = 0.0
         self.warm_seconds = 0.0  # the longest trainer step
         self.late_returns: list[float] = []

@@ -148,7 +148,7 @@ def test_callback_stops_training_and_sees_checkpoints(tmp_path):
         tmp_path / "run" / "checkpoints").latest()
     # learn again: the same run continues from its checkpoint for that many more steps
     assert model.learn(1024).env_steps == 2048
-    # off-policy runs (border's cadence) stop on the same rule
+    # off-policy runs (the off-policy cadence) stop on the same rule
     dqn = DQN("CartPole-v1", run_dir=tmp_path / "dqn", num_envs=4, **QUIET)
     result = dqn.learn(100_000, callbacks=[_StopAt(400)])
     assert result.env_steps == 400 and result.stopped_by == "callback _StopAt"

@@ -273,9 +273,21 @@ def test_a_run_cut_before_its_due_evaluation_makes_it_when_resumed(
             train(config, tmp_path / "b", callbacks=callbacks)
     cut_at = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
     assert cut_at.components["trainer"]["counters"]["algorithm/steps"] == cut
+    assert _eval_pending(cut_at)  # derived from the counters, not stored as a debt
+    assert not set(cut_at.components["trainer"]) & {"eval_owed", "eval_unheard", "cadence_at",
+                                                     "cadence_due"}
     resume(tmp_path / "b")
 
     _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
+
+
+def _eval_pending(checkpoint):
+    """Whether ``checkpoint`` holds an update without the eval its cadence calls for after
+    it (the trainer derives it so from the counters)."""
+    trainer = checkpoint.components["trainer"]
+    steps = trainer["counters"]["algorithm/steps"]
+    every = trainer.get("steps_per_eval") or trainer["eval_interval"]
+    return steps % every == 0 and trainer["evaluated_at"] != steps
 
 
 def _rows(run, key):
@@ -340,7 +352,7 @@ def test_an_update_that_fails_after_an_evaluation_owes_no_evaluation(tmp_path, m
         train(config, tmp_path / "b")
     cut = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
     assert cut.components["trainer"]["counters"]["algorithm/steps"] == 2
-    assert cut.components["trainer"]["eval_owed"] is False
+    assert not _eval_pending(cut)
     resume(tmp_path / "b")
     evaluated = sorted(_evals(tmp_path / "b"))
     assert evaluated[0] == 256 and 384 not in evaluated, evaluated
@@ -389,18 +401,17 @@ def test_a_cut_before_the_first_update_owes_no_evaluation(tmp_path, monkeypatch)
         patched.setattr(PPO, "collect", interrupted)
         train(config, tmp_path / "b")
     cut = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
-    assert cut.components["trainer"]["eval_owed"] is False
+    assert not _eval_pending(cut)
     resume(tmp_path / "b")
     _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
 
 
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
-def test_a_settled_evaluation_is_checkpointed_before_the_run_goes_on(
+def test_an_evaluation_made_again_is_checkpointed_when_the_resume_stops_there(
         tmp_path, monkeypatch, algo):
-    """A resume that made the owed eval and then stopped (one signal during that eval)
+    """A resume that made the cut eval and then stopped (one signal during that eval)
     wrote no checkpoint, as no env step was taken: the next resume made and logged the
-    eval again. The settled iteration now ends as any does (its callbacks, a checkpoint),
-    and the checkpoint of that step no longer owes it."""
+    eval again. The final checkpoint now holds that eval made."""
     config = _config(algo)
     owner, method, cut, *_ = CUTS[algo]
     train(config, tmp_path / "a")
@@ -418,10 +429,9 @@ def test_a_settled_evaluation_is_checkpointed_before_the_run_goes_on(
     with monkeypatch.context() as patched:
         patched.setattr(base, "evaluate", signal_once)
         assert resume(tmp_path / "b").stopped_by == "signal SIGTERM"
-    settled = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
-    trainer = settled.components["trainer"]
-    assert trainer["counters"]["algorithm/steps"] == cut
-    assert (trainer["eval_owed"], trainer["eval_unheard"]) == (False, None)
+    stopped = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
+    assert stopped.components["trainer"]["counters"]["algorithm/steps"] == cut
+    assert not _eval_pending(stopped)
     resume(tmp_path / "b")
     _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
 
@@ -448,8 +458,8 @@ class _Heard(Callback):
 def test_a_cut_in_a_callback_after_a_confirmed_solve_stops_solved_on_resume(tmp_path):
     """The solve was confirmed (an extra evaluation) in the run's own on_eval, then a
     second signal struck in a user's on_eval: the resume replayed every callback,
-    confirmed again on other episodes (and failed, training on). It now hands the
-    evaluation to the callbacks that had not heard it, and stops solved."""
+    confirmed again on other episodes (and failed, training on). It now makes the
+    evaluation again on its episodes and stops solved, its rows each logged once."""
     config = _config(sets=[*SOLVE_SETS, "solve_threshold=170"])
     assert train(config, tmp_path / "a").stopped_by == "solved"
     with pytest.raises(KeyboardInterrupt):
@@ -459,9 +469,9 @@ def test_a_cut_in_a_callback_after_a_confirmed_solve_stops_solved_on_resume(tmp_
         assert _rows(tmp_path / "b", key) == _rows(tmp_path / "a", key)
 
 
-def test_a_settled_off_policy_step_keeps_the_cut_run_s_cadence(tmp_path, monkeypatch):
-    """Resumed with another eval_interval, the settle judged the cut step's eval by the
-    new one (80 % 30): the eval it owed was never made, and every later one moved."""
+def test_a_cut_off_policy_step_keeps_the_cut_run_s_cadence(tmp_path, monkeypatch):
+    """Resumed with another eval_interval, the cut step's eval was judged by the new one
+    (80 % 30): the eval cut from it was never made, and every later one moved."""
     owner, method, cut, *_ = CUTS["dqn"]
     clean = _config("dqn", sets=[f"dqn.max_opts={cut}"])
     train(clean, tmp_path / "a")  # stops cleanly after the cut step, its eval made
@@ -475,10 +485,10 @@ def test_a_settled_off_policy_step_keeps_the_cut_run_s_cadence(tmp_path, monkeyp
 
 
 def test_an_evaluation_that_fails_is_made_again_on_the_next_episodes(tmp_path, monkeypatch):
-    """An evaluation that raised (an env failing on its episodes) was owed, and each resume
-    made it first on the same episodes, failing again before training a step. A failed
-    evaluation is counted: the resume makes the owed one on the next episodes and goes on
-    (an error is not forgone: a full disk in best/'s save must be redone)."""
+    """An evaluation that raised (an env failing on its episodes) was left for the resume,
+    which made it first on the same episodes, failing again before training a step. A
+    failed evaluation is counted: the resume makes it again on the next episodes and goes
+    on (an error is not forgone: a full disk in best/'s save must be redone)."""
     seeds = []
     original = base.evaluate
 
@@ -492,15 +502,14 @@ def test_an_evaluation_that_fails_is_made_again_on_the_next_episodes(tmp_path, m
     with pytest.raises(RuntimeError, match="unstable"):
         train(_config(), tmp_path / "b")
     cut = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
-    assert cut.components["trainer"]["eval_owed"] is True
+    assert _eval_pending(cut)
     assert resume(tmp_path / "b").env_steps == 1280
     assert seeds[2] == seeds[1] + 1 and 512 in _evals(tmp_path / "b")
 
 
-def test_a_settle_at_the_budget_s_end_ends_the_iteration_for_the_callbacks(
-        tmp_path, monkeypatch):
-    """With the budget spent, the resume settled the cut iteration but called no on_step:
-    a user's callback never heard that iteration end (with budget left, it did)."""
+def test_a_cut_iteration_at_the_budget_s_end_ends_for_the_callbacks(tmp_path, monkeypatch):
+    """With the budget spent, the resume made the cut iteration's eval but called no
+    on_step: a user's callback never heard that iteration end (with budget left, it did)."""
     owner, method, cut, _, steps = CUTS["ppo-end"]
     config = _config(steps=steps)
     straight, cut_run, resumed = _Heard(), _Heard(), _Heard()
@@ -515,8 +524,8 @@ def test_a_settle_at_the_budget_s_end_ends_the_iteration_for_the_callbacks(
 
 def test_an_error_after_a_stop_signal_is_taken_for_the_stop(tmp_path, monkeypatch):
     """A stop signal that surfaces as an error (Box2D turns the interrupt into one of its
-    own; workers killed with the trainer fail) is a stop: the evaluation it cut is owed,
-    not forgone, and the resumed run makes it on the same episodes."""
+    own; workers killed with the trainer fail) is a stop: the evaluation it cut is not
+    counted, and the resumed run makes it on the same episodes."""
     config = _config()
     train(config, tmp_path / "a")
     seeds = []
@@ -537,18 +546,21 @@ def test_an_error_after_a_stop_signal_is_taken_for_the_stop(tmp_path, monkeypatc
 
 
 
-def test_a_resume_hands_a_cut_evaluation_to_each_user_callback_that_missed_it(tmp_path):
-    """User callbacks were one entry of the loop's: a cut in the second one's on_eval made
-    the resume call the first one again for the same evaluation."""
+def test_a_user_callback_hears_an_evaluation_cut_in_the_callbacks_again(tmp_path):
+    """At least once: a cut in the second callback's on_eval leaves the evaluation to be
+    made again by the resume, on the same episodes, so the first callback hears it twice
+    (the same stats) and every callback hears every evaluation."""
     config = _config()
     first, second = _Heard(), _Heard(cut_at=2)
     with pytest.raises(KeyboardInterrupt):
         train(config, tmp_path / "b", callbacks=[first, second])
     first_again, second_again = _Heard(), _Heard()
     resume(tmp_path / "b", callbacks=[first_again, second_again])
-    evals_heard = [h for h in first.heard + first_again.heard if h[0] == "eval"]
-    assert len(evals_heard) == len(_evals(tmp_path / "b"))  # each evaluation once
-    assert second_again.heard[0] == ("eval", -1) and first_again.heard[0][0] == "step"
+    evals = len(_evals(tmp_path / "b"))
+    assert [h[0] for h in first.heard].count("eval") == 2 == second.evals
+    for heard in (first.heard + first_again.heard, second.heard + second_again.heard):
+        assert [h[0] for h in heard].count("eval") == evals + 1  # the cut one twice
+    assert first_again.heard[0] == second_again.heard[0] == ("eval", -1)
 
 
 def test_a_solve_is_not_restored_when_the_resume_turns_stop_on_solve_off(tmp_path):
@@ -565,11 +577,11 @@ class _Raises(_Heard):
         raise ValueError("callback failed (test)")
 
 
-def test_what_a_resume_settles_is_saved_even_if_it_takes_no_step(tmp_path, monkeypatch):
-    """A resume that failed in its settle (the owed evaluation failing again on the next
-    episodes; a callback failing after another had heard it) wrote no checkpoint, as it
-    took no step: the next resume retried the same episodes, or handed the evaluation
-    again to the callbacks that had heard it."""
+def test_an_evaluation_a_resume_makes_first_is_saved_even_if_it_takes_no_step(
+        tmp_path, monkeypatch):
+    """A resume whose first evaluation (the one a cut left) failed again on the next
+    episodes wrote no checkpoint, as it took no step: the next resume retried the same
+    episodes. A callback failing in it leaves the evaluation to be made again whole."""
     seeds, bad = [], set()
     original = base.evaluate
 
@@ -600,4 +612,53 @@ def test_what_a_resume_settles_is_saved_even_if_it_takes_no_step(tmp_path, monke
         resume(tmp_path / "c", callbacks=[heard, _Raises()])
     heard_again = _Heard()
     resume(tmp_path / "c", callbacks=[heard_again, _Heard()])
-    assert [h for h in heard.heard + heard_again.heard if h[0] == "eval"] == [("eval", -1)] * 4
+    # The cut evaluation twice (the failed resume's, the next one's), then 768, 1024, 1280.
+    assert [h for h in heard.heard + heard_again.heard if h[0] == "eval"] == [("eval", -1)] * 5
+
+
+def test_rows_a_crash_logged_after_a_resume_made_the_cut_evaluation_are_not_doubled(
+        tmp_path, monkeypatch):
+    """The checkpoint of a cut holds the update without its eval until the next one is
+    written: a resume that made the eval (its row logged) and crashed before that left
+    the row for the next resume to log again, at the checkpoint's own step."""
+    config = _config()
+    train(config, tmp_path / "a")
+    owner, method, cut, *_ = CUTS["ppo"]
+    with monkeypatch.context() as patched:
+        ends, _ = _two_signals_in_update(patched, owner, method, cut)
+        with ends:
+            train(config, tmp_path / "b")
+    resume(tmp_path / "b")
+    c = _crashed_copy(tmp_path / "b", tmp_path / "c", 512)  # the cut's checkpoint, all rows
+    assert _eval_pending(load_checkpoint(CheckpointManager(c / "checkpoints").latest()))
+    resume(c)
+    _same_evaluations_and_state(tmp_path / "a", c)
+
+
+@pytest.mark.parametrize("cut_kind", ["owed", "unheard"])
+def test_a_cut_checkpoint_of_an_older_rlloop_resumes_by_making_its_evaluation(
+        tmp_path, monkeypatch, cut_kind):
+    """Checkpoints of rlloop 2cb7bfe and before say in their own keys what a cut left:
+    an eval owed (not made; its resume is a straight run's), or one made whose callbacks
+    and row were cut ("unheard"; made again, on the next episodes)."""
+    config = _config()
+    train(config, tmp_path / "a")
+    owner, method, cut, *_ = CUTS["ppo"]
+    with monkeypatch.context() as patched:
+        ends, _ = _two_signals_in_update(patched, owner, method, cut)
+        with ends:
+            train(config, tmp_path / "b")
+    path = CheckpointManager(tmp_path / "b" / "checkpoints").latest()
+    old = load_checkpoint(path)
+    trainer = old.components["trainer"]
+    del trainer["steps_per_eval"]
+    trainer.update(eval_owed=cut_kind == "owed", eval_unheard=None)
+    if cut_kind == "unheard":  # made and counted, its callbacks cut from the second on
+        trainer.update(evaluated_at=cut, eval_unheard=1)
+        old.components["algorithm"]["evals"] += 1
+    save_replacing(path, old.components, metadata=old.metadata)
+    assert resume(tmp_path / "b").env_steps == 1280
+    if cut_kind == "owed":
+        _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
+    else:
+        assert sorted(_evals(tmp_path / "b")) == sorted(_evals(tmp_path / "a"))

@@ -1,4 +1,4 @@
-"""Border's cadence: the exact env steps at which optimisations, evals, records and saves
+"""The off-policy cadence: the exact env steps at which optimisations, evals, records and saves
 happen, which directories a run leaves, and the CLI around it."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rlloop.runs.saved import evaluate_run
 from rlloop.runs.session import resume, train
 from rlloop.system.seeding import derive_seed
 from rlloop.trainers.loop import Trainer
-from rlloop.trainers.offpolicy_schedule import OffPolicyTrainer
+from rlloop.trainers.offpolicy_schedule import OffPolicySchedule
 from rlloop.trainers.stop_conditions import HitsUpperBound
 
 QUIET = ["mlflow=false", "progress=false"]
@@ -31,6 +31,11 @@ def _dqn(*sets: str, num_envs: int = 1):
     config = build_config("dqn", "CartPole-v1", sets=[*QUIET, f"num_envs={num_envs}",
                                                       *TINY_DQN, *sets])
     return config, build_algorithm(config)
+
+
+def _off_policy_trainer(algo, *, sink=None, **parts) -> Trainer:
+    """The one trainer on the off-policy cadence, as a run builds it for DQN, SAC, TD3."""
+    return Trainer(algo, sink=sink, schedule=OffPolicySchedule(algo, **parts))
 
 
 class _Sink:
@@ -72,10 +77,10 @@ def test_cadence_in_env_steps_one_env():
                    "dqn.record_interval=2", "dqn.save_interval=4", "dqn.max_opts=10")
     opts = _watch_optimizations(algo)
     sink, saves = _Sink(), []
-    trainer = OffPolicyTrainer(algo, sink=sink, save=lambda k: saves.append(
+    trainer = _off_policy_trainer(algo, sink=sink, save=lambda k: saves.append(
         (k, trainer.state["env/steps"])))
     evaluator = _Evaluator(lambda: trainer.state)
-    trainer.evaluator = evaluator
+    trainer.schedule.evaluator = evaluator
     stats = trainer.run()
 
     assert opts == [10 + 5 * k for k in range(1, 11)]
@@ -101,7 +106,7 @@ def test_cadence_with_several_envs_and_pending_optimizations():
                    "dqn.record_interval=100", "dqn.save_interval=3", num_envs=4)
     opts = _watch_optimizations(algo)
     pending = []
-    trainer = OffPolicyTrainer(algo, save=lambda k: pending.append(
+    trainer = _off_policy_trainer(algo, save=lambda k: pending.append(
         (k, trainer.get_state()["pending_opts"])))
     trainer.run(stop_conditions=[HitsUpperBound("env/steps", 20)])
     assert opts == [12, 12, 16, 16, 20, 20]
@@ -120,7 +125,7 @@ def test_throughput_and_wall_time_exclude_evaluations():
             return {"return_mean": 0.0}
 
     sink = _Sink()
-    trainer = OffPolicyTrainer(algo, sink=sink, evaluator=SlowEvaluator())
+    trainer = _off_policy_trainer(algo, sink=sink, evaluator=SlowEvaluator())
     start = time.perf_counter()
     trainer.run()
     elapsed = time.perf_counter() - start

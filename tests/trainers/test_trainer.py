@@ -8,7 +8,7 @@ import torch
 
 from rlloop.config.run_config import build_config
 from rlloop.runs.build import build_algorithm
-from rlloop.trainers.loop import Trainer
+from rlloop.trainers.loop import OnPolicySchedule, Trainer
 from rlloop.trainers.stop_conditions import HitsLowerBound, HitsUpperBound, Plateaus
 
 
@@ -29,6 +29,10 @@ def test_step_counters_and_stats_keys():
         assert key in stats and math.isfinite(stats[key]), key
     trainer.step()
     assert trainer.state == {"algorithm/collects": 2, "algorithm/steps": 2, "env/steps": 64}
+
+
+def test_an_algorithm_without_a_schedule_runs_on_the_on_policy_one():
+    assert isinstance(_trainer().schedule, OnPolicySchedule)
 
 
 def test_eval_scores_the_policy_over_whole_episodes():

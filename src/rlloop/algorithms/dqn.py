@@ -155,7 +155,7 @@ def _loss(online: nn.Module, obs: Tensor, action: Tensor, target: Tensor,
 
 
 class DQN(OffPolicyAlgorithmBase):
-    """Epsilon-greedy acting on border's cadence; one optimisation step makes
+    """Epsilon-greedy acting on the off-policy cadence; one optimisation step makes
     ``gradient_steps`` DQN updates."""
 
     name = "dqn"
@@ -208,7 +208,7 @@ class DQN(OffPolicyAlgorithmBase):
         return self._epsilon_greedy(obs, self.config.exploration_final_eps,
                                     self._eval_generator)
 
-    # ---- border's cadence (the rest is OffPolicyAlgorithmBase's) ----------------------
+    # ---- the off-policy cadence (the rest is OffPolicyAlgorithmBase's) ----------------
     def _optimize(self, env_steps: int) -> Mapping[str, Tensor] | None:
         if isinstance(self.loop.replay, PrioritizedReplayBuffer):
             return self.loop.optimize(env_steps, self._update)

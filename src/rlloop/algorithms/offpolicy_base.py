@@ -1,9 +1,9 @@
-"""The algorithm side of border's cadence, shared by DQN, SAC and TD3.
+"""The algorithm side of the off-policy cadence, shared by DQN, SAC and TD3.
 
 :class:`OffPolicyAlgorithmBase` turns a learner, an :class:`OffPolicyLoop` and a
 behaviour policy (``_explore``) into what :class:`~rlloop.trainers.offpolicy_schedule.
-OffPolicyTrainer` drives (``env_step``, ``optimize``, ``episode_stats``) and what the
-plain :class:`~rlloop.trainers.loop.Trainer` drives (``collect``, ``update``), with the state
+OffPolicySchedule` drives (``env_step``, ``optimize``, ``episode_stats``) and what the
+on-policy schedule drives (``collect``, ``update``), with the state
 every off-policy algorithm checkpoints. Subclasses build ``config``, ``learner`` and
 ``loop`` in ``__init__`` and implement ``_explore`` and ``act``.
 """
@@ -174,7 +174,7 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
         """The behaviour policy after warm-up: ``obs [N, ...] -> actions [N, ...]``."""
         raise NotImplementedError
 
-    # ---- border's cadence ------------------------------------------------------------
+    # ---- the off-policy cadence ------------------------------------------------------
     def env_step(self) -> int:
         return self.loop.env_step(self._explore)
 

@@ -173,7 +173,7 @@ class SACLearner(OffPolicyLearnerBase):
 
 
 class SAC(OffPolicyAlgorithmBase):
-    """SAC on border's cadence; actions live in ``[-1, 1]`` and are rescaled for the env."""
+    """SAC on the off-policy cadence; actions live in ``[-1, 1]`` and are rescaled for the env."""
 
     name = "sac"
     config: SACConfig

@@ -129,7 +129,7 @@ class TD3Learner(OffPolicyLearnerBase):
 
 
 class TD3(OffPolicyAlgorithmBase):
-    """TD3 on border's cadence; actions live in ``[-1, 1]`` and are rescaled for the env."""
+    """TD3 on the off-policy cadence; actions live in ``[-1, 1]`` and are rescaled for the env."""
 
     name = "td3"
     config: TD3Config

@@ -66,12 +66,14 @@ class JsonlSink:
             f.seek(-1, os.SEEK_END)
             return f.read(1) != b"\n"
 
-    def drop_rows_after(self, step: int, counter: tuple[str, int] | None = None) -> int:
+    def drop_rows_after(self, step: int, counter: tuple[str, int] | None = None, *,
+                        also: str | None = None) -> int:
         """Cut the file before its first row past ``step`` (a resume from an older
         checkpoint logs those steps again); how many rows went. ``counter`` (a key and
         its value at the checkpoint) also cuts a row of ``step`` itself whose key is past
-        the value (off-policy saves fall between the optimisation steps of one env step).
-        Truncates in place: the append handle writes on at the new end."""
+        the value (off-policy saves fall between the optimisation steps of one env step);
+        ``also``, a row of ``step`` that holds that key (an evaluation the resume makes
+        again). Truncates in place: the append handle writes on at the new end."""
         self._file.flush()
         offset, cut = 0, None
         # The file this sink appends to (opened never through a link), read likewise.
@@ -83,10 +85,10 @@ class JsonlSink:
                 row_step = row.get("step")
             except (ValueError, AttributeError):
                 row, row_step = {}, None
+            past = counter is not None and isinstance(row.get(counter[0]), int | float) and (
+                row[counter[0]] > counter[1])
             if isinstance(row_step, int) and (row_step > step or (
-                    counter is not None and row_step == step
-                    and isinstance(row.get(counter[0]), int | float)
-                    and row[counter[0]] > counter[1])):
+                    row_step == step and (past or (also is not None and also in row)))):
                 cut = i
                 break
             offset += len(line)

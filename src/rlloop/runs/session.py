@@ -72,7 +72,7 @@ from rlloop.learners.learner import Learner, NonFiniteError
 from rlloop.logging import ConsoleSink, JsonlSink, MultiSink, ProcessSink, Sink
 from rlloop.logging.process_sink import has_spare
 from rlloop.system.numerics import flushed_denormals
-from rlloop.trainers.offpolicy_schedule import BorderSchedule, OffPolicyAlgorithm
+from rlloop.trainers.offpolicy_schedule import OffPolicyAlgorithm, OffPolicySchedule
 from rlloop.system.profiling import TraceProfiler
 from rlloop.runs.report import FIGURE_PRELOAD, FigureWriter, read_metrics, write_figures, write_report
 from rlloop.runs.lock import RunLock, ensure_free
@@ -88,7 +88,7 @@ from rlloop.runs.saved import (
 )
 from rlloop.system.signals import StopInterrupted, save_due, supervised, terminate_as_interrupt
 from rlloop.runs.timing import PhaseTimes, TimedSink
-from rlloop.trainers.loop import Stats, Trainer
+from rlloop.trainers.loop import Stats, Trainer, OnPolicySchedule, Schedule
 from rlloop.trainers.result import RunResult
 from rlloop.config.unused_settings import run_warnings, unused_settings
 
@@ -151,10 +151,8 @@ class _Checkpoints:
         self.session = session
 
     def on_step(self, trainer: Trainer, stats: Stats) -> None:
-        due = save_due(self.session, self.session.checkpoint_every,
-                       trainer.state["algorithm/steps"])
-        # (a settled iteration: the cut run's checkpoint of this step still owes its eval)
-        if due or trainer.settled:
+        if save_due(self.session, self.session.checkpoint_every,
+                    trainer.state["algorithm/steps"]):
             self.session.save()
 
     def on_eval(self, trainer: Trainer, stats: Stats) -> None:
@@ -276,7 +274,6 @@ class Session:
         self.stop_requested: str | None = None
         self.solved = False
         self.solved_at: int | None = None  # env steps of the evaluation confirmed solved
-        self.resumed_owing = False  # restored from a checkpoint that owes an evaluation
         self._training = False  # inside the training loop (evals there may solve the run)
         self._solve_threshold: float | None = None  # known when the loop starts
         check_members(run_dir)
@@ -339,13 +336,15 @@ class Session:
         if not resume:
             self.sink.log_params(config.to_dict())
         _write_json(run_dir / "run.json", self.identity)
-        # Off-policy algorithms run on border's cadence: evals and saves counted in
+        # Off-policy algorithms run on the off-policy cadence: evals and saves counted in
         # optimisation steps (their config section), checkpoints named by them.
         self.off_policy = ALGORITHMS[config.algo].kind == "off_policy"
         self.checkpoint_every = 0 if self.off_policy else config.checkpoint_every
-        schedule = (BorderSchedule(cast(OffPolicyAlgorithm, self.algorithm),
-                                   save=lambda _: self.save())
-                    if self.off_policy else None)
+        # (the eval cadence a restored checkpoint of rlloop 2cb7bfe or before is judged by)
+        schedule: Schedule = (OffPolicySchedule(cast(OffPolicyAlgorithm, self.algorithm),
+                                                save=lambda _: self.save())
+                              if self.off_policy else
+                              OnPolicySchedule(self.algorithm, config.eval_every or None))
         self.profiler: TraceProfiler | None = None
         if config.profile is not None:
             self.profiler = TraceProfiler(config.profile, run_dir / "profile")
@@ -434,10 +433,6 @@ class Session:
                                         restore=self._restore_from)
         if ckpt is None:
             raise _no_checkpoint(self.run_dir)
-        # Rows a crashed run logged after this checkpoint: the resumed run logs them anew.
-        state = self.trainer.state
-        self.jsonl.drop_rows_after(state["env/steps"], ("opt/steps", state["algorithm/steps"])
-                                   if self.off_policy else None)
 
     def _restore_from(self, ckpt: Checkpoint) -> None:
         """Restore ``ckpt`` (a value the built run cannot take raises: see `_restore`)."""
@@ -450,18 +445,23 @@ class Session:
         returns = [r for r in (_saved_return(saved.get("best_eval_return")),
                                saved_best_return(self.run_dir / "best")) if r is not None]
         self.best_eval_return = max(returns) if returns else None
-        # It owes an evaluation (or its callbacks, or border's cadence): what the settle
-        # makes of it (made, heard, or failed and counted) must be saved even if this
-        # sitting takes no step, or every resume would start from the same debt.
-        self.resumed_owing = self.trainer.owes()
         self.latest_eval_at = _saved_step(saved.get("latest_eval_at"), "latest_eval_at")
-        # Solved by this checkpoint's evaluation, cut in a later callback: the resume
-        # hands that evaluation to the rest of them, then stops as the cut run would have.
-        # (A run stopped solved and resumed trains on, and is judged anew.)
-        self.solved = (self.config.stop_on_solve and saved.get("eval_unheard") is not None
-                       and _saved_step(saved.get("solved_at"), "solved_at")
-                       == self.trainer.state["env/steps"])
+        state, pending = self.trainer.state, self.trainer.eval_pending()
+        # Solved by this checkpoint's pending evaluation (a cut came after the solve was
+        # confirmed): the resume makes that evaluation again and stops solved, as the cut
+        # run would have, without confirming anew (that row is logged). (A run stopped
+        # solved and resumed trains on, and is judged anew.)
+        self.solved = (self.config.stop_on_solve and pending
+                       and _saved_step(saved.get("solved_at"), "solved_at") == state["env/steps"])
         restore_rng_state(ckpt.components["rng"])
+        # Rows a crashed run logged after this checkpoint, the pending evaluation's among
+        # them (a crash after a resume made it): the resumed run logs them anew.
+        if self.off_policy:
+            self.jsonl.drop_rows_after(state["env/steps"],
+                                       ("opt/steps", state["algorithm/steps"] - pending))
+        else:
+            self.jsonl.drop_rows_after(state["env/steps"],
+                                       also="eval/return_mean" if pending else None)
 
     # ---- the run -------------------------------------------------------------------------
     def stop_conditions(self) -> list[Condition]:
@@ -550,6 +550,7 @@ class Session:
         self.phases.add("startup", self.phases.elapsed())
         self._start_steps = trainer.state["env/steps"]
         self.skipped_updates.start()
+        self._start_evals = self.algorithm.evals
         self._final: dict[str, Any] | None = None
         with supervised(self, self._finish), self._profiling():
             try:
@@ -567,8 +568,8 @@ class Session:
                         self._training = False
                     if not self.stop_requested:  # (a stop signal asks for a quick exit)
                         self.skipped_updates.judge(trainer)
-                else:  # a run cut at its budget's end: the eval (record, save) it owes
-                    stats = trainer.settle()
+                else:  # a run cut at its budget's end: its pending eval (record, save)
+                    stats = trainer.finish_iteration()
                 if (self.latest_eval_at == trainer.state["env/steps"]
                         and "eval/return_mean" in trainer.latest_eval):
                     # A resume of a finished run: its last evaluation stands (another
@@ -682,11 +683,14 @@ class Session:
     def _finish(self, status: str) -> None:
         """The final checkpoint (whatever ended the run), then the sinks and envs."""
         try:
-            # Steps taken (off-policy ones too, before any optimisation step), or a new run;
-            # not after a learner rank died: its update may be half applied on rank 0.
+            # Steps taken (off-policy ones too, before any optimisation step), an evaluation
+            # made or failed (a resume's pending one: else each resume would start from it
+            # again), or a new run; not after a learner rank died: its update may be half
+            # applied on rank 0.
             broken = isinstance(sys.exception(), LearnerGroupError)
             if not broken and (self.trainer.state["env/steps"] > self._start_steps
-                               or self.resumed_owing or not self.manager.latest()):
+                               or self.algorithm.evals != self._start_evals
+                               or not self.manager.latest()):
                 self.save(self._final)
         finally:
             if status != "FINISHED" or sys.exception() is not None:

@@ -48,7 +48,7 @@ def stop_requested_since() -> float | None:
     return _stop_since
 
 
-#: Seconds an evaluation may go on after a stop signal before it is left (and owed).
+#: Seconds an evaluation may go on after a stop signal before it is left (for the resume).
 EVAL_STOP_GRACE_S = 10.0
 
 
@@ -56,8 +56,9 @@ def check_eval_stop(done: int, episodes: int) -> None:
     """Raise :class:`StopInterrupted` in an evaluation (``done`` of ``episodes`` episodes
     played) once a stop signal has waited :data:`EVAL_STOP_GRACE_S`: a long evaluation
     (Atari's whole games, a 100-episode solve confirmation) must not outlast a
-    scheduler's grace period. The run stops as at a boundary; its checkpoint owes the
-    evaluation, which the resumed run makes first, on the same episodes."""
+    scheduler's grace period. The run stops as at a boundary; its checkpoint holds the
+    update without the evaluation, which the resumed run makes first, on the same
+    episodes."""
     if _stop_since is not None and time.monotonic() >= _stop_since + EVAL_STOP_GRACE_S:
         raise StopInterrupted(f"evaluation left after {done} of {episodes} episodes, "
                               f"{EVAL_STOP_GRACE_S:g} s after a stop signal; the resumed run "

@@ -321,16 +321,13 @@ class _EpochSchedule:
     def eval_due(self, trainer: Trainer) -> bool:
         return False
 
+    def evaluate(self, trainer: Trainer, eval_env_config: dict[str, Any] | None) -> Stats:
+        return trainer.eval(env_config=eval_env_config)
+
     def finished(self, trainer: Trainer) -> bool:
         """The step budget is spent, or a signal asked to stop."""
         return (trainer.state["train/steps"] >= self.owner.task.config.total_steps
                 or self.owner.stop_requested is not None)
-
-    def owes(self, trainer: Trainer) -> bool:
-        return False  # an epoch is counted once whole
-
-    def settle(self, trainer: Trainer) -> Stats:
-        return {}
 
     def get_state(self) -> dict[str, Any]:
         return {}
@@ -343,6 +340,7 @@ class _TaskEvaluation:
     """``Trainer.eval`` for a task: whole episodes of its own env."""
 
     horizons_per_env_reset = -1  # the workers own their envs' resets
+    evals = 0  # (a task's eval episodes are seeded by its config alone)
 
     def __init__(self, task: Task[Any], model: nn.Module) -> None:
         self.task, self.model = task, model

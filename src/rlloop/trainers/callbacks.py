@@ -61,8 +61,8 @@ class UserCallbacks:
             self.stopped_by = f"callback {type(cb).__name__}"
 
     def each(self) -> list[_OneUserCallback]:
-        """One trainer callback per user callback: a resume hands a cut evaluation to the
-        ones that had not heard it, each by itself (see ``Trainer.hear_eval``)."""
+        """One trainer callback per user callback (each asked by itself: the stop it asks
+        for names it)."""
         return [_OneUserCallback(self, cb) for cb in self.callbacks]
 
     def checkpoint(self, path: Path) -> None:

@@ -3,10 +3,10 @@
 Every algorithm and task runs on :class:`Trainer`. What one iteration does and when the
 counters call for an eval, a record or a save is its :class:`Schedule`:
 
-* :class:`Rl8Schedule` (the default): rl8's trainer. One iteration collects a rollout and
-  updates once; ``run(steps_per_eval=k)`` evaluates every k updates.
-* ``BorderSchedule`` (``rlloop.trainers.offpolicy_schedule``): border's cadence. One
-  iteration is one batched env step and the optimisation steps that fell due; evals,
+* :class:`OnPolicySchedule` (the default): one iteration collects a rollout and updates
+  once; ``run(steps_per_eval=k)`` evaluates every k updates.
+* ``OffPolicySchedule`` (``rlloop.trainers.offpolicy_schedule``): the off-policy cadence.
+  One iteration is one batched env step and the optimisation steps that fell due; evals,
   records, saves and ``max_opts`` are counted in optimisation steps.
 
 Counters (rl8's names): ``algorithm/collects``, ``algorithm/steps`` (updates) and
@@ -36,6 +36,7 @@ class Algorithm(Protocol):
     """What the trainer needs from an algorithm (see ``AlgorithmBase``)."""
 
     name: str
+    evals: int
 
     @property
     def horizons_per_env_reset(self) -> int: ...
@@ -50,6 +51,9 @@ class Algorithm(Protocol):
 
 class Evaluable(Protocol):
     """What the trainer itself needs of what it trains: evaluation (a schedule needs more)."""
+
+    evals: int
+    """Evaluations made so far: the next one's episodes are seeded by it."""
 
     @property
     def horizons_per_env_reset(self) -> int: ...
@@ -84,24 +88,22 @@ class Schedule(Protocol):
         ...
 
     def eval_due(self, trainer: Trainer) -> bool:
-        """Whether ``run`` evaluates after the iteration that just ended."""
+        """Whether the cadence calls for an eval after the trainer's latest update."""
+        ...
+
+    def evaluate(self, trainer: Trainer, eval_env_config: dict[str, Any] | None) -> Stats:
+        """Make the eval due after the latest update, with what the schedule writes along
+        with it (the off-policy record and save); returns its stats."""
         ...
 
     def finished(self, trainer: Trainer) -> bool:
-        """Whether the schedule itself ends the run (e.g. border's ``max_opts``)."""
+        """Whether the schedule itself ends the run (e.g. the off-policy ``max_opts``)."""
         ...
 
-    def owes(self, trainer: Trainer) -> bool:
-        """Whether the restored state's last iteration owes the schedule something (a cut
-        came between its update and what follows it: border's eval, record and save)."""
+    def get_state(self) -> dict[str, Any]:
+        """With the eval cadence in force: it judges the restored update's eval."""
         ...
 
-    def settle(self, trainer: Trainer) -> Stats:
-        """Make what :meth:`owes` says the last iteration owes; its stats, or ``{}`` when
-        nothing is owed."""
-        ...
-
-    def get_state(self) -> dict[str, Any]: ...
     def set_state(self, state: Mapping[str, Any]) -> None: ...
 
 
@@ -117,6 +119,12 @@ class Trainer:
     Steps and evals run with subnormal floats flushed to zero (see
     :mod:`rlloop.system.numerics`) unless ``flush_denormal`` is False. ``schedule`` decides what
     an iteration is (default: rl8's collect + update).
+
+    A checkpoint holds the loop at an iteration boundary, or at one point inside an
+    iteration: its update made, the eval due after it not yet (a second stop signal where
+    the update ends, or a cut anywhere in that eval: :meth:`eval_with` makes an eval whole
+    or not at all). Whether that eval is pending is derived from the counters
+    (:meth:`eval_pending`); ``run`` makes it first, on the same episodes.
     """
 
     def __init__(self, algorithm: Evaluable, *, sink: MetricsSink | None = None,
@@ -128,27 +136,15 @@ class Trainer:
         self.eval_episodes = eval_episodes
         self.callbacks = list(callbacks)
         # Without a schedule the algorithm is rl8's: it collects and updates.
-        self.schedule: Schedule = schedule or Rl8Schedule(cast(Algorithm, algorithm))
+        self.schedule: Schedule = schedule or OnPolicySchedule(cast(Algorithm, algorithm))
         self.state: dict[str, int] = dict.fromkeys(self.schedule.counters, 0)
         self.latest_eval: Stats = {}
         self.wall_time = 0.0
         #: Whether the run must stop within an iteration (after the optimisation step in
-        #: flight, where an iteration holds several: border's): the run sets it.
+        #: flight, where an iteration holds several: the off-policy one's): the run sets it.
         self.stop_early: Callable[[], bool] = lambda: False
-        #: ``algorithm/steps`` when the latest eval was made (its stats are ``latest_eval``).
+        #: ``algorithm/steps`` when the latest eval was made (``latest_eval``, its row).
         self.evaluated_at = 0
-        #: Whether the latest :meth:`settle` finished something, until the next iteration:
-        #: a checkpoint of this step written before it is out of date.
-        self.settled = False
-        # A cut (a second stop signal where an update ends, inside an eval or its
-        # callbacks; a stop while eval workers start) may fall between an update and the
-        # eval due after it: the eval is then owed (not made), or made but not heard (its
-        # on_eval callbacks, which save best/ and confirm a solve, did not all run, or its
-        # row is not logged). The checkpoint says which, and a resume makes it, or hands
-        # it to the callbacks that had not heard it, first (`settle`).
-        self._evaluating = False  # the latest iteration was run's (it evaluates when due)
-        self._eval_owed = False  # restored: the cut run owes its last due eval
-        self._unheard: int | None = None  # the first callback the latest eval is owed to
 
     def step(self, *, env_config: dict[str, Any] | None = None) -> Stats:
         """One iteration of the schedule (collect -> update -> log); returns flat stats."""
@@ -162,11 +158,13 @@ class Trainer:
         ``on_step`` comes last, so a checkpoint it writes holds the iteration whole, its
         eval included (the eval count seeds the next eval: a checkpoint taken before it
         would resume with every later eval on other episodes)."""
-        self._evaluating, self.settled = evaluate, False
+        updates = self.state.get("algorithm/steps", 0)
         with flushed_denormals(self.flush_denormal):
             stats = self.schedule.step(self, env_config)
-            if evaluate and self.schedule.eval_due(self):
-                stats = {**stats, **self.eval(env_config=eval_env_config)}
+            # (an eval follows an update; an off-policy warm-up step makes none)
+            if (evaluate and self.state.get("algorithm/steps", 0) != updates
+                    and self.eval_pending()):
+                stats = {**stats, **self.schedule.evaluate(self, eval_env_config)}
             for cb in self.callbacks:
                 cb.on_step(self, stats)
         return stats
@@ -194,7 +192,7 @@ class Trainer:
                 f"{collects}); call it at a multiple of {k}")
         with flushed_denormals(self.flush_denormal):
             return self.eval_with(lambda: self.algorithm.evaluate(
-                self.eval_episodes, env_config, deterministic), log=True)
+                self.eval_episodes, env_config, deterministic))
 
     def eval_allowed(self) -> bool:
         """Whether :meth:`eval` may run now: with ``horizons_per_env_reset=k > 0``, only
@@ -203,33 +201,31 @@ class Trainer:
         return not (k > 0 and self.state.get("algorithm/collects", 0) % k)
 
     def eval_with(self, evaluate: Callable[[], Mapping[str, float]], *,
-                  log: bool = False) -> Stats:
-        """Run ``evaluate``; its results as ``eval/...`` stats with ``time/eval_s``, kept
-        as ``latest_eval``, handed to the callbacks' ``on_eval`` and, with ``log``,
-        logged as a row."""
+                  row: Callable[[Stats], Stats] | None = None) -> Stats:
+        """Run ``evaluate``; its results as ``eval/...`` stats with ``time/eval_s`` go to the
+        callbacks' ``on_eval``, then are logged (in ``row(stats)``, with ``row``) and kept as
+        ``latest_eval``. Returns the row logged.
+
+        Made whole or not at all: a cut after the episodes (in a callback, before the row)
+        sets the eval count back, so the resume makes all of it again on those episodes."""
+        count = self.algorithm.evals
         t0 = time.perf_counter()
         stats = {f"eval/{key}": value for key, value in evaluate().items()}
         stats["time/eval_s"] = time.perf_counter() - t0
-        self.latest_eval = stats
-        # Made (an owed one too: an eval made now has its episodes), not heard yet.
-        self._eval_owed, self._unheard = False, 0
-        self.evaluated_at = self.state.get("algorithm/steps", 0)
-        return self.hear_eval(log=log)
-
-    def hear_eval(self, *, log: bool = False) -> Stats:
-        """``latest_eval``, after handing it to the callbacks' ``on_eval`` that have not
-        heard it (a cut came while they ran: the resume goes on from the one it cut) and,
-        with ``log``, logging its row."""
-        stats = self.latest_eval
-        if self._unheard is not None:
-            for i in range(self._unheard, len(self.callbacks)):
-                self.callbacks[i].on_eval(self, stats)
-                self._unheard = i + 1
-            with atomic():  # the row and the mark that it is written: both or neither
-                if log:
-                    self.log(stats)
-                self._unheard = None
-        return stats
+        made = False
+        try:
+            for cb in self.callbacks:
+                cb.on_eval(self, stats)
+            with atomic():  # the row and the count of the eval made: both or neither
+                out = stats if row is None else row(stats)
+                self.log(out)
+                self.latest_eval = stats
+                self.evaluated_at = self.state.get("algorithm/steps", 0)
+                made = True
+        finally:
+            if not made:
+                self.algorithm.evals = count
+        return out
 
     def run(
         self,
@@ -242,69 +238,54 @@ class Trainer:
         """Step (and eval where the schedule says) until any stop condition holds.
 
         Conditions see the latest train stats merged with the eval stats of the same
-        iteration. Without conditions this runs until the schedule ends it (forever for rl8's).
+        iteration. Without conditions this runs until the schedule ends it (forever for
+        rl8's). An eval that a cut left pending (see :meth:`eval_pending`) is made first.
 
         Raises:
-            ValueError: arguments the schedule cannot honour (see :class:`Rl8Schedule`
-                and ``BorderSchedule``).
+            ValueError: arguments the schedule cannot honour (see :class:`OnPolicySchedule`
+                and ``OffPolicySchedule``).
         """
+        # Judged by the cadence the counters were reached under, before this run's applies.
+        pending = self.eval_pending()
         self.schedule.start(self, steps_per_eval, eval_env_config)
         eval_env_config = eval_env_config or env_config
         conditions = list(stop_conditions or [])
-        owed = self.settle(eval_env_config=eval_env_config)
-        if owed and any(condition(owed) for condition in conditions):
-            return owed
-        try:
-            while True:
-                stats = self._iteration(env_config, eval_env_config, evaluate=True)
-                if self.schedule.finished(self) or any(condition(stats)
-                                                       for condition in conditions):
-                    return stats
-        finally:
-            # What this run owes is judged by its own cadence (a later run may evaluate
-            # at another, or call step() without evaluating).
-            self._eval_owed, self._evaluating = self.eval_owed(), False
+        if pending:
+            stats = self._end_cut_iteration(eval_env_config)
+            if any(condition(stats) for condition in conditions):
+                return stats
+        while True:
+            stats = self._iteration(env_config, eval_env_config, evaluate=True)
+            if self.schedule.finished(self) or any(condition(stats)
+                                                   for condition in conditions):
+                return stats
 
     def log(self, stats: Stats) -> None:
         if self.sink is not None:
             self.sink.log_metrics(stats, step=self.state["env/steps"])
 
-    def settle(self, *, eval_env_config: dict[str, Any] | None = None) -> Stats:
-        """Finish what a cut run's last iteration left (restored from its checkpoint, or
-        in this process after ``run`` was interrupted): its due eval, made on the episodes
-        it would have had, or, made already, the callbacks and the row it is owed to;
-        border's eval, record and save. Then that iteration ends as any does: the
-        callbacks' ``on_step`` hear its stats (the eval's, with the counters). Returns
-        them, or ``{}`` when nothing was left. ``run`` calls it first."""
+    def eval_pending(self) -> bool:
+        """Whether the eval the schedule calls for after the latest update is not made: a
+        cut came between the two (a checkpoint's one point inside an iteration)."""
+        return (self.schedule.eval_due(self)
+                and self.evaluated_at != self.state.get("algorithm/steps", 0))
+
+    def finish_iteration(self, *, eval_env_config: dict[str, Any] | None = None) -> Stats:
+        """End an iteration that a cut left with its eval pending: the eval made again, then
+        the callbacks' ``on_step`` hear its stats with the counters. Returns them, or
+        ``{}`` when no eval is pending (``run`` does this first)."""
+        return self._end_cut_iteration(eval_env_config) if self.eval_pending() else {}
+
+    def _end_cut_iteration(self, eval_env_config: dict[str, Any] | None) -> Stats:
         with flushed_denormals(self.flush_denormal):
-            stats = self.schedule.settle(self)
-            if self.eval_owed():
-                stats = {**stats, **self.eval(env_config=eval_env_config)}
-            elif self._unheard is not None:  # (rl8's eval row is logged once heard)
-                stats = {**stats, **self.hear_eval(log=True)}
-            self.settled = bool(stats)
-            if not stats:
-                return {}
-            stats = self.count(stats)
-            for cb in self.callbacks:  # (the run's checkpoints the settled iteration)
+            stats = self.count(self.schedule.evaluate(self, eval_env_config))
+            for cb in self.callbacks:
                 cb.on_step(self, stats)
         return stats
 
-    def owes(self) -> bool:
-        """Whether the latest iteration left :meth:`settle` something to finish: its due
-        eval, the callbacks or the row of one made, or the schedule's part."""
-        return self.eval_owed() or self._unheard is not None or self.schedule.owes(self)
-
-    def eval_owed(self) -> bool:
-        """Whether the latest update was cut from the eval due after it (not made)."""
-        return self._eval_owed or (
-            self._evaluating and self.schedule.eval_due(self)
-            and self.evaluated_at != self.state.get("algorithm/steps", 0))
-
     def get_state(self) -> dict[str, Any]:
         return {"counters": dict(self.state), "latest_eval": dict(self.latest_eval),
-                "wall_time": self.wall_time, "eval_owed": self.eval_owed(),
-                "evaluated_at": self.evaluated_at, "eval_unheard": self._unheard,
+                "wall_time": self.wall_time, "evaluated_at": self.evaluated_at,
                 **self.schedule.get_state()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -323,32 +304,33 @@ class Trainer:
         if not (isinstance(wall_time, int | float) and 0 <= wall_time < math.inf):
             raise SavedStateError(f"trainer.wall_time is {wall_time!r:.40}, not seconds")
         steps = {k: saved_count(v, f"trainer.counters.{k}") for k, v in counters.items()}
-        unheard = state.get("eval_unheard")
-        if unheard is not None:
-            unheard = saved_count(unheard, "trainer.eval_unheard")
-        evaluated_at = saved_count(state.get("evaluated_at", steps.get("algorithm/steps", 0)),
-                                   "trainer.evaluated_at")
+        updates = steps.get("algorithm/steps", 0)
+        evaluated_at = saved_count(state.get("evaluated_at", updates), "trainer.evaluated_at")
+        # A checkpoint of rlloop 0.1.0 may hold an eval that a cut kept from some callbacks
+        # or from its row (`eval_unheard`, `cadence_at`): it is made again, as any cut eval
+        # now is.
+        cadence_at = saved_count(state.get("cadence_at", updates), "trainer.cadence_at")
+        if state.get("eval_unheard") is not None or cadence_at < updates:
+            evaluated_at = min(evaluated_at, updates - 1)
         self.state = steps
         self.latest_eval = {k: float(v) for k, v in latest_eval.items()}
         self.wall_time = float(wall_time)
-        # (older checkpoints: nothing owed)
-        self._eval_owed = bool(state.get("eval_owed", False))
-        self._unheard, self.evaluated_at = unheard, evaluated_at
+        self.evaluated_at = evaluated_at
         self.schedule.set_state(state)
 
 
 RL8_COUNTERS: tuple[str, ...] = ("algorithm/collects", "algorithm/steps", "env/steps")
 
 
-class Rl8Schedule:
+class OnPolicySchedule:
     """rl8's iteration: collect a rollout, update once, log; eval every ``steps_per_eval``
-    updates (``run``'s argument)."""
+    updates (``run``'s argument; until a run starts, the constructor's or the restored one)."""
 
     counters = RL8_COUNTERS
 
-    def __init__(self, algorithm: Algorithm) -> None:
+    def __init__(self, algorithm: Algorithm, steps_per_eval: int | None = None) -> None:
         self.algorithm = algorithm
-        self.steps_per_eval: int | None = None
+        self.steps_per_eval = steps_per_eval
 
     def step(self, trainer: Trainer, env_config: dict[str, Any] | None) -> Stats:
         algo, state = self.algorithm, trainer.state
@@ -388,17 +370,17 @@ class Rl8Schedule:
         every = self.steps_per_eval
         return every is not None and every > 0 and trainer.state["algorithm/steps"] % every == 0
 
+    def evaluate(self, trainer: Trainer, eval_env_config: dict[str, Any] | None) -> Stats:
+        return trainer.eval(env_config=eval_env_config)
+
     def finished(self, trainer: Trainer) -> bool:
         return False
 
-    def owes(self, trainer: Trainer) -> bool:
-        return False  # an owed eval is the trainer's
-
-    def settle(self, trainer: Trainer) -> Stats:
-        return {}
-
     def get_state(self) -> dict[str, Any]:
-        return {}
+        return {"steps_per_eval": self.steps_per_eval}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        pass
+        # (a checkpoint of rlloop 2cb7bfe or before: the constructor's stands)
+        if "steps_per_eval" in state:
+            every = state["steps_per_eval"]
+            self.steps_per_eval = None if every is None else int(every)

@@ -1,7 +1,7 @@
 """Border's training loop as a schedule of the one trainer: a cadence counted in optimisation
 steps.
 
-Each step of a :class:`~rlloop.trainers.loop.Trainer` with a :class:`BorderSchedule` takes one
+Each step of a :class:`~rlloop.trainers.loop.Trainer` with an :class:`OffPolicySchedule` takes one
 batched env step (``N`` envs; the algorithm turns it into transitions with its step
 processor and pushes them to its replay buffer), then makes every optimisation step that
 fell due (one per ``opt_interval`` env steps). After each optimisation step, with ``k``
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,7 +41,7 @@ from rlloop.algorithms.offpolicy_loop import EVALUATORS, RECORDERS, Evaluator, R
 from rlloop.config.offpolicy import OffPolicyConfig
 from rlloop.errors import saved_count
 from rlloop.system.signals import atomic
-from rlloop.trainers.loop import RL8_COUNTERS, Algorithm, Callback, MetricsSink, Stats, Trainer
+from rlloop.trainers.loop import RL8_COUNTERS, Algorithm, Stats, Trainer
 
 _clock = time.perf_counter
 _NO_EVAL_ENV_CONFIG = (
@@ -50,7 +50,7 @@ _NO_EVAL_ENV_CONFIG = (
 
 
 class OffPolicyAlgorithm(Algorithm, Protocol):
-    """What :class:`OffPolicyTrainer` needs besides the trainer's ``Algorithm``."""
+    """What :class:`OffPolicySchedule` needs besides the trainer's ``Algorithm``."""
 
     config: OffPolicyConfig
 
@@ -87,7 +87,7 @@ class Cadence:
                    config.save_interval, config.max_opts)
 
 
-class BorderSchedule:
+class OffPolicySchedule:
     """Border's train step on the one loop (see the module docstring).
 
     Args:
@@ -103,19 +103,16 @@ class BorderSchedule:
                  evaluator: Evaluator | None = None, recorder: Recorder | None = None,
                  save: Callable[[int], Any] | None = None) -> None:
         self.algorithm = algorithm
-        self.cadence = cadence or Cadence.of(algorithm.config)
+        #: The intervals a run starts with; ``cadence`` is the one in force (restored with
+        #: the counters it judges until a run starts).
+        self.configured = cadence or Cadence.of(algorithm.config)
+        self.cadence = self.configured
         self.evaluator = evaluator or EVALUATORS[algorithm.config.evaluator]()
         self.recorder = recorder or RECORDERS[algorithm.config.recorder]()
         self.save = save
         self.pending_opts = 0  # due optimisation steps not made yet (a save may fall between)
-        # Optimisation steps whose cadence (eval, record, save) has run: fewer than made
-        # when a stop cut in between (a second stop signal where an optimisation step
-        # ends, a stop while eval workers start); a resume then runs it first.
-        self.cadence_at = 0
-        #: What the latest optimisation step calls for (eval, record, save), judged when
-        #: it is made: a resume that settles it keeps the cut run's cadence.
-        self.due = (False, False, False)
         self._paused = 0.0  # seconds spent evaluating and saving, excluded from throughput
+        self._pause_began: float | None = None  # of the pause in progress (an eval's record)
         self._mark_time = _clock()
         self._mark_counts = (0, 0, 0.0)  # env steps, optimisation steps, paused seconds
 
@@ -134,15 +131,21 @@ class BorderSchedule:
             state["env/steps"] += steps
             self.pending_opts = opts_due(state["env/steps"], steps, self.cadence.opt_interval)
         while self.pending_opts:
-            with atomic():  # made and counted whole, or not at all
+            # Made and counted whole, or not at all; its record too when no eval is due (a
+            # cut before an eval leaves the step for the resume to evaluate and record).
+            with atomic():
                 self.pending_opts -= 1
                 opt = algo.optimize(state["env/steps"])
                 if opt is None:
                     continue
                 state["algorithm/steps"] += 1
-                self.due = self._due(state["algorithm/steps"])
                 self.recorder.add(opt)
-            stats.update(self._after_optimization(trainer))
+                if not self.eval_due(trainer):
+                    stats.update(self._record_if_due(trainer))
+            if self.eval_due(trainer):
+                stats.update(self.evaluate(trainer, None))
+            else:
+                self._save_if_due(trainer)
             if self.finished(trainer):
                 self.pending_opts = 0
             elif trainer.stop_early():  # solved, a signal: the rest wait (saved) for a resume
@@ -150,27 +153,22 @@ class BorderSchedule:
         trainer.wall_time += _clock() - t0 - (self._paused - paused)
         return trainer.count(stats)
 
-    def owes(self, trainer: Trainer) -> bool:
-        """Whether a cut came before the cadence (eval, record, save) of the last
-        optimisation step."""
-        return self.cadence_at < trainer.state["algorithm/steps"]
+    def eval_due(self, trainer: Trainer) -> bool:
+        """Whether the latest optimisation step calls for an eval (every ``eval_interval``)."""
+        return trainer.state["algorithm/steps"] % self.cadence.eval_interval == 0
 
-    def settle(self, trainer: Trainer) -> Stats:
-        """The cadence a cut run's last optimisation step :meth:`owes`; the record
-        written, or ``{}``."""
-        return self._after_optimization(trainer) if self.owes(trainer) else {}
-
-    def _due(self, opt_steps: int) -> tuple[bool, bool, bool]:
-        cad = self.cadence
-        return (opt_steps % cad.eval_interval == 0, opt_steps % cad.record_interval == 0,
-                bool(cad.save_interval) and opt_steps % cad.save_interval == 0)
+    def evaluate(self, trainer: Trainer, eval_env_config: dict[str, Any] | None) -> Stats:
+        """The latest optimisation step's eval with its record, then its save if due;
+        returns the record."""
+        record: Stats = self._paused_for(lambda: trainer.eval_with(
+            lambda: self.evaluator.evaluate(self.algorithm, trainer.eval_episodes),
+            row=lambda stats: self._record(trainer, stats)))
+        self._save_if_due(trainer)
+        return record
 
     def finished(self, trainer: Trainer) -> bool:
         """``max_opts`` optimisation steps were made."""
         return 0 < self.cadence.max_opts <= trainer.state["algorithm/steps"]
-
-    def eval_due(self, trainer: Trainer) -> bool:
-        return False  # evals fall inside the step, after the optimisation step that is due
 
     def start(self, trainer: Trainer, steps_per_eval: int | None,
               eval_env_config: dict[str, Any] | None) -> None:
@@ -182,50 +180,57 @@ class BorderSchedule:
         """
         if eval_env_config:
             raise ValueError(_NO_EVAL_ENV_CONFIG)
-        if steps_per_eval:
-            self.cadence = dataclasses.replace(self.cadence, eval_interval=steps_per_eval)
+        self.cadence = (dataclasses.replace(self.configured, eval_interval=steps_per_eval)
+                        if steps_per_eval else self.configured)
         self._mark(trainer)
 
-    def _after_optimization(self, trainer: Trainer) -> Stats:
+    def _record_if_due(self, trainer: Trainer) -> Stats:
+        """The latest optimisation step's record, logged, if one is due (``{}`` if not)."""
+        if trainer.state["algorithm/steps"] % self.cadence.record_interval:
+            return {}
+        record = self._record(trainer, {})
+        trainer.log(record)
+        return record
+
+    def _record(self, trainer: Trainer, eval_stats: Stats) -> Stats:
+        """The latest optimisation step's record: the recorder's stats and ``eval_stats``,
+        throughput when a record is due, the counters."""
         opt_steps = trainer.state["algorithm/steps"]
-        do_eval, do_record, do_save = self.due
-        record: Stats = {}
-        if do_eval and trainer.evaluated_at == opt_steps:  # made before a cut (settle)
-            record.update(trainer.hear_eval())
-        elif do_eval:
-            record.update(self._paused_for(lambda: trainer.eval_with(
-                lambda: self.evaluator.evaluate(self.algorithm, trainer.eval_episodes))))
-        if do_eval or do_record:
-            # Popped after the eval: a cut in it leaves them in the checkpoint's recorder.
-            record = {**self.recorder.pop(), **record}
-            if do_record:
-                record.update(self._throughput(trainer))
-            trainer.count(record)
-            record["opt/steps"] = float(opt_steps)
-        with atomic():  # the row and the mark that it is written: both or neither
-            if record:
-                trainer.log(record)
-            self.cadence_at = opt_steps  # (the save below holds it)
-        if do_save and self.save is not None:
+        record = {**self.recorder.pop(), **eval_stats}
+        if opt_steps % self.cadence.record_interval == 0:
+            record.update(self._throughput(trainer))
+        trainer.count(record)
+        record["opt/steps"] = float(opt_steps)
+        return record
+
+    def _save_if_due(self, trainer: Trainer) -> None:
+        opt_steps, every = trainer.state["algorithm/steps"], self.cadence.save_interval
+        if every and opt_steps % every == 0 and self.save is not None:
             save = self.save
             self._paused_for(lambda: save(opt_steps))
-        return record
 
     def _paused_for(self, work: Callable[[], Any]) -> Any:
         """Run ``work``; its time is excluded from throughput and the wall time."""
-        t0 = _clock()
+        t0 = self._pause_began = _clock()
         try:
             return work()
         finally:
             self._paused += _clock() - t0
+            self._pause_began = None
+
+    def _paused_until(self, now: float) -> float:
+        """Seconds paused until ``now``: an eval's record is made before its pause ends."""
+        began = self._pause_began
+        return self._paused + (0.0 if began is None else now - began)
 
     def _throughput(self, trainer: Trainer) -> Stats:
         now = _clock()
         env_steps, opt_steps, paused = self._mark_counts
-        elapsed = max(now - self._mark_time - (self._paused - paused), 1e-9)
+        elapsed = max(now - self._mark_time - (self._paused_until(now) - paused), 1e-9)
         state = trainer.state
         made = (state["env/steps"] - env_steps, state["algorithm/steps"] - opt_steps)
-        # (nothing made since the mark: a resume's owed record; its rates died with the cut)
+        # (nothing made since the mark: the record of an eval a cut left for the resume;
+        # its rates died with the cut)
         out: Stats = {"env/fps": made[0] / elapsed,
                       "opt/steps_per_sec": made[1] / elapsed} if any(made) else {}
         out.update({**self.algorithm.episode_stats(), **self.algorithm.pop_times(),
@@ -236,11 +241,11 @@ class BorderSchedule:
     def _mark(self, trainer: Trainer, now: float | None = None) -> None:
         self._mark_time = _clock() if now is None else now
         self._mark_counts = (trainer.state["env/steps"], trainer.state["algorithm/steps"],
-                             self._paused)
+                             self._paused_until(self._mark_time))
 
     def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"pending_opts": self.pending_opts, "cadence_at": self.cadence_at,
-                                 "cadence_due": list(self.due)}
+        state: dict[str, Any] = {"pending_opts": self.pending_opts,
+                                 "eval_interval": self.cadence.eval_interval}
         get = getattr(self.recorder, "get_state", None)
         if get is not None:  # the stats it holds since the last record
             state["recorder"] = {"kind": type(self.recorder).__name__, "state": get()}
@@ -248,10 +253,6 @@ class BorderSchedule:
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """``state`` is the trainer's (its counters restored already)."""
-        counters = state["counters"]
-        # (older checkpoints: none owed)
-        cadence_at = saved_count(state.get("cadence_at", counters["algorithm/steps"]),
-                                 "trainer.cadence_at")
         self.pending_opts = saved_count(state.get("pending_opts", 0), "trainer.pending_opts")
         saved = state.get("recorder")
         restore = getattr(self.recorder, "set_state", None)
@@ -259,35 +260,13 @@ class BorderSchedule:
         if saved is not None and restore is not None and (
                 saved["kind"] == type(self.recorder).__name__):
             restore(saved["state"])
-        self.cadence_at = cadence_at
-        due = state.get("cadence_due")
-        self.due = (self._due(int(counters["algorithm/steps"])) if due is None
-                    else (bool(due[0]), bool(due[1]), bool(due[2])))
+        # The counters' eval interval judges whether their eval is pending (a resume may
+        # evaluate at another from its start on; rlloop 2cb7bfe or before: the configured).
+        every = state.get("eval_interval", self.configured.eval_interval)
+        every = saved_count(every, "trainer.eval_interval") or self.configured.eval_interval
+        self.cadence = dataclasses.replace(self.configured, eval_interval=every)
+        counters = state["counters"]
         self._mark_time = _clock()
         self._mark_counts = (int(counters["env/steps"]), int(counters["algorithm/steps"]),
                              self._paused)
 
-
-class OffPolicyTrainer(Trainer):
-    """The one :class:`~rlloop.trainers.loop.Trainer` on border's cadence: a :class:`BorderSchedule`
-    built from its arguments (see there); ``evaluator`` is the schedule's."""
-
-    schedule: BorderSchedule
-
-    def __init__(self, algorithm: OffPolicyAlgorithm, *, cadence: Cadence | None = None,
-                 sink: MetricsSink | None = None, eval_episodes: int = 10,
-                 callbacks: Sequence[Callback] = (), evaluator: Evaluator | None = None,
-                 recorder: Recorder | None = None,
-                 save: Callable[[int], Any] | None = None, flush_denormal: bool = True) -> None:
-        schedule = BorderSchedule(algorithm, cadence=cadence, evaluator=evaluator,
-                                  recorder=recorder, save=save)
-        super().__init__(algorithm, sink=sink, eval_episodes=eval_episodes, callbacks=callbacks,
-                         flush_denormal=flush_denormal, schedule=schedule)
-
-    @property
-    def evaluator(self) -> Evaluator:
-        return self.schedule.evaluator
-
-    @evaluator.setter
-    def evaluator(self, evaluator: Evaluator) -> None:
-        self.schedule.evaluator = evaluator
