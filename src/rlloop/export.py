@@ -26,8 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms import AlgorithmBase
+from rlloop.disk_full import DISK_FULL_ERRNOS, output_disk_full
 from rlloop.envs.gym import find_gym_env
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, RunDirError
 from rlloop.modules.normalizer import RunningMeanStd
 from rlloop.modules.recurrent import RecurrentActorCritic
 from rlloop.runfiles import check_output_file, check_run_dir, write_file
@@ -173,7 +174,14 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
         policy = deterministic_policy(algorithm)
         if fmt == "onnx":
             float32_cnns(policy)
-        write_file(path, export_bytes(policy, example_inputs(algorithm), fmt))
+        data = export_bytes(policy, example_inputs(algorithm), fmt)
     finally:
         algorithm.close()
+    try:
+        write_file(path, data)
+    except OSError as e:  # the checks above cannot foresee /proc, a read-only mount, quota
+        if e.errno in DISK_FULL_ERRNOS:
+            raise output_disk_full(path, len(data)) from None
+        raise RunDirError(f"-o {path} cannot be written ({e.strerror or e}); write the "
+                          "export to a directory that takes files") from None
     return path
