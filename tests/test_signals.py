@@ -246,22 +246,27 @@ def test_a_second_stop_signal_another_thread_takes_interrupts_a_blocking_sleep(f
     sender.join()
 
 
-@pytest.mark.parametrize("first", ["SIGTERM", "SIGINT"])
-def test_two_stop_signals_end_a_run_whose_env_hangs_in_step(tmp_path, cli_env, first):
+@pytest.mark.parametrize("first,backend", [("SIGTERM", "gymnasium"), ("SIGINT", "gymnasium"),
+                                           ("SIGTERM", "gymnasium-thread")])
+def test_two_stop_signals_end_a_run_whose_env_hangs_in_step(tmp_path, cli_env, first, backend):
     """An env that sleeps forever in ``step()`` never reaches the boundary where the first
     signal takes effect; the second, a second later, ends the run within seconds with exit
-    130 and the last checkpoint intact. The env has the kernel give the signals to another
-    thread (as it does with two sent together): the run hung until a third one killed it."""
+    130 and the last checkpoint intact. The run hung until a third signal killed it: where
+    the kernel gave the signals to another thread (as it does with two sent together; the
+    env here has it do so), and with gymnasium-thread, whose closing (and the interpreter's
+    exit) waited for the hung step's thread."""
     env = {**cli_env, "PYTHONPATH": f"{TESTS}{os.pathsep}{cli_env['PYTHONPATH']}"}
-    run, flag = tmp_path / "run", tmp_path / "hanging"
+    run, flag, num_envs = tmp_path / "run", tmp_path / "hanging", 2
+    other_thread = str(backend == "gymnasium").lower()  # the step runs in the main thread
     proc = subprocess.Popen(
         rlloop_cmd("train", "ppo", "--env", "hanging_env:HangingCartPole-v0", "--backend",
-                   "gymnasium", "--num-envs", "1", "--run-dir", str(run), "--quiet",
+                   backend, "--num-envs", str(num_envs), "--run-dir", str(run), "--quiet",
                    "--total-env-steps", "100000", "--set", "ppo.rollout_steps=64",
                    "--set", "ppo.minibatch_size=32", "--set", "checkpoint_every=1",
                    "--set", "eval_every=0", "--set", "mlflow=false",
                    "--set", "save_video=false", "--set", "env_kwargs.after=300",
-                   "--set", f"env_kwargs.flag={flag}", "--set", "env_kwargs.other_thread=true"),
+                   "--set", f"env_kwargs.flag={flag}",
+                   "--set", f"env_kwargs.other_thread={other_thread}"),
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
@@ -279,7 +284,7 @@ def test_two_stop_signals_end_a_run_whose_env_hangs_in_step(tmp_path, cli_env, f
     assert time.monotonic() - sent < 10
     assert err.strip().splitlines()[-1] == "rlloop: interrupted", err
     latest = CheckpointManager(run / "checkpoints").latest()
-    assert latest is not None and int(latest.name) == 4 * 64  # the last whole iteration
+    assert latest is not None and int(latest.name) == 4 * 64 * num_envs  # 4 whole iterations
     verify_checkpoint(latest)
 
 
