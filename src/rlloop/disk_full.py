@@ -48,14 +48,14 @@ def disk_full_error(cause: OSError, run_dir: Path, need: int, resume_hint: str) 
         f"{_size(need)}); free space there, then {resume_hint}")
 
 
-def output_disk_full(path: Path, need: int, option: str = "-o") -> DiskFullError:
+def output_disk_full(path: Path, need: int) -> DiskFullError:
     """One line for an output file (an export) that did not fit: where, what is free there,
     what it needs."""
     try:
         free = f"{_size(shutil.disk_usage(path.parent).free)} free"
     except OSError:
         free = "free space unknown"
-    return DiskFullError(f"no space left on device for {option} {path} ({free}; it needs "
+    return DiskFullError(f"no space left on device for -o {path} ({free}; it needs "
                          f"about {_size(need)}); free space there or write it elsewhere")
 
 
