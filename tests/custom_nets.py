@@ -83,3 +83,8 @@ class LazyEncoder(nn.Module):
 
     def forward(self, obs: Tensor) -> Tensor:
         return self.net(obs)
+
+
+def feature_count(obs_shape: tuple[int, ...]) -> int:
+    """A factory function that returns no network (a number)."""
+    return math.prod(obs_shape)

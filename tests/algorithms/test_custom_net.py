@@ -68,6 +68,36 @@ def test_bad_networks_are_config_errors(net, match):
             "mlflow=false", "num_envs=2", "ppo.minibatch_size=64", f"ppo.net={net}"]))
 
 
+@pytest.mark.parametrize("net,match", [
+    # Called with the observation shape: os.system((4,)) and eval((4,)) raised TypeError
+    # (exit 1, "unexpected"), and a string-taking callable would have run it.
+    ("os:system", r"ppo\.net='os:system' is a builtin_function_or_method, not a network "
+                  r"class or factory function; name a torch\.nn\.Module subclass"),
+    ("builtins:eval", r"ppo\.net='builtins:eval' is a builtin_function_or_method"),
+    ("shutil:rmtree", r"shutil\.rmtree from Python's standard library, not a network "
+                      r"factory; name a torch\.nn\.Module subclass"),
+    ("collections:OrderedDict", r"is a class but not a torch\.nn\.Module subclass"),
+    ("custom_nets:feature_count", r"network factory feature_count\(\(4,\)\) returned a "
+                                  r"int, not a torch\.nn\.Module; make it return the network"),
+    ("torch.nn:Linear", r"network Linear\(\(4,\)\) raised TypeError: .*out_features.*"
+                        r"rlloop builds a network as Linear\(obs_shape\)"),
+])
+def test_a_path_to_a_callable_that_is_no_network_is_refused_before_it_is_called(net, match):
+    with pytest.raises(ConfigError, match=match):
+        build_algorithm(build_config("ppo", "CartPole-v1", sets=[
+            "mlflow=false", "num_envs=2", "ppo.minibatch_size=64", f"ppo.net={net}"]))
+
+
+def test_cli_network_naming_os_system_is_one_line_exit_2(tmp_path, capsys):
+    from rlloop.cli.main import main
+
+    code = main(["train", "ppo", "--env", "CartPole-v1", "--quiet", "--set", "mlflow=false",
+                 "--set", "ppo.net=os:system", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("rlloop: error: ppo.net='os:system' is a "), err
+
+
 def _inner_class() -> type:
     class Inner(TinyEncoder):
         pass

@@ -152,6 +152,19 @@ def test_export_refuses_an_unknown_format_and_a_directory_that_is_not_a_run(runs
         assert out.stderr.count("\n") == 1 and out.stderr.startswith("rlloop: error:")
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_output_the_filesystem_refuses_is_one_line_exit_2(runs, capsys):
+    """``-o /proc/x.onnx`` passed the output checks (its directory exists), then creating
+    the temporary file failed: FileNotFoundError, exit 1, "unexpected"."""
+    from rlloop.cli.main import main
+
+    code = main(["export", str(runs["ppo"]), "--format", "onnx", "-o", "/proc/x.onnx"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("rlloop: error: -o /proc/x.onnx cannot be written ("), err
+    assert err[0].endswith("write the export to a directory that takes files"), err
+
+
 LOAD_RECURRENT_TORCHSCRIPT = """
 import sys, torch
 policy = torch.jit.load(sys.argv[1])

@@ -104,3 +104,22 @@ def test_file_size_limit_ends_the_run_like_a_full_disk(tmp_path: Path) -> None:
     for path in [*saved, run_dir / "best"]:
         verify_checkpoint(path)
     assert leftovers(run_dir) == []
+
+
+def test_an_export_to_a_full_disk_is_one_line_exit_3(small_disk: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The exported file did not fit: an OSError (ENOSPC) and exit 1 instead of the full
+    disk's one line and exit 3 that a training run gets."""
+    from small_runs import train_ppo
+
+    from rlloop.cli.main import main
+
+    run_dir = train_ppo(tmp_path / "run", steps=256)
+    (small_disk / "filler").write_bytes(b"\0" * 800 * 1024)  # no room for the export
+    out = small_disk / "policy.onnx"
+    code = main(["export", str(run_dir), "--format", "onnx", "-o", str(out)])
+    line = one_error_line(capsys.readouterr().err)
+    assert code == EXIT_DISK_FULL, line
+    assert line.startswith(f"rlloop: error: no space left on device for -o {out} ("), line
+    assert "free space there or write it elsewhere" in line, line
+    assert not out.exists() and leftovers(small_disk) == []

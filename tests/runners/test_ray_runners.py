@@ -372,6 +372,74 @@ def test_a_cluster_address_where_nothing_listens_is_one_line_at_once(tmp_path, c
     assert not (tmp_path / "run").exists()
 
 
+def test_a_cluster_address_that_accepts_and_never_answers_is_one_line_in_seconds(tmp_path,
+                                                                               cli_env):
+    """An address where something accepts the TCP connection and never replies (a firewall
+    or proxy that takes any connection, a hung server) passed the connect check: Ray then
+    printed a warning every few seconds for minutes before a ConnectionError (exit 1). A
+    socket that listens and never accepts is such an address: the kernel completes the
+    handshake, nothing replies."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        started = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-m", "rlloop", "train", "ppo", "--env", "CartPole-v1", "--set",
+             "num_env_runners=1", "--ray-address", f"127.0.0.1:{port}", "--run-dir",
+             str(tmp_path / "run"), "--set", "mlflow=false", "--quiet"],
+            env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    err = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(err) == 1, err
+    assert err[0].startswith(f"rlloop: error: no Ray cluster answers at 127.0.0.1:{port} "
+                             "(nothing replied within 3 s); start one there"), err
+    assert time.monotonic() - started < 45  # the start-up, then a 3 s wait
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_reachability_check_tells_a_grpc_server_from_another_one() -> None:
+    """Ray's GCS and client server speak gRPC: a gRPC server passes the check, a server of
+    another protocol there is refused in one line."""
+    import socket
+    import threading
+    from concurrent import futures
+
+    import grpc
+
+    from rlloop.runners.ray_cluster import check_reachable
+
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = grpc_server.add_insecure_port("127.0.0.1:0")
+    grpc_server.start()
+    try:
+        check_reachable(f"127.0.0.1:{port}")
+        check_reachable(f"ray://127.0.0.1:{port}")
+    finally:
+        grpc_server.stop(None)
+
+    with socket.socket() as web:
+        web.bind(("127.0.0.1", 0))
+        web.listen()
+
+        def answer_as_http() -> None:
+            conn, _ = web.accept()
+            with conn:
+                conn.recv(64)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        thread = threading.Thread(target=answer_as_http, daemon=True)
+        thread.start()
+        address = f"127.0.0.1:{web.getsockname()[1]}"
+        with pytest.raises(ConfigError, match=rf"no Ray cluster answers at {address} \(the "
+                                              r"server there does not speak Ray's gRPC\)"):
+            check_reachable(address)
+        thread.join(5)
+
+
 class _ScriptNet(torch.nn.Module):
     """A user network; the test below makes it one of the training script's."""
 

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,7 +25,7 @@ import torch
 from conftest import rlloop_cmd
 from proc_utils import still_alive, wait_for
 
-from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.checkpoint import CheckpointManager, load_checkpoint, verify_checkpoint
 from rlloop.envs.registry import make_env
 from rlloop.errors import EnvError
 from rlloop.runners.evaluation import evaluate
@@ -38,6 +39,7 @@ from rlloop.system.signals import (
 )
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reinforce_cartpole.py"
+TESTS = Path(__file__).resolve().parents[1]
 
 
 
@@ -225,6 +227,71 @@ def test_a_stop_signal_during_the_final_checkpoint_waits_for_it(stopped_first):
             os.kill(os.getpid(), signal.SIGTERM)
     assert written == ["KILLED" if stopped_first else "FINISHED"]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("first", ["SIGTERM", "SIGINT"])
+def test_a_second_stop_signal_another_thread_takes_interrupts_a_blocking_sleep(first):
+    """Linux gives a process's signal to another thread when the main thread already has one
+    pending (two sent together). Python's handler runs in the main thread only, so the
+    interrupt waited until the main thread's blocking call (an env's time.sleep in step)
+    returned: forever for an env that hangs. Here a helper thread takes both signals."""
+    target = _stop_target()
+
+    def send_to_this_thread() -> None:
+        for sig in (getattr(signal, first), signal.SIGTERM):
+            time.sleep(0.5)
+            signal.pthread_kill(threading.get_ident(), sig)
+
+    sender = threading.Thread(target=send_to_this_thread)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), handle_signals(target):
+        sender.start()
+        time.sleep(10)
+    assert time.monotonic() - started < 5
+    assert target.stop_requested == first
+    sender.join()
+
+
+@pytest.mark.parametrize("first,backend", [("SIGTERM", "gymnasium"), ("SIGINT", "gymnasium"),
+                                           ("SIGTERM", "gymnasium-thread")])
+def test_two_stop_signals_end_a_run_whose_env_hangs_in_step(tmp_path, cli_env, first, backend):
+    """An env that sleeps forever in ``step()`` never reaches the boundary where the first
+    signal takes effect; the second, a second later, ends the run within seconds with exit
+    130 and the last checkpoint intact. The run hung until a third signal killed it: where
+    the kernel gave the signals to another thread (as it does with two sent together; the
+    env here has it do so), and with gymnasium-thread, whose closing (and the interpreter's
+    exit) waited for the hung step's thread."""
+    env = {**cli_env, "PYTHONPATH": f"{TESTS}{os.pathsep}{cli_env['PYTHONPATH']}"}
+    run, flag, num_envs = tmp_path / "run", tmp_path / "hanging", 2
+    other_thread = str(backend == "gymnasium").lower()  # the step runs in the main thread
+    proc = subprocess.Popen(
+        rlloop_cmd("train", "ppo", "--env", "hanging_env:HangingCartPole-v0", "--backend",
+                   backend, "--num-envs", str(num_envs), "--run-dir", str(run), "--quiet",
+                   "--total-env-steps", "100000", "--set", "ppo.rollout_steps=64",
+                   "--set", "ppo.minibatch_size=32", "--set", "checkpoint_every=1",
+                   "--set", "eval_every=0", "--set", "mlflow=false",
+                   "--set", "save_video=false", "--set", "env_kwargs.after=300",
+                   "--set", f"env_kwargs.flag={flag}",
+                   "--set", f"env_kwargs.other_thread={other_thread}"),
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        wait_for(flag.exists, proc, "the env to hang")
+        proc.send_signal(getattr(signal, first))
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert time.monotonic() - sent < 10
+    assert err.strip().splitlines()[-1] == "rlloop: interrupted", err
+    latest = CheckpointManager(run / "checkpoints").latest()
+    assert latest is not None and int(latest.name) == 4 * 64 * num_envs  # 4 whole iterations
+    verify_checkpoint(latest)
 
 
 def test_sigterm_after_training_interrupts_like_ctrl_c():

@@ -28,8 +28,9 @@ from torch import Tensor, nn
 from rlloop.algorithms import AlgorithmBase
 from rlloop.envs.gym import find_gym_env
 from rlloop.envs.normalizer import RunningMeanStd
-from rlloop.errors import ConfigError
+from rlloop.errors import ConfigError, RunDirError
 from rlloop.modules.recurrent import RecurrentActorCritic
+from rlloop.runs.disk_full import DISK_FULL_ERRNOS, output_disk_full
 from rlloop.system.run_files import check_output_file, check_run_dir, write_file
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
@@ -178,7 +179,14 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *,
         policy = deterministic_policy(algorithm)
         if fmt == "onnx":
             float32_cnns(policy)
-        write_file(path, export_bytes(policy, example_inputs(algorithm), fmt))
+        data = export_bytes(policy, example_inputs(algorithm), fmt)
     finally:
         algorithm.close()
+    try:
+        write_file(path, data)
+    except OSError as e:  # the checks above cannot foresee /proc, a read-only mount, quota
+        if e.errno in DISK_FULL_ERRNOS:
+            raise output_disk_full(path, len(data)) from None
+        raise RunDirError(f"-o {path} cannot be written ({e.strerror or e}); write the "
+                          "export to a directory that takes files") from None
     return path

@@ -15,8 +15,10 @@ stays sequential, as do attribute reads and writes (``get_state``).
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from copy import deepcopy
 from typing import Any
 
@@ -38,18 +40,56 @@ def _step_one(env: Any, action: Any) -> _Outcome:
     return obs, reward, terminated, truncated, info, final
 
 
+class _DaemonThreads:
+    """A fixed pool of daemon threads running submitted calls (``ThreadPoolExecutor``'s
+    ``submit``). ``ThreadPoolExecutor``'s threads are joined when the interpreter exits,
+    so an env that hangs in ``step()`` kept the process alive after a second stop signal
+    had interrupted the run and its checkpoint was written; a daemon thread is not."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
+                                       | None] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True)
+                         for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._calls.put((future, fn, args))
+        return future
+
+    def shutdown(self, wait: bool = True) -> None:
+        for _ in self._threads:
+            self._calls.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+    def _work(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, fn, args = call
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # handed to the waiting thread, as an executor does
+                future.set_exception(e)
+
+
 class ThreadedVectorEnv(SyncVectorEnv):
     """``SyncVectorEnv`` (same-step autoreset) whose ``step`` runs the sub-envs in
     ``num_envs`` threads; see the module doc."""
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]]) -> None:
         super().__init__(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
-        self._threads = ThreadPoolExecutor(max_workers=self.num_envs,
-                                           thread_name_prefix="rlloop-env")
+        self._threads = _DaemonThreads(self.num_envs, "rlloop-env")
+        self._stepping: list[Future[Any]] = []  # the steps of the latest call
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         futures = [self._threads.submit(_step_one, env, action) for env, action in
                    zip(self.envs, iterate(self.action_space, actions), strict=True)]
+        self._stepping = futures
         # Every env finishes its step before one that raised re-raises here: none is
         # left stepping while the caller handles the error.
         wait(futures)
@@ -72,6 +112,13 @@ class ThreadedVectorEnv(SyncVectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         threads = getattr(self, "_threads", None)  # None: __init__ failed
-        if threads is not None:
-            threads.shutdown(wait=True)
-        super().close_extras(**kwargs)
+        if threads is None:
+            super().close_extras(**kwargs)
+            return
+        # A step a stop signal interrupted may never end (an env hung in step()): the
+        # envs still stepping are left to it, never closed from this thread under it.
+        busy = {i for i, future in enumerate(self._stepping) if not future.done()}
+        threads.shutdown(wait=not busy)
+        for i, env in enumerate(self.envs):
+            if i not in busy:
+                env.close()

@@ -80,8 +80,8 @@ class ActorCritic(nn.Module):
             self.critic = mlp(self.obs_dim, hidden, 1, activation=activation, out_gain=1.0,
                               ortho_init=ortho_init)
         else:
-            self.actor = _with_head(features(tuple(obs_shape)), out, 0.01, ortho_init)
-            self.critic = _with_head(features(tuple(obs_shape)), 1, 1.0, ortho_init)
+            self.actor = _with_head(_build_body(features, obs_shape), out, 0.01, ortho_init)
+            self.critic = _with_head(_build_body(features, obs_shape), 1, 1.0, ortho_init)
             for body in (self.actor[0], self.critic[0]):
                 check_features(body, tuple(obs_shape))
         if isinstance(action_space, Box):
@@ -172,11 +172,26 @@ class ActorCritic(nn.Module):
         return actions, d.log_prob(actions.flatten(1) if actions.dim() > 1 else actions)
 
 
+def _build_body(features: FeaturesFactory, obs_shape: Sequence[int]) -> nn.Module:
+    """``features(obs_shape)``, which must be a ``torch.nn.Module``: a factory that fails on
+    the observation shape (a class that takes other arguments), or returns something
+    else, fails here in one line that names it."""
+    shape = tuple(obs_shape)
+    name = getattr(features, "__qualname__", type(features).__name__)
+    try:
+        body = features(shape)
+    except Exception as e:
+        raise ConfigError(f"network {name}({shape}) raised {type(e).__name__}: {one_line(e)}; "
+                          f"rlloop builds a network as {name}(obs_shape): make that call "
+                          "work") from None
+    if not isinstance(body, nn.Module):
+        raise ConfigError(f"network factory {name}({shape}) returned a {type(body).__name__}, "
+                          "not a torch.nn.Module; make it return the network")
+    return body
+
+
 def _with_head(body: nn.Module, out: int, gain: float, ortho_init: bool) -> nn.Sequential:
     """``body`` followed by a linear head of ``out`` units on its ``features_dim``."""
-    if not isinstance(body, nn.Module):
-        raise ConfigError(f"a custom network must be a torch.nn.Module, got "
-                          f"{type(body).__name__}")
     dim = getattr(body, "features_dim", None)
     if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
         raise ConfigError(f"network {type(body).__name__} must set features_dim (an int > 0: "

@@ -14,6 +14,8 @@ config names only with ``allow_import`` (as for env ids: ``rlloop.envs.imports``
 
 from __future__ import annotations
 
+import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +56,7 @@ def resolve_net(path: str, key: str) -> NetFactory:
     path read from a run directory may be imported)."""
     check_net_path(path, key)
     if path in _REGISTERED:
+        check_factory(_REGISTERED[path], f"{key}={path!r}")
         return _REGISTERED[path]
     module, _, name = path.partition(":")
     obj = dotted_attribute(import_user_module(module, f"{key}={path!r}"), name)
@@ -68,7 +71,30 @@ def resolve_net(path: str, key: str) -> NetFactory:
     if not callable(obj):
         raise ConfigError(f"{key}={path!r} is a {type(obj).__name__}, not a network class "
                           "or factory")
+    check_factory(obj, f"{key}={path!r}")
     return obj  # type: ignore[no-any-return]
+
+
+def check_factory(obj: object, label: str) -> None:
+    """``ConfigError`` unless ``obj`` may be called as ``obj(obs_shape)`` to build a
+    network: a ``torch.nn.Module`` subclass, or a function (or method) defined outside
+    Python's standard library and builtins (what it returns is checked to be a module
+    when it is built). A path such as ``os:system`` or ``builtins:eval`` would otherwise
+    be called with the observation shape."""
+    if isinstance(obj, type) and issubclass(obj, nn.Module):
+        return
+    fix = ("name a torch.nn.Module subclass or a function of your own that returns one "
+           "(e.g. mynets:Encoder)")
+    if isinstance(obj, type):
+        raise ConfigError(f"{label} is a class but not a torch.nn.Module subclass; {fix}")
+    function = obj.__func__ if inspect.ismethod(obj) else obj
+    if not inspect.isfunction(function):  # C code (os.system, eval), a partial, an instance
+        raise ConfigError(f"{label} is a {type(obj).__name__}, not a network class or "
+                          f"factory function; {fix}")
+    module = str(function.__module__)
+    if module.partition(".")[0] in sys.stdlib_module_names:
+        raise ConfigError(f"{label} is {module}.{function.__qualname__} from Python's "
+                          f"standard library, not a network factory; {fix}")
 
 
 def dotted_attribute(obj: object, name: str) -> Any:

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -87,19 +88,50 @@ def _single_machine() -> Iterator[None]:
             os.environ[_SINGLE_MACHINE_ENV] = old
 
 
-def check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """``ConfigError`` when nothing listens at a ``host:port`` (or ``ray://host:port``)
-    cluster address: Ray itself retries such an address for minutes before it fails.
-    ``auto`` and addresses without a port are left to Ray."""
+#: An HTTP/2 client's first bytes (the connection preface, then an empty SETTINGS frame).
+#: Every gRPC server, as Ray's GCS and its client server are, answers them with a
+#: SETTINGS frame of its own (frame type 4, the 4th byte of the 9-byte frame header).
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_HTTP2_SETTINGS = 4
+
+
+def check_reachable(address: str, timeout_s: float = 3.0) -> None:
+    """``ConfigError`` unless a Ray cluster answers at a ``host:port`` (or
+    ``ray://host:port``) address within ``timeout_s``: nothing listens there, or what
+    accepts the connection (a firewall, a proxy, another server) does not reply as a gRPC
+    server does. Ray itself retries such an address for minutes, printing a warning every
+    few seconds, before it fails. ``auto`` and addresses without a port are left to Ray;
+    with Ray's TLS (``RAY_USE_TLS``) only the connection is checked."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit() or not host:
         return
+    fix = ("start one there (ray start --head), fix ray.address / --ray-address, or leave "
+           "it out for a local instance")
+    deadline = time.monotonic() + timeout_s
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as conn:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return  # the server expects a TLS handshake, not HTTP/2 in the clear
+            conn.settimeout(max(deadline - time.monotonic(), 0.1))
+            conn.sendall(_HTTP2_HELLO)
+            header = _receive(conn, 9)
+    except TimeoutError:
+        raise ConfigError(f"no Ray cluster answers at {address} (nothing replied within "
+                          f"{timeout_s:g} s); {fix}") from None
     except OSError as e:
-        raise ConfigError(f"no Ray cluster answers at {address} ({e.strerror or e}); start "
-                          "one there (ray start --head), fix ray.address / --ray-address, or "
-                          "leave it out for a local instance") from None
+        raise ConfigError(f"no Ray cluster answers at {address} ({e.strerror or e}); "
+                          f"{fix}") from None
+    if len(header) < 9 or header[3] != _HTTP2_SETTINGS:
+        raise ConfigError(f"no Ray cluster answers at {address} (the server there does not "
+                          f"speak Ray's gRPC); {fix}")
+
+
+def _receive(conn: socket.socket, size: int) -> bytes:
+    """Up to ``size`` bytes from ``conn``: fewer when the peer closes the connection."""
+    data = b""
+    while len(data) < size and (chunk := conn.recv(size - len(data))):
+        data += chunk
+    return data
 
 
 def connect(config: RayConfig, num_runners: int, num_learner_actors: int = 0) -> bool:

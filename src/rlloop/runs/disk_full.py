@@ -72,6 +72,17 @@ def _file_too_large(where: Path, need: int, resume_hint: str) -> DiskFullError:
         f"raise the limit (`ulimit -f unlimited`), then {resume_hint}")
 
 
+def output_disk_full(path: Path, need: int) -> DiskFullError:
+    """One line for an output file (an export) that did not fit: where, what is free there,
+    what it needs."""
+    try:
+        free = f"{_size(shutil.disk_usage(path.parent).free)} free"
+    except OSError:
+        free = "free space unknown"
+    return DiskFullError(f"no space left on device for -o {path} ({free}; it needs "
+                         f"about {_size(need)}); free space there or write it elsewhere")
+
+
 def checkpoint_bytes(paths: Sequence[Path], algorithm: Any) -> int:
     """Bytes a checkpoint of this run takes: the first of ``paths`` that can be measured,
     else the tensors of ``algorithm``'s state."""

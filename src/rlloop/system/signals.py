@@ -17,6 +17,7 @@ evaluation gives up :data:`EVAL_STOP_GRACE_S` after one (:func:`check_eval_stop`
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import threading
 import time
@@ -117,9 +118,61 @@ def handle_signals(target: SignalTarget) -> Iterator[None]:
             return
         _stop_since, _interrupted = None, False
         try:
-            yield
+            with _stop_signals_wake_the_main_thread():
+                yield
         finally:
             _stop_since, _interrupted = None, False
+
+
+#: What wakes the main thread for its handlers (:func:`_stop_signals_wake_the_main_thread`):
+#: a signal whose default action is to do nothing, which a training process never uses.
+_WAKE_SIGNAL = getattr(signal, "SIGURG", None)
+
+
+@contextmanager
+def _stop_signals_wake_the_main_thread() -> Iterator[None]:
+    """Have a stop signal interrupt the main thread, whichever thread the kernel gave it to.
+
+    Python runs handlers in the main thread only, and a call blocking there (an env's
+    ``time.sleep`` in ``step()``) returns to run them only when the signal interrupts
+    that thread. Linux hands a process's signal to any thread that does not block it: to
+    another one when the main thread already has one pending (SIGINT and SIGTERM sent
+    together), and the second signal's handler then waited until the sleep ended, maybe
+    forever. Python's C handler writes each signal's number to the wakeup fd, in whatever
+    thread it runs; a thread reading it sends the main thread :data:`_WAKE_SIGNAL`, whose
+    interruption makes it run the pending handlers. A wakeup fd set by someone else (an
+    asyncio loop) is left alone, and then this does nothing."""
+    wake = _WAKE_SIGNAL
+    if wake is None or not hasattr(signal, "pthread_kill"):  # not POSIX
+        yield
+        return
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)  # the C handler must never block on a full buffer
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    if previous != -1:
+        signal.set_wakeup_fd(previous)
+        reader.close()
+        writer.close()
+        yield
+        return
+    main = threading.get_ident()  # handle_signals runs in the main thread
+    stops = {int(sig) for sig in _STOP_SIGNALS}
+
+    def wake_main() -> None:
+        while received := reader.recv(64):  # b"": the block has ended
+            if stops.intersection(received):
+                signal.pthread_kill(main, wake)
+
+    watcher = threading.Thread(target=wake_main, name="rlloop-signal-wake", daemon=True)
+    watcher.start()
+    try:
+        with installed({wake: lambda signum, frame: None}):
+            yield
+    finally:
+        signal.set_wakeup_fd(-1)
+        writer.close()
+        watcher.join(5)
+        reader.close()
 
 
 @contextmanager
