@@ -33,7 +33,7 @@ from zoo import QUIET  # a sibling script: no MLflow, progress or video; no solv
 from rlloop.algorithms.base import AlgorithmBase
 from rlloop.config.run_config import build_config
 from rlloop.runs.saved import load_policy, load_run_policy
-from rlloop.runs.session import train
+from rlloop.runs.start import train
 
 
 def score(algorithm: AlgorithmBase, episodes: int, deterministic: bool) -> str:

@@ -141,8 +141,9 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
     """One seed trained (or resumed) and scored; None when another process is training
     it (its run directory is locked): that sitting records it."""
     from rlloop.config.run_config import build_config
+    from rlloop.runs.run_dir import has_checkpoint
     from rlloop.runs.saved import evaluate_run
-    from rlloop.runs.session import has_checkpoint, resume, train
+    from rlloop.runs.start import resume, train
 
     steps = max(1, round(row.budget * fraction))
     run_dir = runs / f"{row.env}-{row.algo}-{seed}-{fraction:g}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlloop.config.run_config import build_config
-from rlloop.runs.session import train
+from rlloop.runs.start import train
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 PPO = ["ppo.normalize_obs=true", "ppo.lr=0.001", "num_envs=4", "ppo.rollout_steps=64",

@@ -35,9 +35,10 @@ from rlloop.envs.objects import (
 )
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.modules.custom import NetFactory, net_path
-from rlloop.runs.build import check_action_space
+from rlloop.runs.preflight import check_action_space
+from rlloop.runs.run_dir import claimed_default_run_dir
 from rlloop.runs.saved import evaluate_run, load_policy, load_run_config
-from rlloop.runs.session import claimed_default_run_dir, resume, resume_config, train
+from rlloop.runs.start import resume, resume_config, train
 from rlloop.system.run_files import links_under
 from rlloop.trainers.callbacks import Callback, as_callbacks
 from rlloop.trainers.result import RunResult

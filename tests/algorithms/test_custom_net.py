@@ -23,7 +23,7 @@ from rlloop.envs.core import Box, Discrete
 from rlloop.errors import ConfigError
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.runs.build import build_algorithm
-from rlloop.runs.session import train
+from rlloop.runs.start import train
 
 QUIET = {"save_video": False, "progress": False, "mlflow": False}
 NETS = Path(__file__).parents[1] / "custom_nets.py"

@@ -6,7 +6,7 @@ import pytest
 
 from rlloop.config.presets import all_files, preset
 from rlloop.config.run_config import build_config
-from rlloop.runs.session import train
+from rlloop.runs.start import train
 
 ENVS = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5",
         "InvertedPendulum-v5"]

@@ -504,7 +504,7 @@ def test_a_bfloat16_cnn_run_exports_to_onnx_in_float32(tmp_path):
 
     from rlloop.cli.export import deterministic_policy, export_run, float32_cnns
     from rlloop.runs.saved import load_run_policy
-    from rlloop.runs.session import train
+    from rlloop.runs.start import train
 
     run = train(build_config("ppo", "rlloop-test/SidePixels-v0",
                              flags={"seed": 0, "total_env_steps": 64, "num_envs": 2},

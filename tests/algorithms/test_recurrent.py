@@ -250,7 +250,7 @@ def _assert_resumed_equal(a_run, b_run, half_run_leaves):
 
 
 def test_resume_cut_mid_episode_is_bit_exact(tmp_path):
-    from rlloop.runs.session import resume, train
+    from rlloop.runs.start import resume, train
 
     def config(steps):
         return build_config("ppo", "CartPole-v1", flags={"seed": 5}, sets=[

@@ -114,7 +114,7 @@ def test_zoo_benchmark_resumes_and_writes_the_table(tmp_path, cli_env):
 
 def test_zoo_benchmark_resumes_a_seed_stopped_part_way(tmp_path, cli_env):
     from rlloop.config.run_config import build_config
-    from rlloop.runs.session import train
+    from rlloop.runs.start import train
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
     runs, results = tmp_path / "runs", tmp_path / "zoo.jsonl"

@@ -12,7 +12,7 @@ import pytest
 from rlloop.config.presets import all_files
 from rlloop.config.run_config import build_config
 from rlloop.config.unused_settings import unused_settings
-from rlloop.runs.session import train
+from rlloop.runs.start import train
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 

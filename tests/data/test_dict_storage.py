@@ -26,7 +26,7 @@ from rlloop.modules.encoders import DictEncoder
 from rlloop.runs.build import build_algorithm
 from rlloop.runs.memory import estimate
 from rlloop.runs.saved import evaluate_run
-from rlloop.runs.session import resume, train
+from rlloop.runs.start import resume, train
 
 TESTS = Path(__file__).parents[1]
 CUE = "rlloop-test/DictCue-v0"

@@ -18,7 +18,7 @@ from conftest import rlloop_cmd
 from rlloop.config.run_config import build_config
 from rlloop.envs.ids import resolve_env_id
 from rlloop.errors import EnvError
-from rlloop.runs.session import claim_default_run_dir, default_run_dir
+from rlloop.runs.run_dir import claim_default_run_dir, default_run_dir
 
 MODULE = """
 import gymnasium

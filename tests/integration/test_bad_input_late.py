@@ -21,8 +21,8 @@ from rlloop.errors import ConfigError, EnvError
 from rlloop.logging import ConsoleSink
 from rlloop.logging.console import _fmt_duration
 from rlloop.runners.env_runner import EpisodeTracker
-from rlloop.runs.build import check_action_space
 from rlloop.runs.memory import check_memory, estimate
+from rlloop.runs.preflight import check_action_space
 
 
 def _plain_sink(total: int | None) -> tuple[ConsoleSink, io.StringIO, FakeClock]:

@@ -355,9 +355,9 @@ def test_a_run_dir_holding_other_files_is_refused_and_left_alone(
 
 def test_a_run_dir_holding_only_files_a_run_never_writes_is_taken(tmp_path: Path) -> None:
     """``rlloop train ... --run-dir run > run/train.log``: the shell makes the log first."""
-    from rlloop.runs.session import _refuse_existing_run
+    from rlloop.runs.run_dir import refuse_existing_run
 
     (tmp_path / "train.log").write_text("")
     (tmp_path / ".gitkeep").write_text("")
-    _refuse_existing_run(tmp_path, other_files=True)  # no error
+    refuse_existing_run(tmp_path, other_files=True)  # no error
 

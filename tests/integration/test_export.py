@@ -181,7 +181,7 @@ torch.save(torch.stack(actions), sys.argv[3])
 @pytest.fixture(scope="module")
 def recurrent_run(tmp_path_factory):
     from rlloop.config.run_config import build_config
-    from rlloop.runs.session import train
+    from rlloop.runs.start import train
 
     run = tmp_path_factory.mktemp("export-recurrent") / "run"
     train(build_config("ppo", "CartPole-v1", flags={"total_env_steps": 320}, sets=[

@@ -44,7 +44,7 @@ def test_training_and_evaluation_import_no_dynamo_and_act_on_one_thread(
     code = """
 import sys
 from rlloop.config.run_config import build_config
-from rlloop.runs.session import train
+from rlloop.runs.start import train
 config = build_config("ppo", "CartPole-v1", flags={"total_env_steps": 1024},
                       sets=["mlflow=false", "save_video=false", "progress=false",
                             "stop_on_solve=false"])

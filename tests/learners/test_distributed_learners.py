@@ -29,7 +29,7 @@ from rlloop.envs.core import Box, Discrete, EnvSpec
 from rlloop.learners.distributed import DataParallel
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.learners.learner_group import LearnerSpec, start_group
-from rlloop.runs.session import resume, train
+from rlloop.runs.start import resume, train
 from rlloop.system.devices import new_generator
 
 CPU = torch.device("cpu")

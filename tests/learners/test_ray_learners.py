@@ -26,7 +26,7 @@ from rlloop.learners.learner import DEFAULT_MODULE_ID  # noqa: E402
 from rlloop.learners.learner_group import LearnerSpec, start_group  # noqa: E402
 from rlloop.learners.ray_learners import NAME_PREFIX, ActorMember, RayLauncher  # noqa: E402
 from rlloop.runners.ray_cluster import RayConfig, connect, disconnect  # noqa: E402
-from rlloop.runs.session import train  # noqa: E402
+from rlloop.runs.start import train  # noqa: E402
 from rlloop.trainers.callbacks import Callback  # noqa: E402
 
 CPU = torch.device("cpu")

@@ -13,7 +13,7 @@ import pytest
 
 from rlloop.config.run_config import build_config
 from rlloop.runs.saved import evaluate_run
-from rlloop.runs.session import train
+from rlloop.runs.start import train
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 
 from rlloop.config.run_config import build_config
 from rlloop.runs.saved import evaluate_run
-from rlloop.runs.session import train
+from rlloop.runs.start import train
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 

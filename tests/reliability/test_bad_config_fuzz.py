@@ -30,7 +30,7 @@ from rlloop.config.run_config import RunConfig, build_config
 from rlloop.errors import ConfigError
 from rlloop.runs.build import build_algorithm
 from rlloop.runs.saved import evaluate_run
-from rlloop.runs.session import train
+from rlloop.runs.start import train
 
 from ._algos import ALGOS, small_config
 

@@ -25,7 +25,7 @@ from rlloop.checkpoint.format import _manifest_checksum
 from rlloop.cli.export import export_run
 from rlloop.errors import RunDirError
 from rlloop.runs.saved import evaluate_run
-from rlloop.runs.session import resume, train
+from rlloop.runs.start import resume, train
 
 from ._algos import small_config
 from ._cli import run

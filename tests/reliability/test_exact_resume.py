@@ -30,7 +30,8 @@ from rlloop.algorithms.ppo import PPO
 from rlloop.checkpoint import CheckpointManager, load_checkpoint, save_replacing
 from rlloop.config.run_config import build_config
 from rlloop.runs import session as run_module
-from rlloop.runs.session import resume, saved_best_return, train
+from rlloop.runs.saved import saved_best_return
+from rlloop.runs.start import resume, train
 from rlloop.system import signals
 from rlloop.system.signals import StopInterrupted
 from rlloop.trainers.callbacks import Callback

@@ -16,7 +16,7 @@ from proc_utils import wait_for
 from rlloop.checkpoint import CheckpointManager, is_checkpoint, load_checkpoint
 from rlloop.errors import RunDirError
 from rlloop.runs.lock import LOCK_FILE, RunLock
-from rlloop.runs.session import resume
+from rlloop.runs.start import resume
 
 from ._cli import one_error_line, rows, run, start, train_args
 

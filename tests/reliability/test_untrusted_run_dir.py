@@ -93,7 +93,7 @@ def test_python_api_never_imports_the_module_a_run_names(tmp_path, cli_env, trai
         from rlloop.errors import EnvError
         from rlloop.cli.export import export_run
         from rlloop.runs.saved import evaluate_run
-        from rlloop.runs.session import resume
+        from rlloop.runs.start import resume
         from rlloop.runs.video import record_run_video
         for load in (lambda: evaluate_run("evilrun"), lambda: resume("evilrun"),
                      lambda: record_run_video("evilrun", "clip.mp4"),
@@ -164,7 +164,7 @@ def test_check_members_covers_every_member(tmp_path):
 
 @pytest.mark.parametrize("member", ["metrics.jsonl", "mlflow.db", ".lock"])
 def test_resume_never_writes_in_place_through_a_hard_link(tmp_path, trained_run, member):
-    from rlloop.runs.session import resume
+    from rlloop.runs.start import resume
 
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)

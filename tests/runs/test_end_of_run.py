@@ -18,7 +18,7 @@ from rlloop.logging.process_sink import discard_spares, has_spare, prestart
 from rlloop.runs.build import build_algorithm
 from rlloop.runs.report import FIGURE_PRELOAD
 from rlloop.runs.saved import acting_config
-from rlloop.runs.session import train
+from rlloop.runs.start import train
 from rlloop.runs.video import EpisodeFrames
 from rlloop.trainers.callbacks import Callback
 

@@ -19,7 +19,7 @@ from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.config.run_config import build_config
 from rlloop.cli.main import main
 from rlloop.learners.learner import NonFiniteError
-from rlloop.runs.session import train
+from rlloop.runs.start import train
 
 ENV_ID = "rlloop-test/NaNCartPole-v0"
 SETS = ["mlflow=false", "progress=false", "stop_on_solve=false", "eval_every=0",

@@ -17,7 +17,7 @@ import numpy as np
 from conftest import rlloop_cmd
 
 import rlloop
-from rlloop.runs.session import resume
+from rlloop.runs.start import resume
 
 OLD_RUN = Path(__file__).parents[1] / "fixtures" / "runs" / "ppo-cartpole-0.1.0"
 

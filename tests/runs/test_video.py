@@ -17,7 +17,7 @@ import pytest
 from conftest import rlloop_cmd
 
 from rlloop.config.run_config import build_config
-from rlloop.runs.session import train
+from rlloop.runs.start import train
 from rlloop.runs.video import record_run_video
 
 imageio = pytest.importorskip("imageio.v2")

@@ -39,7 +39,7 @@ from rlloop.errors import ConfigError
 from rlloop.runners.env_runner import EnvRunner, EpisodeTracker
 from rlloop.runs.build import build_algorithm
 from rlloop.runs.saved import evaluate_run
-from rlloop.runs.session import resume, train
+from rlloop.runs.start import resume, train
 from rlloop.system.devices import arrays_to_device, packed_to_device, resolve_device
 from rlloop.tasks import TaskConfig, TaskTrainer
 from rlloop.trainers.loop import Trainer

@@ -16,7 +16,7 @@ from rlloop.config.run_config import build_config
 from rlloop.envs.core import sample_random_actions
 from rlloop.runs.build import COMPONENTS, build_algorithm
 from rlloop.runs.saved import evaluate_run
-from rlloop.runs.session import resume, train
+from rlloop.runs.start import resume, train
 from rlloop.system.seeding import derive_seed
 from rlloop.trainers.loop import Trainer
 from rlloop.trainers.offpolicy_schedule import OffPolicySchedule

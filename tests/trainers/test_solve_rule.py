@@ -9,7 +9,7 @@ import numpy as np
 from gymnasium import spaces
 
 from rlloop.config.run_config import build_config
-from rlloop.runs.session import train
+from rlloop.runs.start import train
 
 COIN = "RlloopTestCoinFlip-v0"
 

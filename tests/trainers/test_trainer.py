@@ -72,7 +72,7 @@ def test_eval_only_at_reset_boundaries_and_steps_per_eval_multiple():
 def test_a_run_ending_between_reset_boundaries_keeps_its_last_evaluation(tmp_path):
     """With horizons_per_env_reset=3 and a budget of 8 iterations, the end-of-run
     evaluation raised 'eval can only be called every ...': exit 1 and no report."""
-    from rlloop.runs.session import train
+    from rlloop.runs.start import train
 
     config = build_config("ppo", "CartPole-v1", flags={"total_env_steps": 256}, sets=[
         "mlflow=false", "progress=false", "save_video=false", "ppo.rollout_steps=8",

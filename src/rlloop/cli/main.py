@@ -262,7 +262,7 @@ def _train_run(args: argparse.Namespace) -> int:
         flags["profile"] = {}
     if args.resume:
         from rlloop.runs.saved import load_run_config
-        from rlloop.runs.session import resume
+        from rlloop.runs.start import resume
 
         saved = load_run_config(args.resume, allow_import=args.allow_import)
         if saved.algo != args.algo:
@@ -281,7 +281,7 @@ def _train_run(args: argparse.Namespace) -> int:
         # Every setting is checked here, before torch's second of import.
         config = build_config(args.algo, args.env, file=args.config, flags=flags,
                               sets=args.sets)
-        from rlloop.runs.session import train
+        from rlloop.runs.start import train
 
         result = train(config, args.run_dir, callbacks=callbacks, started_at=_process_start())
     best = result.best_eval_return

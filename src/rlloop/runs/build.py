@@ -1,30 +1,24 @@
-"""Building an algorithm from a run config: the checks that need the env's spaces, then
-the registry entry's builder (and Ray env runners when the config asks for them)."""
+"""Building an algorithm from a run config: the registry entry's builder (and Ray env
+runners when the config asks for them), for the env settings the pre-flight checks found."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
-
+from rlloop.algorithms.base import AlgorithmBase, EnvSettings
 from rlloop.config.registry import ALGORITHMS
-
-from rlloop.algorithms import AlgorithmBase, EnvSettings
 from rlloop.config.run_config import RunConfig
-from rlloop.system.devices import keep_freed_host_memory, resolve_device
-from rlloop.envs.core import Box, Discrete, EnvSpec, MultiBinary, MultiDiscrete
-from rlloop.envs.registry import env_spec
-from rlloop.errors import ConfigError
-from rlloop.runs.memory import check_memory
+from rlloop.runs.preflight import check_fit
 
 #: The components of a run's checkpoint.
 COMPONENTS = ("algorithm", "trainer", "rng")
 
 
-def build_algorithm(config: RunConfig) -> AlgorithmBase:
-    """Validate the config against the env's spaces (:func:`check_fit`), then build the
-    algorithm (and its Ray env runners when the config asks for them)."""
-    algorithm = ALGORITHMS[config.algo].build(config.hparams, check_fit(config))
+def build_algorithm(config: RunConfig, settings: EnvSettings | None = None) -> AlgorithmBase:
+    """Build the algorithm (and its Ray env runners when the config asks for them) for the
+    env ``settings`` that :func:`~rlloop.runs.preflight.check_fit` found (it runs here when
+    they are not given)."""
+    if settings is None:
+        settings = check_fit(config)
+    algorithm = ALGORITHMS[config.algo].build(config.hparams, settings)
     if config.num_env_runners:
         from rlloop.runners.ray_runners import attach_env_runners
 
@@ -34,70 +28,3 @@ def build_algorithm(config: RunConfig) -> AlgorithmBase:
             algorithm.close()
             raise
     return algorithm
-
-
-def check_fit(config: RunConfig) -> EnvSettings:
-    """Whether ``config`` can train here: the algorithm fits the env's action space, the
-    batch its env count, the device, compiler and memory are there; the env settings the
-    algorithm is built with. Checks that need no env run first, so bad sizes fail before
-    any env is created, and settings whose memory cannot fit fail before anything is
-    allocated. ``ConfigError`` names the problem and the fix.
-    """
-    keep_freed_host_memory()
-    world = os.environ.get("WORLD_SIZE", "")
-    if config.num_learners == 1 and world.isdigit() and int(world) > 1 and "RANK" in os.environ:
-        raise ConfigError(f"the launcher started {world} processes (WORLD_SIZE) but "
-                          "num_learners=1, so each would train the whole run alone in the "
-                          f"same run directory; set num_learners={world}")
-    if getattr(config.hparams, "cuda_graph", False) and config.num_env_runners:
-        raise ConfigError(f"{config.algo}.cuda_graph captures the rollout this process "
-                          "collects, and env runners collect it elsewhere; set "
-                          f"num_env_runners=0 or drop {config.algo}.cuda_graph")
-    # With env runners the batch holds every runner's envs: num_env_runners x M.
-    num_envs = config.num_envs
-    if config.num_env_runners:
-        from rlloop.runners.ray_runners import envs_per_runner
-
-        num_envs = config.num_env_runners * envs_per_runner(config)
-    check = getattr(config.hparams, "check_batch", None)
-    if check is not None:
-        check(num_envs)
-    device = resolve_device(config.device)
-    if getattr(config.hparams, "compile", False) and device.type == "cpu":
-        check_cpu_compiler(config.algo)
-    spec = check_action_space(config)
-    check_memory(config, spec)
-    return EnvSettings(config.env, spec, num_envs, config.backend, config.seed,
-                       config.total_env_steps, config.horizons_per_env_reset,
-                       dict(config.env_kwargs), config.on_nonfinite, device,
-                       step_timeout=config.step_timeout)
-
-
-def check_action_space(config: RunConfig) -> EnvSpec:
-    """The env's spec, or ``ConfigError`` when the algorithm cannot act in its action
-    space (naming the algorithms that can)."""
-    spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
-    entry, space = ALGORITHMS[config.algo], spec.action_space
-    if isinstance(space, MultiDiscrete | MultiBinary) and config.algo != "ppo":
-        takes = " or ".join(k for k, ok in (("Discrete", entry.discrete),
-                                            ("Box", entry.continuous)) if ok)
-        raise ConfigError(f"{config.algo} takes {takes} actions but {config.env} has "
-                          f"{type(space).__name__} ones; use ppo for this env")
-    if isinstance(space, Discrete) and not entry.discrete:
-        raise ConfigError(f"{config.algo} needs continuous (Box) actions but {config.env} has "
-                          "discrete ones; use ppo or dqn for this env")
-    if isinstance(space, Box) and not entry.continuous:
-        raise ConfigError(f"{config.algo} needs discrete actions but {config.env} has "
-                          "continuous ones; use ppo, sac or td3 for this env")
-    return spec
-
-
-def check_cpu_compiler(algo: str) -> None:
-    """``compile=true`` on a CPU needs the C++ compiler torch.compile builds its kernels
-    with (``$CXX``, else g++; clang++ on macOS): say so before anything is built, not at the
-    first update."""
-    cxx = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
-    if shutil.which(cxx) is None:
-        raise ConfigError(f"{algo}.compile=true on the CPU needs a C++ compiler: torch.compile "
-                          f"builds its kernels with {cxx}, which is not on PATH; install it "
-                          "(e.g. apt install g++), point CXX at one, or set compile=false")

@@ -14,11 +14,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from rlloop.config.offpolicy import DQNConfig
-from rlloop.config.offpolicy import OffPolicyConfig
+from rlloop.config.offpolicy import DQNConfig, OffPolicyConfig, SACConfig, TD3Config
 from rlloop.config.ppo import PPOConfig
-from rlloop.config.offpolicy import SACConfig
-from rlloop.config.offpolicy import TD3Config
 from rlloop.config.run_config import RunConfig
 from rlloop.data.obs_storage import ObsLayout
 from rlloop.envs.core import Box, EnvSpec

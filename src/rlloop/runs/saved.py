@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,15 +16,21 @@ from typing import Any
 import torch
 
 from rlloop.algorithms import AlgorithmBase, PPOConfig
-from rlloop.runs.build import COMPONENTS, build_algorithm
-from rlloop.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, verify_checkpoint, Checkpoint, restoring
+from rlloop.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointManager,
+    load_checkpoint,
+    restoring,
+    verify_checkpoint,
+)
 from rlloop.config.run_config import RunConfig, build_config, load_yaml
+from rlloop.envs.ids import resolve_env_id
 from rlloop.envs.imports import check_env_import, check_net_import
 from rlloop.envs.objects import check_object_env
-from rlloop.envs.ids import resolve_env_id
-from rlloop.errors import RunDirError, SavedStateError
+from rlloop.errors import RunDirError, SavedStateError, saved_count
+from rlloop.runs.build import COMPONENTS, build_algorithm
 from rlloop.system.run_files import check_run_dir
-from rlloop.envs.ids import resolve_env_id
 
 _log = logging.getLogger(__name__)
 
@@ -209,3 +216,29 @@ def load_policy(config: RunConfig, run_dir: Path | None,
         algorithm.close()
         raise
     return algorithm
+
+
+def saved_best_return(best: Path) -> float | None:
+    """The eval return a ``best/`` policy checkpoint was saved for; None when there is no
+    intact one."""
+    if not best.exists():
+        return None
+    try:
+        trainer = load_checkpoint(best).components.get("trainer") or {}
+        return checked_return(trainer.get("best_eval_return"))
+    except (CheckpointError, SavedStateError, AttributeError):  # (AttributeError: not a dict)
+        return None
+
+
+def checked_return(value: Any) -> float | None:
+    """A saved best eval return: None, or a finite number (``SavedStateError`` if not)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SavedStateError(f"trainer.best_eval_return is {value!r:.40}, not a return")
+    return float(value)
+
+
+def checked_step(value: Any, name: str) -> int | None:
+    """A saved env step that may be unset: None, or a count (``SavedStateError`` if not)."""
+    return None if value is None else saved_count(value, f"trainer.{name}")

@@ -139,17 +139,11 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
             with ``render_mode="rgb_array"`` (Gymnasium).
     """
     from rlloop.algorithms.base import EVAL_SEED_OFFSET
-    from rlloop.runs.build import COMPONENTS, build_algorithm
-    from rlloop.checkpoint import load_checkpoint
-    from rlloop.errors import EnvError
     from rlloop.envs.ids import is_pettingzoo_id
     from rlloop.envs.registry import make_env
     from rlloop.envs.wrappers import NormalizeObservation
-    from rlloop.runs.saved import acting_config, policy_checkpoint, replay_config
-    from rlloop.runs.build import build_algorithm
     from rlloop.errors import EnvError
-    from rlloop.envs.ids import is_pettingzoo_id
-    from rlloop.envs.registry import make_env
+    from rlloop.runs.build import build_algorithm
     from rlloop.runs.saved import acting_config, replay_config, restore_policy
 
     config = replay_config(run_dir, backend, device, allow_import=allow_import)

@@ -1,4 +1,4 @@
-"""What a finished run reports: the value `rlloop.runs.session.train` returns and
+"""What a finished run reports: the value `rlloop.runs.start.train` returns and
 callbacks' ``on_end`` hears."""
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def _check(settings: TuneSettings, config_file: str | None) -> None:
                              flags=settings.flags, sets=[*settings.sets, as_set(param.key, value)])
             except ConfigError as e:
                 raise ConfigError(f"search space key {param.key}: {e}") from None
-    from rlloop.runs.build import check_fit  # imports torch: after the checks that need none
+    from rlloop.runs.preflight import check_fit  # imports torch: after the checks that need none
 
     check_fit(_fit_batch(base))  # the algorithm fits the env, the device is there
 
@@ -275,7 +275,7 @@ class Study:
         import optuna
 
         from rlloop.learners.learner import NonFiniteError
-        from rlloop.runs.session import train
+        from rlloop.runs.start import train
 
         values = {p.key: p.suggest(trial) for p in self.space}
         sets = [as_set(k, v) for k, v in values.items()]
