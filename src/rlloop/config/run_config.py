@@ -282,6 +282,15 @@ class RunConfig:
             raise ConfigError(f"env_kwargs.max_episode_steps must be an integer > 0 (or null: "
                               f"the env's own limit), got {limit!r}")
 
+    @property
+    def planned_env_steps(self) -> int:
+        """The env steps the budget really trains: PPO rounds ``total_env_steps`` up to
+        whole rollouts of ``num_envs x rollout_steps`` (the progress line's target)."""
+        if self.algo != "ppo" or self.num_env_runners or self.num_learners > 1:
+            return self.total_env_steps  # other schedules stop at the budget's own step
+        rollout = self.num_envs * self.hparams.rollout_steps
+        return -(-self.total_env_steps // rollout) * rollout
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data for YAML; the algorithm section is keyed by the algorithm's name."""
         data = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)

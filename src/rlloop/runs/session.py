@@ -297,7 +297,7 @@ class Session:
         write_file(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
         self.manager = CheckpointManager(run_dir / "checkpoints", keep_last=config.keep_checkpoints)
         identity = _read_json(run_dir / "run.json") if resume else {}
-        self.console = ConsoleSink(config.total_env_steps, console=console,
+        self.console = ConsoleSink(config.planned_env_steps, console=console,
                                    enabled=config.progress)
         self.jsonl = JsonlSink(run_dir / "metrics.jsonl")
         sinks: list[Sink] = [self.jsonl, self.console]
