@@ -26,6 +26,7 @@ from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import MAX_EVAL_EPISODES, RunConfig, build_config, integer, sb3_hint
 from rlloop.envs.core import Box
 from rlloop.envs.gym import find_gym_env
+from rlloop.envs.ids import check_registered
 from rlloop.envs.objects import (
     copies_of,
     env_id_of,
@@ -422,6 +423,7 @@ def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = 
         _register_again(run_dir, env)
     # The saved config with the overrides a later learn() (a resume) accepts; others refused.
     config = resume_config(run_dir, allow_import=allow_import, **flags)
+    check_registered(config.env, source=str(run_dir))  # not first at predict()
     cls = MODELS.get(config.algo)
     if cls is None:
         raise ConfigError(f"{run_dir} is a {config.algo} run; the Python API loads "

@@ -176,3 +176,18 @@ def test_a_one_point_curve_is_drawn_as_a_dot():
     from rlloop.cli.plot import point_marker
 
     assert point_marker(1) == "o" and point_marker(2) == "" and point_marker(50) == ""
+
+
+def test_throughput_bars_are_on_a_linear_axis_from_zero():
+    """On a log axis that did not start at zero, learn at 11.5k/s looked 25x shorter than
+    env at 52k/s (really 4.5x): bar lengths must be proportional to the rates."""
+    from rlloop.runs.report import throughput_figure
+
+    rows = [{"step": 1, "env/steps": 52_000.0, "time/env_s": 1.0, "time/learn_s": 52 / 11.5}]
+    fig = throughput_figure(rows)
+    assert fig is not None
+    bars = fig.axes[0]
+    assert bars.get_yscale() == "linear"
+    assert bars.get_ylim()[0] == 0
+    heights = sorted(p.get_height() for p in bars.patches)
+    assert heights == pytest.approx([11_500, 52_000])

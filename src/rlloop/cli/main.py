@@ -21,12 +21,14 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from rlloop.config.registry import ALGORITHMS
-from rlloop.config.run_config import BACKENDS, MAX_EVAL_EPISODES, check_set_keys, parse_int
+from rlloop.cli.main.arguments import build_parser as _parser
+from rlloop.cli.main.early_checks import check_action_space, check_extras, check_saved_run
+from rlloop.config.registry import ALGORITHMS, algorithm_name
+from rlloop.config.run_config import MAX_EVAL_EPISODES, check_set_keys
 from rlloop.errors import CheckpointError, ConfigError, EnvError, RlloopError, RunDirError
-from rlloop.system.device_names import DEVICE_CHOICES
+from rlloop.system.extras import require
 from rlloop.system.run_files import check_output_file, check_run_dir
 from rlloop.system.user_code import callback_note, one_line
 
@@ -34,140 +36,17 @@ from rlloop.system.user_code import callback_note, one_line
 #: logged as ``eval/<name>`` in metrics.jsonl and returned by the API's ``evaluate()``.
 EVAL_KEYS = ("return_mean", "return_std", "return_min", "return_max", "length_mean")
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_DISK_FULL = 3
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, with its errors raised as one-line ConfigErrors instead of usage + exit."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message}; see `{self.prog} --help`")
-
-
-def _integer(text: str) -> int:
-    """An integer flag; ``1e6`` counts, as in config files."""
-    try:
-        return parse_int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-
-
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="rlloop", description="Train and evaluate RL agents.")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    t = sub.add_parser("train", help="train an agent (or resume a run)")
-    t.add_argument("algo", help=f"algorithm: {', '.join(sorted(ALGORITHMS))}")
-    t.add_argument("--env", help="env id, e.g. CartPole-v1 (default: CartPole-v1)")
-    t.add_argument("--config", help="YAML config file")
-    t.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set ppo.lr=0.001 (repeatable)")
-    t.add_argument("--seed", type=_integer)
-    t.add_argument("--run-dir", help="run directory (default runs/<algo>-<env>-<time>)")
-    t.add_argument("--backend", choices=BACKENDS)
-    t.add_argument("--num-envs", type=_integer)
-    t.add_argument("--device", help=f"{DEVICE_CHOICES} (default auto: CUDA when present)")
-    t.add_argument("--total-env-steps", type=_integer)
-    t.add_argument("--ray-address", help="Ray cluster for env runners (auto, host:6379, "
-                   "ray://host:10001; default: a local instance on 127.0.0.1)")
-    t.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its last "
-                   "checkpoint with its saved config (--set and flags may change budgets, "
-                   "stop rules, evaluation and logging)")
-    t.add_argument("--quiet", action="store_true", help="no progress line")
-    t.add_argument("--allow-import", action="store_true", help="with --resume: let the run's "
-                   "env id or network import the module it names (module:Env-v0, "
-                   "ppo.net=module:Class); off, loading a run "
-                   "never runs code it names")
-    t.add_argument("--callback", dest="callbacks", action="append", default=[],
-                   metavar="MODULE:CLASS",
-                   help="a rlloop.trainers.callbacks.Callback subclass to call "
-                   "on every step, eval and checkpoint (imports MODULE; repeatable)")
-    t.add_argument("--profile", action="store_true", help="run torch.profiler over a few "
-                   "training iterations and write a trace (Perfetto, TensorBoard) to "
-                   "<run>/profile; tune it with --set profile.wait=/warmup=/active=")
-
-    e = sub.add_parser("eval", help="evaluate the best policy of a run")
-    e.add_argument("run_dir")
-    e.add_argument("--episodes", type=_integer, default=20)
-    e.add_argument("--backend", choices=BACKENDS)
-    e.add_argument("--device", help=f"{DEVICE_CHOICES} (default: the run's own setting); a "
-                   "run trained on one device evaluates on any other")
-    e.add_argument("--json", action="store_true", help="print one JSON object")
-    e.add_argument("--allow-import", action="store_true", help="let the run's env id or "
-                   "network import the module it names (module:Env-v0, "
-                   "ppo.net=module:Class); off, loading a run never runs code it names")
-    e.add_argument("--video", metavar="OUT.mp4", help="also film one deterministic episode "
-                   "of the policy to this mp4")
-
-    x = sub.add_parser("export", help="write a run's deterministic policy (observation "
-                       "normalisation included) as ONNX or TorchScript")
-    x.add_argument("run_dir")
-    x.add_argument("--format", required=True, choices=("onnx", "torchscript"))
-    x.add_argument("-o", "--output", help="output file (default <run>/policy.onnx or "
-                   "<run>/policy.pt)")
-    x.add_argument("--allow-import", action="store_true", help="let the run's env id or "
-                   "network import the module it names (module:Env-v0, ppo.net=module:Class)")
-
-    g = sub.add_parser("plot", help="overlay the learning curves of runs (seeds of one "
-                       "setting as mean and min-max band) in one PNG")
-    g.add_argument("run_dirs", nargs="+", metavar="RUN")
-    g.add_argument("-o", "--output", default="runs.png", help="PNG to write (default runs.png)")
-    g.add_argument("--metric", default="eval/return_mean", help="metrics.jsonl key to plot")
-    g.add_argument("--x", default="env/steps", choices=("env/steps", "wall"))
-
-    u = sub.add_parser("tune", help="tune hyperparameters with Optuna (TPE, median pruning); "
-                       "every trial is a run; writes the best config as YAML")
-    u.add_argument("algo", nargs="?", help="algorithm (may be left out with --resume)")
-    u.add_argument("--env", help="env id (default: the config's, else CartPole-v1)")
-    u.add_argument("--trials", type=_integer, help="finished trials the study runs to "
-                   "(default 20; with --resume: raise it to run more)")
-    u.add_argument("--jobs", type=_integer, default=1, help="trials run at once, each in its "
-                   "own process (default 1)")
-    u.add_argument("--space", help="search space YAML (key: {low, high, log} or [choices]); "
-                   "default: the algorithm's own")
-    u.add_argument("--config", help="YAML config every trial starts from")
-    u.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value in every trial (repeatable)")
-    u.add_argument("--seed", type=_integer, help="seed of every trial and of the sampler")
-    u.add_argument("--total-env-steps", type=_integer, help="each trial's step budget")
-    u.add_argument("--num-envs", type=_integer)
-    u.add_argument("--backend", choices=BACKENDS)
-    u.add_argument("--device", help=f"{DEVICE_CHOICES} (default auto)")
-    u.add_argument("--startup-trials", type=_integer, help="trials sampled at "
-                   "random before TPE models the space and before pruning starts (default 5)")
-    u.add_argument("--warmup-evals", type=_integer, help="evaluations a trial "
-                   "makes before it may be pruned (default 1)")
-    u.add_argument("--run-dir", help="the study's directory (default runs/tune-<algo>-<env>-"
-                   "<time>); one that holds a study continues it")
-    u.add_argument("--resume", metavar="DIR", help="continue the study in DIR (after a kill, "
-                   "or with a higher --trials)")
-    u.add_argument("--allow-import", action="store_true", help="with --resume: let the "
-                   "study's saved env id, networks (module:Env-v0, ppo.net=module:Class) and "
-                   "endpoints (mlflow_tracking_uri, ray.address) be used; off, resuming a study "
-                   "never runs code or contacts a server it names")
-    u.add_argument("--quiet", action="store_true", help="no progress line in trials")
-
-    sub.add_parser("algos", help="list algorithms")
-    _add_presets_parser(sub)
-    return p
-
-
-def _add_presets_parser(sub: Any) -> None:
-    s = sub.add_parser("presets", help="list the tuned presets (env, algorithm, rl-zoo budget "
-                       "and score), or print one as YAML for --config")
-    s.add_argument("algo", nargs="?", help="only this algorithm's presets")
-    s.add_argument("--env", help="only this env's presets; with ALGO, print that preset as a "
-                   "YAML config layer")
-
-
 def _presets(args: argparse.Namespace) -> int:
     from rlloop.config.presets import listing, preset_yaml
 
+    if args.algo and args.algo.lower() in ALGORITHMS:  # any case, as train takes it
+        args.algo = args.algo.lower()
     if args.algo and args.env:
         print(preset_yaml(args.algo, args.env), end="")
         return 0
@@ -184,8 +63,7 @@ def _presets(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    if args.algo not in ALGORITHMS:  # before torch is imported: a typo answers at once
-        raise ConfigError(f"unknown algorithm {args.algo!r}; choose one of {sorted(ALGORITHMS)}")
+    args.algo = _algorithm(args.algo)  # before torch is imported: a typo answers at once
     if args.resume is not None:
         if not args.resume.strip():
             raise RunDirError("--resume is empty; pass the run directory to continue")
@@ -195,8 +73,11 @@ def _train(args: argparse.Namespace) -> int:
             raise RunDirError(f"--run-dir {args.run_dir} with --resume {args.resume}: a "
                               "resumed run stays in its own directory; drop --run-dir (copy "
                               "the run first to continue it elsewhere)")
+        check_saved_run(args.resume, allow_import=args.allow_import)
     # Typos in the env id or a --set key answer here, before torch's second of import.
     check_set_keys(args.algo, args.sets)
+    settings = _settings(args)
+    env_id = None
     if not args.resume:
         # An env the user typed, or named in the --config file they gave (e.g. the
         # best.yaml `rlloop tune` suggests): its module may be imported.
@@ -205,11 +86,15 @@ def _train(args: argparse.Namespace) -> int:
 
         env = args.env or (load_yaml(Path(args.config)).get("env") if args.config else None)
         if isinstance(env, str) and env:
-            resolve_env_id(env, allow_import=True, search_cwd=True)
+            env_id = resolve_env_id(env, allow_import=True, search_cwd=True)
+    if settings is not None:
+        check_extras(settings)
+        if env_id is not None:
+            check_action_space(args.algo, env_id, settings.get("env_kwargs"))
     from rlloop.logging.process_sink import prestart
     from rlloop.runs.report import FIGURE_PRELOAD
 
-    if _wants_mlflow(args):
+    if _wants_mlflow(args, settings):
         from rlloop.logging.mlflow_sink import PRELOAD
 
         # MLflow's import (~2 s) then runs in its child on another core while this process
@@ -227,19 +112,35 @@ def _train(args: argparse.Namespace) -> int:
         discard_spares()
 
 
-def _wants_mlflow(args: argparse.Namespace) -> bool:
-    """Whether the run ``rlloop train`` is asked for logs to MLflow: its ``mlflow``
-    setting after the preset, the config file, the saved config (resume) and ``--set``,
-    read without importing torch. Input the run will refuse counts as yes."""
+def _algorithm(text: str) -> str:
+    """The registry's name for an algorithm typed in any case (``PPO`` -> ``ppo``)."""
+    try:
+        return algorithm_name(text)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The settings ``rlloop train`` is asked for (the preset, the config file, the saved
+    config on resume and ``--set``), read without importing torch; None when they do not
+    even merge (the run's own checks then say why)."""
     from rlloop.config.run_config import config_layers, load_yaml
 
     try:
         base = load_yaml(Path(args.resume) / "config.yaml") if args.resume else None
         algo = str(base.get("algo", args.algo)) if base else args.algo
-        data = config_layers(algo, args.env, file=args.config, sets=args.sets, base=base)
+        flags = {"backend": getattr(args, "backend", None)}
+        return config_layers(algo, args.env, file=args.config, sets=args.sets, base=base,
+                             flags=flags)
     except RlloopError:
-        return True
-    return data.get("mlflow", True) is not False
+        return None
+
+
+def _wants_mlflow(args: argparse.Namespace, settings: dict[str, Any] | None = None) -> bool:
+    """Whether the run ``rlloop train`` is asked for logs to MLflow: its ``mlflow``
+    setting after every layer (``_settings``). Input the run will refuse counts as yes."""
+    settings = _settings(args) if settings is None else settings
+    return settings is None or settings.get("mlflow", True) is not False
 
 
 def _train_run(args: argparse.Namespace) -> int:
@@ -332,10 +233,11 @@ def _tune(args: argparse.Namespace) -> int:
     from rlloop.envs.ids import resolve_env_id
     from rlloop.logging import format_number, print_summary
 
-    try:
-        from rlloop.tuning import prepare, tune
-    except ImportError as e:
-        raise ConfigError(f"rlloop tune needs Optuna ({e}); pip install 'rlloop[tune]'") from None
+    require("optuna", "rlloop tune")  # before the study's directory is written
+    if args.algo is not None:
+        args.algo = _algorithm(args.algo)
+    from rlloop.tuning import prepare, tune
+
     if min(args.startup_trials or 0, args.warmup_evals or 0) < 0:
         raise ConfigError("--startup-trials and --warmup-evals must be >= 0")
     if args.jobs <= 0:
@@ -439,6 +341,7 @@ def _eval(args: argparse.Namespace) -> int:
     if not 0 < args.episodes <= MAX_EVAL_EPISODES:
         raise ConfigError(f"--episodes must be in 1..{MAX_EVAL_EPISODES}, got {args.episodes}")
     check_run_dir(args.run_dir)  # before torch is imported
+    check_saved_run(args.run_dir, allow_import=args.allow_import)
     if args.video:
         _check_video_file(Path(args.video), Path(args.run_dir))
     from rlloop.runs.saved import evaluate_run
@@ -468,6 +371,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     check_run_dir(args.run_dir)  # before torch's import: a mistyped path answers at once
+    check_saved_run(args.run_dir, allow_import=args.allow_import)
     from rlloop.cli.export import export_run
 
     path = export_run(args.run_dir, args.format, args.output, allow_import=args.allow_import,

@@ -65,3 +65,44 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "ma_ppo": AlgorithmEntry("ma_ppo", "rlloop.algorithms.ma_ppo", _PPO_CONFIG,
                              "MultiAgentPPOConfig", "MultiAgentPPO"),
 }
+
+#: Algorithms users ask for by name that rlloop does not offer yet, and what to use instead.
+NOT_OFFERED = {
+    "a2c": "A2C is not offered yet: use ppo",
+    "ddpg": "DDPG is not offered yet: use td3 (its successor)",
+    "trpo": "TRPO is not offered yet: use ppo",
+}
+
+
+def unknown_algorithm(name: str) -> str:
+    """The one-line refusal of an algorithm name: the names that exist, and for a known
+    algorithm rlloop lacks, what comes closest."""
+    closest = NOT_OFFERED.get(name.lower())
+    return (f"unknown algorithm {name!r}; choose one of {sorted(ALGORITHMS)}"
+            f"{'; ' + closest if closest else ''}")
+
+
+def algorithm_name(text: str) -> str:
+    """The registry's name for ``text`` in any case (``PPO`` -> ``ppo``); ``ValueError``
+    with :func:`unknown_algorithm`'s line when there is none."""
+    name = text.lower()
+    if name not in ALGORITHMS:
+        raise ValueError(unknown_algorithm(text))
+    return name
+
+
+def action_space_refusal(algo: str, env_id: str, space: str) -> str | None:
+    """Why ``algo`` cannot act in ``env_id``'s action space (``space``: the Gymnasium
+    space's class name), or None when it can."""
+    entry = ALGORITHMS[algo]
+    if space in ("MultiDiscrete", "MultiBinary") and algo != "ppo":
+        takes = " or ".join(k for k, ok in (("Discrete", entry.discrete),
+                                            ("Box", entry.continuous)) if ok)
+        return f"{algo} takes {takes} actions but {env_id} has {space} ones; use ppo for this env"
+    if space == "Discrete" and not entry.discrete:
+        return (f"{algo} needs continuous (Box) actions but {env_id} has discrete ones; use "
+                "ppo or dqn for this env")
+    if space == "Box" and not entry.continuous:
+        return (f"{algo} needs discrete actions but {env_id} has continuous ones; use ppo, "
+                "sac or td3 for this env")
+    return None

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import yaml
 
 from rlloop.config.presets import preset
-from rlloop.config.registry import ALGORITHMS
+from rlloop.config.registry import ALGORITHMS, unknown_algorithm
 from rlloop.errors import ConfigError, check_finite, check_finite_values
 from rlloop.runners.ray_cluster import RayConfig, check_env_runners
 from rlloop.system.device_names import check_device_name
@@ -189,8 +189,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_finite("", self)
         if self.algo not in ALGORITHMS:
-            raise ConfigError(f"unknown algorithm {self.algo!r}; choose one of "
-                              f"{sorted(ALGORITHMS)}")
+            raise ConfigError(unknown_algorithm(self.algo))
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; choose one of {list(BACKENDS)}")
         check_device_name(self.device)
@@ -283,6 +282,15 @@ class RunConfig:
             raise ConfigError(f"env_kwargs.max_episode_steps must be an integer > 0 (or null: "
                               f"the env's own limit), got {limit!r}")
 
+    @property
+    def planned_env_steps(self) -> int:
+        """The env steps the budget really trains: PPO rounds ``total_env_steps`` up to
+        whole rollouts of ``num_envs x rollout_steps`` (the progress line's target)."""
+        if self.algo != "ppo" or self.num_env_runners or self.num_learners > 1:
+            return self.total_env_steps  # other schedules stop at the budget's own step
+        rollout = self.num_envs * self.hparams.rollout_steps
+        return -(-self.total_env_steps // rollout) * rollout
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data for YAML; the algorithm section is keyed by the algorithm's name."""
         data = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
@@ -330,7 +338,7 @@ def config_layers(
     """The plain data :func:`build_config` validates: its layers merged, nothing checked
     but the algorithm's name and the file. Reading a setting here needs no torch."""
     if algo not in ALGORITHMS:
-        raise ConfigError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGORITHMS)}")
+        raise ConfigError(unknown_algorithm(algo))
     file_data = load_yaml(file) if file else {}
     # An explicit empty id (``--env=``) is an error for RunConfig, not the default env.
     env_id = next((e for e in (env, (flags or {}).get("env"), file_data.get("env"),
@@ -425,7 +433,7 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
     data = dict(data)
     algo = data.get("algo", "ppo")
     if algo not in ALGORITHMS:
-        raise ConfigError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGORITHMS)}")
+        raise ConfigError(unknown_algorithm(algo))
     section = data.pop(algo, None) or {}
     _check_recurrent(algo, section)
     other_algos = [k for k in data if k in ALGORITHMS]

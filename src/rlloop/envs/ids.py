@@ -134,3 +134,16 @@ def _unknown_id(env_id: str, name: str, module: str, provider: Provider | None) 
     hint = (f"did you mean {' or '.join(map(repr, close))}?" if close
             else "see gymnasium.pprint_registry() for the registered ids")
     return f"unknown env id {env_id!r}; {hint} (or module:Id, where module registers Id)"
+
+
+def check_registered(env_id: str, *, source: str) -> None:
+    """``EnvError`` when a saved run's plain env id (``source`` names the run) is not
+    registered in this process and no known package provides it: a user's module registers
+    it, so say to import that module now, not at the first step of ``predict()``."""
+    if env_id in NATIVE_IDS or is_pettingzoo_id(env_id) or ":" in env_id:
+        return  # module:Id imports its module; the other two need no registration
+    if env_id in gymnasium.registry or _provider(env_id) is not None:
+        return  # a provider's id gets its own pip command when the env is made
+    raise EnvError(f"{source} was trained on env {env_id!r}, which is not registered in "
+                   "this process: import the module that registers it (gymnasium.register) "
+                   "before loading the run")

@@ -16,7 +16,9 @@ import os
 import sys
 import sysconfig
 import types
+from typing import Any
 
+from rlloop.envs.objects import check_object_env
 from rlloop.errors import ConfigError, EnvError
 
 PETTINGZOO_PREFIX = "pettingzoo:"
@@ -54,6 +56,20 @@ def check_env_import(env_id: str, *, allow_import: bool, source: str) -> None:
         "never imports code it names: if you trust that module, pass --allow-import "
         "(Python: allow_import=True)"
     )
+
+
+def check_saved_imports(saved: dict[str, Any], *, allow_import: bool, source: str) -> None:
+    """Refuse a saved run config (``source``'s config.yaml) whose env id or network would
+    import a module by name, unless ``allow_import``; torch-free, so the CLI refuses at once."""
+    env = saved.get("env")
+    if isinstance(env, str):
+        check_env_import(env, allow_import=allow_import, source=source)
+        check_object_env(env, source=source)
+    algo = saved.get("algo", "ppo")
+    section = saved.get(algo)
+    net = section.get("net") if isinstance(section, dict) else None
+    if isinstance(net, str):
+        check_net_import(net, allow_import=allow_import, source=source, key=f"{algo}.net")
 
 
 def check_net_import(path: str, *, allow_import: bool, source: str, key: str) -> None:

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 from rlloop.algorithms.base import EnvSettings
-from rlloop.config.registry import ALGORITHMS
+from rlloop.config.registry import action_space_refusal
 from rlloop.config.run_config import RunConfig
 from rlloop.config.unused_settings import unused_settings
-from rlloop.envs.core import Box, Discrete, EnvSpec, MultiBinary, MultiDiscrete
+from rlloop.envs.core import EnvSpec
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError
 from rlloop.runs.memory import check_memory
@@ -91,18 +91,9 @@ def check_action_space(config: RunConfig) -> EnvSpec:
     """The env's spec, or ``ConfigError`` when the algorithm cannot act in its action
     space (naming the algorithms that can)."""
     spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
-    entry, space = ALGORITHMS[config.algo], spec.action_space
-    if isinstance(space, MultiDiscrete | MultiBinary) and config.algo != "ppo":
-        takes = " or ".join(k for k, ok in (("Discrete", entry.discrete),
-                                            ("Box", entry.continuous)) if ok)
-        raise ConfigError(f"{config.algo} takes {takes} actions but {config.env} has "
-                          f"{type(space).__name__} ones; use ppo for this env")
-    if isinstance(space, Discrete) and not entry.discrete:
-        raise ConfigError(f"{config.algo} needs continuous (Box) actions but {config.env} has "
-                          "discrete ones; use ppo or dqn for this env")
-    if isinstance(space, Box) and not entry.continuous:
-        raise ConfigError(f"{config.algo} needs discrete actions but {config.env} has "
-                          "continuous ones; use ppo, sac or td3 for this env")
+    refusal = action_space_refusal(config.algo, config.env, type(spec.action_space).__name__)
+    if refusal is not None:
+        raise ConfigError(refusal)
     return spec
 
 

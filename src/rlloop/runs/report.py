@@ -180,13 +180,22 @@ def run_phase_times(rows: list[Row]) -> dict[str, float]:
 
 
 def throughput(rows: list[Row]) -> bytes | None:
+    fig = throughput_figure(rows)
+    return None if fig is None else png_bytes(fig)
+
+
+def throughput_figure(rows: list[Row]) -> Figure | None:
+    """Steps/s per phase as bars, and the run's steps/s over its steps; None when neither
+    is logged."""
     rates = phase_rates(rows)
     overall = next((k for k in ("env/steps_per_s", "env/fps") if curve(rows, k)), None)
     if not rates and overall is None:
         return None
     fig, (bars, line) = new_figure(2, height=3.0)
     bars.bar(list(rates), list(rates.values()), color="tab:green")
-    bars.set_yscale("log")
+    # Linear from zero: bar lengths compare the rates (on a log axis that starts above
+    # zero, a phase 4.5x slower looked 25x slower).
+    bars.set_ylim(bottom=0)
     bars.set_ylabel("env steps / s of the phase's time")
     bars.set_title("steps/s per phase")
     if overall is not None:
@@ -194,7 +203,7 @@ def throughput(rows: list[Row]) -> bytes | None:
         line.set_title(overall)
         line.set_xlabel("env steps")
     line.grid(alpha=0.3)
-    return png_bytes(fig)
+    return fig
 
 
 #: Most panels a figure of per-key series draws (ma_ppo's modules multiply the keys).

@@ -26,8 +26,7 @@ from rlloop.checkpoint import (
 )
 from rlloop.config.run_config import RunConfig, build_config, load_yaml
 from rlloop.envs.ids import resolve_env_id
-from rlloop.envs.imports import check_env_import, check_net_import
-from rlloop.envs.objects import check_object_env
+from rlloop.envs.imports import check_saved_imports
 from rlloop.errors import RunDirError, SavedStateError, saved_count
 from rlloop.runs.build import COMPONENTS, build_algorithm
 from rlloop.system.run_files import check_run_dir
@@ -58,18 +57,11 @@ def load_run_config(run_dir: str | Path, *, allow_import: bool = False,
     """
     path = check_run_dir(run_dir)
     saved = load_yaml(path / "config.yaml")
+    check_saved_imports(saved, allow_import=allow_import, source=str(path))
     env = saved.get("env")
-    if isinstance(env, str):
-        check_env_import(env, allow_import=allow_import, source=str(path))
-        check_object_env(env, source=str(path))
-        if allow_import:  # consented: import it now (make_env never imports a module:Id),
-            # from the working directory too, as for an id typed to `rlloop train`
-            resolve_env_id(env, allow_import=True, search_cwd=True)
-    algo = saved.get("algo", "ppo")
-    section = saved.get(algo)
-    net = section.get("net") if isinstance(section, dict) else None
-    if isinstance(net, str):
-        check_net_import(net, allow_import=allow_import, source=str(path), key=f"{algo}.net")
+    if allow_import and isinstance(env, str):  # consented: import it now (make_env never
+        # imports a module:Id), from the working directory too, as for a typed id
+        resolve_env_id(env, allow_import=True, search_cwd=True)
     return build_config(saved.get("algo", "ppo"), env, base=saved, flags=flags)
 
 

@@ -33,7 +33,7 @@ class RunSinks:
         saved = _read_json(run_dir / "run.json") if resume else {}
         self.identity = {"algo": config.algo, "env": config.env,
                          "mlflow_run_id": saved.get("mlflow_run_id")}
-        self.console = ConsoleSink(config.total_env_steps, console=console,
+        self.console = ConsoleSink(config.planned_env_steps, console=console,
                                    enabled=config.progress)
         self.jsonl = JsonlSink(run_dir / "metrics.jsonl")
         sinks: list[Sink] = [self.jsonl, self.console]

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from rlloop.config.registry import ALGORITHMS
+from rlloop.config.registry import ALGORITHMS, unknown_algorithm
 from rlloop.config.run_config import RunConfig, build_config, load_yaml
 from rlloop.envs.imports import check_env_import
 from rlloop.errors import ConfigError, EnvError, RunDirError
@@ -126,7 +126,7 @@ def prepare(algo: str | None, env: str | None, *, trials: int | None, run_dir: s
         raise ConfigError("tune needs an algorithm, e.g. `rlloop tune ppo --env CartPole-v1` "
                           "(or --resume DIR)")
     if algo not in ALGORITHMS:
-        raise ConfigError(f"unknown algorithm {algo!r}; choose one of {sorted(ALGORITHMS)}")
+        raise ConfigError(unknown_algorithm(algo))
     space = load_space(space_file) if space_file else default_space(algo)
     env_id = env or build_config(algo, None, file=config_file).env
     settings = TuneSettings(algo, env_id, trials if trials is not None else 20,
