@@ -1,9 +1,10 @@
 """The algorithm side of border's cadence, shared by DQN, SAC and TD3.
 
 :class:`OffPolicyAlgorithmBase` turns a learner, an :class:`OffPolicyLoop` and a
-behaviour policy (``_explore``) into what :class:`~rlloop.trainers.offpolicy_schedule.
-OffPolicyTrainer` drives (``env_step``, ``optimize``, ``episode_stats``) and what the
-plain :class:`~rlloop.trainers.loop.Trainer` drives (``collect``, ``update``), with the state
+behaviour policy (``_explore``) into what
+:class:`~rlloop.trainers.offpolicy_schedule.OffPolicyTrainer` drives (``env_step``,
+``optimize``, ``episode_stats``) and what the plain
+:class:`~rlloop.trainers.loop.Trainer` drives (``collect``, ``update``), with the state
 every off-policy algorithm checkpoints. Subclasses build ``config``, ``learner`` and
 ``loop`` in ``__init__`` and implement ``_explore`` and ``act``.
 """
