@@ -10,7 +10,7 @@ import pytest
 from conftest import rlloop_cmd
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.cli.main import EVAL_KEYS
+from rlloop.cli.main import DEPRECATED_EVAL_KEYS, EVAL_KEYS
 
 
 def _run(args, env, cwd, timeout=240):
@@ -52,7 +52,9 @@ def test_train_eval_resume(tmp_path, cli_env):
     result = json.loads(ev.stdout.strip().splitlines()[-1])
     assert result["episodes"] == 4 and result["return_mean"] > 0 and "return_std" in result
     # One name per number: eval --json prints the keys metrics.jsonl logs under eval/.
-    assert set(result) == {*EVAL_KEYS, "episodes"}
+    # ... and, for one release, the names before 0.2.0 beside them (CHANGELOG.md)
+    assert set(result) == {*EVAL_KEYS, *DEPRECATED_EVAL_KEYS, "episodes"}
+    assert all(result[old] == result[new] for old, new in DEPRECATED_EVAL_KEYS.items())
     logged = {key for r in rows for key in r if key.startswith("eval/")}
     assert {f"eval/{key}" for key in EVAL_KEYS} <= logged
 

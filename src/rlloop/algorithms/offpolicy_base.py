@@ -1,9 +1,10 @@
 """The algorithm side of the off-policy cadence, shared by DQN, SAC and TD3.
 
 :class:`OffPolicyAlgorithmBase` turns a learner, an :class:`OffPolicyLoop` and a
-behaviour policy (``_explore``) into what :class:`~rlloop.trainers.offpolicy_schedule.
-OffPolicySchedule` drives (``env_step``, ``optimize``, ``episode_stats``) and what the
-on-policy schedule drives (``collect``, ``update``), with the state
+behaviour policy (``_explore``) into what
+:class:`~rlloop.trainers.offpolicy_schedule.OffPolicySchedule` drives (``env_step``,
+``optimize``, ``episode_stats``) and what the on-policy schedule drives (``collect``,
+``update``), with the state
 every off-policy algorithm checkpoints. Subclasses build ``config``, ``learner`` and
 ``loop`` in ``__init__`` and implement ``_explore`` and ``act``.
 """

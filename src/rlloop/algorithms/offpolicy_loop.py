@@ -5,9 +5,9 @@ One env step, batched over ``N`` envs, flows through parts named in the config::
     policy (uniform random during warm-up) -> env.step -> StepProcessor -> Replay
 
 and every ``opt_interval`` env steps the algorithm makes one optimisation step of
-``gradient_steps`` updates on sampled batches. The trainer's ``OffPolicySchedule`` (in
-``offpolicy_trainer.py``) counts evaluations, records and saves in optimisation steps,
-as border's trainer does.
+``gradient_steps`` updates on sampled batches.
+:class:`~rlloop.trainers.offpolicy_schedule.OffPolicySchedule` counts evaluations,
+records and saves in optimisation steps.
 
 The parts are small Protocols with registries, so a config selects them by name and a
 user may register more: ``STEP_PROCESSORS``, ``REPLAY_BUFFERS``, ``EVALUATORS``,

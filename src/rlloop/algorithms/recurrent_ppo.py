@@ -10,8 +10,8 @@ What changes against feed-forward PPO, and nothing else:
   from their stored states; minibatches shuffle whole sequences and the loss masks out
   padding.
 * Acting (evaluation, ``rlloop eval``, videos) carries its own state, reset by
-  :meth:`begin_episodes`; the training state and its episode-start flags are checkpointed,
-  so a run cut mid-episode resumes exactly.
+  :meth:`~RecurrentPPO.begin_episodes`; the training state and its episode-start flags are
+  checkpointed, so a run cut mid-episode resumes exactly.
 """
 
 from __future__ import annotations

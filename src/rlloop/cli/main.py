@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlloop.cli.main.arguments import build_parser as _parser
-from rlloop.cli.main.early_checks import check_action_space, check_extras, check_saved_run
+from rlloop.cli.arguments import build_parser as _parser
+from rlloop.cli.early_checks import check_action_space, check_extras, check_saved_run
 from rlloop.config.registry import ALGORITHMS, algorithm_name
 from rlloop.config.run_config import MAX_EVAL_EPISODES, check_set_keys
 from rlloop.errors import CheckpointError, ConfigError, EnvError, RlloopError, RunDirError
@@ -35,6 +35,12 @@ from rlloop.system.user_code import callback_note, one_line
 #: What ``rlloop eval --json`` prints besides ``episodes``: the evaluation's own names, also
 #: logged as ``eval/<name>`` in metrics.jsonl and returned by the API's ``evaluate()``.
 EVAL_KEYS = ("return_mean", "return_std", "return_min", "return_max", "length_mean")
+#: ``eval --json``'s names before 0.2.0 (old name -> new name), printed beside the new ones
+#: for one release so that scripts written against them keep working; deprecated in
+#: CHANGELOG.md and removed in 0.3.0.
+DEPRECATED_EVAL_KEYS = {"mean_return": "return_mean", "std_return": "return_std",
+                        "min_return": "return_min", "max_return": "return_max",
+                        "mean_length": "length_mean"}
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 EXIT_FAILED = 1
@@ -359,6 +365,7 @@ def _eval(args: argparse.Namespace) -> int:
                                  device=args.device, allow_import=args.allow_import)
         out.update({"video": str(video.path), "video_frames": video.frames})
     if args.json:
+        out.update({old: out[new] for old, new in DEPRECATED_EVAL_KEYS.items()})
         print(json.dumps(out))
     else:
         print(f"{out['episodes']} episodes: return_mean {out['return_mean']:.2f} "

@@ -11,7 +11,7 @@ other workers keep stepping. Env ``j`` of worker ``rank`` is seeded with
 Fault tolerance: a worker whose env raises, whose process dies, or which does not
 answer within ``step_timeout`` seconds is restarted with a fresh env (reseeded so that
 a deterministic crash is not replayed), its slots come back with ``Ready.restarted``
-set so the caller can drop their partial trajectories, and :attr:`WorkerPool.restarts`
+set so the caller can drop their partial trajectories, and ``WorkerPool.restarts``
 counts it. With ``restart_failed_workers=False`` the pool closes itself and raises
 :class:`WorkerError` carrying the worker's traceback instead.
 """

@@ -4,9 +4,9 @@ One learner holds a dict of modules keyed by ``module_id`` (a single-agent run h
 one, ``"default_policy"``). Optimisers are registered by ``(module_id, name)`` so an
 algorithm with several (SAC: actor, critic, alpha) and a run with several modules
 (multi-agent, leagues) use the same machinery. An algorithm subclasses :class:`Learner`
-once and overrides two hooks: :meth:`configure_optimizers_for_module` (optimisers and
-scheduled hyperparameters) and :meth:`compute_loss_for_module`; :meth:`forward_train`
-and :meth:`build_batch` are optional.
+once and overrides two hooks: :meth:`~Learner.configure_optimizers_for_module` (optimisers and
+scheduled hyperparameters) and :meth:`~Learner.compute_loss_for_module`;
+:meth:`~Learner.forward_train` and :meth:`~Learner.build_batch` are optional.
 
 Every number the learner reports goes through its :class:`MetricsLogger` (``metrics``):
 per-update means of the loss stats, learning rates and scheduled hyperparameters, global

@@ -375,7 +375,7 @@ class Task(ABC, Generic[ModelT]):
 
         Raises:
             ValueError: neither images nor states are asked for.
-            RenderUnavailableError: the env renders no ``rgb_array`` frames.
+            rlloop.runs.video.RenderUnavailableError: the env renders no ``rgb_array`` frames.
         """
         from rlloop.runs.video import DEFAULT_FPS, as_frame, offscreen_rendering, write_video
 

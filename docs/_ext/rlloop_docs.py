@@ -1,0 +1,240 @@
+"""Sphinx directives that render rlloop's own sources, so that the pages cannot drift from them.
+
+- ``hyperparameters``: a config dataclass's fields (name, default, docstring) as a table, read
+  from the docstring under each field (the config modules' convention).
+- ``cli-reference``: every ``rlloop`` subcommand's ``--help``, from the argument parser itself.
+- ``benchmark-figure``: a figure drawn at build time from a result file committed in the repo.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import json
+import textwrap
+from pathlib import Path
+from typing import Any, ClassVar
+
+from docutils import nodes
+from docutils.parsers.rst import directives
+from sphinx.application import Sphinx
+from sphinx.util.docutils import SphinxDirective
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def field_docstrings(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string literal under it), the base classes' included."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for node, after in zip(body, [*body[1:], None], strict=True):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _default(f: dataclasses.Field[Any]) -> str:
+    if f.default is not dataclasses.MISSING:
+        return repr(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return repr(f.default_factory())
+    return "(required)"
+
+
+def _literal(text: str) -> nodes.Node:
+    return nodes.literal(text, text)
+
+
+def _table(header: list[str], rows: list[list[nodes.Node]], widths: list[int]) -> nodes.table:
+    table = nodes.table()
+    group = nodes.tgroup(cols=len(header))
+    table += group
+    for width in widths:
+        group += nodes.colspec(colwidth=width)
+    head = nodes.thead()
+    group += head
+    head += nodes.row("", *[nodes.entry("", nodes.paragraph(text=h)) for h in header])
+    body = nodes.tbody()
+    group += body
+    for cells in rows:
+        body += nodes.row("", *[nodes.entry("", nodes.paragraph("", "", c)) for c in cells])
+    return table
+
+
+class Hyperparameters(SphinxDirective):
+    """``.. hyperparameters:: rlloop.config.ppo.PPOConfig`` with ``:prefix: ppo.``."""
+
+    required_arguments = 1
+    option_spec: ClassVar[dict[str, Any]] = {
+        "prefix": directives.unchanged, "exclude": directives.unchanged}
+
+    def run(self) -> list[nodes.Node]:
+        module_name, _, class_name = self.arguments[0].rpartition(".")
+        cls = getattr(importlib.import_module(module_name), class_name)
+        prefix = self.options.get("prefix", "")
+        excluded = set(self.options.get("exclude", "").split())
+        docs = field_docstrings(cls)
+        rows = []
+        for f in dataclasses.fields(cls):
+            if f.name in excluded:
+                continue
+            if f.name not in docs:
+                raise self.error(f"{cls.__name__}.{f.name} has no docstring; add one under it")
+            rows.append([_literal(prefix + f.name), _literal(_default(f)),
+                         nodes.Text(docs[f.name])])
+        return [_table(["setting", "default", "meaning"], rows, [20, 15, 65])]
+
+
+class CliReference(SphinxDirective):
+    """Every subcommand's help text, from :func:`rlloop.cli.main._parser`."""
+
+    def run(self) -> list[nodes.Node]:
+        import argparse
+
+        from rlloop.cli.main import _parser
+
+        parser = _parser()
+        out: list[nodes.Node] = [nodes.literal_block(text=parser.format_help())]
+        for action in parser._actions:  # argparse keeps its subparsers only here
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    section = nodes.section(ids=[f"cli-{name}"])
+                    section += nodes.title(text=f"rlloop {name}")
+                    section += nodes.literal_block(text=sub.format_help())
+                    out.append(section)
+        return out
+
+
+class ModuleIndex(SphinxDirective):
+    """Every module under ``src/rlloop`` with its docstring (no members), walked at build time
+    so that a module added or removed shows here; ``:exclude:`` skips those documented in
+    full elsewhere."""
+
+    option_spec: ClassVar[dict[str, Any]] = {"exclude": directives.unchanged}
+
+    def run(self) -> list[nodes.Node]:
+        from docutils.statemachine import StringList
+
+        excluded = set(self.options.get("exclude", "").split())
+        src = ROOT / "src"
+        names = sorted(
+            ".".join(path.relative_to(src).with_suffix("").parts).removesuffix(".__init__")
+            for path in (src / "rlloop").rglob("*.py") if path.name != "__main__.py")
+        lines = StringList()
+        for name in names:
+            if name not in excluded:
+                lines.append(f".. automodule:: {name}", "module-index")
+                lines.append("", "module-index")
+        node = nodes.container()
+        self.state.nested_parse(lines, self.content_offset, node)
+        return node.children
+
+
+def _zoo_figure(path: Path, algo: str, out: Path) -> bool:
+    """rlloop's final returns per env (one dot per seed) beside rl-zoo's published score."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rlloop.config.presets import all_files
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["algo"] == algo and r.get("return_mean") is not None]
+    envs = sorted({r["env"] for r in rows})
+    if not envs:
+        return False
+    zoo = {f.env: f.benchmark.get(algo, {}) for f in all_files()}
+    fig, axes = plt.subplots(1, len(envs), figsize=(2.2 * len(envs) + 1, 2.8), squeeze=False)
+    for ax, env in zip(axes[0], envs, strict=True):
+        returns = [r["return_mean"] for r in rows if r["env"] == env]
+        ax.scatter([0] * len(returns), returns, label="rlloop (one dot per seed)")
+        score = zoo.get(env, {}).get("zoo_score")
+        if score is not None:
+            ax.errorbar([1], [score], yerr=[zoo[env].get("zoo_std") or 0], fmt="s",
+                        color="tab:orange", label="rl-zoo (published)")
+        ax.set_xticks([0, 1], ["rlloop", "rl-zoo"])
+        ax.set_xlim(-0.6, 1.6)
+        ax.set_title(env, fontsize=8)
+    axes[0][0].set_ylabel("evaluation return")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return True
+
+
+class BenchmarkFigure(SphinxDirective):
+    """``.. benchmark-figure:: benchmarks/zoo_results.jsonl`` with ``:algo: ppo``."""
+
+    required_arguments = 1
+    option_spec: ClassVar[dict[str, Any]] = {"algo": directives.unchanged_required}
+
+    def run(self) -> list[nodes.Node]:
+        source = ROOT / self.arguments[0]
+        if not source.is_file():
+            raise self.error(f"{self.arguments[0]} is not a file in the repository")
+        self.env.note_dependency(str(source))
+        algo = self.options["algo"]
+        name = f"{source.stem}-{algo}.png"
+        # drawn into the source tree (ignored by git), where Sphinx copies images from
+        if not _zoo_figure(source, algo, Path(self.env.srcdir) / "_generated" / name):
+            raise self.error(f"{self.arguments[0]} has no rows for {algo!r}")
+        caption = (f"{algo}: final evaluation return per env, drawn from "
+                   f"{self.arguments[0]} at build time")
+        figure = nodes.figure()
+        figure += nodes.image(uri=f"/_generated/{name}")
+        figure += nodes.caption(text=caption)
+        return [figure]
+
+
+def _resolves(target: str, module: str | None, klass: str | None) -> bool:
+    """Whether ``target`` names something that exists in rlloop, as Python would find it from
+    the docstring's module (and class): ``Task.compute_loss``, ``as_stats``, a full path."""
+    bases = [""]
+    if module:
+        bases += [module + ".", *([f"{module}.{klass}."] if klass else [])]
+    for base in bases:
+        parts = (base + target.lstrip("~.")).split(".")
+        for split in range(len(parts), 0, -1):
+            try:
+                obj: Any = importlib.import_module(".".join(parts[:split]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[split:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                break
+            return True
+    return False
+
+
+def _existing_api_without_a_page(app: Sphinx, env: Any, node: Any,
+                                 contnode: nodes.Node) -> nodes.Node | None:
+    """A reference to an rlloop object that exists but has no page of its own renders as
+    plain code; one to an object that does not exist (renamed, removed) stays a warning,
+    which ``-W`` turns into a failed build."""
+    if node.get("refdomain") != "py":
+        return None
+    target = node["reftarget"]
+    if _resolves(target, node.get("py:module"), node.get("py:class")):
+        return contnode
+    return None
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.connect("missing-reference", _existing_api_without_a_page)
+    app.add_directive("hyperparameters", Hyperparameters)
+    app.add_directive("cli-reference", CliReference)
+    app.add_directive("benchmark-figure", BenchmarkFigure)
+    app.add_directive("module-index", ModuleIndex)
+    return {"parallel_read_safe": True}
