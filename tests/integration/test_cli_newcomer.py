@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import env_without, rlloop_cmd
+
 from rlloop.cli.arguments import build_parser
 
 _PROBE = """
