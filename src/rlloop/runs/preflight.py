@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import sys
 from pathlib import Path
 
 from rlloop.algorithms.base import EnvSettings
@@ -17,7 +15,7 @@ from rlloop.envs.core import EnvSpec
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError
 from rlloop.runs.memory import check_memory
-from rlloop.system.devices import keep_freed_host_memory, resolve_device
+from rlloop.system.devices import check_cpu_compiler, keep_freed_host_memory, resolve_device
 from rlloop.system.run_files import check_members
 
 _log = logging.getLogger(__name__)
@@ -55,7 +53,8 @@ def check_fit(config: RunConfig) -> EnvSettings:
     batch its env count, the device, compiler and memory are there; the env settings the
     algorithm is built with. Checks that need no env run first, so bad sizes fail before
     any env is created, and settings whose memory cannot fit fail before anything is
-    allocated. ``ConfigError`` names the problem and the fix.
+    allocated. ``ConfigError`` names the problem and the fix. (It checks what
+    :func:`check_action_space` does, in line.)
     """
     keep_freed_host_memory()
     world = os.environ.get("WORLD_SIZE", "")
@@ -76,10 +75,13 @@ def check_fit(config: RunConfig) -> EnvSettings:
     check = getattr(config.hparams, "check_batch", None)
     if check is not None:
         check(num_envs)
+    spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
+    refusal = action_space_refusal(config.algo, config.env, type(spec.action_space).__name__)
+    if refusal is not None:
+        raise ConfigError(refusal)
     device = resolve_device(config.device)
     if getattr(config.hparams, "compile", False) and device.type == "cpu":
         check_cpu_compiler(config.algo)
-    spec = check_action_space(config)
     check_memory(config, spec)
     return EnvSettings(config.env, spec, num_envs, config.backend, config.seed,
                        config.total_env_steps, config.horizons_per_env_reset,
@@ -95,14 +97,3 @@ def check_action_space(config: RunConfig) -> EnvSpec:
     if refusal is not None:
         raise ConfigError(refusal)
     return spec
-
-
-def check_cpu_compiler(algo: str) -> None:
-    """``compile=true`` on a CPU needs the C++ compiler torch.compile builds its kernels
-    with (``$CXX``, else g++; clang++ on macOS): say so before anything is built, not at the
-    first update."""
-    cxx = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
-    if shutil.which(cxx) is None:
-        raise ConfigError(f"{algo}.compile=true on the CPU needs a C++ compiler: torch.compile "
-                          f"builds its kernels with {cxx}, which is not on PATH; install it "
-                          "(e.g. apt install g++), point CXX at one, or set compile=false")

@@ -52,7 +52,7 @@ class RunSinks:
         self.closed = False
         if not resume:
             self.sink.log_params(config.to_dict())
-        _write_json(run_dir / "run.json", self.identity)
+        write_file(run_dir / "run.json", json.dumps(self.identity, indent=2))
 
     def _mlflow(self, config: RunConfig) -> ProcessSink:
         """MLflow in a child process: importing MLflow and writing to its store is seconds of
@@ -101,7 +101,7 @@ class RunSinks:
                if sink is not None and sink.info.get("run_id")}
         if any(self.identity.get(key) != value for key, value in ids.items()):
             self.identity.update(ids)
-            _write_json(self.run_dir / "run.json", self.identity)
+            write_file(self.run_dir / "run.json", json.dumps(self.identity, indent=2))
 
     def mlflow_ui(self) -> str | None:
         """How to open the run in MLflow; None if no row ever reached a store."""
@@ -117,7 +117,3 @@ def _read_json(path: Path) -> dict[str, Any]:
         return dict(json.loads(path.read_text()))
     except (OSError, ValueError):
         return {}
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    write_file(path, json.dumps(data, indent=2))

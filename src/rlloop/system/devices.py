@@ -15,7 +15,10 @@ import ctypes
 import dataclasses
 import functools
 import logging
+import os
 import platform
+import shutil
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -213,3 +216,14 @@ def warn_if_bfloat16_is_emulated() -> None:
                       "(AVX512-BF16, AMX or Arm BF16): its convolutions are emulated, about "
                       "10x slower than float32; set <algo>.cnn_precision=float32",
                       stacklevel=3)
+
+
+def check_cpu_compiler(algo: str) -> None:
+    """``compile=true`` on a CPU needs the C++ compiler torch.compile builds its kernels
+    with (``$CXX``, else g++; clang++ on macOS): say so before anything is built, not at the
+    first update."""
+    cxx = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+    if shutil.which(cxx) is None:
+        raise ConfigError(f"{algo}.compile=true on the CPU needs a C++ compiler: torch.compile "
+                          f"builds its kernels with {cxx}, which is not on PATH; install it "
+                          "(e.g. apt install g++), point CXX at one, or set compile=false")
