@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import QUIET  # a sibling script: no MLflow, progress or video; no solve stop
 
 from rlloop.algorithms.base import AlgorithmBase
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.runs.saved import load_policy, load_run_policy
 from rlloop.runs.start import train
 

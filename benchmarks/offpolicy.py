@@ -190,7 +190,7 @@ class RlloopRun:
 
     def __init__(self, algo: str, env_id: str, steps: int, seed: int, num_envs: int,
                  backend: str = "auto", path: str = "autograd") -> None:
-        from rlloop.config.run_config import build_config
+        from rlloop.config.loading import build_config
         from rlloop.runs.build import build_algorithm
         from rlloop.trainers.loop import Trainer
         from rlloop.trainers.offpolicy_schedule import OffPolicyAlgorithm, OffPolicySchedule

@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.envs.atari import make_atari
 from rlloop.envs.ids import resolve_env_id
 from rlloop.runs.build import build_algorithm

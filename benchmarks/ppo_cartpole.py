@@ -49,7 +49,7 @@ class Outcome:
 
 def run_rlloop(seed: int, backend: str, budget: int, eval_every: int, episodes: int,
                compile: bool = False) -> Outcome:
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
 
     config = build_config("ppo", "CartPole-v1", flags={"seed": seed, "backend": backend},
                           sets=["mlflow=false", "progress=false",

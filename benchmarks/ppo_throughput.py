@@ -110,7 +110,7 @@ def rlloop_side(device: str, num_envs: int, steps: int, warmup: int, iters: int,
     (``ppo.compile=true``; the warm-up iteration compiles it, and the FLOPs, the same
     maths, are the eager run's); with ``cuda_graph`` its rollouts replay a CUDA graph
     (``ppo.cuda_graph=true``; one more untimed iteration captures it)."""
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
     from rlloop.runs.build import build_algorithm
     from rlloop.trainers.loop import Trainer
 

@@ -41,7 +41,7 @@ RLLOOP_SETS = ["mlflow=false", "progress=false", "env.mask_velocity=true",
 
 def run_rlloop(seed: int, budget: int, eval_every: int, episodes: int,
                extra: list[str]) -> Outcome:
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
 
     config = build_config("ppo", "CartPole-v1", flags={"seed": seed},
                           sets=[*RLLOOP_SETS, *extra])

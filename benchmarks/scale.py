@@ -66,7 +66,7 @@ SOLVE_BUDGET_S = 600.0
 
 def rlloop_throughput(env: str, runners: int, envs: int, seconds: float,
                       backend: str) -> dict[str, Any]:
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
     from rlloop.envs.ids import resolve_env_id
     from rlloop.runs.build import build_algorithm
     from rlloop.trainers.loop import Trainer
@@ -97,7 +97,7 @@ def rlloop_throughput(env: str, runners: int, envs: int, seconds: float,
 
 
 def rlloop_solve(runners: int) -> dict[str, Any]:
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
     from rlloop.runs.session import Session
 
     config = build_config("ppo", "CartPole-v1", sets=[
@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     sys.path.insert(0, str(SRC))
-    from rlloop.runners.ray_cluster import RayConfig, connect
+    from rlloop.config.ray import RayConfig
+    from rlloop.runners.ray_cluster import connect
 
     started = connect(RayConfig(), max(args.runners))  # one local instance for every run
     rows: list[dict[str, Any]] = []

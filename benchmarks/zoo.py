@@ -140,7 +140,7 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
               ) -> dict[str, Any] | None:
     """One seed trained (or resumed) and scored; None when another process is training
     it (its run directory is locked): that sitting records it."""
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
     from rlloop.runs.run_dir import has_checkpoint
     from rlloop.runs.saved import evaluate_run
     from rlloop.runs.start import resume, train

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.runs.start import train
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]

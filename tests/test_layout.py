@@ -45,8 +45,6 @@ UPWARD = {
         "Ray env runners wrap the off-policy loop of the algorithm they scale out",
     ("rlloop.envs.imports", "rlloop.modules.custom"):
         "checking a network that a config names, before the module that holds it is trusted",
-    ("rlloop.config.run_config", "rlloop.runners.ray_cluster"):
-        "the Ray settings' dataclass and checks",
 }
 
 MAX_TOP_LEVEL_MODULES = 6

@@ -22,8 +22,9 @@ import torch
 
 from rlloop.algorithms import AlgorithmBase
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.config.loading import build_config, integer, sb3_hint
 from rlloop.config.registry import ALGORITHMS
-from rlloop.config.run_config import MAX_EVAL_EPISODES, RunConfig, build_config, integer, sb3_hint
+from rlloop.config.run_config import MAX_EVAL_EPISODES, RunConfig
 from rlloop.envs.core import Box
 from rlloop.envs.gym import find_gym_env
 from rlloop.envs.ids import check_registered

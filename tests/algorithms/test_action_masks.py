@@ -11,7 +11,7 @@ from conftest import rlloop_cmd
 from mask_envs import N_ACTIONS, MaskedChoice
 from stepping import run_iterations
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.envs.action_masks import (
     ILLEGAL_LOGIT,
     legal_actions,

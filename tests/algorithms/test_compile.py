@@ -15,7 +15,7 @@ from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
 from rlloop.algorithms.ppo import PPO
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.errors import ConfigError
 from rlloop.runs.build import build_algorithm
 

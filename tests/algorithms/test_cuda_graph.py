@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.errors import ConfigError
 from rlloop.runs.build import build_algorithm
 from rlloop.trainers.loop import Trainer

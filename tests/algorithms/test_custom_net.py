@@ -18,7 +18,7 @@ from custom_nets import TinyEncoder
 from torch import Tensor
 
 from rlloop import PPO, SAC, load
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.envs.core import Box, Discrete
 from rlloop.errors import ConfigError
 from rlloop.modules.actor_critic import ActorCritic

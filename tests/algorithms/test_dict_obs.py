@@ -10,7 +10,7 @@ import pytest
 import torch
 from mask_envs import minigrid_dict
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.envs.registry import make_env
 from rlloop.errors import ConfigError
 from rlloop.modules.encoders import DictEncoder, NatureCNN

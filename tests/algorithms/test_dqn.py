@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
 from rlloop.algorithms.offpolicy_loop import OneStepProcessor, ReplayBatch
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.data.nstep import NStepProcessor
 from rlloop.data.replay import PrioritizedReplayBuffer
 from rlloop.errors import ConfigError

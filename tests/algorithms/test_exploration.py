@@ -15,7 +15,7 @@ from rlloop.algorithms.ppo import PPO
 from rlloop.algorithms.sac import SAC
 from rlloop.algorithms.td3 import TD3
 from rlloop.checkpoint import load_checkpoint, save_checkpoint
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
 from rlloop.modules.action_noise import OrnsteinUhlenbeckNoise

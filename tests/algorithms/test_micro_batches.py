@@ -14,8 +14,8 @@ import torch
 from learner_cases import ppo_batch, ppo_update_case
 
 from rlloop.algorithms.ppo import PPOLearner
+from rlloop.config.loading import build_config
 from rlloop.config.ppo import AUTO_MICRO_BATCH, PPOConfig
-from rlloop.config.run_config import build_config
 from rlloop.data.rollout import PPOBatch
 from rlloop.envs.core import Discrete
 from rlloop.errors import ConfigError

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from rlloop.config.loading import build_config
 from rlloop.config.presets import all_files, preset
-from rlloop.config.run_config import build_config
 from rlloop.runs.start import train
 
 ENVS = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5",

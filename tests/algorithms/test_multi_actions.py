@@ -6,7 +6,7 @@ import pytest
 import torch
 from pixel_envs import register
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.envs.core import MultiBinary, MultiDiscrete, sample_random_actions
 from rlloop.errors import ConfigError
 from rlloop.modules.distributions import Bernoulli, MultiCategorical

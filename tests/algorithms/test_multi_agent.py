@@ -12,7 +12,7 @@ pytest.importorskip("pettingzoo")
 
 from rlloop.algorithms.ma_ppo import MultiAgentPPO
 from rlloop.checkpoint import load_checkpoint, save_checkpoint
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.data.multi_agent import masked_gae
 from rlloop.data.returns import gae
 from rlloop.envs.core import Box, Discrete

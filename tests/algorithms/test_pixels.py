@@ -14,7 +14,7 @@ from conftest import env_without, rlloop_cmd
 from pixel_envs import register, register_box
 from stepping import run_steps
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.returns import gae
 from rlloop.envs import env_spec, make_env

@@ -13,7 +13,7 @@ import torch
 from conftest import rlloop_cmd
 
 from rlloop.algorithms.recurrent_ppo import RecurrentPPO
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.data.sequences import chunk_states, sequence_mask, to_sequences
 from rlloop.envs.core import Discrete
 from rlloop.envs.masked_velocity import ENV_ID, MaskVelocity

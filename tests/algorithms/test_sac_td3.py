@@ -14,7 +14,7 @@ from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
 from rlloop.algorithms.offpolicy_loop import ReplayBatch, box_rescaler
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
 from rlloop.losses.sac import sac_actor_loss, sac_alpha_loss, sac_critic_loss, sac_target

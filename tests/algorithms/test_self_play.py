@@ -15,7 +15,7 @@ pytest.importorskip("pettingzoo")
 
 from rlloop.algorithms.league import MAIN, League
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.runs.build import build_algorithm
 from rlloop.trainers.loop import Trainer
 

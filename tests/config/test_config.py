@@ -4,7 +4,7 @@ import gymnasium
 import numpy as np
 import pytest
 
-from rlloop.config.run_config import build_config, from_dict, load_yaml
+from rlloop.config.loading import build_config, from_dict, load_yaml
 from rlloop.errors import ConfigError
 from rlloop.runs.build import build_algorithm
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import rlloop_cmd
 
+from rlloop.config.loading import build_config
 from rlloop.config.ppo import PPOConfig
 from rlloop.config.presets import all_files, file_name
 from rlloop.config.registry import ALGORITHMS
-from rlloop.config.run_config import RunConfig, build_config
+from rlloop.config.run_config import RunConfig
 
 ZOO_ENVS = {"CartPole-v1": {"ppo", "dqn"}, "Acrobot-v1": {"ppo", "dqn"},
             "MountainCar-v0": {"ppo", "dqn"}, "Pendulum-v1": {"ppo", "sac", "td3"},
@@ -113,7 +114,7 @@ def test_zoo_benchmark_resumes_and_writes_the_table(tmp_path, cli_env):
 
 
 def test_zoo_benchmark_resumes_a_seed_stopped_part_way(tmp_path, cli_env):
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
     from rlloop.runs.start import train
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"

@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
+from rlloop.config.loading import build_config
 from rlloop.config.presets import all_files
-from rlloop.config.run_config import build_config
 from rlloop.config.unused_settings import unused_settings
 from rlloop.runs.start import train
 

@@ -16,7 +16,7 @@ from dict_envs import N_ACTIONS, DictCue, DictMaskedCue
 from stepping import run_iterations
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.data.obs_storage import ObsLayout, ObsStore
 from rlloop.data.replay import ReplayBuffer, Transitions
 from rlloop.envs.core import Discrete, EnvSpec

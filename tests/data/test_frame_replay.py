@@ -12,7 +12,7 @@ from conftest import leaves, rlloop_cmd, same_leaf
 from pixel_envs import register
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.replay import Transitions
 from rlloop.errors import ConfigError

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import rlloop_cmd
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.envs.ids import resolve_env_id
 from rlloop.errors import EnvError
 from rlloop.runs.run_dir import claim_default_run_dir, default_run_dir

@@ -13,7 +13,7 @@ import torch
 from conftest import env_without, rlloop_cmd
 from stepping import run_steps
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.envs import env_spec, make_env
 from rlloop.errors import EnvError
 from rlloop.runs.build import build_algorithm

@@ -14,7 +14,7 @@ import torch
 from conftest import FakeClock, plain_console, rlloop_cmd
 from rich.console import Console
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.data.nstep import NStepProcessor
 from rlloop.envs.gym import GymVecEnv, gym_env_spec
 from rlloop.errors import ConfigError, EnvError

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlloop.config.run_config import build_config, check_set_keys
+from rlloop.config.loading import build_config, check_set_keys
 from rlloop.errors import ConfigError
 
 _PROBE = """

@@ -180,7 +180,7 @@ torch.save(torch.stack(actions), sys.argv[3])
 
 @pytest.fixture(scope="module")
 def recurrent_run(tmp_path_factory):
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
     from rlloop.runs.start import train
 
     run = tmp_path_factory.mktemp("export-recurrent") / "run"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from proc_utils import live_children, still_alive
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.runs.session import Session
 
 

@@ -43,7 +43,7 @@ def test_training_and_evaluation_import_no_dynamo_and_act_on_one_thread(
     """torch.optim's wrappers import torch._dynamo (~1 s) on first use; rlloop's Adam not."""
     code = """
 import sys
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.runs.start import train
 config = build_config("ppo", "CartPole-v1", flags={"total_env_steps": 1024},
                       sets=["mlflow=false", "save_video=false", "progress=false",

@@ -23,8 +23,8 @@ from rlloop.algorithms.offpolicy_loop import ReplayBatch
 from rlloop.algorithms.sac import SACLearner, SACModule
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.cli.main import main
+from rlloop.config.loading import build_config
 from rlloop.config.offpolicy import SACConfig
-from rlloop.config.run_config import build_config
 from rlloop.envs.core import Box, Discrete, EnvSpec
 from rlloop.learners.distributed import DataParallel
 from rlloop.learners.learner import DEFAULT_MODULE_ID

@@ -222,7 +222,7 @@ def test_ppo_loss_clips_with_the_scheduled_clip_coefficient():
 
 
 def test_ppo_config_takes_numbers_or_schedules_from_the_command_line():
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
 
     cfg = build_config("ppo", "CartPole-v1", sets=[
         "ppo.ent_coef={type: linear, start: 0.01, end: 0.0, steps: 1000}",

@@ -13,7 +13,7 @@ from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
 from rlloop.algorithms.offpolicy_loop import ReplayBatch
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.learners.mlp_backprop import MLPBackprop, dqn_loss_grad, huber_loss
 from rlloop.losses.dqn import dqn_loss, dqn_stats
 from rlloop.modules.q_networks import MLP, QNetwork

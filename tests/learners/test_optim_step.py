@@ -13,7 +13,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from rlloop.algorithms.offpolicy_loop import MeanRecorder
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.learners.optim_step import GuardedOptim, GuardedStep, adam
 from rlloop.runs.build import build_algorithm
 

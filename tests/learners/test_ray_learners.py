@@ -20,12 +20,13 @@ from learner_cases import ppo_update_case  # noqa: E402
 
 from rlloop.algorithms.distributed import build_rank_learner  # noqa: E402
 from rlloop.checkpoint import CheckpointManager, load_checkpoint  # noqa: E402
-from rlloop.config.run_config import build_config  # noqa: E402
+from rlloop.config.loading import build_config  # noqa: E402
+from rlloop.config.ray import RayConfig  # noqa: E402
 from rlloop.envs.core import Discrete, EnvSpec  # noqa: E402
 from rlloop.learners.learner import DEFAULT_MODULE_ID  # noqa: E402
 from rlloop.learners.learner_group import LearnerSpec, start_group  # noqa: E402
 from rlloop.learners.ray_learners import NAME_PREFIX, ActorMember, RayLauncher  # noqa: E402
-from rlloop.runners.ray_cluster import RayConfig, connect, disconnect  # noqa: E402
+from rlloop.runners.ray_cluster import connect, disconnect  # noqa: E402
 from rlloop.runs.start import train  # noqa: E402
 from rlloop.trainers.callbacks import Callback  # noqa: E402
 
@@ -129,7 +130,7 @@ def test_killed_learner_actor_restarts_from_the_newest_checkpoint(
 _LAUNCHER_PROBE = """
 import sys, torch
 from rlloop.algorithms.distributed import _launcher
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 for sets in (["num_learners=2"], ["num_learners=2", "num_env_runners=1",
                                   "ray.learner_actors=false"]):
     cfg = build_config("ppo", "CartPole-v1", sets=sets)
@@ -148,7 +149,8 @@ def test_learners_are_processes_without_ray() -> None:
 
 _SIGTERM_AFTER_CONNECT = """
 import os, signal, time
-from rlloop.runners.ray_cluster import RayConfig, connect
+from rlloop.config.ray import RayConfig
+from rlloop.runners.ray_cluster import connect
 connect(RayConfig(num_cpus=1), num_runners=1)
 os.kill(os.getpid(), signal.SIGTERM)  # as while learner actors and runners start
 time.sleep(30)

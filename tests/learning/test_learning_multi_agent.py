@@ -18,7 +18,7 @@ from torch import Tensor
 
 pytest.importorskip("pettingzoo")
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.envs.multi_agent import make_multi_agent_env
 from rlloop.runners.multi_agent import RANDOM, evaluate_multi_agent
 from rlloop.runs.build import build_algorithm

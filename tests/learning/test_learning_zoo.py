@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.runs.saved import evaluate_run
 from rlloop.runs.start import train
 

@@ -480,7 +480,7 @@ def test_process_sink_refuses_a_factory_the_child_cannot_import():
 
 
 NO_MAIN_GUARD = """
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.runs.start import train
 
 # No `if __name__ == "__main__":` guard: the sink's child must not run this again.

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from rlloop.config.loading import build_config
 from rlloop.config.registry import ALGORITHMS
-from rlloop.config.run_config import RunConfig, build_config
+from rlloop.config.run_config import RunConfig
 
 ENVS = {"ppo": "CartPole-v1", "dqn": "CartPole-v1", "sac": "Pendulum-v1", "td3": "Pendulum-v1"}
 QUIET = ["mlflow=false", "progress=false", "num_envs=4"]

@@ -25,8 +25,9 @@ from conftest import rlloop_cmd
 import rlloop.algorithms.base as algorithms_base
 from rlloop.checkpoint import CheckpointManager
 from rlloop.cli.main import main
+from rlloop.config.loading import build_config
 from rlloop.config.registry import ALGORITHMS
-from rlloop.config.run_config import RunConfig, build_config
+from rlloop.config.run_config import RunConfig
 from rlloop.errors import ConfigError
 from rlloop.runs.build import build_algorithm
 from rlloop.runs.saved import evaluate_run

@@ -28,7 +28,7 @@ from rlloop.algorithms.base import AlgorithmBase
 from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
 from rlloop.algorithms.ppo import PPO
 from rlloop.checkpoint import CheckpointManager, load_checkpoint, save_replacing
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.runs import session as run_module
 from rlloop.runs.saved import saved_best_return
 from rlloop.runs.start import resume, train

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import rlloop_cmd
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.errors import RunDirError
 from rlloop.system.run_files import IN_PLACE, MEMBERS, check_members, open_append, write_file
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlloop.config.run_config import build_config, from_dict, resumable
+from rlloop.config.loading import build_config, from_dict
+from rlloop.config.run_config import resumable
 from rlloop.errors import ConfigError
 from rlloop.runners.fragments import FragmentSampler
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from mask_envs import MaskedChoice, register
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.errors import ConfigError
 from rlloop.runners.fragments import FragmentSampler
 from rlloop.runners.ray_runners import runner_config

@@ -23,10 +23,12 @@ from ray.exceptions import GetTimeoutError, RayActorError  # noqa: E402
 
 import rlloop.envs.slow  # noqa: E402, F401  (registers SlowCartPole-v1, as --env would)
 from rlloop.cli.main import main as cli_main  # noqa: E402
-from rlloop.config.run_config import RunConfig, build_config  # noqa: E402
+from rlloop.config.loading import build_config  # noqa: E402
+from rlloop.config.ray import RayConfig  # noqa: E402
+from rlloop.config.run_config import RunConfig  # noqa: E402
 from rlloop.errors import ConfigError  # noqa: E402
 from rlloop.runners.fragments import FragmentSampler  # noqa: E402
-from rlloop.runners.ray_cluster import RayConfig, connect, disconnect  # noqa: E402
+from rlloop.runners.ray_cluster import connect, disconnect  # noqa: E402
 from rlloop.runners.ray_runners import runner_config  # noqa: E402
 from rlloop.runs.build import build_algorithm  # noqa: E402
 from rlloop.runs.session import Session  # noqa: E402

@@ -75,7 +75,7 @@ def test_resuming_a_finished_run_logs_no_second_final_evaluation(tmp_path, cli_e
 
 
 def test_a_stopped_sittings_report_shows_no_earlier_sittings_phases(tmp_path):
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
     from rlloop.runs.report import _NO_CHANGES, _NO_PHASES, write_report
     from rlloop.trainers.result import RunResult
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.logging.process_sink import discard_spares, has_spare, prestart
 from rlloop.runs.build import build_algorithm
 from rlloop.runs.report import FIGURE_PRELOAD

@@ -17,7 +17,7 @@ import torch
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.cli.main import main
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.learners.learner import NonFiniteError
 from rlloop.runs.start import train
 

@@ -137,7 +137,7 @@ def test_throughput_of_a_resumed_run_counts_every_sitting(tmp_path):
     summary paired the whole run's steps with the last sitting's seconds (2000 / 5 = 400
     env/s here, where the run trained 2000 steps in 15 s). Its phase table, empty when a
     signal stopped the sitting, says why."""
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
     from rlloop.runs.report import write_report
     from rlloop.trainers.result import RunResult
 

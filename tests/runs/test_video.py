@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import rlloop_cmd
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.runs.start import train
 from rlloop.runs.video import record_run_video
 

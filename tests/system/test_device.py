@@ -31,7 +31,8 @@ from rlloop.checkpoint import (
     save_checkpoint,
     save_replacing,
 )
-from rlloop.config.run_config import RunConfig, build_config
+from rlloop.config.loading import build_config
+from rlloop.config.run_config import RunConfig
 from rlloop.data.returns import gae
 from rlloop.data.rollout import RolloutBuffer
 from rlloop.envs import make_env

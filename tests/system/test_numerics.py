@@ -33,7 +33,7 @@ def test_disabled_block_and_a_mode_set_by_the_caller_are_left_alone() -> None:
 
 
 def test_trainer_steps_run_flushed_and_restore_the_mode() -> None:
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
     from rlloop.runs.build import build_algorithm
     from rlloop.trainers.loop import Trainer
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rlloop.cli.main import main
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 
 TINY = ["--env", "CartPole-v1", "--total-env-steps", "1024", "--quiet",
         "--set", "mlflow=false", "--set", "save_video=false", "--set", "num_envs=4",

@@ -17,7 +17,7 @@ def test_derived_seeds_are_fixed_distinct_and_in_range():
 def test_algorithm_and_native_env_draw_different_numbers_from_one_seed():
     # Two generators seeded alike repeat each other: exploration draws would be the
     # env's reset draws. The run's streams must not be the same sequence.
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
     from rlloop.runs.build import build_algorithm
 
     config = build_config("dqn", "CartPole-v1", flags={"seed": 7},

@@ -12,7 +12,7 @@ import torch
 from conftest import rlloop_cmd
 
 from rlloop.checkpoint import CheckpointManager, is_checkpoint, load_checkpoint
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.envs.core import sample_random_actions
 from rlloop.runs.build import COMPONENTS, build_algorithm
 from rlloop.runs.saved import evaluate_run

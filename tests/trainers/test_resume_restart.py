@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.runs.build import build_algorithm
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]

@@ -8,7 +8,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.runs.start import train
 
 COIN = "RlloopTestCoinFlip-v0"

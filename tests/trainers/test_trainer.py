@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from rlloop.config.run_config import build_config
+from rlloop.config.loading import build_config
 from rlloop.runs.build import build_algorithm
 from rlloop.trainers.loop import OnPolicySchedule, Trainer
 from rlloop.trainers.stop_conditions import HitsLowerBound, HitsUpperBound, Plateaus

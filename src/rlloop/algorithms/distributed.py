@@ -138,7 +138,7 @@ def build_rank_learner(spec: LearnerSpec, group: GroupInfo, device: torch.device
 def _launcher(config: RunConfig, device: torch.device) -> Launcher | None:
     """Ray actors for ranks 1..L-1 when the run uses Ray (see ``ray.learner_actors``);
     None spawns processes. Ray is imported only then."""
-    from rlloop.runners.ray_cluster import learner_actors
+    from rlloop.config.ray import learner_actors
 
     if not learner_actors(config):
         return None

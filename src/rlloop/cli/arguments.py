@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
+from rlloop.config.loading import parse_int
 from rlloop.config.registry import ALGORITHMS
-from rlloop.config.run_config import BACKENDS, parse_int
+from rlloop.config.run_config import BACKENDS
 from rlloop.errors import ConfigError
 from rlloop.system.device_names import DEVICE_CHOICES
 

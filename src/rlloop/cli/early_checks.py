@@ -10,8 +10,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from rlloop.config.loading import load_yaml
 from rlloop.config.registry import ALGORITHMS, action_space_refusal
-from rlloop.config.run_config import load_yaml
 from rlloop.envs.ids import NATIVE_IDS, is_pettingzoo_id
 from rlloop.envs.imports import check_saved_imports
 from rlloop.errors import ConfigError

@@ -25,8 +25,9 @@ from typing import Any
 
 from rlloop.cli.arguments import build_parser as _parser
 from rlloop.cli.early_checks import check_action_space, check_extras, check_saved_run
+from rlloop.config.loading import check_set_keys
 from rlloop.config.registry import ALGORITHMS, algorithm_name
-from rlloop.config.run_config import MAX_EVAL_EPISODES, check_set_keys
+from rlloop.config.run_config import MAX_EVAL_EPISODES
 from rlloop.errors import CheckpointError, ConfigError, EnvError, RlloopError, RunDirError
 from rlloop.system.extras import require
 from rlloop.system.run_files import check_output_file, check_run_dir
@@ -87,7 +88,7 @@ def _train(args: argparse.Namespace) -> int:
     if not args.resume:
         # An env the user typed, or named in the --config file they gave (e.g. the
         # best.yaml `rlloop tune` suggests): its module may be imported.
-        from rlloop.config.run_config import load_yaml
+        from rlloop.config.loading import load_yaml
         from rlloop.envs.ids import resolve_env_id
 
         env = args.env or (load_yaml(Path(args.config)).get("env") if args.config else None)
@@ -130,7 +131,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any] | None:
     """The settings ``rlloop train`` is asked for (the preset, the config file, the saved
     config on resume and ``--set``), read without importing torch; None when they do not
     even merge (the run's own checks then say why)."""
-    from rlloop.config.run_config import config_layers, load_yaml
+    from rlloop.config.loading import config_layers, load_yaml
 
     try:
         base = load_yaml(Path(args.resume) / "config.yaml") if args.resume else None
@@ -150,7 +151,7 @@ def _wants_mlflow(args: argparse.Namespace, settings: dict[str, Any] | None = No
 
 
 def _train_run(args: argparse.Namespace) -> int:
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
     from rlloop.logging import format_number, print_summary
     from rlloop.trainers.callbacks import load_callback
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlloop.config.run_config import load_yaml
+from rlloop.config.loading import load_yaml
 from rlloop.errors import ConfigError
 from rlloop.runs.report import curve, new_figure, png_bytes, read_metrics
 from rlloop.system.run_files import check_output_file, write_file

@@ -43,12 +43,13 @@ from rlloop.algorithms.offpolicy_loop import (
     OffPolicyLoop,
     StepProcessor,
 )
+from rlloop.config.ray import learner_actors
 from rlloop.data.rollout import RolloutBuffer
 from rlloop.envs.core import Box, Discrete, EnvSpec, StepResult
 from rlloop.errors import RlloopError
 from rlloop.modules.custom import script_nets
 from rlloop.runners.fragments import Fragment, FragmentSampler
-from rlloop.runners.ray_cluster import connect, disconnect, learner_actors
+from rlloop.runners.ray_cluster import connect, disconnect
 from rlloop.system.devices import move_to
 from rlloop.system.seeding import derive_seed
 from rlloop.system.user_code import one_line

@@ -249,7 +249,7 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def changed_settings(config: RunConfig) -> dict[str, tuple[Any, Any]]:
     """``key: (default, value)`` for each setting that differs from the defaults of the
     run's algorithm and env (the preset included), i.e. what the user chose."""
-    from rlloop.config.run_config import build_config
+    from rlloop.config.loading import build_config
     from rlloop.errors import ConfigError
 
     try:

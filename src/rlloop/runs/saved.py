@@ -24,7 +24,8 @@ from rlloop.checkpoint import (
     restoring,
     verify_checkpoint,
 )
-from rlloop.config.run_config import RunConfig, build_config, load_yaml
+from rlloop.config.loading import build_config, load_yaml
+from rlloop.config.run_config import RunConfig
 from rlloop.envs.ids import resolve_env_id
 from rlloop.envs.imports import check_saved_imports
 from rlloop.errors import RunDirError, SavedStateError, saved_count

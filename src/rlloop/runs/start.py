@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlloop.config.run_config import RunConfig, build_config, load_yaml, parse_set, resumable
+from rlloop.config.loading import build_config, load_yaml, parse_set
+from rlloop.config.run_config import RunConfig, resumable
 from rlloop.envs.imports import check_saved_endpoints, saved_endpoints
 from rlloop.errors import ConfigError
 from rlloop.learners.distributed import LearnerGroupError

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlloop.config.run_config import load_yaml
+from rlloop.config.loading import load_yaml
 from rlloop.errors import ConfigError
 
 _GAMMAS = [0.9, 0.95, 0.98, 0.99, 0.995, 0.999]

@@ -34,8 +34,9 @@ from typing import Any
 
 import yaml
 
+from rlloop.config.loading import build_config, load_yaml
 from rlloop.config.registry import ALGORITHMS, unknown_algorithm
-from rlloop.config.run_config import RunConfig, build_config, load_yaml
+from rlloop.config.run_config import RunConfig
 from rlloop.envs.imports import check_env_import
 from rlloop.errors import ConfigError, EnvError, RunDirError
 from rlloop.runs.lock import RunLock

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rlloop.config.loading import config_layers
 from rlloop.config.registry import ALGORITHMS
-from rlloop.config.run_config import config_layers
 from rlloop.envs.imports import check_env_import, check_net_import, check_saved_endpoints
 from rlloop.errors import ConfigError
 from rlloop.runs.lock import LOCK_FILE
