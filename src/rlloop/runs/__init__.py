@@ -8,8 +8,8 @@ directory, the machine and the env), ``build`` (an algorithm from a config), ``m
 checkpoint), ``sinks`` (the run's metrics sinks), ``skip_guard`` (a run that stops
 learning stops), ``saved`` (reading a saved run: its config, its checkpoints, its
 policy), ``lock`` (one trainer per run directory), ``disk_full`` (a full disk as one
-line), ``report`` and ``video`` (what a run leaves to read and watch), ``timing`` (time
-per phase).
+line), ``report``, ``video`` and ``wrap_up`` (what a run leaves to read and watch, made at
+its end), ``timing`` (time per phase).
 
 May import: everything below it (``trainers`` and down); never ``tasks``, ``tuning``,
 ``cli`` or the API.

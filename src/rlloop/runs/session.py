@@ -26,8 +26,7 @@ import contextlib
 import logging
 import math
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -57,8 +56,6 @@ from rlloop.runs.preflight import check_run
 from rlloop.runs.report import (
     FIGURE_PRELOAD,
     FigureWriter,
-    read_metrics,
-    write_figures,
     write_report,
 )
 from rlloop.runs.run_dir import no_checkpoint_error, refuse_existing_run
@@ -66,6 +63,7 @@ from rlloop.runs.saved import check_finite_policy, checked_return, checked_step,
 from rlloop.runs.sinks import RunSinks
 from rlloop.runs.skip_guard import SkippedUpdatesGuard
 from rlloop.runs.timing import PhaseTimes
+from rlloop.runs.wrap_up import draw_figures, drop_stale_video, in_thread, run_artifacts
 from rlloop.system.numerics import flushed_denormals
 from rlloop.system.profiling import TraceProfiler
 from rlloop.system.run_files import write_file
@@ -428,12 +426,12 @@ class Session:
         # thread while this one draws the report's figures: the two overlap.
         filming = None
         if cfg.save_video and not self.stop_requested:  # a stop signal wants a quick exit
-            filming = _in_thread(self._film)
+            filming = in_thread(self._film)
         elif cfg.save_video and self.new_best:
-            self._drop_stale_video()
+            drop_stale_video(self.run_dir)
         steps = trainer.state["env/steps"]
         with self.phases.timed("report"):
-            figures = self._figures()
+            figures = draw_figures(self.run_dir, self.figure_writer)
         video = filming() if filming is not None else None
         self._log_phases(self.phases.stats(), steps)  # before the report, which shows it
         # The sitting's wall time, start-up included (the console summary's is the same
@@ -445,55 +443,18 @@ class Session:
                          phases_logged=not self.sinks.closed)
         self._log_phases({"time/report_s": self.phases.seconds["report"]}, steps)
         if self.sinks.mlflow is not None and not self.sinks.closed:
-            self.sinks.mlflow.log_artifacts(self._artifacts(video))
+            self.sinks.mlflow.log_artifacts(run_artifacts(self.run_dir, video))
         return result
-
-    def _figures(self) -> list[str]:
-        """Draw the report's figures (in the figure child when there is one); their names."""
-        if self.figure_writer is not None:
-            try:
-                self.figure_writer.close("FINISHED")  # it draws them now, on another core
-                names = self.figure_writer.info.get("figures")
-                if isinstance(names, list):
-                    return [str(name) for name in names]
-            except RuntimeError as e:  # e.g. it could not import matplotlib's backend
-                _log.warning("report figures: %s; drawing them in this process", e)
-        return write_figures(self.run_dir, read_metrics(self.run_dir / "metrics.jsonl"))
 
     def _log_phases(self, times: dict[str, float], steps: int) -> None:
         if not self.sinks.closed:  # closed already when a signal stopped the run
             self.sinks.sink.log_metrics(times, steps)
-
-    def _drop_stale_video(self) -> None:
-        """A stop skipped filming after this sitting saved a new best policy: an earlier
-        sitting's video.mp4 shows an older one, so it goes."""
-        video = self.run_dir / "video.mp4"
-        if video.is_file() and not video.is_symlink():
-            video.unlink()
-            _log.warning("removed video.mp4 (it showed an earlier best policy; the stop "
-                         "skipped filming): `rlloop eval %s --video %s` films the new one",
-                         self.run_dir, video)
 
     def _film(self) -> Path | None:
         from rlloop.runs.video import save_run_video
 
         with self.phases.timed("video"):
             return save_run_video(self.run_dir)
-
-    def _artifacts(self, video: Path | None) -> dict[str, str]:
-        """The run's files for its MLflow run (``{path: artifact folder}``): the model
-        (``config.yaml`` + ``best/``, what `rlloop.load` reads), the video, the report, its
-        figures and data."""
-        files = {str(self.run_dir / n): "report" for n in
-                 ("report.md", "report.html", "summary.json", "metrics.jsonl")}
-        files.update({str(p): "report" for p in sorted(self.run_dir.glob("*.png"))
-                      if not p.is_symlink()})  # a planted link would upload its target
-        if video is not None:
-            files[str(video)] = ""
-        if (self.run_dir / "best").is_dir():
-            files[str(self.run_dir / "config.yaml")] = "model"
-            files[str(self.run_dir / "best")] = "model/best"
-        return files
 
     @contextmanager
     def _profiling(self) -> Iterator[None]:
@@ -535,29 +496,6 @@ class Session:
         if self.solved:
             return "solved"
         return "max_opts" if self.trainer.schedule.finished(self.trainer) else "budget"
-
-
-def _in_thread(work: Callable[[], Any]) -> Callable[[], Any]:
-    """Start ``work`` in a thread; the function returned waits for it and returns its
-    result (or raises its exception)."""
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = work()
-        except BaseException as e:  # handed to the waiting thread
-            outcome["error"] = e
-
-    thread = threading.Thread(target=target, name="rlloop-end-of-run", daemon=True)
-    thread.start()
-
-    def wait() -> Any:
-        thread.join()
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome.get("value")
-
-    return wait
 
 
 @contextmanager

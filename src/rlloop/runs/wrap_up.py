@@ -1,0 +1,78 @@
+"""The end of a sitting: the video filmed in a thread while the report's figures are drawn,
+and the files the run's MLflow run keeps as artifacts."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlloop.logging import ProcessSink
+from rlloop.runs.report import read_metrics, write_figures
+
+_log = logging.getLogger(__name__)
+
+
+def in_thread(work: Callable[[], Any]) -> Callable[[], Any]:
+    """Start ``work`` in a thread; the function returned waits for it and returns its
+    result (or raises its exception)."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as e:  # handed to the waiting thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=target, name="rlloop-end-of-run", daemon=True)
+    thread.start()
+
+    def wait() -> Any:
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
+
+    return wait
+
+
+def draw_figures(run_dir: Path, figure_writer: ProcessSink | None) -> list[str]:
+    """Draw the report's figures (in the figure child when there is one); their names."""
+    if figure_writer is not None:
+        try:
+            figure_writer.close("FINISHED")  # it draws them now, on another core
+            names = figure_writer.info.get("figures")
+            if isinstance(names, list):
+                return [str(name) for name in names]
+        except RuntimeError as e:  # e.g. it could not import matplotlib's backend
+            _log.warning("report figures: %s; drawing them in this process", e)
+    return write_figures(run_dir, read_metrics(run_dir / "metrics.jsonl"))
+
+
+def drop_stale_video(run_dir: Path) -> None:
+    """A stop skipped filming after this sitting saved a new best policy: an earlier
+    sitting's video.mp4 shows an older one, so it goes."""
+    video = run_dir / "video.mp4"
+    if video.is_file() and not video.is_symlink():
+        video.unlink()
+        _log.warning("removed video.mp4 (it showed an earlier best policy; the stop "
+                     "skipped filming): `rlloop eval %s --video %s` films the new one",
+                     run_dir, video)
+
+
+def run_artifacts(run_dir: Path, video: Path | None) -> dict[str, str]:
+    """The run's files for its MLflow run (``{path: artifact folder}``): the model
+    (``config.yaml`` + ``best/``, what `rlloop.load` reads), the video, the report, its
+    figures and data."""
+    files = {str(run_dir / n): "report" for n in
+             ("report.md", "report.html", "summary.json", "metrics.jsonl")}
+    files.update({str(p): "report" for p in sorted(run_dir.glob("*.png"))
+                  if not p.is_symlink()})  # a planted link would upload its target
+    if video is not None:
+        files[str(video)] = ""
+    if (run_dir / "best").is_dir():
+        files[str(run_dir / "config.yaml")] = "model"
+        files[str(run_dir / "best")] = "model/best"
+    return files
