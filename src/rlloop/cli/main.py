@@ -154,7 +154,23 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("algos", help="list algorithms")
     _add_presets_parser(sub)
+    c = sub.add_parser("check-env", help="check a Gymnasium env (spaces, dtypes, reset/step, "
+                       "seeding, rendering): one line per problem, naming the fix")
+    c.add_argument("env_id", help="a registered env id, or module:Env-v0 to import its module")
     return p
+
+
+def _check_env(args: argparse.Namespace) -> int:
+    """Each finding on its own line; exit 1 when one is an error (warnings do not stop
+    training, so they alone exit 0)."""
+    from rlloop.envs.checker import check_env
+
+    findings = check_env(args.env_id)
+    for finding in findings:
+        print(finding)
+    if not findings:
+        print(f"{args.env_id}: no problems found")
+    return EXIT_FAILED if any(not f.warning for f in findings) else 0
 
 
 def _add_presets_parser(sub: Any) -> None:
@@ -502,6 +518,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _tune(args)
         if args.command == "presets":
             return _presets(args)
+        if args.command == "check-env":
+            return _check_env(args)
         if args.command in ("export", "plot"):
             return _export(args) if args.command == "export" else _plot(args)
         for name, entry in sorted(ALGORITHMS.items()):

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from rlloop.envs.objects import is_object_env
+from rlloop.envs.rendering import offscreen_rendering
 from rlloop.errors import RlloopError
 from rlloop.system.run_files import pid_alive
 
@@ -69,21 +70,6 @@ def write_video(frames: Iterable[np.ndarray], path: str | Path, fps: float = DEF
         path.unlink(missing_ok=True)
         raise RenderUnavailableError(f"no frames to write to {path}")
     return count
-
-
-def offscreen_rendering() -> None:
-    """Let pygame-drawn envs (Gymnasium's classic control) and MuJoCo envs render without
-    a display.
-
-    SDL otherwise looks for one and prints ``error: XDG_RUNTIME_DIR is invalid or not set``
-    on every run; pygame also prints a banner to stdout when imported. Set before an env
-    is made, so subprocess envs inherit it; a value the user set is kept.
-    """
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
-    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        # MuJoCo's default (GLFW) needs a display; EGL renders without one.
-        os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def as_frame(frame: Any) -> np.ndarray:
