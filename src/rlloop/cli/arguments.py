@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--quiet", action="store_true", help="no progress line in trials")
 
     sub.add_parser("algos", help="list algorithms")
+    c = sub.add_parser("check-env", help="check a Gymnasium env (spaces, dtypes, reset/step, "
+                       "seeding, rendering): one line per problem, naming the fix")
+    c.add_argument("env_id", help="a registered env id, or module:Env-v0 to import its module")
     _add_presets_parser(sub)
     return p
 

@@ -49,6 +49,19 @@ EXIT_BAD_INPUT = 2
 EXIT_DISK_FULL = 3
 
 
+def _check_env(args: argparse.Namespace) -> int:
+    """Each finding on its own line; exit 1 when one is an error (warnings do not stop
+    training, so they alone exit 0)."""
+    from rlloop.envs.checker import check_env
+
+    findings = check_env(args.env_id)
+    for finding in findings:
+        print(finding)
+    if not findings:
+        print(f"{args.env_id}: no problems found")
+    return EXIT_FAILED if any(not f.warning for f in findings) else 0
+
+
 def _presets(args: argparse.Namespace) -> int:
     from rlloop.config.presets import listing, preset_yaml
 
@@ -414,6 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _tune(args)
         if args.command == "presets":
             return _presets(args)
+        if args.command == "check-env":
+            return _check_env(args)
         if args.command in ("export", "plot"):
             return _export(args) if args.command == "export" else _plot(args)
         for name, entry in sorted(ALGORITHMS.items()):

@@ -21,6 +21,8 @@ import gymnasium
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, TimeLimit
 
+from rlloop.envs.dict_entries import keep_encoded_entries
+
 FRAME_STACK = 4
 #: rlloop's own Atari option (env_kwargs, every backend): true (training, the default) ends
 #: an episode at every lost life; false plays whole games, as evaluation does.
@@ -142,7 +144,9 @@ def waits_for_fire(action_meanings: list[str]) -> bool:
 
 
 def make(env_id: str | EnvSpec, **kwargs: Any) -> gymnasium.Env[Any, Any]:
-    """``gymnasium.make``, with the Atari preprocessing for ale-py ids (or their specs)."""
-    if is_atari_id(env_id if isinstance(env_id, str) else env_id.id):
+    """``gymnasium.make``, with the Atari preprocessing for ale-py ids (or their specs);
+    Dict entries that no encoder reads (MiniGrid's ``mission``) are left out."""
+    name = env_id if isinstance(env_id, str) else env_id.id
+    if is_atari_id(name):
         return make_atari(env_id, **kwargs)
-    return gymnasium.make(env_id, **kwargs)
+    return keep_encoded_entries(gymnasium.make(env_id, **kwargs), name)

@@ -81,8 +81,10 @@ class GuardedStep:
     def add(self, optim: GuardedOptim) -> None:
         if self.flag is None:
             device = optim.params[0].device
-            self.flag = torch.zeros((), device=device)
-            self.skipped = torch.zeros((), device=device)
+            # float32 by name: fused Adam reads ``found_inf`` as float32 whatever the
+            # parameters' dtype, and a user's ``torch.set_default_dtype`` must not change it.
+            self.flag = torch.zeros((), dtype=torch.float32, device=device)
+            self.skipped = torch.zeros((), dtype=torch.float32, device=device)
         if skips_on_device(optim.optimizer):
             # Set once and written in place: no attribute changes per update (compile).
             arm_skip(optim.optimizer, self.flag)

@@ -6,6 +6,7 @@ that action ``t`` was chosen on, so an episode of ``T`` steps gives ``T`` frames
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import secrets
@@ -18,11 +19,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlloop.envs.objects import is_object_env
+from rlloop.envs.rendering import offscreen_rendering
 from rlloop.errors import RlloopError
 from rlloop.system.run_files import pid_alive
 
 _log = logging.getLogger(__name__)
 DEFAULT_FPS = 30
+TURN_OFF = "turn videos off with --set save_video=false (save_video=False in Python)"
 
 
 class RenderUnavailableError(RlloopError, RuntimeError):
@@ -66,21 +70,6 @@ def write_video(frames: Iterable[np.ndarray], path: str | Path, fps: float = DEF
         path.unlink(missing_ok=True)
         raise RenderUnavailableError(f"no frames to write to {path}")
     return count
-
-
-def offscreen_rendering() -> None:
-    """Let pygame-drawn envs (Gymnasium's classic control) and MuJoCo envs render without
-    a display.
-
-    SDL otherwise looks for one and prints ``error: XDG_RUNTIME_DIR is invalid or not set``
-    on every run; pygame also prints a banner to stdout when imported. Set before an env
-    is made, so subprocess envs inherit it; a value the user set is kept.
-    """
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
-    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        # MuJoCo's default (GLFW) needs a display; EGL renders without one.
-        os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def as_frame(frame: Any) -> np.ndarray:
@@ -154,6 +143,8 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
         config.backend = "gymnasium"
     if config.backend == "envpool":  # it renders no frames; gymnasium's preprocessing is the same
         config.backend = "gymnasium"
+    if (reason := unfilmable_reason(config.env)) is not None:
+        raise RenderUnavailableError(reason)
     algorithm = build_algorithm(acting_config(config))
     env: Any = None
     try:
@@ -182,6 +173,35 @@ def record_run_video(run_dir: str | Path, path: str | Path, *, backend: str | No
         if env is not None:
             env.close()
         algorithm.close()
+
+
+def unfilmable_reason(env_id: str) -> str | None:
+    """Why the Gymnasium env ``env_id`` cannot give ``rgb_array`` frames, read from how it
+    is registered (its constructor's ``render_mode`` argument, its ``metadata``) before one
+    is made: making it anyway costs an env, a Gymnasium warning and a long error. None when
+    nothing says so (native envs, other backends' ids: making one finds out)."""
+    import gymnasium
+    from gymnasium.envs.registration import load_env_creator
+
+    try:
+        creator = gymnasium.spec(env_id).entry_point
+        if isinstance(creator, str):
+            creator = load_env_creator(creator)
+        params = inspect.signature(creator).parameters if callable(creator) else None
+    except Exception:  # not a Gymnasium id, or one that making it will explain
+        return None
+    # The function rlloop registers for an env instance takes any keyword but no render_mode.
+    takes_any = not is_object_env(env_id) and any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in (params or {}).values())
+    if params is not None and "render_mode" not in params and not takes_any:
+        return (f"{env_id} takes no render_mode argument, so it cannot be filmed: give its "
+                f"constructor one (render_mode=None), or {TURN_OFF}")
+    modes = getattr(creator, "metadata", {}).get("render_modes") \
+        if isinstance(getattr(creator, "metadata", None), dict) else None
+    if modes is not None and "rgb_array" not in modes:
+        return (f"{env_id} lists no 'rgb_array' in metadata['render_modes'] ({list(modes)}), "
+                f"so it cannot be filmed: render rgb frames and list it there, or {TURN_OFF}")
+    return None
 
 
 def _render_checked(render: Callable[[], Any], env_id: str) -> Callable[[], Any]:
@@ -235,6 +255,14 @@ def save_run_video(run_dir: Path, name: str = "video.mp4") -> Path | None:
         return run_dir / name
     except Exception as e:
         aside.unlink(missing_ok=True)
-        _log.warning("rlloop: video skipped (%s: %s)", type(e).__name__,
-                     str(e).splitlines()[0] if str(e) else "")
+        _log.warning("rlloop: video skipped: %s", _skip_reason(e))
         return None
+
+
+def _skip_reason(error: Exception) -> str:
+    """One plain line: why the video was skipped, ending with how to turn videos off."""
+    text = " ".join(str(error).split())
+    text = text if len(text) <= 240 else text[:237] + "..."
+    if not isinstance(error, RenderUnavailableError):
+        text = f"{type(error).__name__}: {text}"
+    return text if "save_video=false" in text else f"{text}; {TURN_OFF}"

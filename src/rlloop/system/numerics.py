@@ -22,7 +22,9 @@ from contextlib import contextmanager
 
 import torch
 
-_SUBNORMAL = torch.tensor(1e-39, dtype=torch.float32)
+# On the CPU by name: flush-to-zero is a CPU mode, and under a user's
+# ``torch.set_default_device`` an unnamed device would put the probe on "meta" or a GPU.
+_SUBNORMAL = torch.tensor(1e-39, dtype=torch.float32, device="cpu")
 
 
 def flushing_denormals() -> bool:
