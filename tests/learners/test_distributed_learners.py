@@ -249,7 +249,7 @@ def test_ranks_build_the_algorithms_own_policy_and_count_every_row():
     the sample counters count the whole minibatch, not rank 0's shard."""
     from rlloop.algorithms.ppo import PPOLearner
     from rlloop.config.ppo import PPOConfig
-    from rlloop.data.rollout import PPOBatch
+    from rlloop.data.rollout import RolloutBatch
     from rlloop.modules.masked import MaskedActorCritic
 
     torch.manual_seed(0)
@@ -262,8 +262,8 @@ def test_ranks_build_the_algorithms_own_policy_and_count_every_row():
     with torch.no_grad():
         dist, values = module.dist_value(obs)
         taken = dist.sample(g)
-        batch = PPOBatch(obs, taken, dist.log_prob(taken), torch.randn(n, generator=g),
-                         torch.randn(n, generator=g), values)
+        batch = RolloutBatch(obs, taken, dist.log_prob(taken), torch.randn(n, generator=g),
+                             torch.randn(n, generator=g), values)
     kwargs = {"num_epochs": 1, "minibatch_size": n, "env_steps": 0}
     one = PPOLearner({DEFAULT_MODULE_ID: copy.deepcopy(module)}, cfg)
     expected = one.update_from_batch({DEFAULT_MODULE_ID: batch},
