@@ -231,11 +231,9 @@ class RlloopRun:
         self.late_returns.append(evaluate_gym(self.env_id, self.act))
 
     def result(self, load: tuple[float, float]) -> Result:
-        from rlloop.algorithms.offpolicy_loop import ReplayBatch
-
         algorithm = self.algorithm
-        batch = ReplayBatch.of(algorithm.loop.replay.sample(
-            self.config.hparams.batch_size, torch.Generator().manual_seed(0)))
+        batch = algorithm.loop.replay.sample(
+            self.config.hparams.batch_size, torch.Generator().manual_seed(0)).for_update()
         final = evaluate_gym(self.env_id, self.act)  # before the FLOP count's extra update
         hparams = algorithm.learner.config
         compiled, hparams.compile = hparams.compile, False  # count the same maths, eager

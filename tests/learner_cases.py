@@ -11,7 +11,7 @@ import torch
 
 from rlloop.algorithms.ppo import PPOLearner
 from rlloop.config.ppo import PPOConfig
-from rlloop.data.rollout import PPOBatch
+from rlloop.data.rollout import RolloutBatch
 from rlloop.envs.core import Discrete
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.modules.actor_critic import ActorCritic
@@ -22,7 +22,7 @@ class PPOUpdateCase:
     cfg: PPOConfig
     module: ActorCritic  # the starting weights
     one: PPOLearner  # the single learner, after its update
-    batch: PPOBatch
+    batch: RolloutBatch
     kwargs: dict[str, Any]
     expected: dict[str, float]  # the single learner's stats
 
@@ -40,10 +40,10 @@ def ppo_update_case(**config: Any) -> PPOUpdateCase:
     return PPOUpdateCase(cfg, module, one, batch, kwargs, expected)
 
 
-def ppo_batch(n: int, seed: int) -> PPOBatch:
+def ppo_batch(n: int, seed: int) -> RolloutBatch:
     """``n`` rows of CartPole-shaped PPO data: observations, actions, old log-probs,
     advantages (mean 1, std 3: standardising them matters), returns and values."""
     g = torch.Generator().manual_seed(seed)
-    return PPOBatch(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g),
-                    -torch.rand(n, generator=g) - 0.5, 3 * torch.randn(n, generator=g) + 1,
-                    torch.randn(n, generator=g), torch.randn(n, generator=g))
+    return RolloutBatch(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g),
+                        -torch.rand(n, generator=g) - 0.5, 3 * torch.randn(n, generator=g) + 1,
+                        torch.randn(n, generator=g), torch.randn(n, generator=g))

@@ -4,6 +4,7 @@ schedule, the batched-target fast path, prioritized replay and config errors."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import cast
 
 import pytest
@@ -11,10 +12,11 @@ import torch
 from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
-from rlloop.algorithms.offpolicy_loop import OneStepProcessor, ReplayBatch
+from rlloop.algorithms.offpolicy_loop import OneStepProcessor
 from rlloop.config.loading import build_config
 from rlloop.data.nstep import NStepProcessor
 from rlloop.data.replay import PrioritizedReplayBuffer
+from rlloop.data.transitions import Transitions
 from rlloop.errors import ConfigError
 from rlloop.losses.dqn import dqn_loss, dqn_target
 from rlloop.modules.q_networks import QNetwork
@@ -72,7 +74,7 @@ def test_polyak_target_update():
 def test_loss_is_the_pure_dqn_loss(double_q):
     algo = _dqn(f"dqn.double_q={str(double_q).lower()}")
     learner, m = algo.learner, algo.learner.module()
-    batch = ReplayBatch.of(algo.loop.replay.sample(8, torch.Generator().manual_seed(0)))
+    batch = algo.loop.replay.sample(8, torch.Generator().manual_seed(0)).for_update()
     with torch.no_grad():
         online_next = m.online(batch.next_obs) if double_q else None
         target = dqn_target(batch.reward, batch.discount, batch.terminated,
@@ -97,7 +99,7 @@ def test_batched_targets_match_per_update_targets():
         learner.update_towards(obs, action, targets[i])
     for i in range(5):
         rows = slice(8 * i, 8 * (i + 1))
-        twin.update(ReplayBatch(big.obs[rows], big.action[rows], big.reward[rows],
+        twin.update(Transitions(big.obs[rows], big.action[rows], big.reward[rows],
                                 big.next_obs[rows], big.terminated[rows], big.discount[rows]))
     for a, b in zip(learner.module().parameters(), twin.module().parameters(), strict=True):
         assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -170,7 +172,7 @@ def test_prioritized_replay_weights_reach_the_loss():
     algo.optimize(40)  # TD errors make the priorities, hence the weights, uneven
     learner, m = algo.learner, algo.learner.module()
     drawn = algo.loop.replay.sample(16, torch.Generator().manual_seed(0), beta=0.4)
-    batch = ReplayBatch.of(drawn)
+    batch = drawn.for_update()
     assert batch.weights is not None and len(set(batch.weights.tolist())) > 1
     with torch.no_grad():
         target = dqn_target(batch.reward, batch.discount, batch.terminated,
@@ -196,7 +198,8 @@ def test_one_step_processor_matches_n_step_processor():
     slow = NStepProcessor(n, 1, gamma, (2,), (), torch.int64)
     args = (torch.randn(n, 2), torch.tensor([0, 1, 0]), torch.randn(n), torch.randn(n, 2),
             torch.tensor([False, True, False]), torch.tensor([False, False, True]))
-    for a, b in zip(fast.process(*args), slow.process(*args), strict=True):
+    fast_fields, slow_fields = (dataclasses.astuple(p.process(*args)) for p in (fast, slow))
+    for a, b in zip(fast_fields, slow_fields, strict=True):
         assert (a is None and b is None) or torch.equal(a, b)
 
 
@@ -225,8 +228,8 @@ def test_non_finite_loss_skips_or_raises(mode):
     from rlloop.learners.learner import NonFiniteError
 
     algo = _dqn(f"on_nonfinite={mode}")
-    batch = ReplayBatch.of(algo.loop.replay.sample(8, torch.Generator().manual_seed(0)))
-    bad = ReplayBatch(batch.obs, batch.action, batch.reward * float("nan"), batch.next_obs,
+    batch = algo.loop.replay.sample(8, torch.Generator().manual_seed(0)).for_update()
+    bad = Transitions(batch.obs, batch.action, batch.reward * float("nan"), batch.next_obs,
                       batch.terminated, batch.discount)
     before = _params(algo.learner.module())
     if mode == "raise":

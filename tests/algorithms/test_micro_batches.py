@@ -16,7 +16,7 @@ from learner_cases import ppo_batch, ppo_update_case
 from rlloop.algorithms.ppo import PPOLearner
 from rlloop.config.loading import build_config
 from rlloop.config.ppo import AUTO_MICRO_BATCH, PPOConfig
-from rlloop.data.rollout import PPOBatch
+from rlloop.data.rollout import RolloutBatch
 from rlloop.envs.core import Discrete
 from rlloop.errors import ConfigError
 from rlloop.modules.actor_critic import ActorCritic
@@ -28,7 +28,7 @@ def _learner(cfg: PPOConfig, module_ids: tuple[str, ...] = ("a",)) -> PPOLearner
     return PPOLearner({m: copy.deepcopy(module) for m in module_ids}, cfg)
 
 
-def _update(learner: PPOLearner, batches: dict[str, PPOBatch]) -> dict[str, float]:
+def _update(learner: PPOLearner, batches: dict[str, RolloutBatch]) -> dict[str, float]:
     return learner.update_from_batch(batches, num_epochs=2, minibatch_size=None,
                                      generator=torch.Generator().manual_seed(5),
                                      env_steps=1000)

@@ -13,8 +13,9 @@ import torch
 from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
-from rlloop.algorithms.offpolicy_loop import ReplayBatch, box_rescaler
+from rlloop.algorithms.offpolicy_loop import box_rescaler
 from rlloop.config.loading import build_config
+from rlloop.data.transitions import Transitions
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError
 from rlloop.losses.sac import sac_actor_loss, sac_alpha_loss, sac_critic_loss, sac_target
@@ -35,8 +36,8 @@ def _algo(name: str, *sets: str):
     return algo
 
 
-def _batch(algo, seed: int = 0) -> ReplayBatch:
-    return ReplayBatch.of(algo.loop.replay.sample(16, torch.Generator().manual_seed(seed)))
+def _batch(algo, seed: int = 0) -> Transitions:
+    return algo.loop.replay.sample(16, torch.Generator().manual_seed(seed)).for_update()
 
 
 def _grads(params) -> list[torch.Tensor | None]:

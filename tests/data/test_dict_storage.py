@@ -4,6 +4,7 @@ resume, ``predict``/eval, and the refusal of entries no encoder takes."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 from pathlib import Path
@@ -18,7 +19,8 @@ from stepping import run_iterations
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.config.loading import build_config
 from rlloop.data.obs_storage import ObsLayout, ObsStore
-from rlloop.data.replay import ReplayBuffer, Transitions
+from rlloop.data.replay import ReplayBuffer
+from rlloop.data.transitions import Transitions
 from rlloop.envs.core import Discrete, EnvSpec
 from rlloop.envs.registry import make_env
 from rlloop.errors import EnvError
@@ -77,12 +79,13 @@ def test_replay_stores_dict_images_as_uint8_and_samples_and_resumes_exactly():
     keyed.add(batch)
     a = flat.sample(32, torch.Generator().manual_seed(5))
     b = keyed.sample(32, torch.Generator().manual_seed(5))
-    for x, y in zip(a, b, strict=True):
+    for x, y in zip(dataclasses.astuple(a), dataclasses.astuple(b), strict=True):
         assert (x is None and y is None) or torch.equal(x, y)
     again = ReplayBuffer(64, BIG.obs_shape, (), torch.int64, obs_layout=ObsLayout.of(BIG))
     again.set_state(keyed.get_state())  # per-entry tensors in the checkpoint
     c = again.sample(32, torch.Generator().manual_seed(5))
-    assert all(torch.equal(x, y) for x, y in zip(b[:6], c[:6], strict=True))
+    fields_b, fields_c = dataclasses.astuple(b)[:6], dataclasses.astuple(c)[:6]
+    assert all(torch.equal(x, y) for x, y in zip(fields_b, fields_c, strict=True))
 
 
 def test_the_memory_check_counts_dict_images_in_bytes():

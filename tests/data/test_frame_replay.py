@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ from pixel_envs import register
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.config.loading import build_config
 from rlloop.data.frame_replay import FrameReplayBuffer
-from rlloop.data.replay import Transitions
+from rlloop.data.transitions import Transitions
 from rlloop.errors import ConfigError
 from rlloop.runs.build import build_algorithm
 
@@ -96,7 +97,8 @@ def test_state_round_trip_samples_the_same():
     for t in steps[60:]:
         a.add(t)
         b.add(t)
-    sa, sb = (r.sample(256, torch.Generator().manual_seed(3)) for r in (a, b))
+    sa, sb = (dataclasses.astuple(r.sample(256, torch.Generator().manual_seed(3)))
+              for r in (a, b))
     assert all(torch.equal(x, y) for x, y in zip(sa, sb, strict=True) if x is not None)
 
 

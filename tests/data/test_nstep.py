@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.testing import assert_close
 
 from rlloop.data.nstep import NStepProcessor
-from rlloop.data.replay import Transitions
+from rlloop.data.transitions import Transitions
 
 GAMMA = 0.9
 
@@ -113,7 +115,7 @@ def test_continuous_actions_and_image_obs_shapes() -> None:
     obs = torch.zeros(4, 3, 8, 8, dtype=torch.uint8)
     no = torch.zeros(4, dtype=torch.bool)
     step = (obs, torch.zeros(4, 2), torch.ones(4), obs, no, no)
-    assert proc.process(*step).batch_size == 0
+    assert len(proc.process(*step)) == 0
     out = proc.process(*step)
     assert out.obs.shape == (4, 3, 8, 8) and out.obs.dtype == torch.uint8
     assert out.action.shape == (4, 2)
@@ -130,7 +132,7 @@ def test_state_round_trip_and_reset() -> None:
     restored.set_state(proc.get_state())
     _assert_transitions(restored.process(*_step(3)), _expected(EXPECTED[3]))
     restored.reset()
-    assert restored.process(*_step(4)).batch_size == 0  # nothing pending after reset
+    assert len(restored.process(*_step(4))) == 0  # nothing pending after reset
 
 
 def _reference(
@@ -179,5 +181,5 @@ def test_matches_per_env_reference_on_random_episodes(n: int) -> None:
     for step, rows in zip(steps, _reference(steps, n, gamma), strict=True):
         got = proc.process(*step)
         want = _expected(rows)
-        want = want._replace(discount=torch.tensor([gamma**k for *_, k in rows]))
+        want = dataclasses.replace(want, discount=torch.tensor([gamma**k for *_, k in rows]))
         _assert_transitions(got, want)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -9,12 +10,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlloop.data.replay import (
-    PrioritizedReplayBuffer,
-    ReplayBuffer,
-    ReplayMemoryError,
-    Transitions,
-)
+from rlloop.data.replay import PrioritizedReplayBuffer, ReplayBuffer, ReplayMemoryError
+from rlloop.data.transitions import Transitions
 
 
 def _batch(ids: range | list[int]) -> Transitions:
@@ -96,7 +93,7 @@ def test_uniform_sampling_covers_all_rows_evenly() -> None:
 
 
 def test_add_rejects_bad_shapes() -> None:
-    bad = _batch(range(3))._replace(obs=torch.zeros(3, 5))
+    bad = dataclasses.replace(_batch(range(3)), obs=torch.zeros(3, 5))
     with pytest.raises(ValueError, match=r"obs has shape \(3, 5\)"):
         _uniform(4).add(bad)
 
@@ -150,7 +147,8 @@ def test_state_round_trip_gives_identical_samples() -> None:
             buf.sample(32, torch.Generator().manual_seed(3)),
             restored.sample(32, torch.Generator().manual_seed(3)),
         )
-        for x, y in zip(a, b, strict=True):
+        for field in dataclasses.fields(a):
+            x, y = getattr(a, field.name), getattr(b, field.name)
             assert x is y is None or (x is not None and y is not None and torch.equal(x, y))
         # Both keep writing into the same rows afterwards.
         assert torch.equal(buf.add(_batch([99])), restored.add(_batch([99])))

@@ -19,12 +19,12 @@ from learner_cases import ppo_update_case
 from proc_utils import live_children
 
 from rlloop.algorithms.distributed import build_rank_learner
-from rlloop.algorithms.offpolicy_loop import ReplayBatch
 from rlloop.algorithms.sac import SACLearner, SACModule
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.cli.main import main
 from rlloop.config.loading import build_config
 from rlloop.config.offpolicy import SACConfig
+from rlloop.data.transitions import Transitions
 from rlloop.envs.core import Box, Discrete, EnvSpec
 from rlloop.learners.distributed import DataParallel
 from rlloop.learners.learner import DEFAULT_MODULE_ID
@@ -104,7 +104,7 @@ def test_two_sac_learners_make_one_learners_update():
         time.sleep(8.0)
         for _ in range(3):
             n = 15
-            batch = ReplayBatch(torch.randn(n, 3, generator=g), torch.rand(n, 1, generator=g),
+            batch = Transitions(torch.randn(n, 3, generator=g), torch.rand(n, 1, generator=g),
                                 torch.randn(n, generator=g), torch.randn(n, 3, generator=g),
                                 torch.rand(n, generator=g) < 0.2, torch.full((n,), 0.99))
             expected = one.update(batch)
@@ -249,7 +249,7 @@ def test_ranks_build_the_algorithms_own_policy_and_count_every_row():
     the sample counters count the whole minibatch, not rank 0's shard."""
     from rlloop.algorithms.ppo import PPOLearner
     from rlloop.config.ppo import PPOConfig
-    from rlloop.data.rollout import PPOBatch
+    from rlloop.data.rollout import RolloutBatch
     from rlloop.modules.masked import MaskedActorCritic
 
     torch.manual_seed(0)
@@ -262,8 +262,8 @@ def test_ranks_build_the_algorithms_own_policy_and_count_every_row():
     with torch.no_grad():
         dist, values = module.dist_value(obs)
         taken = dist.sample(g)
-        batch = PPOBatch(obs, taken, dist.log_prob(taken), torch.randn(n, generator=g),
-                         torch.randn(n, generator=g), values)
+        batch = RolloutBatch(obs, taken, dist.log_prob(taken), torch.randn(n, generator=g),
+                             torch.randn(n, generator=g), values)
     kwargs = {"num_epochs": 1, "minibatch_size": n, "env_steps": 0}
     one = PPOLearner({DEFAULT_MODULE_ID: copy.deepcopy(module)}, cfg)
     expected = one.update_from_batch({DEFAULT_MODULE_ID: batch},
@@ -331,7 +331,7 @@ def test_two_sac_learners_share_the_gsde_noise_matrix():
     try:
         for _ in range(2):
             n = 15
-            batch = ReplayBatch(torch.randn(n, 3, generator=g), torch.rand(n, 1, generator=g),
+            batch = Transitions(torch.randn(n, 3, generator=g), torch.rand(n, 1, generator=g),
                                 torch.randn(n, generator=g), torch.randn(n, 3, generator=g),
                                 torch.rand(n, generator=g) < 0.2, torch.full((n,), 0.99))
             expected, got = one.update(batch), two.update(batch)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from rlloop.algorithms.dqn import DQNLearner, DQNModule
-from rlloop.algorithms.offpolicy_loop import ReplayBatch
 from rlloop.algorithms.sac import SACLearner, SACModule
 from rlloop.config.offpolicy import DQNConfig, SACConfig
+from rlloop.data.transitions import Transitions
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.modules.q_networks import QNetwork
 
@@ -27,10 +27,10 @@ def float64_default() -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def _batch(obs_dim: int, action: torch.Tensor) -> ReplayBatch:
+def _batch(obs_dim: int, action: torch.Tensor) -> Transitions:
     g = torch.Generator().manual_seed(0)
     n = len(action)
-    return ReplayBatch(torch.randn(n, obs_dim, generator=g), action, torch.randn(n, generator=g),
+    return Transitions(torch.randn(n, obs_dim, generator=g), action, torch.randn(n, generator=g),
                        torch.randn(n, obs_dim, generator=g), torch.zeros(n, dtype=torch.bool),
                        torch.full((n,), 0.99))
 

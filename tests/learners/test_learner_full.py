@@ -169,7 +169,7 @@ def test_unknown_hyperparameter_and_bad_schedule():
 def test_ppo_entropy_and_clip_coefficients_are_scheduled():
     from rlloop.algorithms.ppo import PPOLearner
     from rlloop.config.ppo import PPOConfig
-    from rlloop.data.rollout import PPOBatch
+    from rlloop.data.rollout import RolloutBatch
     from rlloop.envs.core import Discrete
     from rlloop.modules.actor_critic import ActorCritic
 
@@ -178,9 +178,9 @@ def test_ppo_entropy_and_clip_coefficients_are_scheduled():
     torch.manual_seed(0)
     learner = PPOLearner({"default_policy": ActorCritic((4,), Discrete(2))}, cfg)
     g = torch.Generator().manual_seed(0)
-    batch = PPOBatch(torch.randn(32, 4, generator=g), torch.randint(2, (32,), generator=g),
-                     torch.full((32,), -0.7), torch.randn(32, generator=g),
-                     torch.randn(32, generator=g), torch.zeros(32))
+    batch = RolloutBatch(torch.randn(32, 4, generator=g), torch.randint(2, (32,), generator=g),
+                         torch.full((32,), -0.7), torch.randn(32, generator=g),
+                         torch.randn(32, generator=g), torch.zeros(32))
     losses = {}
     for steps in (0, 50):
         learner.before_gradient_based_update(steps)
@@ -196,17 +196,17 @@ def test_ppo_entropy_and_clip_coefficients_are_scheduled():
 def test_ppo_loss_clips_with_the_scheduled_clip_coefficient():
     from rlloop.algorithms.ppo import PPOLearner
     from rlloop.config.ppo import PPOConfig
-    from rlloop.data.rollout import PPOBatch
+    from rlloop.data.rollout import RolloutBatch
     from rlloop.envs.core import Discrete
     from rlloop.modules.actor_critic import ActorCritic
 
     g = torch.Generator().manual_seed(0)
     # An untrained policy gives each action about 0.5: these old log-probabilities make
     # every ratio about 1.25, clipped by 0.2 and not by 0.3.
-    batch = PPOBatch(torch.randn(32, 4, generator=g), torch.randint(2, (32,), generator=g),
-                     torch.full((32,), math.log(0.5) - math.log(1.25)),
-                     torch.randn(32, generator=g), torch.randn(32, generator=g),
-                     torch.zeros(32))
+    batch = RolloutBatch(torch.randn(32, 4, generator=g), torch.randint(2, (32,), generator=g),
+                         torch.full((32,), math.log(0.5) - math.log(1.25)),
+                         torch.randn(32, generator=g), torch.randn(32, generator=g),
+                         torch.zeros(32))
 
     def loss_at(steps: int, clip_coef: object) -> float:
         cfg = PPOConfig(ent_coef=0.0, clip_coef=clip_coef)  # type: ignore[arg-type]

@@ -12,8 +12,8 @@ import torch
 from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
-from rlloop.algorithms.offpolicy_loop import ReplayBatch
 from rlloop.config.loading import build_config
+from rlloop.data.transitions import Transitions
 from rlloop.learners.mlp_backprop import MLPBackprop, dqn_loss_grad, huber_loss
 from rlloop.losses.dqn import dqn_loss, dqn_stats
 from rlloop.modules.q_networks import MLP, QNetwork
@@ -88,7 +88,7 @@ def test_manual_learner_state_round_trips():
         a.optimize(60)
     b.optimize(60)  # b's parameters and Adam moments now differ from a's
     b.learner.set_state(a.learner.get_state())
-    batch = ReplayBatch.of(a.loop.replay.sample(8, torch.Generator().manual_seed(0)))
+    batch = a.loop.replay.sample(8, torch.Generator().manual_seed(0)).for_update()
     a.learner.update(batch)
     b.learner.update(batch)  # same parameters, Adam moments and learning rate: same step
     for p, q in zip(a.q.parameters(), b.q.parameters(), strict=True):
@@ -97,8 +97,8 @@ def test_manual_learner_state_round_trips():
 
 def test_manual_update_skips_a_non_finite_loss():
     algo = _dqn(True)
-    batch = ReplayBatch.of(algo.loop.replay.sample(8, torch.Generator().manual_seed(0)))
-    bad = ReplayBatch(batch.obs, batch.action, batch.reward * float("nan"), batch.next_obs,
+    batch = algo.loop.replay.sample(8, torch.Generator().manual_seed(0)).for_update()
+    bad = Transitions(batch.obs, batch.action, batch.reward * float("nan"), batch.next_obs,
                       batch.terminated, batch.discount)
     assert algo.learner.backprop is not None
     before = [p.clone() for p in algo.q.parameters()]

@@ -11,7 +11,8 @@ import gc
 import psutil
 import torch
 
-from rlloop.data.replay import ReplayBuffer, Transitions
+from rlloop.data.replay import ReplayBuffer
+from rlloop.data.transitions import Transitions
 from rlloop.runs.build import build_algorithm
 from rlloop.trainers.loop import Trainer
 

@@ -42,9 +42,11 @@ SLOW_ENV = "rlloop.envs.slow:SlowCartPole-v1"
 @pytest.fixture(scope="module")
 def ray_instance() -> Iterator[None]:
     """A local Ray instance of 2 CPUs, started by rlloop's own code (loopback only, no
-    dashboard); runners can import this folder's env modules."""
+    dashboard); runners can import the tests' env modules, and this module (a network
+    defined here reaches them by reference)."""
     path = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), path) if p)
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), here, path) if p)
     try:
         started = connect(RayConfig(num_cpus=2), num_runners=2)
     finally:

@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlloop.algorithms.offpolicy_loop import ReplayBatch
 from rlloop.algorithms.ppo import PPOLearner, policy_factory
 from rlloop.algorithms.sac import SACLearner, SACModule, sac_module_factory
 from rlloop.config.offpolicy import SACConfig
 from rlloop.config.ppo import PPOConfig
+from rlloop.data.transitions import Transitions
 from rlloop.envs.action_masks import resolve_action_mask
 from rlloop.errors import ConfigError
 from rlloop.learners.distributed import DataParallel, GroupInfo, Link, destroy_group
@@ -74,7 +74,7 @@ class DataParallelSACLearner(DataParallel, SACLearner):  # type: ignore[misc]
             step.add(optim)
         self.step = step
 
-    def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
+    def update(self, batch: Transitions) -> dict[str, Tensor]:
         if self.link is None:
             return self._sharded_update(batch)
         with self.link.guard():
@@ -82,7 +82,7 @@ class DataParallelSACLearner(DataParallel, SACLearner):  # type: ignore[misc]
                                       "updates": self.updates, "env_steps": self.env_steps})
             return self._sharded_update(batch)
 
-    def _sharded_update(self, batch: ReplayBatch) -> dict[str, Tensor]:
+    def _sharded_update(self, batch: Transitions) -> dict[str, Tensor]:
         m = self.module()
         next_noise, noise = self._noise(m, batch)
         start, stop = self.shard(DEFAULT_MODULE_ID, len(batch))

@@ -17,13 +17,11 @@ from torch import Tensor, nn
 
 from rlloop.algorithms.base import EnvSettings
 from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase, OffPolicyLearnerBase
-from rlloop.algorithms.offpolicy_loop import (
-    OffPolicyLoop,
-    ReplayBatch,
-)
+from rlloop.algorithms.offpolicy_loop import OffPolicyLoop
 from rlloop.config.offpolicy import DQNConfig as DQNConfig
 from rlloop.config.schedules import Linear
-from rlloop.data.replay import PrioritizedReplayBuffer, Transitions
+from rlloop.data.replay import PrioritizedReplayBuffer
+from rlloop.data.transitions import Transitions
 from rlloop.envs.action_masks import legal_actions, resolve_action_mask
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
@@ -73,21 +71,21 @@ class DQNLearner(OffPolicyLearnerBase):
                       config.max_grad_norm, config.adam_eps)
 
     def compute_loss_for_module(self, module_id: str, config: DQNConfig,
-                                batch: ReplayBatch, fwd_out: Any = None
+                                batch: Transitions, fwd_out: Any = None
                                 ) -> tuple[Tensor, dict[str, Tensor]]:
         m = self.module(module_id)
         loss, stats, self.td_errors = dqn_loss(m.online(batch.obs), batch.action,
                                                self._td_target(m, batch), batch.weights)
         return loss, stats
 
-    def _td_target(self, m: DQNModule, batch: ReplayBatch) -> Tensor:
+    def _td_target(self, m: DQNModule, batch: Transitions) -> Tensor:
         """The TD target of ``batch`` (double DQN's when configured), without gradient."""
         with torch.no_grad():
             next_online = m.online(batch.next_obs) if self.config.double_q else None
             return dqn_target(batch.reward, batch.discount, batch.terminated,
                               m.target(batch.next_obs), next_online)
 
-    def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
+    def update(self, batch: Transitions) -> dict[str, Tensor]:
         """One gradient update of the (single) module, then the target cadence."""
         return self.update_towards(batch.obs, batch.action,
                                    self._td_target(self.module(), batch), batch.weights)
@@ -229,7 +227,7 @@ class DQN(OffPolicyAlgorithmBase):
             k = learner.updates_with_fixed_target(left)
             if k <= 1:
                 batch = replay.sample(cfg.batch_size, self.generator)
-                stats = learner.update(ReplayBatch.of(batch))
+                stats = learner.update(batch.for_update())
                 left -= 1
                 continue
             batch = replay.sample(k * cfg.batch_size, self.generator)
@@ -241,7 +239,7 @@ class DQN(OffPolicyAlgorithmBase):
             left -= k
         return stats
 
-    def _update(self, batch: ReplayBatch, rows: Tensor | None) -> dict[str, Tensor]:
+    def _update(self, batch: Transitions, rows: Tensor | None) -> dict[str, Tensor]:
         stats = self.learner.update(batch)
         replay = self.loop.replay
         if isinstance(replay, PrioritizedReplayBuffer) and rows is not None:

@@ -15,7 +15,6 @@ Evaluation plays a *focal* agent, each seat in turn, against random opponents
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any, ClassVar
 
 import torch
@@ -38,7 +37,7 @@ from rlloop.data.multi_agent import (
     waiting_rows,
     with_waiting,
 )
-from rlloop.data.rollout import PPOBatch
+from rlloop.data.rollout import RolloutBatch
 from rlloop.envs.core import Box
 from rlloop.envs.multi_agent import AgentSpec, PettingZooVecEnv, make_multi_agent_env
 from rlloop.errors import ConfigError, saved_count
@@ -205,7 +204,7 @@ class MultiAgentPPO:
         return stats
 
     @torch.no_grad()
-    def _batch(self) -> dict[str, PPOBatch]:
+    def _batch(self) -> dict[str, RolloutBatch]:
         """Per trained module, the active samples of every agent it played.
 
         An agent's last decision whose episode goes on while the agent waits for its turn
@@ -214,7 +213,7 @@ class MultiAgentPPO:
         waited from the last rollout are trained here."""
         cfg, table, learner = self.config, self.runner.module_table, self.learner
         trained = {m for m in learner.modules if learner.should_module_be_updated(m)}
-        parts: dict[str, list[PPOBatch]] = {}
+        parts: dict[str, list[RolloutBatch]] = {}
         for agent, rollout in self.rollout.items():
             buf = with_waiting(rollout, self._waiting[agent])
             values, final_values = torch.zeros_like(buf.rewards), torch.zeros_like(buf.rewards)
@@ -246,7 +245,7 @@ class MultiAgentPPO:
                     continue
                 sel = (buf.module == table.index(m)) & buf.active & ~waiting
                 if bool(sel.any()):
-                    parts.setdefault(m, []).append(PPOBatch(
+                    parts.setdefault(m, []).append(RolloutBatch(
                         buf.obs[sel], buf.actions[sel], buf.log_probs[sel], adv[sel],
                         ret[sel], values[sel]))
         return {m: _cat(batches) for m, batches in parts.items()}
@@ -347,5 +346,10 @@ class MultiAgentPPO:
         self._eval_envs.clear()
 
 
-def _cat(batches: list[PPOBatch]) -> PPOBatch:
-    return PPOBatch(*(torch.cat([getattr(b, f.name) for b in batches]) for f in fields(PPOBatch)))
+def _cat(batches: list[RolloutBatch]) -> RolloutBatch:
+    """One flat batch of the rows of ``batches`` (flat too: no sequence fields)."""
+    def cat(name: str) -> Tensor:
+        return torch.cat([getattr(b, name) for b in batches])
+
+    return RolloutBatch(cat("obs"), cat("actions"), cat("log_probs"), cat("advantages"),
+                        cat("returns"), cat("values"))

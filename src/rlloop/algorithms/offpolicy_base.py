@@ -21,7 +21,6 @@ from torch import Tensor, nn
 from rlloop.algorithms.base import EVAL_SEED_OFFSET, AlgorithmBase, EnvSettings
 from rlloop.algorithms.offpolicy_loop import (
     OffPolicyLoop,
-    ReplayBatch,
     Stats,
     box_rescaler,
     check_env_settings,
@@ -29,6 +28,7 @@ from rlloop.algorithms.offpolicy_loop import (
 from rlloop.config.gradient_clip import GradientClip
 from rlloop.config.offpolicy import OffPolicyConfig
 from rlloop.config.schedules import learning_rate
+from rlloop.data.transitions import Transitions
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError, saved_count
 from rlloop.learners.learner import Learner
@@ -38,7 +38,7 @@ from rlloop.system.devices import new_generator, resolve_device, set_generator_s
 from rlloop.system.seeding import derive_seed
 
 
-class OffPolicyLearnerBase(Learner[ReplayBatch]):
+class OffPolicyLearnerBase(Learner[Transitions]):
     """What DQN's, SAC's and TD3's learners share: ``Adam(fused=True)`` optimisers stepped
     by one :class:`~rlloop.learners.optim_step.GuardedStep` (one backward pass over the
     summed losses; a non-finite update is skipped on the device, without a host sync),
@@ -127,7 +127,7 @@ class OffPolicyLearnerBase(Learner[ReplayBatch]):
                               "false)", stacklevel=2)
         return self._whole
 
-    def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
+    def update(self, batch: Transitions) -> dict[str, Tensor]:
         """One gradient update (``compiled``, ending in :attr:`step`), then
         :meth:`after_update`; returns the update's stats."""
         raise NotImplementedError
@@ -192,7 +192,7 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
     def _optimize(self, env_steps: int) -> Mapping[str, Tensor] | None:
         return self.loop.optimize(env_steps, self._update)
 
-    def _update(self, batch: ReplayBatch, rows: Tensor | None) -> dict[str, Tensor]:
+    def _update(self, batch: Transitions, rows: Tensor | None) -> dict[str, Tensor]:
         return self.learner.update(batch)
 
     def _extra_stats(self, env_steps: int) -> dict[str, float]:

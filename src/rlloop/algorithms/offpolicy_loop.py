@@ -28,7 +28,6 @@ from torch import Tensor
 from rlloop.config.offpolicy import OffPolicyConfig as OffPolicyConfig
 from rlloop.config.offpolicy import check_hidden as check_hidden
 from rlloop.config.schedules import Linear
-from rlloop.data.batch import TensorBatch
 from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.nstep import NStepProcessor
 from rlloop.data.obs_storage import ObsLayout
@@ -36,9 +35,8 @@ from rlloop.data.replay import (
     PrioritizedReplayBuffer,
     ReplayBuffer,
     ReplayMemoryError,
-    Transitions,
-    TransitionsLike,
 )
+from rlloop.data.transitions import Transitions
 from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
 from rlloop.errors import ConfigError, saved_count, suggest_lower
 from rlloop.runners.env_runner import EnvRunner
@@ -56,7 +54,7 @@ class StepProcessor(Protocol):
     """Border's StepProcessor: one batched env step in, replay-ready transitions out."""
 
     def process(self, obs: Tensor, action: Tensor, reward: Tensor, next_obs: Tensor,
-                terminated: Tensor, truncated: Tensor) -> TransitionsLike: ...
+                terminated: Tensor, truncated: Tensor) -> Transitions: ...
     def reset(self) -> None: ...
     def get_state(self) -> dict[str, Any]: ...
     def set_state(self, state: dict[str, Any]) -> None: ...
@@ -66,7 +64,7 @@ class Replay(Protocol):
     """Border's ReplayBuffer: transitions in, sampled batches out; its state is checkpointed."""
 
     def __len__(self) -> int: ...
-    def add(self, batch: TransitionsLike) -> Tensor: ...
+    def add(self, batch: Transitions) -> Tensor: ...
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Transitions: ...
     def get_state(self) -> dict[str, Any]: ...
     def set_state(self, state: dict[str, Any]) -> None: ...
@@ -273,23 +271,6 @@ def check_env_settings(section: str, horizons_per_env_reset: int) -> None:
 # ---------------------------------------------------------------- experience
 
 
-@dataclass(frozen=True)
-class ReplayBatch(TensorBatch):
-    """A sampled batch for a learner (``Transitions`` as a ``TensorBatch``), ``[B, ...]``."""
-
-    obs: Tensor
-    action: Tensor
-    reward: Tensor
-    next_obs: Tensor
-    terminated: Tensor
-    discount: Tensor
-    weights: Tensor | None = None
-
-    @classmethod
-    def of(cls, t: Transitions) -> ReplayBatch:
-        return cls(t.obs, t.action, t.reward, t.next_obs, t.terminated, t.discount, t.weights)
-
-
 class OffPolicyLoop:
     """Border's sampler and optimisation step, composed into each off-policy algorithm.
 
@@ -382,7 +363,7 @@ class OffPolicyLoop:
         return env_steps > self.config.learning_starts and len(self.replay) > 0
 
     def optimize(self, env_steps: int,
-                 update: Callable[[ReplayBatch, Tensor | None], Mapping[str, Tensor]]
+                 update: Callable[[Transitions, Tensor | None], Mapping[str, Tensor]]
                  ) -> dict[str, Tensor] | None:
         """One optimisation step: ``gradient_steps`` x (sample, ``update(batch, rows)``).
 
@@ -398,7 +379,7 @@ class OffPolicyLoop:
                 t = replay.sample(cfg.batch_size, self.generator, beta=self._beta(env_steps))
             else:
                 t = replay.sample(cfg.batch_size, self.generator)
-            stats = update(ReplayBatch.of(t), t.indices)
+            stats = update(t.for_update(), t.indices)
         return dict(stats)
 
     def collect(self, explore: ExploreFn) -> Stats:

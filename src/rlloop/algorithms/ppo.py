@@ -16,7 +16,7 @@ from rlloop.config.ppo import PPOConfig as PPOConfig
 from rlloop.config.schedules import learning_rate
 from rlloop.data.obs_storage import ObsLayout
 from rlloop.data.returns import gae
-from rlloop.data.rollout import PPOBatch, RolloutBuffer
+from rlloop.data.rollout import RolloutBatch, RolloutBuffer
 from rlloop.envs.action_masks import resolve_action_mask
 from rlloop.envs.core import Box, EnvSpec
 from rlloop.envs.normalizer import RunningMeanStd
@@ -34,7 +34,7 @@ from rlloop.runners.graphed import GraphedCollect
 from rlloop.system.devices import build_module, resolve_device, stats_dtype
 
 
-class PPOLearner(Learner[PPOBatch]):
+class PPOLearner(Learner[RolloutBatch]):
     """Adam per module; the clipped-surrogate loss of :func:`rlloop.losses.ppo.ppo_loss`.
 
     ``clip_coef`` and ``ent_coef`` are scheduled hyperparameters: their current values are
@@ -62,7 +62,7 @@ class PPOLearner(Learner[PPOBatch]):
         params = next(iter(self.modules.parameters()), None)
         return AUTO_MICRO_BATCH if params is None or params.device.type == "cpu" else None
 
-    def prepare_minibatch(self, module_id: str, batch: PPOBatch) -> PPOBatch:
+    def prepare_minibatch(self, module_id: str, batch: RolloutBatch) -> RolloutBatch:
         """Advantages standardised over the whole minibatch (when normalize_advantages is
         on), before it is split into micro-batches or shards."""
         adv = batch.advantages
@@ -80,7 +80,7 @@ class PPOLearner(Learner[PPOBatch]):
         self.register_hyperparameter(module_id, "clip_coef", config.clip_coef)
         self.register_hyperparameter(module_id, "ent_coef", config.ent_coef)
 
-    def forward_train(self, module_id: str, batch: PPOBatch
+    def forward_train(self, module_id: str, batch: RolloutBatch
                       ) -> tuple[ActionDist, Tensor] | None:
         if self.config.compile:
             return None  # the compiled loss runs the module inside its own graph
@@ -88,7 +88,7 @@ class PPOLearner(Learner[PPOBatch]):
         assert isinstance(module, ActorCritic)
         return module.dist_value(batch.obs)
 
-    def compute_loss_for_module(self, module_id: str, config: PPOConfig, batch: PPOBatch,
+    def compute_loss_for_module(self, module_id: str, config: PPOConfig, batch: RolloutBatch,
                                 fwd_out: tuple[ActionDist, Tensor] | None = None,
                                 ) -> tuple[Tensor, dict[str, Tensor]]:
         # prepare_minibatch has standardised the advantages
@@ -118,7 +118,7 @@ class PPOLearner(Learner[PPOBatch]):
         return self._coefs[key].fill_(value)
 
 
-def _module_loss(module: nn.Module, batch: PPOBatch, clip_coef: float | Tensor,
+def _module_loss(module: nn.Module, batch: RolloutBatch, clip_coef: float | Tensor,
                  vf_coef: float, ent_coef: float | Tensor, clip_vf: float | None
                  ) -> tuple[Tensor, dict[str, Tensor]]:
     """The PPO loss of ``module`` on ``batch``, its forward pass included: the function
@@ -127,7 +127,7 @@ def _module_loss(module: nn.Module, batch: PPOBatch, clip_coef: float | Tensor,
     return _loss_of(module.dist_value(batch.obs), batch, clip_coef, vf_coef, ent_coef, clip_vf)
 
 
-def _loss_of(fwd_out: tuple[ActionDist, Tensor], batch: PPOBatch, clip_coef: float | Tensor,
+def _loss_of(fwd_out: tuple[ActionDist, Tensor], batch: RolloutBatch, clip_coef: float | Tensor,
              vf_coef: float, ent_coef: float | Tensor, clip_vf: float | None
              ) -> tuple[Tensor, dict[str, Tensor]]:
     """The PPO loss of a forward pass's ``(dist, values)`` on ``batch`` (advantages
@@ -292,7 +292,7 @@ class PPO(AlgorithmBase):
         return stats
 
     @torch.no_grad()
-    def _batch(self) -> PPOBatch:
+    def _batch(self) -> RolloutBatch:
         buf, policy = self.buffer, self.policy
         t, n = buf.steps, buf.num_envs
         obs = buf.obs[:].flatten(0, 1)  # Dict observations: joined from their entries
@@ -318,8 +318,8 @@ class PPO(AlgorithmBase):
         next_values = torch.where(buf.truncated, final_values, values_all[n: (t + 1) * n]
                                   .view(t, n))
         adv, ret = self._advantages(values, next_values)
-        return PPOBatch(obs, buf.actions.flatten(0, 1),
-                        buf.log_probs.flatten(), adv.flatten(), ret.flatten(), values.flatten())
+        return RolloutBatch(obs, buf.actions.flatten(0, 1),
+                            buf.log_probs.flatten(), adv.flatten(), ret.flatten(), values.flatten())
 
     def _advantages(self, values: Tensor, next_values: Tensor) -> tuple[Tensor, Tensor]:
         """GAE advantages and returns ``[T, N]`` of the buffer's rewards (scaled when

@@ -25,7 +25,8 @@ from torch import Tensor, nn
 from rlloop.algorithms.base import EnvSettings
 from rlloop.algorithms.ppo import PPO, PPOLearner
 from rlloop.config.ppo import PPOConfig
-from rlloop.data.sequences import SequenceBatch, chunk_states, sequence_mask, to_sequences
+from rlloop.data.rollout import RolloutBatch
+from rlloop.data.sequences import chunk_states, sequence_mask, to_sequences
 from rlloop.errors import ConfigError
 from rlloop.losses.ppo import PPOLossConfig, ppo_loss
 from rlloop.modules.distributions import ActionDist
@@ -33,30 +34,33 @@ from rlloop.modules.recurrent import RecurrentActorCritic
 
 
 class RecurrentPPOLearner(PPOLearner):
-    """PPO's optimiser and loss on :class:`SequenceBatch` minibatches: each sequence is
+    """PPO's optimiser and loss on minibatches of sequences (a :class:`RolloutBatch` with
+    ``starts``, ``mask`` and ``state``): each sequence is
     unrolled from its stored state (gradients flow through its ``seq_len`` steps) and the
     loss averages over real steps only."""
 
     def micro_batch_rows(self, setting: int | Literal["auto"] | None) -> int | None:
         return None  # its loss averages over real steps, not rows: whole minibatches
 
-    def prepare_minibatch(self, module_id: str, batch: SequenceBatch  # type: ignore[override]
-                          ) -> SequenceBatch:
+    def prepare_minibatch(self, module_id: str, batch: RolloutBatch
+                          ) -> RolloutBatch:
         return batch  # the loss standardises over real steps only (padding left out)
 
-    def forward_train(self, module_id: str, batch: SequenceBatch  # type: ignore[override]
+    def forward_train(self, module_id: str, batch: RolloutBatch
                       ) -> tuple[ActionDist, Tensor]:
         module = self.modules[module_id]
         assert isinstance(module, RecurrentActorCritic)
+        assert batch.state is not None and batch.starts is not None, "needs sequences"
         feats, _ = module.unroll(batch.obs, batch.state, batch.starts)
         feats = feats.flatten(0, 1)
         return module.dist(feats), module.value(feats)
 
     def compute_loss_for_module(self, module_id: str, config: PPOConfig,  # type: ignore[override]
-                                batch: SequenceBatch,
+                                batch: RolloutBatch,
                                 fwd_out: tuple[ActionDist, Tensor] | None = None,
                                 ) -> tuple[Tensor, dict[str, Tensor]]:
         dist, values = fwd_out or self.forward_train(module_id, batch)
+        assert batch.mask is not None, "needs sequences"
         actions = batch.actions.flatten(0, 1)
         actions = actions.flatten(1) if actions.dim() > 1 else actions
         cfg = PPOLossConfig(self.hyperparameter(module_id, "clip_coef"), config.vf_coef,
@@ -147,7 +151,7 @@ class RecurrentPPO(PPO):
             generator=self.generator, stop=kl_stop)
 
     @torch.no_grad()
-    def _batch(self) -> SequenceBatch:  # type: ignore[override]
+    def _batch(self) -> RolloutBatch:
         buf, policy, length = self.buffer, self.policy, self.config.seq_len
         t, n = buf.steps, buf.num_envs
         obs = buf.obs[:]  # a view: recurrent PPO takes no Dict observations
@@ -166,10 +170,10 @@ class RecurrentPPO(PPO):
         def seq(x: Tensor) -> Tensor:
             return to_sequences(x, length)
 
-        return SequenceBatch(seq(obs), seq(buf.actions), seq(buf.log_probs), seq(adv),
-                             seq(ret), seq(values), seq(self.rollout_starts),
-                             sequence_mask(t, n, length, self.device),
-                             chunk_states(self.rollout_states, length))
+        return RolloutBatch(seq(obs), seq(buf.actions), seq(buf.log_probs), seq(adv),
+                            seq(ret), seq(values), starts=seq(self.rollout_starts),
+                            mask=sequence_mask(t, n, length, self.device),
+                            state=chunk_states(self.rollout_states, length))
 
     # ---- acting ----------------------------------------------------------------------
     def begin_episodes(self, starts: Tensor) -> None:

@@ -37,10 +37,10 @@ from rlloop.algorithms.offpolicy_base import (
 )
 from rlloop.algorithms.offpolicy_loop import (
     OffPolicyLoop,
-    ReplayBatch,
     unit_box,
 )
 from rlloop.config.offpolicy import SACConfig as SACConfig
+from rlloop.data.transitions import Transitions
 from rlloop.envs.core import EnvSpec
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
@@ -110,7 +110,7 @@ class SACLearner(OffPolicyLearnerBase):
         for name, params in groups:
             self.add_adam(module_id, name, params, config.lr)
 
-    def _noise(self, m: SACModule, batch: ReplayBatch) -> tuple[Tensor, Tensor]:
+    def _noise(self, m: SACModule, batch: Transitions) -> tuple[Tensor, Tensor]:
         """The policy's standard normal draws ``[B, d]`` at ``next_obs`` and at ``obs``;
         with gSDE one noise matrix ``[latent, d]`` serves both (as in SB3)."""
         if isinstance(m.actor, TanhGSDEActor):
@@ -121,12 +121,12 @@ class SACLearner(OffPolicyLearnerBase):
                 standard_normal(shape, batch.reward, self.generator))
 
     def compute_loss_for_module(self, module_id: str, config: SACConfig,
-                                batch: ReplayBatch, fwd_out: Any = None
+                                batch: Transitions, fwd_out: Any = None
                                 ) -> tuple[Tensor, dict[str, Tensor]]:
         m = self.module(module_id)
         return self._loss(m, batch, *self._noise(m, batch))
 
-    def _loss(self, m: SACModule, batch: ReplayBatch, next_noise: Tensor, noise: Tensor
+    def _loss(self, m: SACModule, batch: Transitions, next_noise: Tensor, noise: Tensor
               ) -> tuple[Tensor, dict[str, Tensor]]:
         """Critic + actor (+ alpha) loss and their stats."""
         alpha = m.log_alpha.detach().exp()
@@ -148,7 +148,7 @@ class SACLearner(OffPolicyLearnerBase):
             stats.update(alpha_stats)
         return loss, stats
 
-    def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
+    def update(self, batch: Transitions) -> dict[str, Tensor]:
         """One gradient update of every optimiser (one backward pass), then the targets."""
         m = self.module()
         if (whole := self.whole_update(m, self._loss)) is not None:
@@ -158,7 +158,7 @@ class SACLearner(OffPolicyLearnerBase):
         self.after_update()
         return cast(dict[str, Tensor], stats)
 
-    def _loss_step(self, batch: ReplayBatch, next_noise: Tensor, noise: Tensor
+    def _loss_step(self, batch: Transitions, next_noise: Tensor, noise: Tensor
                    ) -> dict[str, Tensor]:
         loss, stats = self._loss(self.module(), batch, next_noise, noise)
         self.step(loss)

@@ -25,10 +25,10 @@ from rlloop.algorithms.offpolicy_base import (
 )
 from rlloop.algorithms.offpolicy_loop import (
     OffPolicyLoop,
-    ReplayBatch,
     unit_box,
 )
 from rlloop.config.offpolicy import TD3Config as TD3Config
+from rlloop.data.transitions import Transitions
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.losses.polyak import polyak_update
 from rlloop.losses.td3 import smoothed_target_action, td3_actor_loss, td3_critic_loss, td3_target
@@ -73,16 +73,16 @@ class TD3Learner(OffPolicyLearnerBase):
             self.add_adam(module_id, name, list(part.parameters()), config.lr)
 
     def compute_loss_for_module(self, module_id: str, config: TD3Config,
-                                batch: ReplayBatch, fwd_out: Any = None
+                                batch: Transitions, fwd_out: Any = None
                                 ) -> tuple[Tensor, dict[str, Tensor]]:
         m = self.module(module_id)
         return self._loss(m, batch, self._noise(m, batch), self.policy_update_due())
 
-    def _noise(self, m: TD3Module, batch: ReplayBatch) -> Tensor:
+    def _noise(self, m: TD3Module, batch: Transitions) -> Tensor:
         """The target smoothing's standard normal draw ``[B, d]``."""
         return standard_normal((len(batch), m.actor.act_dim), batch.reward, self.generator)
 
-    def _loss(self, m: TD3Module, batch: ReplayBatch, noise: Tensor, actor: bool
+    def _loss(self, m: TD3Module, batch: Transitions, noise: Tensor, actor: bool
               ) -> tuple[Tensor, dict[str, Tensor]]:
         """The critic loss, plus the actor's when ``actor`` (a delayed update)."""
         cfg = self.config
@@ -102,7 +102,7 @@ class TD3Learner(OffPolicyLearnerBase):
             stats.update(actor_stats)
         return loss, stats
 
-    def update(self, batch: ReplayBatch) -> dict[str, Tensor]:
+    def update(self, batch: Transitions) -> dict[str, Tensor]:
         """One critic update (and actor update when due), then the targets when due."""
         m = self.module()
         actor = self.policy_update_due()
@@ -114,7 +114,7 @@ class TD3Learner(OffPolicyLearnerBase):
         self.after_update()
         return cast(dict[str, Tensor], stats)
 
-    def _loss_step(self, batch: ReplayBatch, noise: Tensor, actor: bool) -> dict[str, Tensor]:
+    def _loss_step(self, batch: Transitions, noise: Tensor, actor: bool) -> dict[str, Tensor]:
         loss, stats = self._loss(self.module(), batch, noise, actor)
         self.step(loss)
         return stats

@@ -24,13 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlloop.data.replay import (
-    ReplayMemoryError,
-    Transitions,
-    TransitionsLike,
-    _available_bytes,
-    _gib,
-)
+from rlloop.data.replay import ReplayMemoryError, _available_bytes, _gib
+from rlloop.data.transitions import Transitions
 
 
 class FrameReplayBuffer:
@@ -99,7 +94,7 @@ class FrameReplayBuffer:
             self.frames[env, self._frame_count[env] % self.frames_per_env] = frame
             self._frame_count[env] += 1
 
-    def add(self, batch: TransitionsLike) -> Tensor:
+    def add(self, batch: Transitions) -> Tensor:
         """Add one transition per env (``[num_envs, ...]`` fields, env ``i`` in row ``i``);
         returns ``[num_envs]`` int64, the slot each was written to in its env's ring."""
         if batch.reward.shape[0] != self.num_envs:

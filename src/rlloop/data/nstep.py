@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlloop.data.replay import Transitions
+from rlloop.data.transitions import Transitions
 
 
 class NStepProcessor:

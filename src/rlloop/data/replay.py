@@ -9,75 +9,17 @@ restores a buffer that samples exactly what the saved one would have sampled.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
-
 import numpy as np
 import psutil
 import torch
 from torch import Tensor
 
 from rlloop.data.obs_storage import ObsLayout
+from rlloop.data.transitions import Transitions
 from rlloop.system.devices import stats_dtype
 
 #: The fields of a transition that hold observations.
 _OBS_FIELDS = ("obs", "next_obs")
-
-class Transitions(NamedTuple):
-    """A batch of ``B`` transitions, ready for a TD target.
-
-    The target of a transition is ``reward + discount * (1 - terminated) * V(next_obs)``,
-    where ``k`` rewards were summed (``k = 1`` for one-step transitions).
-
-    Attributes:
-        obs: ``[B, *obs_shape]``, observation the first action was taken in.
-        action: ``[B, *action_shape]``; int64 ``[B]`` for discrete actions.
-        reward: ``[B]`` float32, ``r_t + γ r_{t+1} + ... + γ^{k-1} r_{t+k-1}``.
-        next_obs: ``[B, *obs_shape]``, observation ``k`` steps later; the final
-            observation of the episode when it ended within those steps.
-        terminated: ``[B]`` bool, the episode reached a terminal state within the
-            ``k`` steps, so the target does not bootstrap.
-        discount: ``[B]`` float32, ``γ^k``.
-        weights: ``[B]`` float32 importance-sampling weights (prioritized sampling
-            only), else ``None``.
-        indices: ``[B]`` int64 storage rows the batch was read from (set by
-            ``sample``); pass them back to ``update_priorities``.
-    """
-
-    obs: Tensor
-    action: Tensor
-    reward: Tensor
-    next_obs: Tensor
-    terminated: Tensor
-    discount: Tensor
-    weights: Tensor | None = None
-    indices: Tensor | None = None
-
-    @property
-    def batch_size(self) -> int:
-        return self.reward.shape[0]
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Transitions:
-        """A copy with every tensor moved to ``device``."""
-        return Transitions._make(
-            None if t is None else t.to(device, non_blocking=non_blocking) for t in self
-        )
-
-
-class TransitionsLike(Protocol):
-    """Anything with the six ``Transitions`` tensors, each ``[N, ...]``."""
-
-    @property
-    def obs(self) -> Tensor: ...
-    @property
-    def action(self) -> Tensor: ...
-    @property
-    def reward(self) -> Tensor: ...
-    @property
-    def next_obs(self) -> Tensor: ...
-    @property
-    def terminated(self) -> Tensor: ...
-    @property
-    def discount(self) -> Tensor: ...
 
 
 class ReplayMemoryError(MemoryError, ValueError):
@@ -203,7 +145,7 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self._size
 
-    def add(self, batch: TransitionsLike) -> Tensor:
+    def add(self, batch: Transitions) -> Tensor:
         """Write ``N`` transitions (each field ``[N, ...]``), overwriting the oldest.
 
         When ``N > capacity`` only the newest ``capacity`` transitions are kept, as if
@@ -232,7 +174,7 @@ class ReplayBuffer:
         self._size = min(self._size + n, self.capacity)
         return (start + torch.arange(count, device=self.device)) % self.capacity
 
-    def _columns(self, batch: TransitionsLike) -> dict[str, Tensor]:
+    def _columns(self, batch: Transitions) -> dict[str, Tensor]:
         """``{storage name: [N, ...]}`` of ``batch`` with its observations split per entry
         (``obs_layout``)."""
         assert self.obs_layout is not None
@@ -308,7 +250,7 @@ class ReplayBuffer:
             indices=rows,
         )
 
-    def _check_batch(self, batch: TransitionsLike) -> int:
+    def _check_batch(self, batch: Transitions) -> int:
         n = batch.reward.shape[0]
         for name, shape in self._field_shapes.items():
             got = tuple(getattr(batch, name).shape)
@@ -378,7 +320,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def _required_nbytes(self) -> int:
         return super()._required_nbytes() + 2 * (2 * self._leaves) * 8
 
-    def add(self, batch: TransitionsLike) -> Tensor:
+    def add(self, batch: Transitions) -> Tensor:
         """As ``ReplayBuffer.add``; the new rows get the current max priority."""
         rows = super().add(batch)
         self._set_leaves(rows.cpu().numpy(), np.full(rows.shape[0], self._max_priority**self.alpha))

@@ -65,16 +65,22 @@ class RolloutBuffer:
 
 
 @dataclass(frozen=True)
-class PPOBatch(TensorBatch):
-    """A flat PPO training batch of ``B = T * N`` samples.
+class RolloutBatch(TensorBatch):
+    """An on-policy training batch: ``B = T * N`` flat samples, or ``S`` recurrent
+    sequences of ``L`` steps (``B = S``, see :mod:`rlloop.data.sequences`) whose
+    minibatches take whole sequences (rows).
 
-    Attributes:
-        obs: ``[B, *obs]``.
-        actions: ``[B, *act]``.
-        log_probs: ``[B]`` behaviour log-probabilities.
-        advantages: ``[B]`` GAE advantages.
-        returns: ``[B]`` value targets (advantages + values).
-        values: ``[B]`` values at collection time (for value clipping).
+    Attributes (shapes ``[B]`` flat, ``[S, L]`` for sequences):
+        obs: ``[B, *obs]`` / ``[S, L, *obs]``.
+        actions: ``[B, *act]`` / ``[S, L, *act]``.
+        log_probs: behaviour log-probabilities.
+        advantages: GAE advantages.
+        returns: value targets (advantages + values).
+        values: values at collection time (for value clipping).
+        starts: sequences only, ``[S, L]`` bool, the step's observation begins an episode.
+        mask: sequences only, ``[S, L]`` bool, False on padding; ``None`` for a flat batch.
+        state: sequences only, ``[S, state_size]`` recurrent state entering step 0
+            (before its reset).
     """
 
     obs: Tensor
@@ -83,3 +89,11 @@ class PPOBatch(TensorBatch):
     advantages: Tensor
     returns: Tensor
     values: Tensor
+    starts: Tensor | None = None
+    mask: Tensor | None = None
+    state: Tensor | None = None
+
+    def num_samples(self) -> int | Tensor:
+        """The samples trained on: the rows of a flat batch, the real (unpadded) steps of
+        sequences (a tensor: counting never waits for the device)."""
+        return len(self) if self.mask is None else self.mask.sum()

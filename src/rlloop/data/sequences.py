@@ -5,17 +5,15 @@ steps; the last one is padded with zeros when ``L`` does not divide ``T``, and
 :func:`sequence_mask` marks the padding so the loss ignores it. Sequence ``n * K + k`` is
 chunk ``k`` of env ``n``. Each sequence starts from the recurrent state stored at its
 first step (truncated backpropagation through time); episode starts inside a chunk reset
-the state in the forward pass, so chunks need not align with episodes.
+the state in the forward pass, so chunks need not align with episodes. The sequences
+train as a :class:`~rlloop.data.rollout.RolloutBatch` with ``starts``, ``mask`` and
+``state`` set.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
-
-from rlloop.data.batch import TensorBatch
 
 
 def num_chunks(steps: int, seq_len: int) -> int:
@@ -44,32 +42,3 @@ def sequence_mask(steps: int, num_envs: int, seq_len: int, device: torch.device)
 def chunk_states(states: Tensor, seq_len: int) -> Tensor:
     """The state entering each sequence: ``[T, N, S]`` -> ``[N * K, S]``."""
     return states[::seq_len].transpose(0, 1).flatten(0, 1)
-
-
-@dataclass(frozen=True)
-class SequenceBatch(TensorBatch):
-    """Recurrent PPO's training batch: ``S`` sequences of ``L`` steps; minibatches take
-    whole sequences (rows).
-
-    Attributes:
-        obs: ``[S, L, *obs]``.
-        actions: ``[S, L, *act]``.
-        log_probs, advantages, returns, values: ``[S, L]`` as in ``PPOBatch``.
-        starts: ``[S, L]`` bool, the step's observation begins an episode.
-        mask: ``[S, L]`` bool, False on padding.
-        state: ``[S, state_size]`` recurrent state entering step 0 (before its reset).
-    """
-
-    obs: Tensor
-    actions: Tensor
-    log_probs: Tensor
-    advantages: Tensor
-    returns: Tensor
-    values: Tensor
-    starts: Tensor
-    mask: Tensor
-    state: Tensor
-
-    def num_samples(self) -> Tensor:
-        """The real (unpadded) steps of these sequences."""
-        return self.mask.sum()
