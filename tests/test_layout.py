@@ -1,8 +1,8 @@
 """The package's layout holds: packages by role on floors, imports only run down, no circles.
 
 Every import of an rlloop module is counted, those under ``if TYPE_CHECKING:`` and inside
-functions too. The README's layout block is rendered from the floors below and the first
-line of each package's docstring; after changing either, rewrite it with
+functions too. The layout block of docs/architecture.md is rendered from the floors below and
+the first line of each package's docstring; after changing either, rewrite it with
 ``python tests/test_layout.py``.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "rlloop"
-README = ROOT / "README.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 #: Top floor first. A package imports itself and the floors below its own, never its own
 #: floor's other rooms or a floor above.
@@ -140,8 +140,8 @@ def _summary(room: str) -> str:
 
 
 def render_layout() -> str:
-    """The README's layout block: floors from the top, each room with its docstring's first
-    sentence."""
+    """The layout block of docs/architecture.md: floors from the top, each room with its
+    docstring's first sentence."""
     floors = []
     for floor in FLOORS:
         rooms = [f"{room}/" if (PACKAGE / room).is_dir() else f"{room}.py"
@@ -187,14 +187,15 @@ def test_each_package_says_what_it_may_import() -> None:
             assert "May import" in doc, f"{room}/__init__.py: say what it may import"
 
 
-def test_the_readme_layout_is_the_rendered_one() -> None:
-    match = _BLOCK.search(README.read_text(encoding="utf-8"))
-    assert match, "README.md lost its generated layout block"
+def test_the_architecture_page_layout_is_the_rendered_one() -> None:
+    match = _BLOCK.search(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert match, "docs/architecture.md lost its generated layout block"
     assert match.group(2) == render_layout(), "run: python tests/test_layout.py"
 
 
 if __name__ == "__main__":
-    text = README.read_text(encoding="utf-8")
+    text = ARCHITECTURE.read_text(encoding="utf-8")
     new = _BLOCK.sub(lambda m: m.group(1) + render_layout() + m.group(3), text)
-    README.write_text(new, encoding="utf-8")
-    print("README.md layout block rewritten" if new != text else "README.md already current")
+    ARCHITECTURE.write_text(new, encoding="utf-8")
+    page = ARCHITECTURE.relative_to(ROOT)
+    print(f"{page} layout block rewritten" if new != text else f"{page} already current")
