@@ -4,6 +4,7 @@
   from the docstring under each field (the config modules' convention).
 - ``cli-reference``: every ``rlloop`` subcommand's ``--help``, from the argument parser itself.
 - ``benchmark-figure``: a figure drawn at build time from a result file committed in the repo.
+- ``presets``: the envs that ship a preset for an algorithm, read from the preset files.
 """
 
 from __future__ import annotations
@@ -196,6 +197,43 @@ class BenchmarkFigure(SphinxDirective):
         return [figure]
 
 
+def _score(score: float | None, std: float | None) -> str:
+    if score is None:
+        return "-"
+    return f"{score:g}" if std is None else f"{score:g} ± {std:g}"
+
+
+class PresetList(SphinxDirective):
+    """``.. presets:: ppo``: every env with a ``ppo`` preset, its budget and rl-zoo's score,
+    read from the shipped preset files (``:sets: recurrent`` keeps only the presets whose
+    layer sets ``ppo.recurrent``), so that a preset added or removed shows here."""
+
+    required_arguments = 1
+    option_spec: ClassVar[dict[str, Any]] = {"sets": directives.unchanged}
+
+    def run(self) -> list[nodes.Node]:
+        from rlloop.config.presets import listing, preset
+        from rlloop.errors import ConfigError
+
+        algo = self.arguments[0]
+        setting = self.options.get("sets")
+        for path in (ROOT / "src" / "rlloop" / "config" / "presets").glob("*.yaml"):
+            self.env.note_dependency(str(path))
+        try:
+            rows = listing(algo)
+        except ConfigError:  # no preset for this algorithm at all
+            rows = []
+        if setting:
+            rows = [r for r in rows if setting in (preset(algo, r.env).get(algo) or {})]
+        if not rows:
+            what = f"sets {algo}.{setting}" if setting else f"is for {algo}"
+            return [nodes.paragraph(text=f"No shipped preset {what} yet.")]
+        cells = [[_literal(r.env), nodes.Text(f"{r.budget:,}" if r.budget else "-"),
+                  nodes.Text(_score(r.zoo_score, r.zoo_std))] for r in rows]
+        return [_table(["env", "budget (env steps)", "rl-zoo score at that budget"], cells,
+                       [40, 25, 35])]
+
+
 def _resolves(target: str, module: str | None, klass: str | None) -> bool:
     """Whether ``target`` names something that exists in rlloop, as Python would find it from
     the docstring's module (and class): ``Task.compute_loss``, ``as_stats``, a full path."""
@@ -237,4 +275,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("cli-reference", CliReference)
     app.add_directive("benchmark-figure", BenchmarkFigure)
     app.add_directive("module-index", ModuleIndex)
+    app.add_directive("presets", PresetList)
     return {"parallel_read_safe": True}
