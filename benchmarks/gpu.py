@@ -4,7 +4,7 @@ Run: ``python benchmarks/gpu.py --rl8-python PATH [--device auto] [--num-envs 40
 65536]``. This is ``benchmarks/ppo_throughput.py`` (see its docstring for what is measured
 and how) with defaults for a GPU: the device CUDA when present, 4,096 to 65,536 envs. The
 same command runs on a CPU with a small env count (``--device cpu --num-envs 64``), which
-``tests/test_benchmarks_smoke.py`` does so that it keeps working where no GPU is at hand.
+``tests/benchmarks/test_benchmarks_smoke.py`` does so that it keeps working where no GPU is at hand.
 
 Goal (the redesign issue): at least 1,000,000 env steps/s end to end, and at least twice
 rl8's.

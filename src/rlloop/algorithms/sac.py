@@ -9,7 +9,7 @@ One update takes a single backward pass over ``critic + actor + alpha`` losses. 
 is exact, not an approximation: the actor loss reads the critics with detached weights
 (``TwinQ(..., detach_params=True)``), the TD target is computed without gradient and
 the alpha and actor losses detach each other's inputs, so every optimiser receives the
-gradient of its own loss only (``tests/test_sac_td3.py`` checks it). All three losses
+gradient of its own loss only (``tests/algorithms/test_sac_td3.py`` checks it). All three losses
 see the parameters from before the update, as in the paper's simultaneous updates.
 
 With ``use_sde`` the actor explores by generalised state-dependent exploration

@@ -8,7 +8,7 @@ The global norm and its clip are ``torch.nn.utils``' maths (``get_total_norm``,
 ``clip_grads_with_norm_``). On a CPU they run as one op per tensor, which is what those
 functions' foreach ops run there too, minus the Python that sorts the tensors into
 device groups: 30 µs instead of 160 µs for a three-layer MLP, paid by every off-policy
-update. The results are bit-identical (``tests/test_gradients.py``).
+update. The results are bit-identical (``tests/learners/test_gradients.py``).
 """
 
 from __future__ import annotations

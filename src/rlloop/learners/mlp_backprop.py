@@ -15,7 +15,7 @@ that the Q-network is exactly that: a non-dueling
 :class:`~rlloop.modules.q_networks.MLP` of ``nn.Linear`` layers, without hooks or
 parametrisations. Any other network (a LayerNorm, a tanh, another head) gets one
 warning and autograd. The gradients equal autograd's up to float rounding
-(``tests/test_mlp_backprop.py``).
+(``tests/learners/test_mlp_backprop.py``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ wait on the device: :class:`GuardedStep` skips a non-finite update *on the devic
 loss's and every clipped gradient norm's finiteness become one flag tensor, which the
 optimisers read as ``found_inf``: the same contract through which
 ``torch.amp.GradScaler`` makes ``Adam(fused=True)`` skip a step (parameters, moments and
-step count untouched; ``tests/test_optim_step.py`` pins it). Optimisers without that
+step count untouched; ``tests/learners/test_optim_step.py`` pins it). Optimisers without that
 contract (a user's SGD) fall back to reading the flag, one sync per update.
 
 Everything here is public torch API (``Adam(fused=True)``, and ``clip_grad_norm_``'s maths

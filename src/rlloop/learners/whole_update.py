@@ -12,7 +12,7 @@ as ``torch.optim.Adam`` creates them) and the learning rate their schedules set,
 checkpoint taken on this path resumes on the eager one and back. The arithmetic is
 ``clip_grads_with_norm_`` and ``Adam``'s (the fused kernel's order of operations); the
 rounding of fused loops differs from the eager kernels in the last bits
-(``tests/test_whole_update.py`` compares the two). A non-finite loss or clipped gradient
+(``tests/learners/test_whole_update.py`` compares the two). A non-finite loss or clipped gradient
 norm leaves parameters, moments and step counts as they were and raises the
 :class:`~rlloop.learners.optim_step.GuardedStep`'s flag, on the device, as the eager path does.
 One difference: a parameter the loss never reaches gets a zero gradient here, where the

@@ -11,7 +11,7 @@ the same code runs unchanged on a GPU.
 Two deliberate differences from Gymnasium:
 
 * The state is float32 (Gymnasium integrates in float64 and casts the observation):
-  one step agrees to float32 precision (see ``tests/test_native_cartpole.py``), but
+  one step agrees to float32 precision (see ``tests/envs/test_native_cartpole.py``), but
   like any chaotic system long trajectories from the same start eventually diverge.
 * All envs share one ``torch.Generator`` for their reset draws, so ``reset(seed=s)``
   makes the whole batch reproducible rather than env ``i`` depending on ``s + i`` alone.
