@@ -68,6 +68,6 @@ def test_the_replay_stores_rewards_scaled_by_the_discounted_return_std():
 
 
 def test_normalize_obs_is_refused_for_image_observations():
-    with pytest.raises(ConfigError, match="dqn.normalize_obs takes vector"):
+    with pytest.raises(ConfigError, match=r"dqn\.normalize_obs takes vector"):
         train(build_config("dqn", "ALE/Pong-v5", flags={"total_env_steps": 100},
                            sets=[*QUIET, "dqn.normalize_obs=true"]))
