@@ -133,7 +133,10 @@ class Model:
               callbacks: Callback | Sequence[Callback] = (), **sb3: Any) -> RunResult:
         """Train for ``total_env_steps`` env steps; a later call trains that many more,
         continuing the same run (and MLflow run) from its last checkpoint. Returns the
-        :class:`~rlloop.runs.session.RunResult` (not the model, as SB3's ``learn`` does)."""
+        :class:`~rlloop.runs.session.RunResult` (not the model, as SB3's ``learn`` does).
+
+        Ctrl-C (``SIGINT``) stops at the next boundary, writes the final checkpoint and
+        report, then raises ``KeyboardInterrupt``; a later ``learn()`` continues from there."""
         if sb3:
             raise _learn_keywords(sb3)
         steps = integer(total_env_steps)
@@ -166,6 +169,10 @@ class Model:
         assert self.run_dir is not None
         self.config = load_run_config(self.run_dir, allow_import=self.allow_import,
                                       **self._overrides)
+        if result.stopped_by == "signal SIGINT":
+            # Python's word for Ctrl-C, raised once the checkpoint and report are written: a
+            # script must not go on to its next line (SIGTERM, a scheduler's, still returns).
+            raise KeyboardInterrupt
         return result
 
     def save(self, path: str | Path) -> Path:

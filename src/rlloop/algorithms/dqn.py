@@ -164,7 +164,7 @@ class DQN(OffPolicyAlgorithmBase):
         if not isinstance(env.spec.action_space, Discrete):
             raise ConfigError(f"dqn needs discrete actions but {env.env_id} has continuous "
                               "ones; use sac or td3")
-        super().__init__("dqn", env)
+        super().__init__("dqn", env, config)
         self.config = config
         self.space = env.spec.action_space
         spec = env.spec

@@ -30,6 +30,7 @@ from rlloop.config.offpolicy import OffPolicyConfig
 from rlloop.config.schedules import learning_rate
 from rlloop.data.transitions import Transitions
 from rlloop.envs.core import Box
+from rlloop.envs.normalizer import RunningMeanStd
 from rlloop.errors import ConfigError, saved_count
 from rlloop.learners.learner import Learner
 from rlloop.learners.optim_step import GuardedOptim, GuardedStep, adam
@@ -165,9 +166,9 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
     #: DQN, SAC and TD3 build a DictEncoder; replay keeps Dict entries apart.
     supports_dict_obs = True
 
-    def __init__(self, section: str, env: EnvSettings) -> None:
+    def __init__(self, section: str, env: EnvSettings, config: OffPolicyConfig) -> None:
         check_env_settings(section, env.horizons_per_env_reset)
-        super().__init__(env)
+        super().__init__(env, obs_stats=observation_stats(section, env, config))
         #: Stochastic evaluation's own RNG: evaluating never shifts training's draws.
         self._eval_generator = new_generator(self.device, env.seed + EVAL_SEED_OFFSET)
 
@@ -223,6 +224,25 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
         self.learner.updates = saved_count(state["updates"], "algorithm.updates")
         set_generator_state(self._eval_generator, state["eval_generator"],
                             derive_seed(self.settings.seed, "evaluation-resumed"))
+
+
+def observation_stats(section: str, env: EnvSettings, config: OffPolicyConfig
+                      ) -> RunningMeanStd | None:
+    """The running observation statistics of ``normalize_obs`` (None when off).
+
+    Raises:
+        ConfigError: image or Dict observations, which the replay keeps in their own
+            dtype and layout (uint8 frames cannot hold standardised values).
+    """
+    if not config.normalize_obs:
+        return None
+    spec = env.spec
+    if spec.obs_parts or spec.obs_dtype != torch.float32:
+        raise ConfigError(f"{section}.normalize_obs takes vector (float32) observations, not "
+                          f"{env.env_id}'s ({spec.obs_dtype}"
+                          f"{', a Dict' if spec.obs_parts else ''}); set "
+                          f"{section}.normalize_obs=false")
+    return RunningMeanStd(spec.obs_shape, device=resolve_device(env.device))
 
 
 def continuous_actions(section: str, env: EnvSettings) -> tuple[Box, Callable[[Tensor], Tensor]]:

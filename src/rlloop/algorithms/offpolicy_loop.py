@@ -38,6 +38,8 @@ from rlloop.data.replay import (
 )
 from rlloop.data.transitions import Transitions
 from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
+from rlloop.envs.normalizer import RunningMeanStd
+from rlloop.envs.wrappers import discounted_reward_scale
 from rlloop.errors import ConfigError, saved_count, suggest_lower
 from rlloop.runners.env_runner import EnvRunner
 from rlloop.system.devices import HOST
@@ -315,6 +317,12 @@ class OffPolicyLoop:
         self.replay = REPLAY_BUFFERS[config.replay](spec, config)
         self.env_steps = 0
         self._due = 0  # optimisation steps made due by collect(), run by update()
+        #: normalize_rewards: the discounted return's statistics and each env's running
+        #: discounted return (float64, as the statistics; in the checkpoint both).
+        self.reward_stats = RunningMeanStd(device=runner.device) \
+            if config.normalize_rewards else None
+        self.reward_running = torch.zeros(env.num_envs, dtype=torch.float64,
+                                          device=runner.device)
         self._beta = Linear(config.per_beta, 1.0, config.per_beta_steps)
 
     def env_step(self, explore: ExploreFn) -> int:
@@ -326,9 +334,10 @@ class OffPolicyLoop:
         t1 = clock()
         res = runner.env.step(action if self.to_env is None else self.to_env(action))
         t2 = clock()
-        self.replay.add(self.processor.process(obs, action, self.learning_reward(res.reward),
-                                               res.final_obs, res.terminated, res.truncated))
         done = res.terminated | res.truncated
+        self.replay.add(self.processor.process(obs, action,
+                                               self.learning_reward(res.reward, done),
+                                               res.final_obs, res.terminated, res.truncated))
         runner.episodes.update(res.reward, done)
         self.episodes_ended(done)
         runner.obs = res.obs
@@ -348,10 +357,15 @@ class OffPolicyLoop:
         with torch.inference_mode():
             return explore(obs)
 
-    def learning_reward(self, reward: Tensor) -> Tensor:
-        """The reward the replay stores: its sign with ``clip_rewards`` (logged returns
-        stay unclipped)."""
-        return reward.sign() if self.config.clip_rewards else reward
+    def learning_reward(self, reward: Tensor, done: Tensor) -> Tensor:
+        """The reward ``[N]`` the replay stores: its sign with ``clip_rewards``, then scaled
+        with ``normalize_rewards`` (``done`` ``[N]`` ends the discounted returns); logged
+        returns stay the env's."""
+        reward = reward.sign() if self.config.clip_rewards else reward
+        if self.reward_stats is None:
+            return reward
+        return discounted_reward_scale(reward[None], done[None], self.reward_running,
+                                       self.reward_stats, self.config.gamma)[0]
 
     def episodes_ended(self, done: Tensor) -> None:
         """After an env step: the exploration noise of envs whose episode ended restarts."""
@@ -410,13 +424,20 @@ class OffPolicyLoop:
         self.episodes_ended(torch.ones(n, dtype=torch.bool, device=self.runner.device))
 
     def get_state(self) -> dict[str, Any]:
-        return {"env_steps": self.env_steps, "processor": self.processor.get_state(),
-                "replay": self.replay.get_state()}
+        state = {"env_steps": self.env_steps, "processor": self.processor.get_state(),
+                 "replay": self.replay.get_state()}
+        if self.reward_stats is not None:
+            state["reward_norm"] = {**self.reward_stats.get_state(),
+                                    "running": self.reward_running.clone()}
+        return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.env_steps = saved_count(state["env_steps"], "algorithm.offpolicy.env_steps")
         self.processor.set_state(state["processor"])
         self.replay.set_state(state["replay"])
+        if self.reward_stats is not None and "reward_norm" in state:
+            self.reward_stats.set_state(state["reward_norm"])
+            self.reward_running.copy_(state["reward_norm"]["running"])
 
 
 def unit_box(space: Box) -> Box:

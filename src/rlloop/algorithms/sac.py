@@ -181,7 +181,7 @@ class SAC(OffPolicyAlgorithmBase):
 
     def __init__(self, config: SACConfig, env: EnvSettings) -> None:
         space, to_env = continuous_actions("sac", env)
-        super().__init__("sac", env)
+        super().__init__("sac", env, config)
         self.config = config
         self.space = space
         entropy = -float(space.dim) if config.target_entropy is None else config.target_entropy

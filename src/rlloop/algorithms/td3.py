@@ -137,7 +137,7 @@ class TD3(OffPolicyAlgorithmBase):
 
     def __init__(self, config: TD3Config, env: EnvSettings) -> None:
         space, to_env = continuous_actions("td3", env)
-        super().__init__("td3", env)
+        super().__init__("td3", env, config)
         self.config = config
         self.space = space
         spec = env.spec

@@ -211,7 +211,9 @@ def _train_run(args: argparse.Namespace) -> int:
         # The whole command's, start-up and the end-of-run report and video included.
         "wall time": f"{time.time() - _process_start():.1f} s",
         "best eval return": "n/a" if best is None else format_number(best),
-        "stopped by": result.stopped_by,
+        # "signal SIGINT (Ctrl-C)": the name scripts match, and the key the user pressed.
+        "stopped by": result.stopped_by + (" (Ctrl-C)" if result.stopped_by == "signal SIGINT"
+                                           else ""),
         "run directory": str(result.run_dir),
         "best policy": str(result.run_dir / "best") if (result.run_dir / "best").is_dir()
         else "none (no evaluation saved one)",

@@ -91,6 +91,18 @@ class OffPolicyConfig:
     clip_rewards: bool = False
     """Learn from the sign of each reward (Atari's convention); episode returns are still
     logged unclipped."""
+    normalize_obs: bool = False
+    """Standardise observations with running mean/std statistics (SB3's VecNormalize), as
+    ``ppo.normalize_obs``: the training env's wrapper updates them, evaluation and
+    ``predict`` read them, checkpoints save them. The replay stores the observations as
+    normalised when they were collected (the policy acted on exactly those), not raw ones
+    normalised at sample time as SB3 does: the stored rows need no second copy of the
+    statistics, and the statistics settle within the first thousands of steps, long before
+    the rows from before that are overwritten. Vector (float) observations only."""
+    normalize_rewards: bool = False
+    """Divide rewards by the running std of the discounted return (SB3's VecNormalize
+    ``norm_reward``, PPO's ``normalize_rewards``) before the replay stores them, after
+    ``clip_rewards``; logged and evaluated returns stay the env's own."""
     encoder: str = "auto"
     """Observation encoder: "auto" (Nature CNN for image observations, else the MLP),
     "mlp" (flattened observations, pixels too) or "nature_cnn". With the CNN the heads

@@ -71,6 +71,12 @@ def check_env_runners(config: Any) -> None:
         raise ConfigError(f"{section}.normalize_obs is not supported with env runners (each "
                           f"would keep its own statistics); set {section}.normalize_obs=false "
                           "or num_env_runners=0")
+    if (getattr(config.hparams, "normalize_rewards", False)
+            and not hasattr(config.hparams, "rollout_steps")):
+        # Off-policy rewards are scaled as they are stored, per env of this process.
+        raise ConfigError(f"{section}.normalize_rewards is not supported with off-policy env "
+                          f"runners; set {section}.normalize_rewards=false or "
+                          "num_env_runners=0")
     if config.fragment_steps is not None and hasattr(config.hparams, "rollout_steps"):
         raise ConfigError(f"fragment_steps applies to off-policy runners; {section}'s "
                           f"fragments are {section}.rollout_steps long, set that instead")

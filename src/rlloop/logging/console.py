@@ -204,6 +204,11 @@ class ConsoleSink:
         if self.enabled:
             print_summary(lines, self.console, title)
 
+    def say(self, line: str) -> None:
+        """Print one line of the run's own (nothing when disabled)."""
+        if self.enabled:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
     def close(self, status: str = "FINISHED") -> None:
         """Show the last line and end the live bar. Never raises: the run calls this
         directly (not through `MultiSink`) before its report, and a display that fails
@@ -219,7 +224,7 @@ class ConsoleSink:
                     progress.stop()
             elif self._unprinted:
                 self._print_line()
-            if status != "FINISHED":
+            if status == "FAILED":  # a stop signal's KILLED is said by the run, in words
                 self.console.print(f"run {status}", markup=False, highlight=False)
         except Exception as e:
             cause = " ".join(str(e).split()) or type(e).__name__

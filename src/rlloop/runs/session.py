@@ -63,7 +63,13 @@ from rlloop.runs.saved import check_finite_policy, checked_return, checked_step,
 from rlloop.runs.sinks import RunSinks
 from rlloop.runs.skip_guard import SkippedUpdatesGuard
 from rlloop.runs.timing import PhaseTimes
-from rlloop.runs.wrap_up import draw_figures, drop_stale_video, in_thread, run_artifacts
+from rlloop.runs.wrap_up import (
+    draw_figures,
+    drop_stale_video,
+    in_thread,
+    run_artifacts,
+    stopped_notice,
+)
 from rlloop.system.numerics import flushed_denormals
 from rlloop.system.profiling import TraceProfiler
 from rlloop.system.run_files import write_file
@@ -485,6 +491,9 @@ class Session:
                 # A full disk fails the sinks too (MLflow's store); the one error line says it.
                 with _quiet(disk_full_cause(sys.exception()) is not None):
                     self._close_sinks(status)
+                if status == "KILLED" and self.stop_requested:  # MLflow's word, not the user's
+                    self.sinks.console.say(stopped_notice(self.stop_requested, self.config.algo,
+                                                          self.run_dir, self.manager.latest()))
             # Else they stay open for the video, report and artifacts (closed in `_run`).
             self.algorithm.close()
 

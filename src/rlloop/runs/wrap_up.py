@@ -11,6 +11,7 @@ from typing import Any
 
 from rlloop.logging import ProcessSink
 from rlloop.runs.report import read_metrics, write_figures
+from rlloop.system.signals import signal_in_words
 
 _log = logging.getLogger(__name__)
 
@@ -76,3 +77,13 @@ def run_artifacts(run_dir: Path, video: Path | None) -> dict[str, str]:
         files[str(run_dir / "config.yaml")] = "model"
         files[str(run_dir / "best")] = "model/best"
     return files
+
+
+def stopped_notice(signal_name: str, algo: str, run_dir: Path, checkpoint: Path | None) -> str:
+    """What a run stopped by a signal tells its user, in place of MLflow's ``KILLED`` (which
+    reads as a crash): what stopped it, and how to continue from the checkpoint it kept."""
+    words = f"run stopped by {signal_in_words(signal_name)}"
+    if checkpoint is None:
+        return f"{words}; no checkpoint was written (nothing trained yet)"
+    return (f"{words}; checkpoint saved ({checkpoint.name}): resume with "
+            f"`rlloop train {algo} --resume {run_dir}`")

@@ -44,6 +44,11 @@ class StopInterrupted(Exception):
     boundary (final checkpoint of the last completed iteration)."""
 
 
+def signal_in_words(name: str) -> str:
+    """A stop signal as a user knows it: ``SIGINT`` is the Ctrl-C they pressed."""
+    return "Ctrl-C (SIGINT)" if name == "SIGINT" else name
+
+
 def stop_requested_since() -> float | None:
     """``time.monotonic()`` of the first stop signal inside :func:`handle_signals`, or None."""
     return _stop_since
