@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from rlloop.cli.main import main
 from rlloop.config.ppo import PPOConfig
 from rlloop.config.presets import all_files, file_name
 from rlloop.config.registry import ALGORITHMS
@@ -25,15 +24,6 @@ ZOO_ENVS = {"CartPole-v1": {"ppo", "dqn"}, "Acrobot-v1": {"ppo", "dqn"},
 
 
 ZOO_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
-
-
-def _run(args, capsys):
-    """``rlloop ARGS`` in this process (the process itself is tested by
-    test_presets_command_does_not_import_torch): its exit code, stdout and stderr."""
-    capsys.readouterr()
-    code = main(args)
-    out = capsys.readouterr()
-    return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 @pytest.fixture(scope="module")
@@ -86,15 +76,16 @@ def test_defaults_are_sb3s_in_rlloop_units_and_the_cartpole_preset_keeps_its_own
     assert (cartpole.lr, cartpole.num_epochs, cartpole.vf_coef) == (3e-3, 4, 0.5)
 
 
-def test_presets_command_lists_and_prints_a_config_layer(tmp_path, capsys):
-    out = _run(["presets"], capsys)
+def test_presets_command_lists_and_prints_a_config_layer(tmp_path, cli_in_process):
+    # in this process: test_presets_command_does_not_import_torch runs a real one
+    out = cli_in_process(["presets"])
     assert out.returncode == 0, out.stderr
     assert any(line.split()[:4] == ["LunarLander-v3", "ppo", "1,000,000", "242.1"]
                for line in out.stdout.splitlines()), out.stdout
-    only = _run(["presets", "dqn"], capsys).stdout
+    only = cli_in_process(["presets", "dqn"]).stdout
     assert "Acrobot-v1" in only and "Pendulum-v1" not in only
 
-    printed = _run(["presets", "ppo", "--env", "LunarLander-v3"], capsys)
+    printed = cli_in_process(["presets", "ppo", "--env", "LunarLander-v3"])
     assert printed.returncode == 0, printed.stderr
     (tmp_path / "ll.yaml").write_text(printed.stdout)
     from_file = build_config("ppo", file=tmp_path / "ll.yaml", sets=["ppo.lr=0.001"])
@@ -106,8 +97,8 @@ def test_presets_command_lists_and_prints_a_config_layer(tmp_path, capsys):
     (["presets", "a2c"], "no presets for algorithm 'a2c'"),
     (["presets", "ppo", "--env", "Nowhere-v0"], "no ppo preset for Nowhere-v0"),
 ])
-def test_presets_command_bad_input_is_one_line(capsys, args, expected):
-    out = _run(args, capsys)
+def test_presets_command_bad_input_is_one_line(cli_in_process, args, expected):
+    out = cli_in_process(args)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1, out.stderr
     assert lines[0].startswith("rlloop: error: ") and expected in lines[0]
