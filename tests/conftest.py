@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,23 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 
 def rlloop_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "rlloop", *args]
+
+
+@pytest.fixture
+def cli_in_process(capsys: pytest.CaptureFixture[str]
+                   ) -> Callable[[Sequence[str]], subprocess.CompletedProcess[str]]:
+    """``rlloop ARGS`` run by this process's ``main``, as a finished process would report it
+    (exit code, stdout, stderr): for tests where the process boundary is not what is
+    checked, without a new interpreter's torch import (~2-3 s) per command."""
+    from rlloop.cli.main import main
+
+    def run(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()  # what the test printed before is not the command's
+        code = main(list(args))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), code, out.out, out.err)
+
+    return run
 
 
 def leaves(node, prefix=""):

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import rlloop_cmd
 
 pytest.importorskip("pettingzoo")
 
@@ -85,12 +84,13 @@ def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_self_play_from_the_cli_grows_the_league_and_resumes(tmp_path, cli_env):
+def test_self_play_from_the_cli_grows_the_league_and_resumes(tmp_path, monkeypatch,
+                                                            cli_in_process):
+    monkeypatch.chdir(tmp_path)
     # 16 steps x 4 envs = 64 env steps per iteration: 8 iterations
     args = ["train", "ma_ppo", "--env", TTT, "--run-dir", "run", "--total-env-steps", "512",
             "--set", "ma_ppo.league_every=2", "--set", "ma_ppo.league_size=3", *SMALL]
-    out = subprocess.run(rlloop_cmd(*args), cwd=tmp_path, env=cli_env, capture_output=True,
-                         text=True, timeout=300)
+    out = cli_in_process(args)
     assert out.returncode == 0, out.stderr
     sizes = [row["league/size"] for row in _metrics(tmp_path / "run") if "league/size" in row]
     assert sizes == [0, 1, 1, 2, 2, 3, 3, 3]
@@ -100,9 +100,8 @@ def test_self_play_from_the_cli_grows_the_league_and_resumes(tmp_path, cli_env):
     assert set(ckpt.components["algorithm"]["learner"]["module"]) == {
         MAIN, "main_v2", "main_v3", "main_v4"}
 
-    out = subprocess.run(rlloop_cmd("train", "ma_ppo", "--resume", "run", "--total-env-steps",
-                                    "640", "--quiet"), cwd=tmp_path, env=cli_env,
-                         capture_output=True, text=True, timeout=300)
+    out = cli_in_process(["train", "ma_ppo", "--resume", "run", "--total-env-steps", "640",
+                          "--quiet"])
     assert out.returncode == 0, out.stderr
     ckpt = load_checkpoint(CheckpointManager(tmp_path / "run" / "checkpoints").latest())
     assert ckpt.components["algorithm"]["league"]["snapshots"] == ["main_v3", "main_v4",

@@ -3,13 +3,13 @@ without torch, and an env without a preset gets SB3-like defaults, not CartPole'
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import rlloop_cmd
 
 from rlloop.config.loading import build_config
 from rlloop.config.ppo import PPOConfig
@@ -24,9 +24,28 @@ ZOO_ENVS = {"CartPole-v1": {"ppo", "dqn"}, "Acrobot-v1": {"ppo", "dqn"},
             "BipedalWalker-v3": {"ppo", "sac", "td3"}}
 
 
-def _run(args, env, cwd):
-    return subprocess.run(rlloop_cmd(*args), env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=60)
+ZOO_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    """benchmarks/zoo.py as a module: its main() trains in this process (one seed at a
+    time), so no interpreter and torch import per run."""
+    spec = importlib.util.spec_from_file_location("zoo_benchmark", ZOO_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def _zoo(zoo, args, capsys):
+    capsys.readouterr()
+    code = zoo.main(args)
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 @pytest.mark.parametrize("env_id", sorted(ZOO_ENVS))
@@ -58,15 +77,16 @@ def test_defaults_are_sb3s_in_rlloop_units_and_the_cartpole_preset_keeps_its_own
     assert (cartpole.lr, cartpole.num_epochs, cartpole.vf_coef) == (3e-3, 4, 0.5)
 
 
-def test_presets_command_lists_and_prints_a_config_layer(tmp_path, cli_env):
-    out = _run(["presets"], cli_env, tmp_path)
+def test_presets_command_lists_and_prints_a_config_layer(tmp_path, cli_in_process):
+    # in this process: test_presets_command_does_not_import_torch runs a real one
+    out = cli_in_process(["presets"])
     assert out.returncode == 0, out.stderr
     assert any(line.split()[:4] == ["LunarLander-v3", "ppo", "1,000,000", "242.1"]
                for line in out.stdout.splitlines()), out.stdout
-    only = _run(["presets", "dqn"], cli_env, tmp_path).stdout
+    only = cli_in_process(["presets", "dqn"]).stdout
     assert "Acrobot-v1" in only and "Pendulum-v1" not in only
 
-    printed = _run(["presets", "ppo", "--env", "LunarLander-v3"], cli_env, tmp_path)
+    printed = cli_in_process(["presets", "ppo", "--env", "LunarLander-v3"])
     assert printed.returncode == 0, printed.stderr
     (tmp_path / "ll.yaml").write_text(printed.stdout)
     from_file = build_config("ppo", file=tmp_path / "ll.yaml", sets=["ppo.lr=0.001"])
@@ -78,8 +98,8 @@ def test_presets_command_lists_and_prints_a_config_layer(tmp_path, cli_env):
     (["presets", "a2c"], "no presets for algorithm 'a2c'"),
     (["presets", "ppo", "--env", "Nowhere-v0"], "no ppo preset for Nowhere-v0"),
 ])
-def test_presets_command_bad_input_is_one_line(tmp_path, cli_env, args, expected):
-    out = _run(args, cli_env, tmp_path)
+def test_presets_command_bad_input_is_one_line(cli_in_process, args, expected):
+    out = cli_in_process(args)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1, out.stderr
     assert lines[0].startswith("rlloop: error: ") and expected in lines[0]
@@ -95,29 +115,27 @@ def test_presets_command_does_not_import_torch(tmp_path, cli_env):
     assert json.loads(out.stdout.splitlines()[-1]) is False
 
 
-def test_zoo_benchmark_resumes_and_writes_the_table(tmp_path, cli_env):
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
+def test_zoo_benchmark_resumes_and_writes_the_table(tmp_path, zoo, capsys):
     results, table = tmp_path / "zoo.jsonl", tmp_path / "table.md"
-    args = [sys.executable, str(script), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
+    args = ["--only", "CartPole-v1/ppo", "--fraction", "0.02",
             "--seeds", "1", "--eval-episodes", "2", "--results", str(results),
             "--table", str(table)]
-    first = subprocess.run(args, capture_output=True, text=True, timeout=300, env=cli_env)
+    first = _zoo(zoo, args, capsys)
     assert first.returncode == 0, first.stderr
     row = json.loads(results.read_text())
     assert (row["env"], row["algo"], row["seed"], row["env_steps"]) == ("CartPole-v1", "ppo",
                                                                         0, 2048)
-    again = subprocess.run(args, capture_output=True, text=True, timeout=300, env=cli_env)
+    again = _zoo(zoo, args, capsys)
     assert again.returncode == 0, again.stderr
     assert "seed 0:" not in again.stdout  # measured already: skipped, not trained again
     assert len(results.read_text().splitlines()) == 1
     assert "| CartPole-v1 | ppo | 2,000 |" in table.read_text()
 
 
-def test_zoo_benchmark_resumes_a_seed_stopped_part_way(tmp_path, cli_env):
+def test_zoo_benchmark_resumes_a_seed_stopped_part_way(tmp_path, zoo, capsys):
     from rlloop.config.loading import build_config
     from rlloop.runs.start import train
 
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
     runs, results = tmp_path / "runs", tmp_path / "zoo.jsonl"
     # An earlier sitting's seed 1, stopped with a checkpoint at 1,024 of its 2,048 env steps
     stopped = train(build_config("ppo", "CartPole-v1", flags={"seed": 1,
@@ -127,10 +145,10 @@ def test_zoo_benchmark_resumes_a_seed_stopped_part_way(tmp_path, cli_env):
                     runs / "CartPole-v1-ppo-1-0.02")
     assert stopped.env_steps == 1024
     (stopped.run_dir / "zoo_sittings.json").write_text("[5.0]")
-    args = [sys.executable, str(script), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
+    args = ["--only", "CartPole-v1/ppo", "--fraction", "0.02",
             "--seeds", "1", "--first-seed", "1", "--eval-episodes", "2",
             "--results", str(results), "--runs-dir", str(runs)]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=cli_env)
+    done = _zoo(zoo, args, capsys)
     assert done.returncode == 0, done.stderr
     assert "CartPole-v1/ppo seed 1: resuming" in done.stdout
     row = json.loads(results.read_text())
@@ -141,7 +159,6 @@ def test_zoo_benchmark_resumes_a_seed_stopped_part_way(tmp_path, cli_env):
 def test_zoo_benchmark_leaves_a_seed_that_another_process_trains(tmp_path, cli_env):
     from rlloop.runs.lock import RunLock
 
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
     runs, results = tmp_path / "runs", tmp_path / "zoo.jsonl"
     # Another sitting trains seed 0 and has not reached its first checkpoint yet.
     live = runs / "CartPole-v1-ppo-0-0.02"
@@ -149,7 +166,7 @@ def test_zoo_benchmark_leaves_a_seed_that_another_process_trains(tmp_path, cli_e
     (live / "metrics.jsonl").write_text("{}\n")
     try:
         done = subprocess.run(
-            [sys.executable, str(script), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
+            [sys.executable, str(ZOO_SCRIPT), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
              "--seeds", "1", "--results", str(results), "--runs-dir", str(runs)],
             capture_output=True, text=True, timeout=300, env=cli_env)
     finally:
@@ -212,9 +229,8 @@ def test_box2d_sac_presets_translate_rl_zoos_lr_schedule_and_gsde():
 
 @pytest.mark.slow
 def test_zoo_benchmark_trains_seeds_in_parallel_processes(tmp_path, cli_env):
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
     results = tmp_path / "zoo.jsonl"
-    args = [sys.executable, str(script), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
+    args = [sys.executable, str(ZOO_SCRIPT), "--only", "CartPole-v1/ppo", "--fraction", "0.02",
             "--seeds", "2", "--jobs", "2", "--eval-episodes", "2", "--results", str(results)]
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=cli_env)
     assert done.returncode == 0, done.stderr

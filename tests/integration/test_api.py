@@ -43,7 +43,7 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Completed
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
 
 
-def test_plain_script_without_main_guard_writes_a_cli_run(tmp_path, cli_env):
+def test_plain_script_without_main_guard_writes_a_cli_run(tmp_path, cli_env, cli_in_process):
     (tmp_path / "train.py").write_text(SCRIPT)
     out = _run([sys.executable, "train.py"], cli_env, tmp_path)
     assert out.returncode == 0, out.stderr
@@ -63,7 +63,7 @@ def test_plain_script_without_main_guard_writes_a_cli_run(tmp_path, cli_env):
     assert max(m.value for m in client.get_metric_history(run_id, "env/steps")) == 4096
 
     # The CLI evaluates the API's run as its own, with the same numbers as the API.
-    ev = _run(rlloop_cmd("eval", str(run), "--episodes", "4", "--json"), cli_env, tmp_path)
+    ev = cli_in_process(["eval", str(run), "--episodes", "4", "--json"])
     assert ev.returncode == 0, ev.stderr
     cli = json.loads(ev.stdout.strip().splitlines()[-1])
     assert load(run).evaluate(4)["return_mean"] == pytest.approx(cli["return_mean"])
@@ -174,37 +174,50 @@ def test_a_callback_stops_training_from_on_eval(tmp_path, algo):
     assert len(stop.evals) == 1 and result.env_steps < 20_000
 
 
-def _train_quietly(tmp_path: Path, cli_env: dict[str, str], steps: str,
-                   *args: str) -> subprocess.CompletedProcess[str]:
-    """``rlloop train ppo`` into ``tmp_path/run`` for ``steps`` env steps, quiet, without
-    MLflow or video, with ``args`` added."""
-    return _run(rlloop_cmd("train", "ppo", "--run-dir", "run", "--total-env-steps", steps,
+def _train_quietly(cli_in_process, steps: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``rlloop train ppo`` into ``./run`` for ``steps`` env steps, quiet, without MLflow or
+    video, with ``args`` added."""
+    return cli_in_process(["train", "ppo", "--run-dir", "run", "--total-env-steps", steps,
                            "--quiet", "--set", "mlflow=false", "--set", "save_video=false",
-                           *args), cli_env, tmp_path)
+                           *args])
 
 
-def test_cli_callback_flag(tmp_path, cli_env):
+@pytest.fixture
+def in_tmp_path(tmp_path, monkeypatch):
+    """Commands run from ``tmp_path``, where --callback finds the test's modules; the
+    modules they import are forgotten afterwards."""
+    monkeypatch.chdir(tmp_path)
+    yield
+    for name in ("stopper", "boom"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.usefixtures("in_tmp_path")
+def test_cli_callback_flag(tmp_path, cli_in_process):
     (tmp_path / "stopper.py").write_text(
         "from rlloop import Callback\n"
         "class Stop(Callback):\n"
         "    def on_step(self, stats):\n"
         "        return stats['env/steps'] < 1024\n")
-    out = _train_quietly(tmp_path, cli_env, "100000", "--set", "stop_on_solve=false",
+    out = _train_quietly(cli_in_process, "100000", "--set", "stop_on_solve=false",
                          "--callback", "stopper:Stop")
     assert out.returncode == 0, out.stderr
     assert "callback Stop" in out.stdout
-    bad = _run(rlloop_cmd("train", "ppo", "--callback", "nosuchmodule:Stop"), cli_env, tmp_path)
+    bad = cli_in_process(["train", "ppo", "--callback", "nosuchmodule:Stop"])
     assert bad.returncode == 2 and "no module named 'nosuchmodule'" in bad.stderr
 
 
-def test_a_callback_raising_in_training_is_named_by_the_cli(tmp_path, cli_env):
+@pytest.mark.usefixtures("in_tmp_path")
+def test_a_callback_raising_in_training_is_named_by_the_cli(tmp_path, cli_in_process,
+                                                           monkeypatch):
     """It read "(unexpected; ...)": as if rlloop had failed, naming no callback."""
+    monkeypatch.delenv("RLLOOP_TRACEBACK", raising=False)
     (tmp_path / "boom.py").write_text(
         "from rlloop import Callback\n"
         "class Boom(Callback):\n"
         "    def on_step(self, stats):\n"
         "        raise ValueError('my bug')\n")
-    out = _train_quietly(tmp_path, cli_env, "4096", "--callback", "boom:Boom")
+    out = _train_quietly(cli_in_process, "4096", "--callback", "boom:Boom")
     assert out.returncode == 1, out.stderr
     assert "ValueError: my bug (in callback Boom.on_step;" in out.stderr, out.stderr
     assert "unexpected" not in out.stderr

@@ -88,8 +88,9 @@ def test_train_eval_resume(tmp_path, cli_env):
                                               reason="miniworld is installed")),
     ],
 )
-def test_bad_input_gives_one_line_error(tmp_path, cli_env, args, expected):
-    out = _run(args, cli_env, tmp_path, timeout=120)
+def test_bad_input_gives_one_line_error(tmp_path, monkeypatch, cli_in_process, args, expected):
+    monkeypatch.chdir(tmp_path)
+    out = cli_in_process(args)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
@@ -97,20 +98,18 @@ def test_bad_input_gives_one_line_error(tmp_path, cli_env, args, expected):
     assert not (tmp_path / "runs").exists()  # nothing is created for bad input
 
 
-def test_resume_applies_safe_overrides_and_refuses_the_rest(tmp_path, cli_env):
+def test_resume_applies_safe_overrides_and_refuses_the_rest(tmp_path, cli_in_process):
     run = tmp_path / "run"
     quiet = ["--quiet", "--set", "mlflow=false", "--set", "save_video=false"]
     # Every CartPole episode lasts 8+ steps: solved at the first evaluation.
-    out = _run(["train", "ppo", "--run-dir", str(run), "--total-env-steps", "8192",
-                "--set", "solve_threshold=5", "--set", "eval_every=1", *quiet],
-               cli_env, tmp_path)
+    out = cli_in_process(["train", "ppo", "--run-dir", str(run), "--total-env-steps", "8192",
+                          "--set", "solve_threshold=5", "--set", "eval_every=1", *quiet])
     assert out.returncode == 0, out.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stopped_by"] == "solved" and summary["env_steps"] == 512
 
-    out = _run(["train", "ppo", "--resume", str(run), "--total-env-steps", "2048",
-                "--set", "stop_on_solve=false", "--set", "eval_every=2", *quiet],
-               cli_env, tmp_path)
+    out = cli_in_process(["train", "ppo", "--resume", str(run), "--total-env-steps", "2048",
+                          "--set", "stop_on_solve=false", "--set", "eval_every=2", *quiet])
     assert out.returncode == 0, out.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stopped_by"] == "budget" and summary["env_steps"] == 2048
@@ -119,21 +118,21 @@ def test_resume_applies_safe_overrides_and_refuses_the_rest(tmp_path, cli_env):
 
     # Settings the checkpoints depend on are refused, all named in one line, and the
     # run is left as it was.
-    out = _run(["train", "ppo", "--resume", str(run), "--env", "Acrobot-v1",
-                "--set", "ppo.hidden=[8]", "--set", "total_env_steps=4096"], cli_env, tmp_path)
+    out = cli_in_process(["train", "ppo", "--resume", str(run), "--env", "Acrobot-v1",
+                          "--set", "ppo.hidden=[8]", "--set", "total_env_steps=4096"])
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rlloop: error: a resumed run cannot change")
     assert "env" in lines[0] and "ppo.hidden" in lines[0] and "total_env_steps," not in lines[0]
     assert CheckpointManager(run / "checkpoints").latest().name == f"{2048:09d}"
     # Repeating a setting with its saved value is not a change.
-    out = _run(["train", "ppo", "--resume", str(run), "--env", "CartPole-v1",
-                "--total-env-steps", "2560", *quiet], cli_env, tmp_path)
+    out = cli_in_process(["train", "ppo", "--resume", str(run), "--env", "CartPole-v1",
+                          "--total-env-steps", "2560", *quiet])
     assert out.returncode == 0, out.stderr
     assert "progress: false" in (run / "config.yaml").read_text()
     # --quiet held for the invocations that passed it, not for every later resume.
-    out = _run(["train", "ppo", "--resume", str(run), "--total-env-steps", "3072",
-                "--set", "mlflow=false", "--set", "save_video=false"], cli_env, tmp_path)
+    out = cli_in_process(["train", "ppo", "--resume", str(run), "--total-env-steps", "3072",
+                          "--set", "mlflow=false", "--set", "save_video=false"])
     assert out.returncode == 0, out.stderr
     saved = (run / "config.yaml").read_text()
     assert "progress: true" in saved and "profile: null" in saved

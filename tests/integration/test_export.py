@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import rlloop_cmd
 from small_runs import train_ppo, train_sac
 
 from rlloop.algorithms import AlgorithmBase
+from rlloop.cli.main import main
 from rlloop.runs.saved import load_run_policy
 
 LOAD_TORCHSCRIPT = """
@@ -62,18 +62,17 @@ def _compare(algo: str, got: np.ndarray, want: torch.Tensor) -> None:
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
 
 
-def _export(run, fmt, cwd, env):
-    out = subprocess.run(rlloop_cmd("export", str(run), "--format", fmt), env=env, cwd=cwd,
-                         capture_output=True, text=True, timeout=180)
+def _export(run, fmt, cli_in_process):
+    out = cli_in_process(["export", str(run), "--format", fmt])
     assert out.returncode == 0, out.stderr
     return run / ("policy.onnx" if fmt == "onnx" else "policy.pt")
 
 
 @pytest.mark.parametrize("algo", ["ppo", "sac"])
-def test_onnx_export_runs_in_onnxruntime_with_the_eval_actions(runs, algo, tmp_path, cli_env):
+def test_onnx_export_runs_in_onnxruntime_with_the_eval_actions(runs, algo, cli_in_process):
     import onnxruntime
 
-    path = _export(runs[algo], "onnx", tmp_path, cli_env)
+    path = _export(runs[algo], "onnx", cli_in_process)
     obs, want = _observations_and_eval_actions(runs[algo])
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (got,) = session.run(["action"], {"obs": obs.numpy()})
@@ -84,8 +83,8 @@ def test_onnx_export_runs_in_onnxruntime_with_the_eval_actions(runs, algo, tmp_p
 
 @pytest.mark.parametrize("algo", ["ppo", "sac"])
 def test_torchscript_export_loads_in_a_fresh_process_with_the_eval_actions(
-        runs, algo, tmp_path, cli_env):
-    path = _export(runs[algo], "torchscript", tmp_path, cli_env)
+        runs, algo, tmp_path, cli_in_process):
+    path = _export(runs[algo], "torchscript", cli_in_process)
     obs, want = _observations_and_eval_actions(runs[algo])
     torch.save(obs, tmp_path / "obs.pt")
     # A bare interpreter (no rlloop on the path): the file must stand on its own.
@@ -143,11 +142,10 @@ def test_export_refuses_an_output_over_the_runs_own_files(runs):
 
 
 def test_export_refuses_an_unknown_format_and_a_directory_that_is_not_a_run(runs, tmp_path,
-                                                                            cli_env):
+                                                                            cli_in_process):
     for args in (["export", str(runs["ppo"]), "--format", "tflite"],
                  ["export", str(tmp_path), "--format", "onnx"]):
-        out = subprocess.run(rlloop_cmd(*args), env=cli_env, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=60)
+        out = cli_in_process(args)
         assert out.returncode == 2, out.stderr
         assert out.stderr.count("\n") == 1 and out.stderr.startswith("rlloop: error:")
 
@@ -156,8 +154,6 @@ def test_export_refuses_an_unknown_format_and_a_directory_that_is_not_a_run(runs
 def test_an_output_the_filesystem_refuses_is_one_line_exit_2(runs, capsys):
     """``-o /proc/x.onnx`` passed the output checks (its directory exists), then creating
     the temporary file failed: FileNotFoundError, exit 1, "unexpected"."""
-    from rlloop.cli.main import main
-
     code = main(["export", str(runs["ppo"]), "--format", "onnx", "-o", "/proc/x.onnx"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
@@ -209,11 +205,11 @@ def _recurrent_eval_actions(run: Path) -> tuple[torch.Tensor, torch.Tensor, int]
 
 
 def test_a_recurrent_policy_exports_with_its_state_as_input_and_output(
-        recurrent_run, tmp_path, cli_env):
+        recurrent_run, tmp_path, cli_in_process):
     import onnxruntime
 
     obs, want, size = _recurrent_eval_actions(recurrent_run)
-    path = _export(recurrent_run, "onnx", tmp_path, cli_env)
+    path = _export(recurrent_run, "onnx", cli_in_process)
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["obs", "state"]
     zeros = np.zeros((3, size), dtype=np.float32)
@@ -226,7 +222,7 @@ def test_a_recurrent_policy_exports_with_its_state_as_input_and_output(
     # the memory is what carries the actions: without it some of them differ
     assert not np.array_equal(np.stack(forgetful), want.numpy())
 
-    path = _export(recurrent_run, "torchscript", tmp_path, cli_env)
+    path = _export(recurrent_run, "torchscript", cli_in_process)
     torch.save(obs, tmp_path / "obs.pt")
     out = subprocess.run([sys.executable, "-c", LOAD_RECURRENT_TORCHSCRIPT, str(path),
                           str(tmp_path / "obs.pt"), str(tmp_path / "actions.pt"), str(size)],

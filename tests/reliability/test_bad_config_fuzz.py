@@ -276,16 +276,15 @@ def test_settings_that_cannot_fit_are_refused_before_allocating(case, memory_res
     assert seconds < 0.5  # estimated, not allocated (hidden=[1e8] used to take 52 s)
 
 
-def test_env_raising_in_step_is_one_line_and_the_final_checkpoint_is_written(tmp_path, cli_env):
-    env = {**cli_env, "PYTHONPATH": f"{TESTS}{os.pathsep}{cli_env['PYTHONPATH']}"}
-    run = tmp_path / "run"
-    out = subprocess.run(
-        rlloop_cmd("train", "ppo", "--env", "raising_env:RaisingCartPole-v0", "--backend",
-                   "gymnasium", "--num-envs", "2", "--run-dir", str(run), "--set",
-                   "ppo.rollout_steps=16", "--set", "ppo.minibatch_size=32", "--set",
-                   "eval_every=0", "--total-env-steps", "4096", "--quiet", "--set",
-                   "mlflow=false", "--set", "save_video=false"),
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+def test_env_raising_in_step_is_one_line_and_the_final_checkpoint_is_written(
+        tmp_path, cli_in_process):
+    run = tmp_path / "run"  # raising_env is importable here: this folder is on sys.path
+    out = cli_in_process(
+        ["train", "ppo", "--env", "raising_env:RaisingCartPole-v0", "--backend",
+         "gymnasium", "--num-envs", "2", "--run-dir", str(run), "--set",
+         "ppo.rollout_steps=16", "--set", "ppo.minibatch_size=32", "--set",
+         "eval_every=0", "--total-env-steps", "4096", "--quiet", "--set",
+         "mlflow=false", "--set", "save_video=false"])
     line = assert_one_line_error(out.returncode, out.stderr, "raising_env:RaisingCartPole-v0")
     assert "RuntimeError in step(): simulated bug at step 101" in line
     latest = CheckpointManager(run / "checkpoints").latest()

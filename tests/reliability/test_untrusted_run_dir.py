@@ -14,6 +14,7 @@ import pytest
 import yaml
 from conftest import rlloop_cmd
 
+from rlloop.cli.main import main
 from rlloop.config.loading import build_config
 from rlloop.errors import RunDirError
 from rlloop.system.run_files import IN_PLACE, MEMBERS, check_members, open_append, write_file
@@ -29,16 +30,26 @@ def _run(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 120
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory) -> Path:
-    """A short finished PPO run, copied by each test that plants a link in it."""
-    root = tmp_path_factory.mktemp("trained")
-    run = root / "run"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
-    out = _run(["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(run),
-                "--total-env-steps", "1024", "--set", "stop_on_solve=false", *QUIET,
-                "--set", "mlflow=true"], env, root)
-    assert out.returncode == 0, out.stderr
+    """A short finished PPO run (trained in this process), copied by each test that plants
+    a link in it."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    code = main(["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(run),
+                 "--total-env-steps", "1024", "--set", "stop_on_solve=false", *QUIET,
+                 "--set", "mlflow=true"])
+    assert code == 0
     return run
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, cli_in_process):
+    """``rlloop`` in this process, from ``tmp_path`` and with it on sys.path as ``python -m``
+    puts the working directory there; a planted ``evilrun`` package imported by one test is
+    forgotten, so that the next test's import runs its own payload."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield cli_in_process
+    for name in [m for m in sys.modules if m == "evilrun" or m.startswith("evilrun.")]:
+        del sys.modules[name]
 
 
 def _plant_payload(tmp_path: Path, algo: str, env_id: str, trained: Path
@@ -60,13 +71,13 @@ CASES = [("ppo", "evilrun.payload:Evil-v0"), ("ma_ppo", "pettingzoo:evilrun.payl
 
 @pytest.mark.parametrize(("algo", "env_id"), CASES)
 @pytest.mark.parametrize("command", ["eval", "resume", "export"])
-def test_loading_a_run_never_imports_the_module_it_names(tmp_path, cli_env, trained_run, algo,
+def test_loading_a_run_never_imports_the_module_it_names(tmp_path, cli, trained_run, algo,
                                                           env_id, command):
     _, sentinel = _plant_payload(tmp_path, algo, env_id, trained_run)
     # `python -m` puts the working directory on sys.path, so `evilrun.payload` is importable.
     args = {"eval": ["eval", "evilrun"], "resume": ["train", algo, "--resume", "evilrun"],
             "export": ["export", "evilrun", "--format", "torchscript"]}[command]
-    out = _run(args, cli_env, tmp_path)
+    out = cli(args)
     assert not sentinel.exists(), "the run directory's module was imported"
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
@@ -74,15 +85,13 @@ def test_loading_a_run_never_imports_the_module_it_names(tmp_path, cli_env, trai
     assert "evilrun.payload" in lines[0] and "--allow-import" in lines[0]
 
     # Saying so on the command line lets the module be imported (the user trusts it).
-    _run([*args, "--allow-import"], cli_env, tmp_path)
+    cli([*args, "--allow-import"])
     assert sentinel.exists()
 
 
-def test_plot_reads_a_run_without_importing_the_module_it_names(tmp_path, cli_env,
-                                                                trained_run):
+def test_plot_reads_a_run_without_importing_the_module_it_names(tmp_path, cli, trained_run):
     _, sentinel = _plant_payload(tmp_path, "ppo", "evilrun.payload:Evil-v0", trained_run)
-    out = _run(["plot", "evilrun", "-o", "fig.png", "--metric", "episode/return_mean"],
-               cli_env, tmp_path)
+    out = cli(["plot", "evilrun", "-o", "fig.png", "--metric", "episode/return_mean"])
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "fig.png").is_file() and not sentinel.exists()
 
@@ -114,8 +123,7 @@ def test_python_api_never_imports_the_module_a_run_names(tmp_path, cli_env, trai
 @pytest.mark.parametrize("member", ["report.md", "summary.json", "learning_curves.png",
                                     "metrics.jsonl", "config.yaml", "run.json", "mlflow.db",
                                     "checkpoints", "best", ".lock"])
-def test_resume_never_writes_through_a_symlinked_member(tmp_path, cli_env, trained_run,
-                                                        member):
+def test_resume_never_writes_through_a_symlinked_member(tmp_path, cli, trained_run, member):
     run = tmp_path / "run"
     shutil.copytree(trained_run, run, symlinks=True)
     victim = tmp_path / "victim"
@@ -129,8 +137,7 @@ def test_resume_never_writes_through_a_symlinked_member(tmp_path, cli_env, train
     (run / member).unlink(missing_ok=True)
     (run / member).symlink_to(victim)
 
-    out = _run(["train", "ppo", "--resume", str(run), "--total-env-steps", "2048", *QUIET],
-               cli_env, tmp_path)
+    out = cli(["train", "ppo", "--resume", str(run), "--total-env-steps", "2048", *QUIET])
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "symbolic link" in lines[0] and member in lines[0], out.stderr
@@ -139,14 +146,14 @@ def test_resume_never_writes_through_a_symlinked_member(tmp_path, cli_env, train
     assert after == before, "the link's target was changed"
 
 
-def test_a_new_run_refuses_a_prepared_directory_with_links(tmp_path, cli_env):
+def test_a_new_run_refuses_a_prepared_directory_with_links(tmp_path, cli):
     run = tmp_path / "run"
     run.mkdir()
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     (run / "metrics.jsonl").symlink_to(victim)
-    out = _run(["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(run),
-                "--total-env-steps", "512", *QUIET], cli_env, tmp_path)
+    out = cli(["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(run),
+               "--total-env-steps", "512", *QUIET])
     assert out.returncode == 2 and "symbolic link" in out.stderr, out.stderr
     assert victim.read_text() == "precious"
 
@@ -269,23 +276,22 @@ def test_a_resume_contacts_no_server_its_run_directory_names(tmp_path, cli_env, 
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and f"--set {key}={value}" in lines[0], out.stderr
-    code = (f"import rlloop\ntry:\n    rlloop.load({str(run)!r}).learn(1000)\n"
-            "except ValueError as e:\n    print('refused:', e)\n")
-    api = subprocess.run([sys.executable, "-c", code], env=cli_env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
-    assert f"refused: {run} sets {key}=" in api.stdout, api.stdout + api.stderr
+    import rlloop
+
+    with pytest.raises(ValueError) as refused:
+        rlloop.load(run).learn(1000)
+    assert f"{run} sets {key}=" in str(refused.value)
 
 
-def test_a_loaded_run_profiles_only_when_asked_again(tmp_path, cli_env, trained_run):
+def test_a_loaded_run_profiles_only_when_asked_again(tmp_path, trained_run):
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)
     config = yaml.safe_load((run / "config.yaml").read_text())
     config["profile"] = {"wait": 0, "warmup": 0, "active": 1}
     (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    code = f"import rlloop\nrlloop.load({str(run)!r}, mlflow=False).learn(1000)\n"
-    api = subprocess.run([sys.executable, "-c", code], env=cli_env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=180)
-    assert api.returncode == 0, api.stderr
+    import rlloop
+
+    rlloop.load(run, mlflow=False).learn(1000)
     assert not (run / "profile").exists()
 
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 
 import pytest
-from conftest import rlloop_cmd
 from matplotlib.image import imread
 from small_runs import train_ppo, train_sac
 
@@ -70,35 +68,30 @@ def test_sac_diagnostics_come_from_q_statistics(runs):
     assert summary["env_steps_per_s"] > 0
 
 
-def test_plot_outputs_that_would_destroy_a_run_are_refused(runs, tmp_path, cli_env):
+def test_plot_outputs_that_would_destroy_a_run_are_refused(runs, tmp_path, cli_in_process):
     """``-o <run>/metrics.jsonl`` wrote a PNG over the run's metrics; a run named twice
     counted as two seeds; an output in a missing directory was a raw FileNotFoundError."""
     before = (runs["ppo"] / "metrics.jsonl").read_bytes()
     for out, match in ((runs["ppo"] / "metrics.jsonl", "would overwrite"),
                        (tmp_path / "nowhere" / "f.png", "does not exist")):
-        res = subprocess.run(rlloop_cmd("plot", str(runs["ppo"]), "-o", str(out)),
-                             env=cli_env, cwd=tmp_path, capture_output=True, text=True,
-                             timeout=120)
+        res = cli_in_process(["plot", str(runs["ppo"]), "-o", str(out)])
         assert res.returncode == 2 and res.stderr.count("\n") == 1 and match in res.stderr
     assert (runs["ppo"] / "metrics.jsonl").read_bytes() == before
-    res = subprocess.run(rlloop_cmd("plot", str(runs["ppo"]), str(runs["ppo"]), "-o",
-                                    str(tmp_path / "f.png")),
-                         env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    res = cli_in_process(["plot", str(runs["ppo"]), str(runs["ppo"]), "-o",
+                          str(tmp_path / "f.png")])
     assert res.returncode == 0 and "1 runs in 1 curves" in res.stdout, res.stderr
 
 
-def test_plot_overlays_runs_and_groups_seeds(runs, tmp_path, cli_env):
+def test_plot_overlays_runs_and_groups_seeds(runs, tmp_path, cli_in_process):
     out = tmp_path / "fig.png"
-    res = subprocess.run(rlloop_cmd("plot", str(runs["ppo"]), str(runs["ppo_seed1"]),
-                                    str(runs["sac"]), "-o", str(out)),
-                         env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    res = cli_in_process(["plot", str(runs["ppo"]), str(runs["ppo_seed1"]), str(runs["sac"]),
+                          "-o", str(out)])
     assert res.returncode == 0, res.stderr
     assert "3 runs in 2 curves" in res.stdout  # the two PPO seeds are one mean curve
     _assert_png(out)
     wall = tmp_path / "wall.png"
-    res = subprocess.run(rlloop_cmd("plot", str(runs["ppo"]), "-o", str(wall), "--x", "wall",
-                                    "--metric", "episode/return_mean"),
-                         env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    res = cli_in_process(["plot", str(runs["ppo"]), "-o", str(wall), "--x", "wall", "--metric",
+                          "episode/return_mean"])
     assert res.returncode == 0, res.stderr
     _assert_png(wall)
 
@@ -114,9 +107,8 @@ def test_plot_of_a_misspelt_metric_names_the_close_ones(runs, tmp_path):
     assert not (tmp_path / "f.png").exists()
 
 
-def test_plot_refuses_a_directory_that_is_not_a_run(tmp_path, cli_env):
-    res = subprocess.run(rlloop_cmd("plot", str(tmp_path), "-o", str(tmp_path / "f.png")),
-                         env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+def test_plot_refuses_a_directory_that_is_not_a_run(tmp_path, cli_in_process):
+    res = cli_in_process(["plot", str(tmp_path), "-o", str(tmp_path / "f.png")])
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "not an rlloop run directory" in res.stderr
     assert not (tmp_path / "f.png").exists()

@@ -49,11 +49,10 @@ def test_a_run_saves_a_clip_of_its_best_policy(run_dir, tmp_path):
     assert len(decoded_frames(tmp_path / "again.mp4")) == info.frames
 
 
-def test_cli_eval_writes_a_video(run_dir, tmp_path, cli_env):
+def test_cli_eval_writes_a_video(run_dir, tmp_path, cli_in_process):
     out = tmp_path / "clip.mp4"
-    done = subprocess.run(rlloop_cmd("eval", str(run_dir), "--episodes", "2", "--json",
-                                     "--video", str(out)),
-                          env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    done = cli_in_process(["eval", str(run_dir), "--episodes", "2", "--json", "--video",
+                           str(out)])
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["video"] == str(out) and len(decoded_frames(out)) == result["video_frames"]

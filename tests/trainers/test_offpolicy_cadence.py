@@ -4,12 +4,10 @@ happen, which directories a run leaves, and the CLI around it."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import pytest
 import torch
-from conftest import rlloop_cmd
 
 from rlloop.checkpoint import CheckpointManager, is_checkpoint, load_checkpoint
 from rlloop.config.loading import build_config
@@ -205,29 +203,25 @@ def test_best_is_a_policy_snapshot_without_the_replay_buffer(tmp_path):
 
 
 @pytest.mark.parametrize(("algo", "env_id"), [("td3", "Pendulum-v1")])
-def test_cli_trains_evaluates_and_resumes_off_policy(tmp_path, cli_env, algo, env_id):
+def test_cli_trains_evaluates_and_resumes_off_policy(tmp_path, cli_in_process, algo, env_id):
     run = tmp_path / "run"
     small = [f"{algo}.learning_starts=50", f"{algo}.hidden=[32,32]", f"{algo}.batch_size=32",
              f"{algo}.eval_interval=100", f"{algo}.save_interval=100",
              f"{algo}.record_interval=50", "eval_episodes=2", "save_video=false"]
     args = ["train", algo, "--env", env_id, "--run-dir", str(run), "--quiet",
             "--total-env-steps", "250", *[x for s in small for x in ("--set", s)]]
-    out = subprocess.run(rlloop_cmd(*args), cwd=tmp_path, env=cli_env, capture_output=True,
-                         text=True, timeout=300)
+    out = cli_in_process(args)
     assert out.returncode == 0, out.stderr
     for name in ("config.yaml", "metrics.jsonl", "mlflow.db", "report.md", "summary.json"):
         assert (run / name).is_file(), name
     assert is_checkpoint(run / "best")
     assert [p.name for p in CheckpointManager(run / "checkpoints").all()] == [
         "000000100", "000000200"]
-    ev = subprocess.run(rlloop_cmd("eval", str(run), "--episodes", "2", "--json"),
-                        cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=120)
+    ev = cli_in_process(["eval", str(run), "--episodes", "2", "--json"])
     assert ev.returncode == 0, ev.stderr
     assert json.loads(ev.stdout.strip().splitlines()[-1])["episodes"] == 2
-    res = subprocess.run(rlloop_cmd("train", algo, "--resume", str(run), "--quiet",
-                                    "--total-env-steps", "300"),
-                         cwd=tmp_path, env=cli_env, capture_output=True, text=True,
-                         timeout=300)
+    res = cli_in_process(["train", algo, "--resume", str(run), "--quiet",
+                          "--total-env-steps", "300"])
     assert res.returncode == 0, res.stderr
     latest = load_checkpoint(CheckpointManager(run / "checkpoints").latest())
     assert latest.components["trainer"]["counters"]["env/steps"] == 300
