@@ -113,8 +113,8 @@ def test_cli_envpool_missing_exits_2_naming_the_extra(tmp_path):
                "--run-dir", str(tmp_path / "run"), "--set", "mlflow=false", env=env)
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [
-        "rlloop: error: backend 'envpool' needs the envpool package, which is not installed; "
-        "pip install 'rlloop[envpool]' (or use backend='auto')"]
+        "rlloop: error: backend=envpool needs envpool, which is not installed: "
+        "pip install 'rlloop[envpool]' (or use backend=auto)"]
 
 
 @needs_envpool

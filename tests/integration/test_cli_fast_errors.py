@@ -128,7 +128,7 @@ def test_every_config_class_and_build_config_import_without_torch() -> None:
     """The early checks read the config classes' fields and validate whole configs: that
     must not wait for torch's import."""
     probe = ("import sys\nfrom rlloop.config.registry import ALGORITHMS\n"
-             "from rlloop.config.run_config import config_layers, from_dict\n"
+             "from rlloop.config.loading import config_layers, from_dict\n"
              "for name, entry in ALGORITHMS.items():\n"
              "    assert entry.config_cls.section == name, name\n"
              "    from_dict(config_layers(name, 'Pendulum-v1' if name in ('sac', 'td3') "

@@ -68,7 +68,7 @@ def test_where_runners_run_may_change_on_resume_but_not_how_many() -> None:
 
 
 def test_a_run_without_runners_never_imports_ray(tmp_path: Path) -> None:
-    code = ("import sys; from rlloop.config.run_config import build_config; "
+    code = ("import sys; from rlloop.config.loading import build_config; "
             "from rlloop.runs.start import train; "
             "train(build_config('ppo', sets=['mlflow=false', 'progress=false', "
             "'save_video=false', 'total_env_steps=512', 'eval_episodes=1']), sys.argv[1]); "

@@ -9,12 +9,11 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 from rlloop.envs.gym import GymVecEnv
 from rlloop.logging import JsonlSink
-from rlloop.runs.session import Session
 from rlloop.runs.video import drop_leftover_clips
+from rlloop.runs.wrap_up import drop_stale_video
 
 TESTS = Path(__file__).resolve().parents[1]
 TINY = ["--set", "ppo.rollout_steps=32", "--set", "num_envs=4", "--set", "ppo.minibatch_size=64",
@@ -96,7 +95,7 @@ def test_a_stopped_sittings_report_shows_no_earlier_sittings_phases(tmp_path):
 
 def test_a_stale_video_goes_when_a_stop_skipped_filming_a_new_best(tmp_path):
     (tmp_path / "video.mp4").write_bytes(b"old best")
-    Session._drop_stale_video(SimpleNamespace(run_dir=tmp_path))  # type: ignore[arg-type]
+    drop_stale_video(tmp_path)
     assert not (tmp_path / "video.mp4").exists()
 
 

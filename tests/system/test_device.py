@@ -31,6 +31,7 @@ from rlloop.checkpoint import (
     save_checkpoint,
     save_replacing,
 )
+from rlloop.cli.main import EVAL_KEYS
 from rlloop.config.loading import build_config
 from rlloop.config.run_config import RunConfig
 from rlloop.data.returns import gae
@@ -302,7 +303,8 @@ def _eval_cli(cwd: Path, env: dict[str, str], run: str, *args: str) -> dict[str,
     out = subprocess.run(rlloop_cmd("eval", run, "--episodes", "3", "--json", *args),
                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    return {k: v for k, v in json.loads(out.stdout).items() if k != "episodes"}
+    # (the names 0.1.0 printed, kept beside these for a release, are the same numbers)
+    return {k: v for k, v in json.loads(out.stdout).items() if k in EVAL_KEYS}
 
 
 def _eval(run_dir: Path, device: str | None = None) -> dict[str, float]:

@@ -29,7 +29,7 @@ def check_extras(settings: dict[str, Any]) -> None:
     if isinstance(runners, int) and runners > 0:
         require("ray", f"num_env_runners={runners}")
     if settings.get("backend") == "envpool":
-        require("envpool", "backend=envpool")
+        require("envpool", "backend=envpool", instead="use backend=auto")
 
 
 def check_action_space(algo: str, env_id: str, env_kwargs: Any) -> None:

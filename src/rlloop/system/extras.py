@@ -41,10 +41,12 @@ def installed(module: str) -> bool:
         return False
 
 
-def require(module: str, feature: str) -> None:
+def require(module: str, feature: str, instead: str | None = None) -> None:
     """``ConfigError`` naming the extra unless ``module`` is installed; ``feature`` is
-    what needs it as the user asked for it (``rlloop tune``, ``wandb=true``)."""
+    what needs it as the user asked for it (``rlloop tune``, ``wandb=true``), ``instead``
+    what the user may do without it."""
     if not installed(module):
         name = EXTRAS[module][0]
+        other = f" (or {instead})" if instead else ""
         raise ConfigError(f"{feature} needs {name}, which is not installed: "
-                          f"{install_command(module)}")
+                          f"{install_command(module)}{other}")
