@@ -531,8 +531,9 @@ class RemoteOffPolicyLoop(OffPolicyLoop):
                 self.processors[runner].reset()
             processor = self.processors[frag.runner]
             for t in range(frag.rewards.shape[0]):
+                done = frag.terminated[t] | frag.truncated[t]
                 self.replay.add(processor.process(
-                    frag.obs[t], frag.actions[t], self.learning_reward(frag.rewards[t]),
+                    frag.obs[t], frag.actions[t], self.learning_reward(frag.rewards[t], done),
                     frag.next_obs[t], frag.terminated[t], frag.truncated[t]))
             steps += frag.steps
         self.env_steps += steps
