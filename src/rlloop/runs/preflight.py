@@ -53,8 +53,7 @@ def check_fit(config: RunConfig) -> EnvSettings:
     batch its env count, the device, compiler and memory are there; the env settings the
     algorithm is built with. Checks that need no env run first, so bad sizes fail before
     any env is created, and settings whose memory cannot fit fail before anything is
-    allocated. ``ConfigError`` names the problem and the fix. (It checks what
-    :func:`check_action_space` does, in line.)
+    allocated. ``ConfigError`` names the problem and the fix.
     """
     keep_freed_host_memory()
     world = os.environ.get("WORLD_SIZE", "")
@@ -75,10 +74,7 @@ def check_fit(config: RunConfig) -> EnvSettings:
     check = getattr(config.hparams, "check_batch", None)
     if check is not None:
         check(num_envs)
-    spec = env_spec(config.env, config.backend, env_kwargs=config.env_kwargs)
-    refusal = action_space_refusal(config.algo, config.env, type(spec.action_space).__name__)
-    if refusal is not None:
-        raise ConfigError(refusal)
+    spec = check_action_space(config)
     device = resolve_device(config.device)
     if getattr(config.hparams, "compile", False) and device.type == "cpu":
         check_cpu_compiler(config.algo)
