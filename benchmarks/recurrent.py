@@ -41,7 +41,7 @@ from ppo_cartpole import (  # a script beside this one
     sb3_until_solved,
     solve_rlloop,
 )
-from results import append_row, stamp  # a script beside this one
+from results import append_row, provenance, stamp  # a script beside this one
 
 RLLOOP_SETS = ["mlflow=false", "progress=false", "env.mask_velocity=true",
                "ppo.recurrent=gru"]
@@ -141,6 +141,7 @@ def main() -> None:
     }
     chosen = {name: contenders[name] for name in args.only}
     if args.results:
+        provenance()  # the commit this run measures, read before it starts
         settings = {"budget": args.budget, "eval_every": args.eval_every,
                     "eval_episodes": args.eval_episodes}
         chosen = {name: recorded(name, run, args.results, settings)

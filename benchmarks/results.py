@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +65,11 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores" + (f" ({isa})" if isa else "")
 
 
+@cache
 def provenance() -> dict[str, str]:
     """What a row was measured with: rlloop's commit (``+dirty`` when the working tree had
-    changes) and the versions that shape the numbers."""
+    changes) and the versions that shape the numbers. Read once per process: call it before
+    measuring, so that a commit made while a long run goes on is not credited with it."""
     from importlib.metadata import version
 
     def git(*args: str) -> str:
