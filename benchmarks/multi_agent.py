@@ -5,13 +5,13 @@ Run: ``python benchmarks/multi_agent.py [--seeds 0 1 2] [--budget 100000]
 
 Each seed trains ``ma_ppo`` with the shipped tic-tac-toe preset (one module shared by both
 players, 16 envs x 32 moves a rollout). Before training and every ``--eval-every`` env
-steps (moves), the policy plays ``--games`` games as a focal player against uniformly
-random legal moves, seats alternating game by game; its score is wins minus losses per
-game, in [-1, 1]. The reference is a random focal player against the same random opponent
-over as many games (about 0: first-move luck cancels over the seats), measured once per
-seed. No published number measures the same thing (PettingZoo and RLlib publish none for
-tic-tac-toe against a random player), so the random player is the bar; perfect play
-never loses, and wins most but not all games against a random player.
+steps (moves), the policy plays ``--games`` games as a focal player, its greedy move each
+turn (as ``rlloop eval`` plays), against uniformly random legal moves, seats alternating
+game by game; its score is wins minus losses per game, in [-1, 1]. The reference is a
+random focal player against the same random opponent over as many games (about 0:
+first-move luck cancels over the seats), measured once per seed. No published score is
+compared: none measures this, so the random player is the bar (perfect play never loses,
+and wins most but not all games against a random player).
 
 ``--results FILE`` appends one JSON line per seed and evaluation (contender ``ma_ppo``,
 ``env_steps``, ``return_mean``) and one per seed for the reference (contender

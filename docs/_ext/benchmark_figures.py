@@ -174,9 +174,10 @@ def draw_solve(rows: list[dict[str, Any]], out: Path) -> None:
     _save(fig, out)
 
 
-def draw_curve(rows: list[dict[str, Any]], out: Path) -> None:
-    """Evaluation return against env steps, one line per seed of each trained contender,
-    and the :data:`REFERENCE` contender's mean over its rows as a dashed line."""
+def draw_curve(rows: list[dict[str, Any]], out: Path, ylabel: str = "evaluation return") -> None:
+    """Evaluation return (``ylabel``: what it counts) against env steps, one line per seed
+    of each trained contender, and the :data:`REFERENCE` contender's mean over its rows as
+    a dashed line."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.0, 3.2))
     trained = list(dict.fromkeys(r["contender"] for r in rows if r["contender"] != REFERENCE))
@@ -203,6 +204,6 @@ def draw_curve(rows: list[dict[str, Any]], out: Path) -> None:
             label=f"{REFERENCE} player (mean of {len(reference)} seeds)",
         )
     ax.set_xlabel("env steps")
-    ax.set_ylabel("evaluation return")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=7)
     _save(fig, out)

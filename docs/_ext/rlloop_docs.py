@@ -150,14 +150,15 @@ class ModuleIndex(SphinxDirective):
 
 class BenchmarkFigure(SphinxDirective):
     """``.. benchmark-figure:: benchmarks/zoo_results.jsonl`` with ``:algo: ppo`` (kind
-    ``zoo``, the default), or ``:kind: solve`` / ``:kind: curve`` for the other result
-    files (see :mod:`benchmark_figures`). The caption names the file and the dates and
-    machines its rows record."""
+    ``zoo``, the default), or ``:kind: solve`` / ``:kind: curve`` (with an optional
+    ``:ylabel:``) for the other result files (see :mod:`benchmark_figures`). The caption
+    names the file and the dates and machines its rows record."""
 
     required_arguments = 1
     option_spec: ClassVar[dict[str, Any]] = {
         "algo": directives.unchanged_required,
         "kind": lambda arg: directives.choice(arg, list(FIELDS)),
+        "ylabel": directives.unchanged_required,
     }
 
     def run(self) -> list[nodes.Node]:
@@ -188,7 +189,7 @@ class BenchmarkFigure(SphinxDirective):
             draw_solve(rows, out)
             what = "Steps, training time and throughput to solve, per contender and seed"
         else:
-            draw_curve(rows, out)
+            draw_curve(rows, out, self.options.get("ylabel", "evaluation return"))
             what = "Evaluation return along training, per seed"
         when = measured_on(rows)
         caption = (f"{what}, drawn from {self.arguments[0]} at build time"
