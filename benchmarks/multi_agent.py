@@ -25,13 +25,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from results import append_row, provenance, stamp  # a script beside this one
 from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import append_row, provenance, stamp  # a script beside this one
 
 ENV = "pettingzoo:classic.tictactoe_v3"
 

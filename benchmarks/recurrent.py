@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ppo_cartpole import (  # a script beside this one
     THRESHOLD,
     Outcome,
