@@ -208,15 +208,15 @@ class Session:
         the user's, the profiler, and last the skipped-update guard (it may stop the run,
         after the others have heard the step)."""
         config = self.config
-        schedule: Schedule = (OffPolicySchedule(cast(OffPolicyAlgorithm, self.algorithm),
-                                                save=lambda _: self.save())
-                              if self.off_policy else
-                              OnPolicySchedule(self.algorithm, config.eval_every or None))
+        self.skipped_updates = SkippedUpdatesGuard(config, self.algorithm.learner)
+        schedule: Schedule = (OnPolicySchedule(self.algorithm, config.eval_every or None)
+                              if not self.off_policy else
+                              OffPolicySchedule(cast(OffPolicyAlgorithm, self.algorithm),
+                                                save=lambda _: self.save()))
         self.profiler: TraceProfiler | None = None
         if config.profile is not None:
             self.profiler = TraceProfiler(config.profile, self.run_dir / "profile")
             self.profiler.label(self.algorithm, ALGORITHMS[config.algo].kind)
-        self.skipped_updates = SkippedUpdatesGuard(config, self.algorithm.learner)
         trainer = Trainer(self.algorithm, sink=self.sinks.sink,
                           eval_episodes=config.eval_episodes,
                           callbacks=[_Checkpoints(self), *self.user_callbacks.each(),
