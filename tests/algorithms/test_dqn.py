@@ -225,7 +225,7 @@ def test_bad_config_is_a_config_error(env, sets, message):
 
 @pytest.mark.parametrize("mode", ["skip", "raise"])
 def test_non_finite_loss_skips_or_raises(mode):
-    from rlloop.learners.learner import NonFiniteError
+    from rlloop.learners.nonfinite import NonFiniteError
 
     algo = _dqn(f"on_nonfinite={mode}")
     batch = algo.loop.replay.sample(8, torch.Generator().manual_seed(0)).for_update()

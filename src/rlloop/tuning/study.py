@@ -275,7 +275,7 @@ class Study:
     def _objective(self, trial: Any) -> float:
         import optuna
 
-        from rlloop.learners.learner import NonFiniteError
+        from rlloop.learners.nonfinite import NonFiniteError
         from rlloop.runs.start import train
 
         values = {p.key: p.suggest(trial) for p in self.space}
