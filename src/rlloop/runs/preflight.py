@@ -68,7 +68,7 @@ def check_fit(config: RunConfig) -> EnvSettings:
     # With env runners the batch holds every runner's envs: num_env_runners x M.
     num_envs = config.num_envs
     if config.num_env_runners:
-        from rlloop.runners.ray_runners import envs_per_runner
+        from rlloop.runners.ray_actor import envs_per_runner
 
         num_envs = config.num_env_runners * envs_per_runner(config)
     check = getattr(config.hparams, "check_batch", None)
