@@ -35,7 +35,7 @@ def check_run(config: RunConfig, run_dir: Path) -> EnvSettings:
 def check_tracking_store(config: RunConfig) -> None:
     """Refuse, before training, an MLflow store that MLflow would refuse after it."""
     if config.mlflow and config.mlflow_tracking_uri:
-        from rlloop.logging.mlflow_sink import (
+        from rlloop.logging.mlflow_store import (
             file_store_refusal,
             sqlite_store_refusal,
             unknown_scheme_refusal,
