@@ -12,7 +12,7 @@ import torch
 from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
-from rlloop.algorithms.offpolicy_loop import OneStepProcessor
+from rlloop.algorithms.offpolicy_parts import OneStepProcessor
 from rlloop.config.loading import build_config
 from rlloop.data.nstep import NStepProcessor
 from rlloop.data.replay import PrioritizedReplayBuffer

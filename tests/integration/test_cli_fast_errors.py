@@ -140,7 +140,7 @@ def test_every_config_class_and_build_config_import_without_torch() -> None:
 
 
 def test_the_registries_of_off_policy_parts_hold_the_names_configs_accept() -> None:
-    import rlloop.algorithms.offpolicy_loop as parts
+    import rlloop.algorithms.offpolicy_parts as parts
     from rlloop.config.offpolicy import PARTS, part_names
 
     for setting, (registry, builtin) in PARTS.items():

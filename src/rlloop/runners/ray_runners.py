@@ -25,6 +25,7 @@ algorithm from, is :mod:`rlloop.runners.ray_actor`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import time
 from typing import TYPE_CHECKING, Any
@@ -34,15 +35,10 @@ import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from torch import Tensor
 
-from rlloop.algorithms.offpolicy_loop import (
-    STEP_PROCESSORS,
-    ExperienceSpec,
-    OffPolicyLoop,
-    StepProcessor,
-)
+from rlloop.algorithms.offpolicy_loop import OffPolicyLoop
 from rlloop.config.ray import learner_actors
 from rlloop.data.rollout import RolloutBuffer
-from rlloop.envs.core import Box, Discrete, EnvSpec, StepResult
+from rlloop.envs.core import EnvSpec, StepResult
 from rlloop.errors import RlloopError
 from rlloop.modules.custom import script_nets
 from rlloop.runners.fragments import Fragment, FragmentEpisodes, weights_lag
@@ -374,14 +370,10 @@ class RemoteOffPolicyLoop(OffPolicyLoop):
         self.__dict__.update(loop.__dict__)
         self.runner: Any = group
         self.group = group
-        space = loop.action_space
-        spec = ExperienceSpec(group.envs, tuple(group.env.spec.obs_shape),
-                              tuple(space.shape) if isinstance(space, Box) else (),
-                              torch.int64 if isinstance(space, Discrete) else torch.float32,
-                              group.device)
-        self.processors: list[StepProcessor] = [
-            STEP_PROCESSORS[self.config.step_processor](spec, self.config)
-            for _ in range(group.num_runners)]
+        # One runner's envs; fragments arrive as float32 rows, on the group's device.
+        spec = dataclasses.replace(loop.experience, num_envs=group.envs, device=group.device,
+                                   obs_dtype=torch.float32, obs_layout=None)
+        self.processors = [loop.step_processor(spec) for _ in range(group.num_runners)]
         # Sampling ahead: at least one fragment per env step (those that are ready);
         # synchronous: one from every runner.
         self._per_step = 1 if group.asynchronous else group.num_runners
