@@ -5,6 +5,9 @@ resume continues the same tracked runs."""
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +121,17 @@ def _read_json(path: Path) -> dict[str, Any]:
         return dict(json.loads(path.read_text()))
     except (OSError, ValueError):
         return {}
+
+
+@contextmanager
+def quiet_sinks(quiet: bool) -> Iterator[None]:
+    """Hide the sinks' warnings (and their tracebacks) while ``quiet``: a full disk fails
+    them too, and the run's one error line already says so."""
+    logger = logging.getLogger("rlloop.logging")
+    level = logger.level
+    if quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
