@@ -46,7 +46,7 @@ from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import RunConfig
 from rlloop.config.unused_settings import run_warnings
 from rlloop.envs.registry import env_spec
-from rlloop.learners.distributed import LearnerGroupError
+from rlloop.learners.process_group import LearnerGroupError
 from rlloop.logging import ProcessSink
 from rlloop.logging.process_sink import has_spare
 from rlloop.runs.build import COMPONENTS, build_algorithm
