@@ -15,7 +15,7 @@ from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
 from rlloop.algorithms.offpolicy_parts import OneStepProcessor
 from rlloop.config.loading import build_config
 from rlloop.data.nstep import NStepProcessor
-from rlloop.data.replay import PrioritizedReplayBuffer
+from rlloop.data.prioritized_replay import PrioritizedReplayBuffer
 from rlloop.data.transitions import Transitions
 from rlloop.errors import ConfigError
 from rlloop.losses.dqn import dqn_loss, dqn_target

@@ -34,9 +34,7 @@ from rlloop.config.offpolicy import OffPolicyConfig as OffPolicyConfig
 from rlloop.config.offpolicy import check_hidden as check_hidden
 from rlloop.config.schedules import Linear
 from rlloop.data.obs_storage import ObsLayout
-from rlloop.data.replay import (
-    PrioritizedReplayBuffer,
-)
+from rlloop.data.prioritized_replay import PrioritizedReplayBuffer
 from rlloop.data.transitions import Transitions
 from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
 from rlloop.envs.normalizer import RunningMeanStd

@@ -21,11 +21,8 @@ from rlloop.config.offpolicy import check_hidden as check_hidden
 from rlloop.data.frame_replay import FrameReplayBuffer
 from rlloop.data.nstep import NStepProcessor
 from rlloop.data.obs_storage import ObsLayout
-from rlloop.data.replay import (
-    PrioritizedReplayBuffer,
-    ReplayBuffer,
-    ReplayMemoryError,
-)
+from rlloop.data.prioritized_replay import PrioritizedReplayBuffer
+from rlloop.data.replay import ReplayBuffer, ReplayMemoryError
 from rlloop.data.transitions import Transitions
 from rlloop.errors import ConfigError, suggest_lower
 from rlloop.system.devices import HOST
