@@ -37,7 +37,7 @@ def select_components(components: str | Iterable[str] | None,
     return wanted - as_set(not_components)
 
 
-def check_saved_weights(modules: Mapping[str, nn.Module], saved: Mapping[str, Any]) -> None:
+def check_saved_weights(modules: nn.ModuleDict, saved: Mapping[str, Any]) -> None:
     """``SavedStateError`` unless each saved state dict in ``saved`` is one of ``modules``'
     with the same names and shapes: ``load_state_dict`` copies the tensors that fit before
     it refuses the others (a transposed weight), so the check must come first."""
@@ -61,7 +61,7 @@ def check_saved_weights(modules: Mapping[str, nn.Module], saved: Mapping[str, An
                                       f"{found}, the built module's {list(tensor.shape)}")
 
 
-def nonfinite_weights(modules: Mapping[str, nn.Module]) -> list[str]:
+def nonfinite_weights(modules: nn.ModuleDict) -> list[str]:
     """``<module id>.<name>`` of each floating-point parameter or buffer holding a NaN or an
     infinity (one host sync for all of them)."""
     named = [(f"{m}.{k}", t) for m, module in modules.items()
