@@ -9,7 +9,8 @@ observation of the finished episode arrives in ``infos["final_obs"]`` (an object
 return the final observation and spend the following step on the reset.
 
 Reading an env's spaces into an ``EnvSpec``, and refusing one that cannot be built or
-encoded, is :mod:`rlloop.envs.gym_spec`; this module steps the made envs.
+encoded, is :mod:`rlloop.envs.gym_spec`; the envs' state in a checkpoint is
+:mod:`rlloop.envs.gym_state`; this module steps the made envs.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import rlloop.envs.atari as atari
 from rlloop.envs.core import (
     StepResult,
 )
-from rlloop.envs.gym_async import EnvWorkerError, GuardedAsyncVectorEnv
+from rlloop.envs.gym_async import GuardedAsyncVectorEnv
 from rlloop.envs.gym_spec import (
     MASK_KEY,
     construction_errors,
@@ -38,6 +39,7 @@ from rlloop.envs.gym_spec import (
     probe_action_mask,
     spec_from_gym,
 )
+from rlloop.envs.gym_state import restore_vector_env_state, vector_env_state
 from rlloop.envs.gym_threads import ThreadedVectorEnv
 from rlloop.errors import EnvError, RlloopError
 from rlloop.system.devices import arrays_to_device
@@ -340,48 +342,7 @@ class GymVecEnv:
     def get_state(self) -> dict[str, Any]:
         """RNG states, and physics where exposed (see the class docstring); only
         ``{"lost": why}`` once async workers failed (their state died with them)."""
-        failure = getattr(self._vec, "failure", None)
-        if failure is not None:
-            return {"lost": failure}
-        try:
-            state: dict[str, Any] = {
-                "env_rngs": [g.bit_generator.state for g in self._vec.get_attr("np_random")],
-                "action_space_rng": self._vec.action_space.np_random.bit_generator.state,
-                "single_action_space_rng": (
-                    self._vec.single_action_space.np_random.bit_generator.state
-                ),
-            }
-            physics = self._physics()
-        except (EnvWorkerError, StopInterrupted):
-            # a worker died unseen until asked (a process group's SIGTERM reaches the
-            # workers too): the final checkpoint goes on without the envs' state, as after
-            # any worker failure
-            failure = getattr(self._vec, "failure", None)
-            if failure is None:
-                raise
-            return {"lost": failure}
-        if physics is not None:
-            state["physics"] = physics
-        return state
-
-    def _physics(self) -> dict[str, Any] | None:
-        """Sub-envs' ``unwrapped.state`` arrays and time-limit counts, if all have them."""
-        # Asked first: a failed attribute read ends an async worker.
-        for name in ("state", "_elapsed_steps"):
-            if not all(self._vec.call("has_wrapper_attr", name)):
-                return None
-        states = self._vec.get_attr("state")
-        steps = self._vec.get_attr("_elapsed_steps")
-        # A tuple of numbers too (MountainCar-v0's state after a step).
-        if not all(isinstance(x, np.ndarray | tuple) for x in states) or None in steps:
-            return None
-        try:
-            arrays = [np.array(x, dtype=None if isinstance(x, np.ndarray) else np.float64,
-                               copy=True) for x in states]
-        except (TypeError, ValueError):
-            return None
-        return {"state": arrays,
-                "elapsed_steps": [int(n) for n in steps]}
+        return vector_env_state(self._vec)
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore the RNG states from ``get_state``, and the physics where it was saved
@@ -400,18 +361,8 @@ class GymVecEnv:
                 f"saved state holds {len(env_rngs)} sub-envs but this env has "
                 f"num_envs={self.num_envs}; create the env with the saved num_envs"
             )
-        # New Generator objects, set through set_attr, so that this also reaches
-        # AsyncVectorEnv's subprocesses (get_attr only returns pickled copies there).
-        self._vec.set_attr("np_random", [_generator_from_state(s) for s in env_rngs])
-        self._vec.action_space.np_random.bit_generator.state = state["action_space_rng"]
-        single = self._vec.single_action_space.np_random.bit_generator
-        single.state = state["single_action_space_rng"]
+        self.state_restored = restore_vector_env_state(self._vec, state)
         self._pending_seed = None
-        if "physics" in state:
-            physics = state["physics"]
-            self._vec.set_attr("state", [np.array(x, copy=True) for x in physics["state"]])
-            self._vec.set_attr("_elapsed_steps", [int(n) for n in physics["elapsed_steps"]])
-            self.state_restored = True
 
     def close(self) -> None:
         """Close the sub-envs (and join the worker processes of the async backend)."""
@@ -443,8 +394,3 @@ def _stack(observations: list[Any]) -> Any:
                 for k in observations[0]}
     return np.stack([np.asarray(o) for o in observations])
 
-
-def _generator_from_state(state: dict[str, Any]) -> np.random.Generator:
-    bit_generator = getattr(np.random, state["bit_generator"])()
-    bit_generator.state = state
-    return np.random.Generator(bit_generator)
