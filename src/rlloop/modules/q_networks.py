@@ -91,7 +91,8 @@ class QNetwork(nn.Module):
 
     def _q(self, obs: Tensor) -> Tensor:
         if self.encoder is None:
-            dtype = self.net.dtype if isinstance(self.net, MLP) else self.value.weight.dtype
+            # A body a user swapped in (or a dueling net's Identity): its first parameter.
+            dtype = self.net.dtype if isinstance(self.net, MLP) else next(self.parameters()).dtype
             x = self.net(flat_input(obs, dtype))
         else:
             x = self.net(self.encoder(obs))
