@@ -92,7 +92,6 @@ def test_the_replay_keeps_raw_observations_and_a_sample_standardises_them():
         batch = loop.normalizer.batch(raw)
         assert torch.allclose(batch.obs, stats.normalize(raw.obs))
         assert torch.allclose(batch.next_obs, stats.normalize(raw.next_obs))
-        assert batch.obs.abs().max() < 5  # not the first steps' +-10 clip
     finally:
         algo.close()
 

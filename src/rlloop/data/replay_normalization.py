@@ -3,10 +3,13 @@
 The replay keeps the env's raw observations and rewards; a sampled batch is standardised
 with the statistics as they are at sampling time (what SB3's replay buffers do with a
 ``VecNormalize`` env). Normalising at store time instead froze each row with the
-statistics of its own step: the first rows of a run, standardised by statistics of a
-handful of samples, were clipped to +-10 (observations) or scaled by about 1e4
-(rewards, whose return variance starts near zero), and they stayed in the replay for the
-whole run. SAC then did not learn Pendulum-v1 with either normalisation on.
+statistics of its own step, and the rows stay for the whole run. On Pendulum-v1 (one env)
+the reward scale, one over the return's running std, was 6223 at the first step, 0.1 at
+the tenth, 0.014 at the hundredth and 0.006 from the thousandth on: the first ten rows
+held rewards 17 to a million times larger than the same rewards stored later (the
+hundredth twice as large), and the first observations, standardised by one or two
+samples, were stored as 0 and +-1. SAC then did not learn Pendulum-v1 with either
+normalisation on (-1180 after 20k steps).
 """
 
 from __future__ import annotations
