@@ -6,7 +6,7 @@ import io
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,17 @@ import torch
 from rich.console import Console
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def float64_default() -> Iterator[None]:
+    """torch's default dtype float64 for the test (a user's ``set_default_dtype``)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Observation and reward normalisation for the off-policy algorithms (issue 45): the
-statistics are saved in checkpoints and restored exactly, and refused where the replay
-cannot hold standardised observations."""
+replay keeps raw rows and a sample is normalised with the current statistics, which are
+saved in checkpoints and restored exactly; refused for observations that are not vectors.
+That normalised SAC still learns is in tests/learning/test_learning_offpolicy.py."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from conftest import leaves, same_leaf
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.config.loading import build_config
-from rlloop.envs.normalizer import RunningMeanStd
-from rlloop.envs.wrappers import discounted_reward_scale
+from rlloop.data.replay_normalization import ReplayNormalizer
+from rlloop.data.transitions import Transitions
 from rlloop.errors import ConfigError
+from rlloop.runs.build import build_algorithm
 from rlloop.runs.start import resume, train
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false"]
@@ -53,18 +55,45 @@ def test_normalised_off_policy_resume_is_bit_exact(tmp_path, algo):
     assert [k for k in la if not same_leaf(la[k], lb[k])] == []
 
 
-def test_the_replay_stores_rewards_scaled_by_the_discounted_return_std():
-    """The stored reward is the env's divided by the running std of the discounted return,
-    whose statistics see each env's return restart where its episode ends."""
-    stats, running = RunningMeanStd(), torch.zeros(2, dtype=torch.float64)
+def test_a_sample_scales_rewards_by_the_discounted_return_std_at_sampling_time():
+    """The replay's reward is the env's; a sampled batch divides it by the running std of
+    the discounted return (whose statistics see each env's return restart where its
+    episode ends) and clips it at +-10, as VecNormalize does."""
+    norm = ReplayNormalizer(2, 0.5, None, normalize_rewards=True)
     rewards = torch.tensor([[1.0, 2.0], [1.0, 2.0], [3.0, 0.0]])
     dones = torch.tensor([[False, True], [False, False], [False, False]])
     for t in range(3):
-        out = discounted_reward_scale(rewards[t][None], dones[t][None], running, stats, 0.5)
+        norm.observe(rewards[t], dones[t], torch.zeros(2, 3))
     returns = torch.tensor([1.0, 2.0, 1.5, 2.0, 3.75, 1.0], dtype=torch.float64)
-    assert torch.allclose(stats.mean, returns.mean(), atol=1e-6)
-    assert torch.allclose(out[0], rewards[2] / torch.sqrt(returns.var(unbiased=False)).float(),
-                          atol=1e-5)
+    assert torch.allclose(norm.reward_stats.mean, returns.mean(), atol=1e-6)
+    stored = torch.tensor([3.0, 0.0, -100.0])
+    t = Transitions(torch.zeros(3, 1), torch.zeros(3, 1), stored, torch.zeros(3, 1),
+                    torch.zeros(3, dtype=torch.bool), torch.full((3,), 0.5))
+    out = norm.batch(t).reward
+    std = torch.sqrt(returns.var(unbiased=False)).float()
+    assert torch.allclose(out[:2], stored[:2] / std, atol=1e-5)
+    assert out[2] == -10.0
+    assert torch.equal(t.reward, stored)  # the replay's rows stay raw
+
+
+def test_the_replay_keeps_raw_observations_and_a_sample_standardises_them():
+    """Pendulum's observation is (cos, sin, angular velocity): raw rows keep cos^2 + sin^2
+    = 1, standardised ones do not. The policy and the learner see the rows standardised
+    with the statistics of the moment, which every env step moves."""
+    algo = build_algorithm(_config("sac", 200))
+    try:
+        for _ in range(60):
+            algo.env_step()
+        stats, loop = algo.obs_stats, algo.loop
+        assert stats.count > 100
+        raw = loop.replay.sample(64, torch.Generator().manual_seed(0))
+        for obs in (raw.obs, raw.next_obs):
+            assert torch.allclose(obs[:, 0] ** 2 + obs[:, 1] ** 2, torch.ones(64), atol=1e-5)
+        batch = loop.normalizer.batch(raw)
+        assert torch.allclose(batch.obs, stats.normalize(raw.obs))
+        assert torch.allclose(batch.next_obs, stats.normalize(raw.next_obs))
+    finally:
+        algo.close()
 
 
 def test_normalize_obs_is_refused_for_image_observations():

@@ -15,7 +15,8 @@ def test_the_readme_is_at_most_200_lines() -> None:
 
 def test_the_readme_keeps_the_two_commands() -> None:
     text = README.read_text(encoding="utf-8")
-    assert SET_UP + 'pip install -e ".[video]" && rlloop train ppo --env CartPole-v1' in text
+    main = 'pip install uv && uv pip install -e ".[video]" && rlloop train ppo --env CartPole-v1'
+    assert SET_UP + main in text
     tests = 'pip install -e ".[dev]" && python -m pytest -n 2 -m "not heavy" --durations=15'
     assert SET_UP + tests in text
     assert tests in (ROOT / ".ci" / "run").read_text(encoding="utf-8"), "CI runs what it says"

@@ -4,9 +4,6 @@ the default dtype and the fused Adam refused it)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import torch
 
 from rlloop.algorithms.dqn import DQNLearner, DQNModule
@@ -15,16 +12,6 @@ from rlloop.config.offpolicy import DQNConfig, SACConfig
 from rlloop.data.transitions import Transitions
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.modules.q_networks import QNetwork
-
-
-@pytest.fixture
-def float64_default() -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def _batch(obs_dim: int, action: torch.Tensor) -> Transitions:

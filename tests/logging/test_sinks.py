@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeClock, plain_console
+from conftest import FakeClock, env_without, plain_console
 from rich.console import Console
 
 from rlloop.logging import (
@@ -140,6 +140,16 @@ def test_mlflow_sink_round_trip(tracking_uri: str) -> None:
     # Artifacts live next to the database, not in ./mlruns of whatever the cwd was.
     experiment = MlflowClient(tracking_uri).get_experiment(sink.experiment_id)
     assert experiment.artifact_location.endswith("/store/artifacts")
+
+
+def test_the_ui_hint_names_the_install_where_only_mlflow_skinny_is(tmp_path: Path) -> None:
+    """rlloop depends on MLflow's client (mlflow-skinny), whose `mlflow ui` needs Flask:
+    without it the hint installs the full mlflow first (a run's summary prints it)."""
+    code = ("from rlloop.logging.mlflow_sink import ui_hint; "
+            "print(ui_hint('sqlite:///runs/a/mlflow.db'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env_without("flask", tmp_path),
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "pip install mlflow && mlflow ui --backend-store-uri sqlite:///runs/a/mlflow.db"
 
 
 def test_mlflow_sink_buffers_until_the_flush_interval(tracking_uri: str) -> None:

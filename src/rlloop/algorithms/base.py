@@ -80,6 +80,10 @@ class AlgorithmBase:
     supports_dict_obs: ClassVar[bool] = False
     #: Set by every subclass: the learner that owns the algorithm's modules and optimisers.
     learner: Learner[Any]
+    #: With ``obs_stats``, the training env's wrapper updates them and hands the runner
+    #: standardised observations (PPO's rollouts hold what the policy saw). Off-policy
+    #: loops keep raw ones, for a replay normalised when sampled.
+    standardize_train_env: ClassVar[bool] = True
 
     def __init__(self, settings: EnvSettings, obs_stats: RunningMeanStd | None = None) -> None:
         if settings.spec.obs_parts and not self.supports_dict_obs:
@@ -106,7 +110,9 @@ class AlgorithmBase:
         env = make_env(s.env_id, s.num_envs, s.backend, seed=s.seed, env_kwargs=env_kwargs,
                        device=self.device,
                        step_timeout=s.step_timeout)
-        return NormalizeObservation(env, self.obs_stats) if self.obs_stats else env
+        if self.obs_stats is None or not self.standardize_train_env:
+            return env
+        return NormalizeObservation(env, self.obs_stats)
 
     def begin_horizon(self, collects: int, env_config: dict[str, Any] | None) -> None:
         """Reset training envs at ``horizons_per_env_reset`` boundaries (rl8 semantics).

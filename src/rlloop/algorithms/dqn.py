@@ -177,7 +177,8 @@ class DQN(OffPolicyAlgorithmBase):
         self.learner = DQNLearner({DEFAULT_MODULE_ID: DQNModule(self.q)}, config,
                                   env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, self.space, self.generator,
-                                  random_actions=self._random if self.mask_dims else None)
+                                  random_actions=self._random if self.mask_dims else None,
+                                  obs_stats=self.obs_stats)
         self.epsilon = Linear(config.exploration_initial_eps, config.exploration_final_eps,
                               config.exploration_steps)
 
@@ -220,17 +221,17 @@ class DQN(OffPolicyAlgorithmBase):
         every k >= gradient_steps updates, rl-zoo's setting) the batches are drawn at once
         and their TD targets come from one large target-network pass. Identical maths and
         sampling distribution, a fraction of the small-op overhead."""
-        cfg, learner, replay = self.config, self.learner, self.loop.replay
+        cfg, learner, loop = self.config, self.learner, self.loop
         stats: dict[str, Tensor] = {}
         left = cfg.gradient_steps
         while left:
             k = learner.updates_with_fixed_target(left)
             if k <= 1:
-                batch = replay.sample(cfg.batch_size, self.generator)
+                batch = loop.sample(cfg.batch_size, loop.env_steps)
                 stats = learner.update(batch.for_update())
                 left -= 1
                 continue
-            batch = replay.sample(k * cfg.batch_size, self.generator)
+            batch = loop.sample(k * cfg.batch_size, loop.env_steps)
             targets = learner.targets(batch).split(cfg.batch_size)
             obs, actions = batch.obs.split(cfg.batch_size), batch.action.split(cfg.batch_size)
             for i in range(k):

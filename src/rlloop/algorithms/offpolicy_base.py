@@ -161,6 +161,8 @@ class OffPolicyAlgorithmBase(AlgorithmBase):
     loop: OffPolicyLoop
     #: DQN, SAC and TD3 build a DictEncoder; replay keeps Dict entries apart.
     supports_dict_obs = True
+    #: The loop updates ``obs_stats`` and standardises observations where they are read.
+    standardize_train_env = False
 
     def __init__(self, section: str, env: EnvSettings, config: OffPolicyConfig) -> None:
         check_env_settings(section, env.horizons_per_env_reset)

@@ -35,10 +35,10 @@ from rlloop.config.offpolicy import check_hidden as check_hidden
 from rlloop.config.schedules import Linear
 from rlloop.data.obs_storage import ObsLayout
 from rlloop.data.prioritized_replay import PrioritizedReplayBuffer
+from rlloop.data.replay_normalization import ReplayNormalizer
 from rlloop.data.transitions import Transitions
 from rlloop.envs.core import ActionSpace, Box, Discrete, sample_random_actions
 from rlloop.envs.normalizer import RunningMeanStd
-from rlloop.envs.wrappers import discounted_reward_scale
 from rlloop.errors import ConfigError, saved_count
 from rlloop.runners.env_runner import EnvRunner
 
@@ -78,6 +78,9 @@ class OffPolicyLoop:
             policy from the first step (SB3's ``use_sde_at_warmup``).
         random_actions: Warm-up's random actions for the observations ``[N, *obs]``
             (None: uniform over the action space; DQN passes legal-only ones).
+        obs_stats: ``normalize_obs``'s statistics (the algorithm's): the env's raw
+            observations go into the replay, the policy and sampled batches see them
+            standardised (see :mod:`~rlloop.data.replay_normalization`).
     """
 
     def __init__(self, runner: EnvRunner, config: OffPolicyConfig, action_space: ActionSpace,
@@ -86,7 +89,7 @@ class OffPolicyLoop:
                  on_done: Callable[[Tensor], None] | None = None,
                  random_warmup: bool = True,
                  random_actions: Callable[[Tensor, torch.Generator], Tensor] | None = None,
-                 ) -> None:
+                 obs_stats: RunningMeanStd | None = None) -> None:
         self.runner, self.config, self.generator = runner, config, generator
         self.random_actions = random_actions
         self.action_space = action_space
@@ -104,12 +107,8 @@ class OffPolicyLoop:
         self.replay = REPLAY_BUFFERS[config.replay](self.experience, config)
         self.env_steps = 0
         self._due = 0  # optimisation steps made due by collect(), run by update()
-        #: normalize_rewards: the discounted return's statistics and each env's running
-        #: discounted return (float64, as the statistics; in the checkpoint both).
-        self.reward_stats = RunningMeanStd(device=runner.device) \
-            if config.normalize_rewards else None
-        self.reward_running = torch.zeros(env.num_envs, dtype=torch.float64,
-                                          device=runner.device)
+        self.normalizer = ReplayNormalizer(env.num_envs, config.gamma, obs_stats,
+                                           config.normalize_rewards, runner.device)
         self._beta = Linear(config.per_beta, 1.0, config.per_beta_steps)
 
     def step_processor(self, spec: ExperienceSpec) -> StepProcessor:
@@ -127,7 +126,7 @@ class OffPolicyLoop:
         t2 = clock()
         done = res.terminated | res.truncated
         self.replay.add(self.processor.process(obs, action,
-                                               self.learning_reward(res.reward, done),
+                                               self.learning_reward(res.reward, done, res.obs),
                                                res.final_obs, res.terminated, res.truncated))
         runner.episodes.update(res.reward, done)
         self.episodes_ended(done)
@@ -146,17 +145,25 @@ class OffPolicyLoop:
             return sample_random_actions(self.action_space, self.runner.env.num_envs,
                                          self.generator)
         with torch.inference_mode():
-            return explore(obs)
+            return explore(self.normalizer.policy_obs(obs))
 
-    def learning_reward(self, reward: Tensor, done: Tensor) -> Tensor:
-        """The reward ``[N]`` the replay stores: its sign with ``clip_rewards``, then scaled
-        with ``normalize_rewards`` (``done`` ``[N]`` ends the discounted returns); logged
-        returns stay the env's."""
+    def learning_reward(self, reward: Tensor, done: Tensor, next_obs: Tensor) -> Tensor:
+        """The reward ``[N]`` the replay stores: its sign with ``clip_rewards``, else the
+        env's; the step (``done`` ``[N]``, ``next_obs`` ``[N, *obs]``) also moves the
+        normalisation statistics, which sampled batches are scaled with."""
         reward = reward.sign() if self.config.clip_rewards else reward
-        if self.reward_stats is None:
-            return reward
-        return discounted_reward_scale(reward[None], done[None], self.reward_running,
-                                       self.reward_stats, self.config.gamma)[0]
+        self.normalizer.observe(reward, done, next_obs)
+        return reward
+
+    def sample(self, batch_size: int, env_steps: int) -> Transitions:
+        """``batch_size`` transitions from the replay (prioritized ones with the importance
+        exponent at ``env_steps``), normalised with the current statistics."""
+        replay = self.replay
+        if isinstance(replay, PrioritizedReplayBuffer):
+            t = replay.sample(batch_size, self.generator, beta=self._beta(env_steps))
+        else:
+            t = replay.sample(batch_size, self.generator)
+        return self.normalizer.batch(t)
 
     def episodes_ended(self, done: Tensor) -> None:
         """After an env step: the exploration noise of envs whose episode ended restarts."""
@@ -177,13 +184,9 @@ class OffPolicyLoop:
         """
         if not self.learning(env_steps):
             return None
-        cfg, replay = self.config, self.replay
         stats: Mapping[str, Tensor] = {}
-        for _ in range(cfg.gradient_steps):
-            if isinstance(replay, PrioritizedReplayBuffer):
-                t = replay.sample(cfg.batch_size, self.generator, beta=self._beta(env_steps))
-            else:
-                t = replay.sample(cfg.batch_size, self.generator)
+        for _ in range(self.config.gradient_steps):
+            t = self.sample(self.config.batch_size, env_steps)
             stats = update(t.for_update(), t.indices)
         return dict(stats)
 
@@ -217,18 +220,15 @@ class OffPolicyLoop:
     def get_state(self) -> dict[str, Any]:
         state = {"env_steps": self.env_steps, "processor": self.processor.get_state(),
                  "replay": self.replay.get_state()}
-        if self.reward_stats is not None:
-            state["reward_norm"] = {**self.reward_stats.get_state(),
-                                    "running": self.reward_running.clone()}
+        if (reward_norm := self.normalizer.get_state()) is not None:
+            state["reward_norm"] = reward_norm
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.env_steps = saved_count(state["env_steps"], "algorithm.offpolicy.env_steps")
         self.processor.set_state(state["processor"])
         self.replay.set_state(state["replay"])
-        if self.reward_stats is not None and "reward_norm" in state:
-            self.reward_stats.set_state(state["reward_norm"])
-            self.reward_running.copy_(state["reward_norm"]["running"])
+        self.normalizer.set_state(state.get("reward_norm"))
 
 
 def unit_box(space: Box) -> Box:

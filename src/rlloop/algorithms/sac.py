@@ -190,7 +190,8 @@ class SAC(OffPolicyAlgorithmBase):
         self.learner = SACLearner({DEFAULT_MODULE_ID: self.module}, config, entropy,
                                   self.generator, env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env,
-                                  random_warmup=not (config.use_sde and config.use_sde_at_warmup))
+                                  random_warmup=not (config.use_sde and config.use_sde_at_warmup),
+                                  obs_stats=self.obs_stats)
         self.to_env = to_env
         actor = self.module.actor
         #: gSDE: each env's noise matrix (standard normal, scaled by sigma when used), and

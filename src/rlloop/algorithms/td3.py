@@ -151,7 +151,8 @@ class TD3(OffPolicyAlgorithmBase):
                                        config.action_noise_std, self.generator,
                                        config.ou_theta, config.ou_dt)
         self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env,
-                                  on_done=self.noise.episode_end)
+                                  on_done=self.noise.episode_end,
+                                  obs_stats=self.obs_stats)
         self.to_env = to_env
 
     # ---- acting ----------------------------------------------------------------------

@@ -93,17 +93,19 @@ class OffPolicyConfig:
     """Learn from the sign of each reward (Atari's convention); episode returns are still
     logged unclipped."""
     normalize_obs: bool = False
-    """Standardise observations with running mean/std statistics (SB3's VecNormalize), as
-    ``ppo.normalize_obs``: the training env's wrapper updates them, evaluation and
-    ``predict`` read them, checkpoints save them. The replay stores the observations as
-    normalised when they were collected (the policy acted on exactly those), not raw ones
-    normalised at sample time as SB3 does: the stored rows need no second copy of the
-    statistics, and the statistics settle within the first thousands of steps, long before
-    the rows from before that are overwritten. Vector (float) observations only."""
+    """Standardise observations with running mean/std statistics (SB3's VecNormalize):
+    every env step updates them, the policy acts on standardised observations, evaluation
+    and ``predict`` read them, checkpoints save them. The replay stores the raw
+    observations and a sampled batch is standardised with the statistics of that moment,
+    as SB3 does: rows standardised when stored would keep the first steps' unsettled
+    statistics for the whole run (SAC then did not learn Pendulum-v1). Vector (float)
+    observations only."""
     normalize_rewards: bool = False
     """Divide rewards by the running std of the discounted return (SB3's VecNormalize
-    ``norm_reward``, PPO's ``normalize_rewards``) before the replay stores them, after
-    ``clip_rewards``; logged and evaluated returns stay the env's own."""
+    ``norm_reward``, PPO's ``normalize_rewards``) and clip them at +-10, after
+    ``clip_rewards``. As with observations the replay keeps the env's rewards and a
+    sampled batch is scaled with the current std; logged and evaluated returns stay the
+    env's own."""
     encoder: str = "auto"
     """Observation encoder: "auto" (Nature CNN for image observations, else the MLP),
     "mlp" (flattened observations, pixels too) or "nature_cnn". With the CNN the heads

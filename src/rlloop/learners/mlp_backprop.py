@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from rlloop.losses.dqn import dqn_stats
+from rlloop.modules.encoders import flat_input
 from rlloop.modules.q_networks import MLP, QNetwork
 
 #: The hook registries of ``nn.Module`` (attributes, read with a default so that a torch
@@ -107,13 +108,15 @@ class DQNBackprop:
     """One DQN update's gradient, set into the Q-network's ``.grad`` by hand."""
 
     def __init__(self, mlp: MLP) -> None:
+        self.mlp = mlp
         self.backprop = MLPBackprop(mlp)
 
     def __call__(self, obs: Tensor, action: Tensor, target: Tensor, weights: Tensor | None,
                  with_stats: bool = True) -> tuple[dict[str, Tensor], Tensor]:
         """Set the gradient of the Huber loss; returns its stats (``{}`` without
         ``with_stats``) and the TD errors ``[B]``."""
-        q_values, inputs = self.backprop.forward(obs.flatten(1))
+        # As QNetwork's forward takes them: in the weights' dtype, bytes scaled.
+        q_values, inputs = self.backprop.forward(flat_input(obs, self.mlp.dtype))
         grad, q, td_errors = dqn_loss_grad(q_values, action, target, weights)
         stats = dqn_stats(huber_loss(td_errors, weights), q, td_errors) if with_stats else {}
         self.backprop.backward(inputs, grad)

@@ -10,6 +10,7 @@ pointed at its new place before the sink opens it.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging as pylogging
 import os
 import secrets
@@ -118,10 +119,18 @@ def unknown_scheme_refusal(tracking_uri: str) -> str | None:
 
 
 def ui_hint(tracking_uri: str) -> str:
-    """How to browse a store: its URL for a tracking server, else the ``mlflow ui`` command."""
+    """How to browse a store: its URL for a tracking server, else the ``mlflow ui`` command,
+    after the install it needs where only MLflow's client is there: rlloop depends on
+    ``mlflow-skinny``, whose ``mlflow ui`` stops at ``import flask`` (the full ``mlflow``,
+    the ``mlflow`` extra, brings the server)."""
     if tracking_uri.startswith(("http://", "https://")):
         return tracking_uri
-    return f"mlflow ui --backend-store-uri {tracking_uri}"
+    command = f"mlflow ui --backend-store-uri {tracking_uri}"
+    try:
+        server = importlib.util.find_spec("flask") is not None
+    except ImportError:  # a finder that refuses it outright
+        server = False
+    return command if server else f"pip install mlflow && {command}"
 
 
 def _template_dir() -> Path:

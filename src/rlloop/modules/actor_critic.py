@@ -96,9 +96,12 @@ class ActorCritic(nn.Module):
         observation, or (a user network) the observation as ``net_input`` makes it."""
         if self.encoder is not None:
             return self.encoder(obs)
+        # The bodies' dtype: float64 under torch.set_default_dtype(torch.float64), where
+        # the envs' observations are float32 still.
+        dtype = cast(nn.Linear, self.critic[-1]).weight.dtype
         if self.net_input is not None:
-            return cast(Tensor, self.net_input(obs))
-        return flat_input(obs)
+            return cast(Tensor, self.net_input(obs)).to(dtype)
+        return flat_input(obs, dtype)
 
     def _latent_mean(self, x: Tensor) -> tuple[Tensor, Tensor]:
         latent = self.actor[:-1](x)

@@ -106,12 +106,16 @@ class NatureCNN(nn.Module):
             x = x.permute(0, 3, 1, 2)
         # Forward-only passes (acting, targets) are ~8% faster in the layout they come in.
         layout = torch.channels_last if torch.is_grad_enabled() else torch.preserve_format
+        # float32 precision computes in the weights' dtype (float64 ones under
+        # torch.set_default_dtype(torch.float64)); bfloat16 under autocast.
+        weights = cast(nn.Conv2d, self.net[0]).weight.dtype
+        dtype = weights if self.dtype == torch.float32 else self.dtype
         if x.dtype == torch.uint8:
             # One conversion straight into the layout, scaled in place: a fresh float
             # batch costs page faults, a second one (out of place) as many again.
-            x = x.to(self.dtype, memory_format=layout).mul_(1.0 / 255.0)
+            x = x.to(dtype, memory_format=layout).mul_(1.0 / 255.0)
         else:
-            x = x.to(self.dtype, memory_format=layout)
+            x = x.to(dtype, memory_format=layout)
         if self.dtype == torch.float32:
             out: Tensor = self.net(x)
             return out
@@ -120,7 +124,7 @@ class NatureCNN(nn.Module):
         # Each weight is read once per pass: no cast cache (which a CUDA graph must not keep).
         with torch.autocast(x.device.type, dtype=self.dtype, cache_enabled=False):
             out = self.net(x)
-        return out.float()
+        return out.to(weights)
 
 
 #: ``EnvSpec.obs_parts``: a Dict observation's entries as ``(key, shape, image)``.
@@ -160,8 +164,9 @@ class DictEncoder(nn.Module):
 
     def forward(self, obs: Tensor) -> Tensor:
         features = []
+        dtype = next(self.encoders.parameters()).dtype  # the float32 entries as the weights
         for x, shape, scale, cnn, encoder in zip(
-                obs.flatten(1)[:, : self.width].float().split(self.sizes, 1), self.shapes,
+                obs.flatten(1)[:, : self.width].to(dtype).split(self.sizes, 1), self.shapes,
                 self.scales,
                 self.cnn, self.encoders, strict=True):
             x = x * scale
@@ -170,14 +175,14 @@ class DictEncoder(nn.Module):
         return torch.cat(features, 1)
 
 
-def flat_input(obs: Tensor) -> Tensor:
-    """``[B, *obs] -> [B, prod(obs)]`` floats: what an MLP takes. uint8 observations (pixels
-    under ``encoder=mlp``, RAM bytes) are scaled to ``[0, 1]`` as the Nature CNN scales
-    them; other integer or bool observations are converted; floats pass unchanged."""
+def flat_input(obs: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``[B, *obs] -> [B, prod(obs)]`` in ``dtype``: what an MLP with weights of that dtype
+    takes. The envs hand out float32 observations whatever torch's default dtype, so a
+    network built under ``torch.set_default_dtype(torch.float64)`` passes its float64 here.
+    uint8 observations (pixels under ``encoder=mlp``, RAM bytes) are scaled to ``[0, 1]``
+    as the Nature CNN scales them; observations already in ``dtype`` pass unchanged."""
     x = obs.flatten(1)
-    if x.is_floating_point():
-        return x
-    return x.float().mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.float()
+    return x.to(dtype).mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.to(dtype)
 
 
 class NetInput(nn.Module):

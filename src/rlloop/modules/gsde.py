@@ -116,7 +116,7 @@ class TanhGSDEActor(nn.Module):
 
     def features(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """``(phi(s) [B, latent], mu(s) [B, act])``."""
-        phi = self.latent(flat_input(obs)).relu()
+        phi = self.latent(flat_input(obs, self.mu.weight.dtype)).relu()
         mean = self.mu(phi)
         return phi, mean.clamp(-self.clip_mean, self.clip_mean) if self.clip_mean > 0 else mean
 

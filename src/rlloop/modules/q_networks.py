@@ -39,6 +39,11 @@ class MLP(nn.Module):
         dims = [in_dim, *hidden, out_dim]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(dims))
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype, which the input must have."""
+        return cast(nn.Linear, self.layers[0]).weight.dtype
+
     def forward(self, x: Tensor) -> Tensor:
         last = len(self.layers) - 1
         for i, layer in enumerate(cast(Sequence[nn.Linear], self.layers)):
@@ -85,7 +90,12 @@ class QNetwork(nn.Module):
         return q
 
     def _q(self, obs: Tensor) -> Tensor:
-        x = self.net(flat_input(obs) if self.encoder is None else self.encoder(obs))
+        if self.encoder is None:
+            # A body a user swapped in (or a dueling net's Identity): its first parameter.
+            dtype = self.net.dtype if isinstance(self.net, MLP) else next(self.parameters()).dtype
+            x = self.net(flat_input(obs, dtype))
+        else:
+            x = self.net(self.encoder(obs))
         if not self.dueling:
             return x
         if self.encoder is None:
@@ -94,9 +104,10 @@ class QNetwork(nn.Module):
         return F.linear(x, self.value.weight, self.value.bias) + adv - adv.mean(1, keepdim=True)
 
 
-def encode(encoder: Encoder | None, obs: Tensor) -> Tensor:
-    """``[B, features]``: ``obs`` flattened, or through ``encoder`` when there is one."""
-    return flat_input(obs) if encoder is None else encoder(obs)
+def encode(encoder: Encoder | None, obs: Tensor, dtype: torch.dtype) -> Tensor:
+    """``[B, features]``: ``obs`` flattened into ``dtype`` (the reading weights'), or
+    through ``encoder`` when there is one."""
+    return flat_input(obs, dtype) if encoder is None else encoder(obs)
 
 
 class TwinQ(nn.Module):
@@ -140,8 +151,9 @@ class TwinQ(nn.Module):
             with torch.no_grad():  # the features do not depend on the action
                 features = self.encoder(obs)
         else:
-            features = encode(self.encoder, obs)
-        x = torch.cat([features, action.flatten(1)], 1)
+            features = encode(self.encoder, obs, self.weights[0].dtype)
+        # The replay's float32 actions, for critics of another dtype.
+        x = torch.cat([features, action.flatten(1).to(features.dtype)], 1)
         params = [(w.detach(), b.detach()) if detach_params else (w, b)
                   for w, b in zip(self.weights, self.biases, strict=True)]
         # Each member's (w, b) views per layer. unbind gives all members at once, and its
@@ -210,14 +222,14 @@ class TanhGaussianActor(nn.Module):
     def _gaussian_sample(self, obs: Tensor, generator: torch.Generator | None,
                          noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """``(u, eps, log sigma)``: the pre-tanh sample ``u = mu + eps sigma`` ``[B, d]``."""
-        mean, raw_log_std = self.net(encode(self.encoder, obs)).chunk(2, dim=-1)
+        mean, raw_log_std = self.net(encode(self.encoder, obs, self.net.dtype)).chunk(2, dim=-1)
         log_std = raw_log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
         eps = standard_normal(mean.shape, mean, generator) if noise is None else noise
         return mean + eps * log_std.exp(), eps, log_std
 
     def mode(self, obs: Tensor) -> Tensor:
         """The deterministic action ``tanh(mu(s))``."""
-        return torch.tanh(self.net(encode(self.encoder, obs))[:, : self.act_dim])
+        return torch.tanh(self.net(encode(self.encoder, obs, self.net.dtype))[:, : self.act_dim])
 
 
 class DeterministicActor(nn.Module):
@@ -231,4 +243,4 @@ class DeterministicActor(nn.Module):
         self.net = MLP(obs_dim if encoder is None else encoder.out_dim, hidden, act_dim)
 
     def forward(self, obs: Tensor) -> Tensor:
-        return torch.tanh(self.net(encode(self.encoder, obs)))
+        return torch.tanh(self.net(encode(self.encoder, obs, self.net.dtype)))

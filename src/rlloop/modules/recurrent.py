@@ -101,7 +101,8 @@ class RecurrentActorCritic(nn.Module):
         """
         if starts is not None:
             state = state * (~starts).unsqueeze(-1).to(state.dtype)
-        x = self.encoder(obs)
+        # to(): the cells' dtype (float64 under torch.set_default_dtype(torch.float64)).
+        x = self.encoder(obs).to(self.actor_cell.weight_ih.dtype)
         split = self.cell_state_size
         h_pi, s_pi = self._cell(self.actor_cell, x, state[:, :split])
         h_vf, s_vf = self._cell(self.critic_cell, x, state[:, split:])

@@ -386,9 +386,10 @@ class RemoteOffPolicyLoop(OffPolicyLoop):
             processor = self.processors[frag.runner]
             for t in range(frag.rewards.shape[0]):
                 done = frag.terminated[t] | frag.truncated[t]
+                reward = self.learning_reward(frag.rewards[t], done, frag.next_obs[t])
                 self.replay.add(processor.process(
-                    frag.obs[t], frag.actions[t], self.learning_reward(frag.rewards[t], done),
-                    frag.next_obs[t], frag.terminated[t], frag.truncated[t]))
+                    frag.obs[t], frag.actions[t], reward, frag.next_obs[t], frag.terminated[t],
+                    frag.truncated[t]))
             steps += frag.steps
         self.env_steps += steps
         return steps
