@@ -1,6 +1,6 @@
 """The algorithms: one module per algorithm (its learner, its build), and the bases they share.
 
-What lives here: PPO (``ppo``, ``recurrent_ppo``), multi-agent PPO and its league (``ma_ppo``,
+What lives here: PPO (``ppo``, ``recurrent_ppo``), A2C (``a2c``, on PPO's collection), multi-agent PPO and its league (``ma_ppo``,
 ``league``), the off-policy family (``dqn``, ``sac``, ``td3`` on ``offpolicy_base``'s base
 classes and ``offpolicy_loop``'s collect/replay loop), ``base`` (what every algorithm
 shares) and ``distributed`` (several learners). Their configs live in ``rlloop.config.run_config``
@@ -17,7 +17,8 @@ import importlib
 from typing import Any
 
 # Where the classes this package exports live; imported on first access (PEP 562).
-_EXPORTS = {"AlgorithmBase": "rlloop.algorithms.base", "EnvSettings": "rlloop.algorithms.base",
+_EXPORTS = {"A2C": "rlloop.algorithms.a2c", "A2CConfig": "rlloop.config.a2c",
+            "AlgorithmBase": "rlloop.algorithms.base", "EnvSettings": "rlloop.algorithms.base",
             "DQN": "rlloop.algorithms.dqn", "MultiAgentPPO": "rlloop.algorithms.ma_ppo",
             "PPO": "rlloop.algorithms.ppo", "SAC": "rlloop.algorithms.sac",
             "TD3": "rlloop.algorithms.td3", "DQNConfig": "rlloop.config.offpolicy",
@@ -31,5 +32,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DQN", "PPO", "SAC", "TD3", "AlgorithmBase", "DQNConfig", "EnvSettings",
+__all__ = ["A2C", "DQN", "PPO", "SAC", "TD3", "A2CConfig", "AlgorithmBase", "DQNConfig", "EnvSettings",
            "MultiAgentPPO", "MultiAgentPPOConfig", "PPOConfig", "SACConfig", "TD3Config"]
