@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_API = {"PPO": "rlloop.api", "A2C": "rlloop.api", "DQN": "rlloop.api", "SAC": "rlloop.api", "TD3": "rlloop.api",
-        "Model": "rlloop.api", "load": "rlloop.api", "Callback": "rlloop.trainers.callbacks",
-        "check_env": "rlloop.envs.checker"}
-__all__ = ["A2C", "DQN", "PPO", "SAC", "TD3", "Callback", "Model", "__version__", "check_env", "load"]
+_API = {"PPO": "rlloop.api", "A2C": "rlloop.api", "DQN": "rlloop.api", "SAC": "rlloop.api",
+        "TD3": "rlloop.api", "Model": "rlloop.api", "load": "rlloop.api",
+        "Callback": "rlloop.trainers.callbacks", "check_env": "rlloop.envs.checker"}
+__all__ = ["A2C", "DQN", "PPO", "SAC", "TD3", "Callback", "Model", "__version__", "check_env",
+           "load"]
 
 if TYPE_CHECKING:
     from rlloop.api import A2C, DQN, PPO, SAC, TD3, Model, load

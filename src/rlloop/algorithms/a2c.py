@@ -33,22 +33,31 @@ class A2CLearner(Learner[RolloutBatch]):
     """RMSprop (or Adam) per module; the loss of :func:`rlloop.losses.a2c.a2c_loss`, with
     ``ent_coef`` scheduled on the env-step timeline."""
 
-    def __init__(self, modules: Mapping[str, nn.Module], config: A2CConfig,
-                 on_nonfinite: Literal["skip", "raise"] = "skip") -> None:
+    def __init__(
+        self,
+        modules: Mapping[str, nn.Module],
+        config: A2CConfig,
+        on_nonfinite: Literal["skip", "raise"] = "skip",
+    ) -> None:
         super().__init__(modules, config, on_nonfinite=on_nonfinite)
 
     def configure_optimizers_for_module(self, module_id: str, config: A2CConfig) -> None:
         params = list(self.modules[module_id].parameters())
         optimizer: torch.optim.Optimizer
         if config.optimizer == "rmsprop":
-            optimizer = RMSprop(params, lr=config.lr, alpha=config.rmsprop_alpha,
-                                eps=config.optimizer_eps)
+            optimizer = RMSprop(
+                params, lr=config.lr, alpha=config.rmsprop_alpha, eps=config.optimizer_eps
+            )
         else:
             optimizer = Adam(params, lr=config.lr, eps=config.optimizer_eps)
-        self.register_optimizer(module_id, "default", optimizer, params,
-                                learning_rate(config.lr, config.lr_schedule,
-                                              config.lr_decay_steps),
-                                GradientClip(config.max_grad_norm, config.grad_clip_by))
+        self.register_optimizer(
+            module_id,
+            "default",
+            optimizer,
+            params,
+            learning_rate(config.lr, config.lr_schedule, config.lr_decay_steps),
+            GradientClip(config.max_grad_norm, config.grad_clip_by),
+        )
         self.register_hyperparameter(module_id, "ent_coef", config.ent_coef)
 
     def forward_train(self, module_id: str, batch: RolloutBatch) -> tuple[ActionDist, Tensor]:
@@ -56,14 +65,25 @@ class A2CLearner(Learner[RolloutBatch]):
         assert isinstance(module, ActorCritic)
         return module.dist_value(batch.obs)
 
-    def compute_loss_for_module(self, module_id: str, config: A2CConfig, batch: RolloutBatch,
-                                fwd_out: tuple[ActionDist, Tensor] | None = None,
-                                ) -> tuple[Tensor, dict[str, Tensor]]:
+    def compute_loss_for_module(
+        self,
+        module_id: str,
+        config: A2CConfig,
+        batch: RolloutBatch,
+        fwd_out: tuple[ActionDist, Tensor] | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         dist, values = fwd_out or self.forward_train(module_id, batch)
         actions = batch.actions.flatten(1) if batch.actions.dim() > 1 else batch.actions
-        return a2c_loss(dist.log_prob(actions), batch.advantages, values, batch.returns,
-                        dist.entropy(), config.vf_coef, self.hyperparameter(module_id, "ent_coef"),
-                        config.normalize_advantages)
+        return a2c_loss(
+            dist.log_prob(actions),
+            batch.advantages,
+            values,
+            batch.returns,
+            dist.entropy(),
+            config.vf_coef,
+            self.hyperparameter(module_id, "ent_coef"),
+            config.normalize_advantages,
+        )
 
 
 class A2C(PPO):
@@ -77,5 +97,6 @@ class A2C(PPO):
 
     def update(self, env_steps: int) -> dict[str, float]:
         self.learner.before_gradient_based_update(env_steps)  # logs learner/lr_default etc.
-        return self.learner.update_from_batch({DEFAULT_MODULE_ID: self._batch()},
-                                              shuffle_batch_per_epoch=False)
+        return self.learner.update_from_batch(
+            {DEFAULT_MODULE_ID: self._batch()}, shuffle_batch_per_epoch=False
+        )

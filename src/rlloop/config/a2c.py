@@ -15,11 +15,11 @@ from rlloop.errors import ConfigError
 class A2CConfig(OnPolicyConfig):
     """A2C hyperparameters.
 
-Defaults are Stable-Baselines3's A2C defaults in rlloop's units: 5 steps per env and one
-gradient step on the whole rollout (no epochs, no minibatches), RMSprop (alpha 0.99, eps
-1e-5), ``gae_lambda=1`` (n-step returns), no advantage standardisation. SB3's
-``vf_coef=0.5`` is 1.0 here (rlloop's value loss carries a factor 1/2). Tuned values per
-env live in the presets (``rlloop presets a2c``)."""
+    Defaults are Stable-Baselines3's A2C defaults in rlloop's units: 5 steps per env and one
+    gradient step on the whole rollout (no epochs, no minibatches), RMSprop (alpha 0.99, eps
+    1e-5), ``gae_lambda=1`` (n-step returns), no advantage standardisation. SB3's
+    ``vf_coef=0.5`` is 1.0 here (rlloop's value loss carries a factor 1/2). Tuned values per
+    env live in the presets (``rlloop presets a2c``)."""
 
     section: ClassVar[str] = "a2c"
 

@@ -113,33 +113,44 @@ class OnPolicyConfig:
         if self.lr <= 0:
             raise ConfigError(f"{self.section}.lr must be > 0, got {self.lr}")
         if self.vf_coef < 0:
-            raise ConfigError(f"{self.section}.vf_coef must be >= 0 (a negative weight "
-                              f"trains the critic away from the returns), got {self.vf_coef}")
+            raise ConfigError(
+                f"{self.section}.vf_coef must be >= 0 (a negative weight "
+                f"trains the critic away from the returns), got {self.vf_coef}"
+            )
         check_init_log_std(f"{self.section}.init_log_std", self.init_log_std)
         if not 0 < self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
-            raise ConfigError(f"{self.section}.gamma must be in (0, 1] and "
-                              f"{self.section}.gae_lambda in [0, 1]")
+            raise ConfigError(
+                f"{self.section}.gamma must be in (0, 1] and {self.section}.gae_lambda in [0, 1]"
+            )
         if lowest_value(f"{self.section}.ent_coef", self.ent_coef) < 0:
-            raise ConfigError(f"{self.section}.ent_coef must be >= 0 (a negative weight "
-                              "rewards the policy for losing its entropy: it stops exploring), "
-                              f"got {self.ent_coef}; use 0 for no entropy bonus")
+            raise ConfigError(
+                f"{self.section}.ent_coef must be >= 0 (a negative weight "
+                "rewards the policy for losing its entropy: it stops exploring), "
+                f"got {self.ent_coef}; use 0 for no entropy bonus"
+            )
         if not self.hidden or any(h <= 0 for h in self.hidden):
             raise ConfigError(
-                f"{self.section}.hidden must be a non-empty list of sizes > 0, got {self.hidden}")
+                f"{self.section}.hidden must be a non-empty list of sizes > 0, got {self.hidden}"
+            )
         if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
-            raise ConfigError(f"{self.section}.sde_sample_freq must be > 0 or -1 (once per "
-                              f"rollout), got {self.sde_sample_freq}")
+            raise ConfigError(
+                f"{self.section}.sde_sample_freq must be > 0 or -1 (once per "
+                f"rollout), got {self.sde_sample_freq}"
+            )
         if self.net is not None:
             check_net_path(self.net, f"{self.section}.net")
         if self.cuda_graph:
             what = "use_sde" if self.use_sde else "normalize_obs" if self.normalize_obs else None
             if what is not None:
-                raise ConfigError(f"{self.section}.cuda_graph cannot capture a rollout with "
-                                  f"{self.section}.{what}; drop one of the two")
+                raise ConfigError(
+                    f"{self.section}.cuda_graph cannot capture a rollout with "
+                    f"{self.section}.{what}; drop one of the two"
+                )
         GradientClip(self.max_grad_norm, self.grad_clip_by)
         if self.encoder not in ENCODERS:
-            raise ConfigError(f"{self.section}.encoder must be one of {list(ENCODERS)}, "
-                              f"got {self.encoder!r}")
+            raise ConfigError(
+                f"{self.section}.encoder must be one of {list(ENCODERS)}, got {self.encoder!r}"
+            )
         check_cnn_precision(self.cnn_precision, f"{self.section}.cnn_precision")
 
     def check_batch(self, num_envs: int) -> None:

@@ -36,6 +36,9 @@ def a2c_loss(
     value_loss = 0.5 * (values - returns).pow(2).mean()
     entropy_mean = entropy.mean()
     loss = policy_loss + vf_coef * value_loss - ent_coef * entropy_mean
-    stats = {"losses/policy": policy_loss.detach(), "losses/value": value_loss.detach(),
-             "losses/entropy": entropy_mean.detach()}
+    stats = {
+        "losses/policy": policy_loss.detach(),
+        "losses/value": value_loss.detach(),
+        "losses/entropy": entropy_mean.detach(),
+    }
     return loss, stats
