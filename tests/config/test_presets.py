@@ -95,7 +95,7 @@ def test_presets_command_lists_and_prints_a_config_layer(tmp_path, cli_in_proces
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (["presets", "a2c"], "no presets for algorithm 'a2c'"),
+    (["presets", "trpo"], "no presets for algorithm 'trpo'"),
     (["presets", "ppo", "--env", "Nowhere-v0"], "no ppo preset for Nowhere-v0"),
 ])
 def test_presets_command_bad_input_is_one_line(cli_in_process, args, expected):
