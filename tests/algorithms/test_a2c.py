@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mask_envs import register as register_masks
 from pixel_envs import register
 
 from rlloop import A2C, PPO, load
@@ -16,6 +17,7 @@ from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.runs.build import build_algorithm
 
 register()
+register_masks()
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 API_QUIET = {"save_video": False, "progress": False, "mlflow": False}
 
@@ -67,8 +69,14 @@ def test_one_update_is_one_rmsprop_step_on_the_whole_rollout_in_order():
         algo.close()
 
 
-@pytest.mark.parametrize("env_id", ["rlloop-test/TwoBandits-v0", "rlloop-test/BitPattern-v0"])
-def test_a2c_acts_and_learns_in_multi_discrete_and_multi_binary_spaces(env_id):
+@pytest.mark.parametrize("env_id", [
+    "rlloop-test/TwoBandits-v0",  # MultiDiscrete actions
+    "rlloop-test/BitPattern-v0",  # MultiBinary actions
+    "rlloop-test/SidePixels-v0",  # pixels: a Nature CNN shared by actor and critic
+    "rlloop-test/MaskedChoice-v0",  # an action mask from info
+    "rlloop-test/MaskedChoiceDict-v0",  # a Dict observation and a mask
+])
+def test_a2c_updates_on_every_space_ppo_s_collection_takes(env_id):
     algo = build_algorithm(build_config("a2c", env_id, flags={"num_envs": 4}, sets=QUIET))
     try:
         algo.collect()

@@ -45,11 +45,17 @@ class A2CLearner(Learner[RolloutBatch]):
         params = list(self.modules[module_id].parameters())
         optimizer: torch.optim.Optimizer
         if config.optimizer == "rmsprop":
+            # foreach: one kernel per operation over all tensors instead of one per tensor
+            # (torch picks it on CUDA only); ~0.2 ms of a CartPole update on a CPU.
             optimizer = RMSprop(
-                params, lr=config.lr, alpha=config.rmsprop_alpha, eps=config.optimizer_eps
+                params,
+                lr=config.lr,
+                alpha=config.rmsprop_alpha,
+                eps=config.optimizer_eps,
+                foreach=True,
             )
         else:
-            optimizer = Adam(params, lr=config.lr, eps=config.optimizer_eps)
+            optimizer = Adam(params, lr=config.lr, eps=config.optimizer_eps, foreach=True)
         self.register_optimizer(
             module_id,
             "default",
