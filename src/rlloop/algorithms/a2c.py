@@ -55,7 +55,7 @@ class A2CLearner(Learner[RolloutBatch]):
                 foreach=True,
             )
         else:
-            optimizer = Adam(params, lr=config.lr, eps=config.optimizer_eps, foreach=True)
+            optimizer = Adam(params, lr=config.lr, eps=config.optimizer_eps, fused=True)
         self.register_optimizer(
             module_id,
             "default",
