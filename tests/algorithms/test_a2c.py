@@ -1,15 +1,17 @@
-"""A2C as users reach it: ``rlloop train a2c``, ``from rlloop import A2C``, its one
+"""A2C as users reach it: ``rlloop train a2c``, ``from rlloop import A2C``, export, its one
 gradient step per rollout, the action spaces it acts in and what it refuses up front."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from mask_envs import register as register_masks
 from pixel_envs import register
 
 from rlloop import A2C, PPO, load
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.cli.export import export_run
 from rlloop.config.loading import build_config
 from rlloop.errors import ConfigError
 from rlloop.learners.adam import RMSprop
@@ -44,6 +46,8 @@ def test_a2c_learns_saves_loads_and_predicts_from_python(tmp_path):
     obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
     np.testing.assert_array_equal(copy.predict(obs), model.predict(obs))
     assert copy.learn(100).env_steps == 300
+    exported = torch.jit.load(str(export_run(tmp_path / "run", "torchscript")))
+    np.testing.assert_array_equal(exported(torch.as_tensor(obs)).numpy(), model.predict(obs))
     assert isinstance(load(tmp_path / "copy"), A2C)
     with pytest.raises(ConfigError, match=r"is a a2c run, not ppo; load it with A2C\.load"):
         PPO.load(tmp_path / "copy")
