@@ -90,7 +90,7 @@ def test_a_wrong_action_space_is_refused_before_torch(tmp_path: Path,
     assert result == {"code": 2, "torch": False}, err
     assert err.strip().splitlines() == [
         "rlloop: error: dqn needs discrete actions but Pendulum-v1 has continuous ones; "
-        "use ppo, sac or td3 for this env"]
+        "use ppo, a2c, sac or td3 for this env"]
 
 
 @pytest.mark.parametrize("command", ["eval", "export"])
