@@ -64,7 +64,12 @@ def _compare(env_id: str, normalize: bool) -> dict[str, float]:
     config = build_config("a2c", env_id, flags={"num_envs": 4, "seed": 3,
                                                 "backend": "gymnasium"},
                           sets=["mlflow=false", "progress=false", f"a2c.ent_coef={ENT_COEF}",
-                                f"a2c.normalize_advantages={str(normalize).lower()}"])
+                                f"a2c.normalize_advantages={str(normalize).lower()}",
+                                # SB3's defaults, not the Pendulum preset's tuned ones
+                                "a2c.use_sde=false", "a2c.normalize_obs=false",
+                                "a2c.normalize_rewards=false", "a2c.vf_coef=1.0",
+                                "a2c.lr=0.0007", "a2c.lr_schedule=constant",
+                                "a2c.max_grad_norm=0.5"])
     algo = build_algorithm(config)
     try:
         algo.collect()
