@@ -4,8 +4,8 @@ One rollout collected by rlloop, its batch (observations, actions, advantages, r
 handed to both libraries; both networks carry the same weights. SB3's own ``A2C.train``
 (the real one: its loss, clipping and RMSprop) reads the batch from its rollout buffer;
 rlloop's ``A2C.update`` makes its one gradient step. The losses, the clipped gradients and
-the parameters after the step must agree to float64 rounding, and a planted error in the
-loss must show.
+the parameters after the step must agree to float64 rounding (Discrete and Box actions,
+and gSDE), and a planted error in the loss must show.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ class _Buffer:
 
 
 def _sb3_name(name: str) -> str:
+    if name == "sde.log_std":  # gSDE's noise scales
+        return "log_std"
     layer, _, kind = name.rpartition(".")
     return f"{SB3_NAMES[layer]}.{kind}" if layer in SB3_NAMES else name
 
@@ -58,7 +60,7 @@ def _sb3_in_float64(monkeypatch):
     monkeypatch.setattr(policies, "preprocess_obs", lambda obs, space, **_: obs)
 
 
-def _compare(env_id: str, normalize: bool) -> dict[str, float]:
+def _compare(env_id: str, normalize: bool, sde: bool = False) -> dict[str, float]:
     """The largest differences between SB3 and rlloop after one A2C step on one rollout:
     ``loss/<name>``, ``grad`` (clipped gradients) and ``param``."""
     config = build_config("a2c", env_id, flags={"num_envs": 4, "seed": 3,
@@ -66,7 +68,7 @@ def _compare(env_id: str, normalize: bool) -> dict[str, float]:
                           sets=["mlflow=false", "progress=false", f"a2c.ent_coef={ENT_COEF}",
                                 f"a2c.normalize_advantages={str(normalize).lower()}",
                                 # SB3's defaults, not the Pendulum preset's tuned ones
-                                "a2c.use_sde=false", "a2c.normalize_obs=false",
+                                f"a2c.use_sde={str(sde).lower()}", "a2c.normalize_obs=false",
                                 "a2c.normalize_rewards=false", "a2c.vf_coef=1.0",
                                 "a2c.lr=0.0007", "a2c.lr_schedule=constant",
                                 "a2c.max_grad_norm=0.5"])
@@ -79,7 +81,7 @@ def _compare(env_id: str, normalize: bool) -> dict[str, float]:
             batch.values)))
         algo.policy.double()  # the optimiser holds the same tensors; it has no state yet
         model = sb3.A2C("MlpPolicy", env_id, n_steps=5, ent_coef=ENT_COEF, vf_coef=0.5,
-                        normalize_advantage=normalize, device="cpu", seed=0)
+                        normalize_advantage=normalize, use_sde=sde, device="cpu", seed=0)
         model.policy.double()
         model.policy.load_state_dict({_sb3_name(k): v.clone()
                                       for k, v in algo.policy.state_dict().items()})
@@ -108,10 +110,10 @@ def _compare(env_id: str, normalize: bool) -> dict[str, float]:
         algo.close()
 
 
-@pytest.mark.parametrize(("env_id", "normalize"), [("CartPole-v1", False),
-                                                    ("Pendulum-v1", True)])
-def test_one_update_equals_stable_baselines3(env_id, normalize):
-    diffs = _compare(env_id, normalize)
+@pytest.mark.parametrize(("env_id", "normalize", "sde"), [
+    ("CartPole-v1", False, False), ("Pendulum-v1", True, False), ("Pendulum-v1", False, True)])
+def test_one_update_equals_stable_baselines3(env_id, normalize, sde):
+    diffs = _compare(env_id, normalize, sde)
     assert max(diffs.values()) < 1e-10, diffs
 
 
