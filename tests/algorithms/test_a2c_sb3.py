@@ -24,9 +24,14 @@ from stable_baselines3.common.logger import configure  # noqa: E402
 from stable_baselines3.common.type_aliases import RolloutBufferSamples  # noqa: E402
 
 #: rlloop's parameter -> SB3's (separate actor and critic MLPs, linear heads).
-SB3_NAMES = {"actor.0": "mlp_extractor.policy_net.0", "actor.2": "mlp_extractor.policy_net.2",
-             "actor.4": "action_net", "critic.0": "mlp_extractor.value_net.0",
-             "critic.2": "mlp_extractor.value_net.2", "critic.4": "value_net"}
+SB3_NAMES = {
+    "actor.0": "mlp_extractor.policy_net.0",
+    "actor.2": "mlp_extractor.policy_net.2",
+    "actor.4": "action_net",
+    "critic.0": "mlp_extractor.value_net.0",
+    "critic.2": "mlp_extractor.value_net.2",
+    "critic.4": "value_net",
+}
 ENT_COEF = 0.01
 
 
@@ -40,8 +45,9 @@ class _Buffer:
 
     def get(self, batch_size=None):
         b = self.batch  # SB3 stores actions as floats (and casts Discrete ones back)
-        yield RolloutBufferSamples(b.obs, b.actions.double(), b.values, b.log_probs,
-                                   b.advantages, b.returns)
+        yield RolloutBufferSamples(
+            b.obs, b.actions.double(), b.values, b.log_probs, b.advantages, b.returns
+        )
 
 
 def _sb3_name(name: str) -> str:
@@ -63,28 +69,58 @@ def _sb3_in_float64(monkeypatch):
 def _compare(env_id: str, normalize: bool, sde: bool = False) -> dict[str, float]:
     """The largest differences between SB3 and rlloop after one A2C step on one rollout:
     ``loss/<name>``, ``grad`` (clipped gradients) and ``param``."""
-    config = build_config("a2c", env_id, flags={"num_envs": 4, "seed": 3,
-                                                "backend": "gymnasium"},
-                          sets=["mlflow=false", "progress=false", f"a2c.ent_coef={ENT_COEF}",
-                                f"a2c.normalize_advantages={str(normalize).lower()}",
-                                # SB3's defaults, not the Pendulum preset's tuned ones
-                                f"a2c.use_sde={str(sde).lower()}", "a2c.normalize_obs=false",
-                                "a2c.normalize_rewards=false", "a2c.vf_coef=1.0",
-                                "a2c.lr=0.0007", "a2c.lr_schedule=constant",
-                                "a2c.max_grad_norm=0.5"])
+    config = build_config(
+        "a2c",
+        env_id,
+        flags={"num_envs": 4, "seed": 3, "backend": "gymnasium"},
+        sets=[
+            "mlflow=false",
+            "progress=false",
+            f"a2c.ent_coef={ENT_COEF}",
+            f"a2c.normalize_advantages={str(normalize).lower()}",
+            # SB3's defaults, not the Pendulum preset's tuned ones
+            f"a2c.use_sde={str(sde).lower()}",
+            "a2c.normalize_obs=false",
+            "a2c.normalize_rewards=false",
+            "a2c.vf_coef=1.0",
+            "a2c.lr=0.0007",
+            "a2c.lr_schedule=constant",
+            "a2c.max_grad_norm=0.5",
+        ],
+    )
     algo = build_algorithm(config)
     try:
         algo.collect()
         batch = algo._batch()
-        batch64 = RolloutBatch(*(t.double() if t.is_floating_point() else t for t in (
-            batch.obs, batch.actions, batch.log_probs, batch.advantages, batch.returns,
-            batch.values)))
+        batch64 = RolloutBatch(
+            *(
+                t.double() if t.is_floating_point() else t
+                for t in (
+                    batch.obs,
+                    batch.actions,
+                    batch.log_probs,
+                    batch.advantages,
+                    batch.returns,
+                    batch.values,
+                )
+            )
+        )
         algo.policy.double()  # the optimiser holds the same tensors; it has no state yet
-        model = sb3.A2C("MlpPolicy", env_id, n_steps=5, ent_coef=ENT_COEF, vf_coef=0.5,
-                        normalize_advantage=normalize, use_sde=sde, device="cpu", seed=0)
+        model = sb3.A2C(
+            "MlpPolicy",
+            env_id,
+            n_steps=5,
+            ent_coef=ENT_COEF,
+            vf_coef=0.5,
+            normalize_advantage=normalize,
+            use_sde=sde,
+            device="cpu",
+            seed=0,
+        )
         model.policy.double()
-        model.policy.load_state_dict({_sb3_name(k): v.clone()
-                                      for k, v in algo.policy.state_dict().items()})
+        model.policy.load_state_dict(
+            {_sb3_name(k): v.clone() for k, v in algo.policy.state_dict().items()}
+        )
         model.rollout_buffer = _Buffer(batch64)
         model.set_logger(configure(None, []))
         model.train()
@@ -99,10 +135,10 @@ def _compare(env_id: str, normalize: bool, sde: bool = False) -> dict[str, float
             # SB3's value loss is mean (V - R)^2, rlloop's half of it
             "loss/value": abs(2 * stats["losses/value"] - logged["train/value_loss"]),
             "loss/entropy": abs(stats["losses/entropy"] + logged["train/entropy_loss"]),
-            "grad": max(float((p.grad - theirs[_sb3_name(k)].grad).abs().max())
-                        for k, p in ours.items()),
-            "param": max(float((p - theirs[_sb3_name(k)]).abs().max())
-                         for k, p in ours.items()),
+            "grad": max(
+                float((p.grad - theirs[_sb3_name(k)].grad).abs().max()) for k, p in ours.items()
+            ),
+            "param": max(float((p - theirs[_sb3_name(k)]).abs().max()) for k, p in ours.items()),
         }
         assert all(p.dtype == torch.float64 for p in ours.values())
         return diffs
@@ -110,17 +146,22 @@ def _compare(env_id: str, normalize: bool, sde: bool = False) -> dict[str, float
         algo.close()
 
 
-@pytest.mark.parametrize(("env_id", "normalize", "sde"), [
-    ("CartPole-v1", False, False), ("Pendulum-v1", True, False), ("Pendulum-v1", False, True)])
+@pytest.mark.parametrize(
+    ("env_id", "normalize", "sde"),
+    [("CartPole-v1", False, False), ("Pendulum-v1", True, False), ("Pendulum-v1", False, True)],
+)
 def test_one_update_equals_stable_baselines3(env_id, normalize, sde):
     diffs = _compare(env_id, normalize, sde)
     assert max(diffs.values()) < 1e-10, diffs
 
 
-@pytest.mark.parametrize("planted", ["entropy bonus with its sign flipped",
-                                     "value weight in SB3's units (half of rlloop's)"])
+@pytest.mark.parametrize(
+    "planted",
+    ["entropy bonus with its sign flipped", "value weight in SB3's units (half of rlloop's)"],
+)
 def test_a_wrong_coefficient_in_the_loss_is_caught(monkeypatch, planted):
     """The check can fail: either error moves the gradients past its 1e-10."""
+
     def wrong(*args):
         *head, vf_coef, ent_coef, normalize = args
         if planted.startswith("entropy"):
@@ -148,4 +189,5 @@ def test_the_loss_is_the_policy_gradient_plus_weighted_value_and_entropy_terms()
     std = (adv - adv.mean()) / (adv.std() + 1e-8)
     _, normalized = a2c_loss(log_prob, adv, values, returns, entropy, 0.5, 0.01, True)
     assert float(normalized["losses/policy"]) == pytest.approx(
-        -float((std * log_prob).mean()), abs=1e-15)
+        -float((std * log_prob).mean()), abs=1e-15
+    )

@@ -15,9 +15,12 @@ QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 
 @pytest.mark.slow
 def test_a2c_solves_cartpole_with_its_preset(tmp_path):
-    config = build_config("a2c", "CartPole-v1", flags={"seed": 0},
-                          sets=[*QUIET, "total_env_steps=60000", "eval_every=100",
-                                "solve_episodes=20"])
+    config = build_config(
+        "a2c",
+        "CartPole-v1",
+        flags={"seed": 0},
+        sets=[*QUIET, "total_env_steps=60000", "eval_every=100", "solve_episodes=20"],
+    )
     result = train(config, tmp_path / "run")
     ev = evaluate_run(result.run_dir, episodes=20)
     assert result.env_steps < 60000 and ev["return_mean"] >= 475, (result, ev)
