@@ -66,7 +66,9 @@ def _sb3_in_float64(monkeypatch):
     monkeypatch.setattr(policies, "preprocess_obs", lambda obs, space, **_: obs)
 
 
-def _compare(env_id: str, normalize: bool, sde: bool = False) -> dict[str, float]:
+def _compare(
+    env_id: str, normalize: bool, sde: bool = False, optimizer: str = "rmsprop"
+) -> dict[str, float]:
     """The largest differences between SB3 and rlloop after one A2C step on one rollout:
     ``loss/<name>``, ``grad`` (clipped gradients) and ``param``."""
     config = build_config(
@@ -86,6 +88,7 @@ def _compare(env_id: str, normalize: bool, sde: bool = False) -> dict[str, float
             "a2c.lr=0.0007",
             "a2c.lr_schedule=constant",
             "a2c.max_grad_norm=0.5",
+            f"a2c.optimizer={optimizer}",
         ],
     )
     algo = build_algorithm(config)
@@ -114,6 +117,7 @@ def _compare(env_id: str, normalize: bool, sde: bool = False) -> dict[str, float
             vf_coef=0.5,
             normalize_advantage=normalize,
             use_sde=sde,
+            use_rms_prop=optimizer == "rmsprop",  # else Adam, eps 1e-5 (SB3's policy default)
             device="cpu",
             seed=0,
         )
@@ -147,11 +151,16 @@ def _compare(env_id: str, normalize: bool, sde: bool = False) -> dict[str, float
 
 
 @pytest.mark.parametrize(
-    ("env_id", "normalize", "sde"),
-    [("CartPole-v1", False, False), ("Pendulum-v1", True, False), ("Pendulum-v1", False, True)],
+    ("env_id", "normalize", "sde", "optimizer"),
+    [
+        ("CartPole-v1", False, False, "rmsprop"),
+        ("Pendulum-v1", True, False, "rmsprop"),
+        ("Pendulum-v1", False, True, "rmsprop"),
+        ("CartPole-v1", False, False, "adam"),
+    ],
 )
-def test_one_update_equals_stable_baselines3(env_id, normalize, sde):
-    diffs = _compare(env_id, normalize, sde)
+def test_one_update_equals_stable_baselines3(env_id, normalize, sde, optimizer):
+    diffs = _compare(env_id, normalize, sde, optimizer)
     assert max(diffs.values()) < 1e-10, diffs
 
 
