@@ -303,6 +303,10 @@ class PPO(Model):
     algo = "ppo"
 
 
+class A2C(Model):
+    algo = "a2c"
+
+
 class DQN(Model):
     algo = "dqn"
 
@@ -315,7 +319,7 @@ class TD3(Model):
     algo = "td3"
 
 
-MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, DQN, SAC, TD3)}
+MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, A2C, DQN, SAC, TD3)}
 
 
 def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = None,

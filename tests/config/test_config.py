@@ -112,8 +112,8 @@ def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path):
 
 
 def test_unknown_algorithm():
-    with pytest.raises(ConfigError, match="unknown algorithm 'a2c'; choose one of"):
-        build_config("a2c", "CartPole-v1")
+    with pytest.raises(ConfigError, match="unknown algorithm 'trpo'; choose one of"):
+        build_config("trpo", "CartPole-v1")
 
 
 def test_bad_yaml_file(tmp_path):

@@ -17,11 +17,11 @@ from rlloop.config.presets import all_files, file_name
 from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import RunConfig
 
-ZOO_ENVS = {"CartPole-v1": {"ppo", "dqn"}, "Acrobot-v1": {"ppo", "dqn"},
-            "MountainCar-v0": {"ppo", "dqn"}, "Pendulum-v1": {"ppo", "sac", "td3"},
-            "LunarLander-v3": {"ppo", "dqn"},
-            "LunarLanderContinuous-v3": {"ppo", "sac", "td3"},
-            "BipedalWalker-v3": {"ppo", "sac", "td3"}}
+ZOO_ENVS = {"CartPole-v1": {"ppo", "a2c", "dqn"}, "Acrobot-v1": {"ppo", "a2c", "dqn"},
+            "MountainCar-v0": {"ppo", "a2c", "dqn"}, "Pendulum-v1": {"ppo", "a2c", "sac", "td3"},
+            "LunarLander-v3": {"ppo", "a2c", "dqn"},
+            "LunarLanderContinuous-v3": {"ppo", "a2c", "sac", "td3"},
+            "BipedalWalker-v3": {"ppo", "a2c", "sac", "td3"}}
 
 
 ZOO_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
@@ -95,7 +95,7 @@ def test_presets_command_lists_and_prints_a_config_layer(tmp_path, cli_in_proces
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (["presets", "a2c"], "no presets for algorithm 'a2c'"),
+    (["presets", "trpo"], "no presets for algorithm 'trpo'"),
     (["presets", "ppo", "--env", "Nowhere-v0"], "no ppo preset for Nowhere-v0"),
 ])
 def test_presets_command_bad_input_is_one_line(cli_in_process, args, expected):

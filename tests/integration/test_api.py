@@ -495,7 +495,7 @@ def test_the_constructor_refuses_an_action_space_the_algorithm_cannot_act_in():
     from rlloop import TD3
 
     with pytest.raises(ConfigError, match=r"td3 needs continuous \(Box\) actions but "
-                                          r"CartPole-v1 has discrete ones; use ppo or dqn"):
+                                          r"CartPole-v1 has discrete ones; use ppo, a2c or dqn"):
         TD3("CartPole-v1")
 
 

@@ -71,7 +71,7 @@ def test_train_eval_resume(tmp_path, cli_env):
     ("args", "expected"),
     [
         (["train", "ppo", "--env", "CartPole-v7"], "CartPole-v1"),
-        (["train", "a2c"], "choose one of"),
+        (["train", "trpo"], "choose one of"),
         (["train", "ppo", "--set", "ppo.lrr=1"], "did you mean ppo.lr"),
         (["train", "ppo", "--set", "ppo.lr=fast"], "ppo.lr must be a number"),
         (["train", "ppo", "--set", "num_envs=-2"], "num_envs must be > 0"),

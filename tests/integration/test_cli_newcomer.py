@@ -90,7 +90,7 @@ def test_a_wrong_action_space_is_refused_before_torch(tmp_path: Path,
     assert result == {"code": 2, "torch": False}, err
     assert err.strip().splitlines() == [
         "rlloop: error: dqn needs discrete actions but Pendulum-v1 has continuous ones; "
-        "use ppo, sac or td3 for this env"]
+        "use ppo, a2c, sac or td3 for this env"]
 
 
 @pytest.mark.parametrize("command", ["eval", "export"])
@@ -113,11 +113,11 @@ def test_algorithm_names_are_taken_in_any_case_and_a2c_says_it_is_not_offered(
     result, err = _probe(["train", "PPO", "--env", "CartPol-v1"], env, tmp_path)
     assert result == {"code": 2, "torch": False}
     assert "unknown env id 'CartPol-v1'" in err
-    result, err = _probe(["train", "a2c"], env, tmp_path)
+    result, err = _probe(["train", "trpo"], env, tmp_path)
     assert result == {"code": 2, "torch": False}
     assert err.strip().splitlines() == [
-        "rlloop: error: unknown algorithm 'a2c'; choose one of ['dqn', 'ma_ppo', 'ppo', "
-        "'sac', 'td3']; A2C is not offered yet: use ppo"]
+        "rlloop: error: unknown algorithm 'trpo'; choose one of ['a2c', 'dqn', 'ma_ppo', "
+        "'ppo', 'sac', 'td3']; TRPO is not offered yet: use ppo"]
 
 
 def test_the_progress_line_targets_the_steps_the_run_trains_and_prints_once(

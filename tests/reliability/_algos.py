@@ -8,7 +8,8 @@ from rlloop.config.loading import build_config
 from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import RunConfig
 
-ENVS = {"ppo": "CartPole-v1", "dqn": "CartPole-v1", "sac": "Pendulum-v1", "td3": "Pendulum-v1"}
+ENVS = {"ppo": "CartPole-v1", "a2c": "CartPole-v1", "dqn": "CartPole-v1",
+        "sac": "Pendulum-v1", "td3": "Pendulum-v1"}
 QUIET = ["mlflow=false", "progress=false", "num_envs=4"]
 #: Small enough to be fast, and every off-policy algorithm learns from its second trainer
 #: step on (4 envs x 1 step for SAC and TD3, 32 env steps for DQN, past learning_starts):

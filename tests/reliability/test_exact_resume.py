@@ -38,6 +38,8 @@ from rlloop.trainers.callbacks import Callback
 
 CASES = {
     "ppo": ["CartPole-v1", "4096"],
+    # The preset's 8 envs x 5 steps: 100 updates, the RMSprop averages in the checkpoint.
+    "a2c": ["CartPole-v1", "4000", "--set", "eval_every=25"],
     # Off-policy: the replay buffer, target networks, optimisers (SAC's alpha too), the
     # epsilon position and the cadence counters are all in the checkpoint. Gymnasium's
     # Pendulum saves its physics (unwrapped.state), so the cut may fall mid-episode.

@@ -1,4 +1,5 @@
-"""PPO: config, learner and the collect/update algorithm wired from rlloop's parts."""
+"""PPO: config, learner and the collect/update algorithm wired from rlloop's parts (A2C
+subclasses it, with its own learner and update)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch import Tensor, nn
 
 from rlloop.algorithms.base import AlgorithmBase, EnvSettings
 from rlloop.config.gradient_clip import GradientClip
+from rlloop.config.on_policy import OnPolicyConfig
 from rlloop.config.ppo import AUTO_MICRO_BATCH as AUTO_MICRO_BATCH
 from rlloop.config.ppo import PPOConfig as PPOConfig
 from rlloop.config.schedules import learning_rate
@@ -139,7 +141,7 @@ def _loss_of(fwd_out: tuple[ActionDist, Tensor], batch: RolloutBatch, clip_coef:
                     batch.values, batch.returns, dist.entropy(), cfg)
 
 
-def policy_factory(spec: EnvSpec, config: PPOConfig, mask_dims: int,
+def policy_factory(spec: EnvSpec, config: OnPolicyConfig, mask_dims: int,
                    features: Any = None) -> Callable[[], nn.Module]:
     """What builds PPO's feed-forward policy for ``spec`` (every learner rank builds its
     copy so): masked where ``mask_dims``, on ``features`` (a custom net) or an encoder."""
@@ -159,7 +161,7 @@ def policy_factory(spec: EnvSpec, config: PPOConfig, mask_dims: int,
         if features is not None else None)
 
 
-def _encoder(spec: EnvSpec, config: PPOConfig) -> Encoder | None:
+def _encoder(spec: EnvSpec, config: OnPolicyConfig) -> Encoder | None:
     if spec.obs_parts and config.encoder != "mlp":  # one encoder per Dict entry
         return DictEncoder(spec.obs_parts, config.hidden, config.activation,
                            config.cnn_precision, standardized=config.normalize_obs)
@@ -172,7 +174,8 @@ class PPO(AlgorithmBase):
 
     name = "ppo"
     supports_dict_obs = True
-    learner_cls: ClassVar[type[PPOLearner]] = PPOLearner
+    #: A2C's learner here (its update is its own; the collection is this class's).
+    learner_cls: ClassVar[type[Learner[RolloutBatch]]] = PPOLearner
     policy: Any  # ActorCritic here, RecurrentActorCritic in RecurrentPPO
     #: Scratch storage, fully rewritten by every collect before it is read: not state
     #: (gSDE's noise matrices are drawn afresh when a collect starts).

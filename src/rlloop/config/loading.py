@@ -213,7 +213,8 @@ SB3_NAMES: dict[str, tuple[str, ...]] = {
     "n_timesteps": ("total_env_steps",), "total_timesteps": ("total_env_steps",),
     "policy_kwargs": ("hidden", "activation", "ortho_init"), "net_arch": ("hidden",),
     "activation_fn": ("activation",), "verbose": ("progress",),
-    "tensorboard_log": ("tensorboard",),
+    "tensorboard_log": ("tensorboard",), "use_rms_prop": ("optimizer",),
+    "rms_prop_eps": ("optimizer_eps",), "normalize_advantage": ("normalize_advantages",),
 }
 
 

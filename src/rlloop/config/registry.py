@@ -54,6 +54,8 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     # build_ppo makes a RecurrentPPO when ppo.recurrent is set.
     "ppo": AlgorithmEntry("ppo", "rlloop.algorithms.recurrent_ppo", _PPO_CONFIG, "PPOConfig",
                           "build_ppo"),
+    "a2c": AlgorithmEntry("a2c", "rlloop.algorithms.a2c", "rlloop.config.a2c", "A2CConfig",
+                          "A2C"),
     "dqn": AlgorithmEntry("dqn", "rlloop.algorithms.dqn", _OFF_POLICY_CONFIG, "DQNConfig",
                           "DQN", continuous=False, kind="off_policy"),
     "sac": AlgorithmEntry("sac", "rlloop.algorithms.sac", _OFF_POLICY_CONFIG, "SACConfig",
@@ -68,7 +70,6 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
 
 #: Algorithms users ask for by name that rlloop does not offer yet, and what to use instead.
 NOT_OFFERED = {
-    "a2c": "A2C is not offered yet: use ppo",
     "ddpg": "DDPG is not offered yet: use td3 (its successor)",
     "trpo": "TRPO is not offered yet: use ppo",
 }
@@ -95,14 +96,15 @@ def action_space_refusal(algo: str, env_id: str, space: str) -> str | None:
     """Why ``algo`` cannot act in ``env_id``'s action space (``space``: the Gymnasium
     space's class name), or None when it can."""
     entry = ALGORITHMS[algo]
-    if space in ("MultiDiscrete", "MultiBinary") and algo != "ppo":
+    if space in ("MultiDiscrete", "MultiBinary") and algo not in ("ppo", "a2c"):
         takes = " or ".join(k for k, ok in (("Discrete", entry.discrete),
                                             ("Box", entry.continuous)) if ok)
-        return f"{algo} takes {takes} actions but {env_id} has {space} ones; use ppo for this env"
+        return (f"{algo} takes {takes} actions but {env_id} has {space} ones; use ppo or "
+                "a2c for this env")
     if space == "Discrete" and not entry.discrete:
         return (f"{algo} needs continuous (Box) actions but {env_id} has discrete ones; use "
-                "ppo or dqn for this env")
+                "ppo, a2c or dqn for this env")
     if space == "Box" and not entry.continuous:
         return (f"{algo} needs discrete actions but {env_id} has continuous ones; use ppo, "
-                "sac or td3 for this env")
+                "a2c, sac or td3 for this env")
     return None

@@ -270,9 +270,9 @@ class RunConfig:
 
     @property
     def planned_env_steps(self) -> int:
-        """The env steps the budget really trains: PPO rounds ``total_env_steps`` up to
+        """The env steps the budget really trains: PPO and A2C round ``total_env_steps`` up to
         whole rollouts of ``num_envs x rollout_steps`` (the progress line's target)."""
-        if self.algo != "ppo" or self.num_env_runners or self.num_learners > 1:
+        if self.algo not in ("ppo", "a2c") or self.num_env_runners or self.num_learners > 1:
             return self.total_env_steps  # other schedules stop at the budget's own step
         rollout = self.num_envs * self.hparams.rollout_steps
         return -(-self.total_env_steps // rollout) * rollout

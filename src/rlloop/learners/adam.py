@@ -1,18 +1,21 @@
-"""``Adam``: ``torch.optim.Adam`` that does not import ``torch._dynamo`` while it is unused.
+"""``Adam`` and ``RMSprop``: torch's optimisers that do not import ``torch._dynamo`` while it
+is unused.
 
 Every ``torch.optim.Optimizer`` method is wrapped to keep ``torch.compile`` from tracing
 into it, and the wrappers import ``torch._dynamo`` on their first call: about a second,
 more than the default CartPole run spends training. Nothing can be compiling while
 ``torch._dynamo`` has not been imported (``torch.compile`` imports it), so until then these
 methods call the functions torch wrapped, with the same grad mode; once it is imported
-they take torch's own path. The update is torch's own Adam either way.
+they take torch's own path.
 
 ``Optimizer`` also wraps every optimiser class's ``step`` in its step hooks, inside a
 profiler label (``record_function``) that costs ~40 µs a call even with no profiler
-running: an off-policy learner pays it on every update (2-3% of a DQN update here). Ours
+running: an off-policy learner pays it on every update (2-3% of a DQN update here), as
+A2C does every few env steps. Ours
 runs that wrapper only while a step hook is registered (the optimiser's own or a global
 one), so hooks run as before, and ``zero_grad()`` sets the gradients to None without
 its label; the trace of ``rlloop train --profile`` labels the learner's phases itself.
+The update is torch's own either way.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.optim.optimizer as torch_optimizer
@@ -50,10 +53,12 @@ def _step_hooks(optimizer: torch.optim.Optimizer) -> bool:
     return any(h is None or len(h) > 0 for h in hooks)
 
 
-class Adam(torch.optim.Adam):
-    """``torch.optim.Adam`` (same arguments, state and results) minus the import of
-    ``torch._dynamo`` in eager use and the profiler label around each step; see the
-    module docstring."""
+class _Eager(torch.optim.Optimizer):
+    """A torch optimiser class (``torch_cls``: same arguments, state and results) minus the
+    import of ``torch._dynamo`` in eager use and the profiler label around each step; see
+    the module docstring."""
+
+    torch_cls: ClassVar[type[torch.optim.Optimizer]]
 
     @staticmethod
     def profile_hook_step(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -69,16 +74,16 @@ class Adam(torch.optim.Adam):
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
         if _DYNAMO in sys.modules:
-            return _without_profile_hook(torch.optim.Adam.step)(self, closure)
+            return _without_profile_hook(self.torch_cls.step)(self, closure)
         # What torch's wrapper does around the update, minus its graph breaks.
         with torch.set_grad_enabled(self.defaults["differentiable"]):
-            return _unwrapped(torch.optim.Adam.step)(self, closure)
+            return _unwrapped(self.torch_cls.step)(self, closure)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if _DYNAMO in sys.modules:
             super().add_param_group(param_group)
         else:
-            _unwrapped(torch.optim.Adam.add_param_group)(self, param_group)
+            _unwrapped(self.torch_cls.add_param_group)(self, param_group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if set_to_none:  # what torch's does, minus its profiler label (as for ``step``)
@@ -89,15 +94,27 @@ class Adam(torch.optim.Adam):
         if _DYNAMO in sys.modules:
             super().zero_grad(set_to_none)
         else:
-            _unwrapped(torch.optim.Adam.zero_grad)(self, set_to_none)
+            _unwrapped(self.torch_cls.zero_grad)(self, set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
         if _DYNAMO in sys.modules:
             return super().state_dict()
-        return _unwrapped(torch.optim.Adam.state_dict)(self)  # type: ignore[no-any-return]
+        return _unwrapped(self.torch_cls.state_dict)(self)  # type: ignore[no-any-return]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if _DYNAMO in sys.modules:
             super().load_state_dict(state_dict)
         else:
-            _unwrapped(torch.optim.Adam.load_state_dict)(self, state_dict)
+            _unwrapped(self.torch_cls.load_state_dict)(self, state_dict)
+
+
+class Adam(_Eager, torch.optim.Adam):
+    """``torch.optim.Adam`` without ``torch._dynamo``'s import in eager use."""
+
+    torch_cls = torch.optim.Adam
+
+
+class RMSprop(_Eager, torch.optim.RMSprop):
+    """``torch.optim.RMSprop`` without ``torch._dynamo``'s import in eager use."""
+
+    torch_cls = torch.optim.RMSprop

@@ -1,6 +1,6 @@
 """The algorithms' losses as pure functions of tensors, one module per family.
 
-PPO, DQN, SAC, TD3 and Polyak averaging, each short enough to hold against its paper.
+PPO, A2C, DQN, SAC, TD3 and Polyak averaging, each short enough to hold against its paper.
 
 May import: nothing of rlloop (torch only), so that every loss can be read and tested alone.
 """

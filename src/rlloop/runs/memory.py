@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import psutil
 
 from rlloop.config.offpolicy import DQNConfig, OffPolicyConfig, SACConfig, TD3Config
+from rlloop.config.on_policy import OnPolicyConfig
 from rlloop.config.ppo import PPOConfig
 from rlloop.config.run_config import RunConfig
 from rlloop.data.obs_storage import ObsLayout
@@ -77,7 +78,7 @@ def estimate(config: RunConfig, spec: EnvSpec) -> list[Need]:
     act_bytes = FLOAT * space.dim if isinstance(space, Box) else 8  # int64 indices
     needs = [_envs(config, num_envs, obs)]
     hp = config.hparams
-    if isinstance(hp, PPOConfig):
+    if isinstance(hp, OnPolicyConfig):
         steps = hp.rollout_steps * num_envs
         # obs and next obs in the env's dtype (uint8 pixels), logp, reward, flags
         per_step = 2 * stored + 2 * FLOAT + act_bytes + 2
@@ -98,7 +99,7 @@ def estimate(config: RunConfig, spec: EnvSpec) -> list[Need]:
                           f"lower it, {suggest_lower(key, fits)}"))
         if hp.step_processor == "nstep" and hp.n_step > 1:
             needs.append(_nstep_window(hp, num_envs, obs * obs_bytes + act_bytes + FLOAT))
-    needs += _networks(hp, obs, space.dim if isinstance(space, Box) else space.n)
+    needs += _networks(hp, obs, space.dim if isinstance(space, Box) else space.n, num_envs)
     return needs
 
 
@@ -132,12 +133,15 @@ def _mlp(in_dim: int, hidden: list[int], out_dim: int) -> int:
     return sum((a + 1) * b for a, b in itertools.pairwise([in_dim, *hidden, out_dim]))
 
 
-def _networks(hp: object, obs: int, act: int) -> list[Need]:
+def _networks(hp: object, obs: int, act: int, num_envs: int) -> list[Need]:
     """The parameters (with gradients and Adam state) and the activations of one training
     batch; ``act`` is the number of action outputs (Box dims or Discrete choices)."""
-    if isinstance(hp, PPOConfig):
-        hidden, batch = hp.hidden, hp.minibatch_size
-        batch_name = f"{hp.section}.minibatch_size"
+    if isinstance(hp, OnPolicyConfig):
+        hidden = hp.hidden
+        if isinstance(hp, PPOConfig):
+            batch, batch_name = hp.minibatch_size, f"{hp.section}.minibatch_size"
+        else:  # A2C: one step on the whole rollout
+            batch, batch_name = hp.rollout_steps * num_envs, f"{hp.section}.rollout_steps"
         trainable = [_mlp(obs, hidden, act), _mlp(obs, hidden, 1)]  # actor, critic
         targets: list[int] = []
     elif isinstance(hp, DQNConfig):

@@ -39,6 +39,20 @@ _PPO: dict[str, Any] = {
     "activation": ["tanh", "relu"],
     "hidden": {"choices": [[64, 64], [256, 256]]},
 }
+#: rl-zoo's A2C sampler, narrowed as PPO's is (its n_steps reach 2048).
+_A2C: dict[str, Any] = {
+    "lr": {"low": 1e-5, "high": 1e-2, "log": True},
+    "rollout_steps": [5, 8, 16, 32],
+    "gamma": _GAMMAS,
+    "gae_lambda": [0.8, 0.9, 0.95, 0.98, 1.0],
+    "ent_coef": {"low": 1e-8, "high": 0.1, "log": True},
+    "vf_coef": {"low": 0.2, "high": 2.0},
+    "max_grad_norm": [0.3, 0.5, 1.0, 5.0],
+    "normalize_advantages": [False, True],
+    "optimizer": ["rmsprop", "adam"],
+    "activation": ["tanh", "relu"],
+    "hidden": {"choices": [[64, 64], [256, 256]]},
+}
 _OFF_POLICY: dict[str, Any] = {
     "lr": {"low": 1e-4, "high": 3e-3, "log": True},
     "gamma": _GAMMAS,
@@ -50,6 +64,7 @@ _OFF_POLICY: dict[str, Any] = {
 DEFAULT_SPACES: dict[str, dict[str, Any]] = {
     "ppo": {f"ppo.{k}": v for k, v in _PPO.items()},
     "ma_ppo": {f"ma_ppo.{k}": v for k, v in _PPO.items()},
+    "a2c": {f"a2c.{k}": v for k, v in _A2C.items()},
     "dqn": {**{f"dqn.{k}": v for k, v in _OFF_POLICY.items()},
             "dqn.gradient_steps": [1, 4, 16, 64],
             "dqn.exploration_steps": [1000, 5000, 10000, 20000],
