@@ -1,6 +1,7 @@
 """Recurrent PPO on masked-velocity CartPole: rlloop vs sb3-contrib's RecurrentPPO.
 
-Run: ``python benchmarks/recurrent.py [--seeds 0 1 2] [--budget 200000]``
+Run: ``python benchmarks/recurrent.py [--seeds 0 1 2] [--budget 200000]
+[--results recurrent_results.jsonl]``
 
 The task is CartPole-v1 with the velocities hidden (position and angle only), which a
 feed-forward policy cannot solve: rlloop trains on its native env with
@@ -17,14 +18,23 @@ sb3-contrib uses rl-zoo's ``ppo_lstm`` hyperparameters for CartPoleNoVel-v1 (LST
 separate critic LSTM, 8 envs x 32 steps, 20 epochs, VecNormalize); rlloop uses its
 CartPole-v1 preset plus ``ppo.recurrent=gru`` (cell width 64, sequences of 16 steps).
 Both run with one torch thread, in the same process, one after another.
+
+``--results FILE`` appends one JSON line per contender and seed as it finishes (the
+committed ``benchmarks/recurrent_results.jsonl`` is what the docs draw their figure from),
+each with the date, the machine and the load average around it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ppo_cartpole import (  # a script beside this one
     THRESHOLD,
     Outcome,
@@ -34,6 +44,7 @@ from ppo_cartpole import (  # a script beside this one
     sb3_until_solved,
     solve_rlloop,
 )
+from results import append_row, provenance, stamp  # a script beside this one
 
 RLLOOP_SETS = ["mlflow=false", "progress=false", "env.mask_velocity=true",
                "ppo.recurrent=gru"]
@@ -93,6 +104,22 @@ def run_sb3_contrib(seed: int, budget: int, eval_every: int, episodes: int) -> O
     return sb3_until_solved(model, evaluate, budget, eval_every, [env, eval_env])
 
 
+def recorded(name: str, run: Callable[[int], Outcome], path: Path,
+             settings: dict[str, int]) -> Callable[[int], Outcome]:
+    """``run``, with each seed's outcome appended to ``path`` as one row."""
+    def run_and_record(seed: int) -> Outcome:
+        load = os.getloadavg()[0]
+        out = run(seed)
+        append_row(path, {"contender": name, "seed": seed, "solved": out.solved,
+                          "solve_steps": out.solve_steps, "solve_s": round(out.solve_s, 2),
+                          "solve_total_s": round(out.solve_total_s, 2),
+                          "train_sps": round(out.train_sps, 1),
+                          "final_return": out.final_eval, **settings, **stamp(load)})
+        return out
+
+    return run_and_record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -102,6 +129,8 @@ def main() -> None:
     parser.add_argument("--only", choices=["rlloop", "sb3-contrib", "rlloop-ff"],
                         nargs="+", default=["rlloop", "sb3-contrib"],
                         help="contenders (rlloop-ff: feed-forward rlloop PPO, as a control)")
+    parser.add_argument("--results", type=Path,
+                        help="append one JSON row per contender and seed to this file")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -113,8 +142,14 @@ def main() -> None:
         "sb3-contrib": lambda s: run_sb3_contrib(s, args.budget, args.eval_every,
                                                  args.eval_episodes),
     }
-    results = run_seeds({name: contenders[name] for name in args.only}, args.seeds,
-                        width=12, digits=1)
+    chosen = {name: contenders[name] for name in args.only}
+    if args.results:
+        provenance()  # the commit this run measures, read before it starts
+        settings = {"budget": args.budget, "eval_every": args.eval_every,
+                    "eval_episodes": args.eval_episodes}
+        chosen = {name: recorded(name, run, args.results, settings)
+                  for name, run in chosen.items()}
+    results = run_seeds(chosen, args.seeds, width=12, digits=1)
     print_medians(results, f"Recurrent PPO, masked-velocity CartPole, median over seeds "
                   f"{args.seeds} (threshold {THRESHOLD:.0f}, {args.eval_episodes} deterministic "
                   f"episodes every {args.eval_every} steps, budget {args.budget:,})",

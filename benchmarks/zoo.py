@@ -30,7 +30,6 @@ import multiprocessing
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +38,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import append_row, load_rows, provenance, stamp  # a sibling script
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false"]
 
@@ -118,19 +120,6 @@ def rows(only: list[str]) -> list[Row]:
     return found
 
 
-def load_results(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by a killed sitting
-                continue
-    return out
-
-
 def measured(results: list[dict[str, Any]], row: Row, seed: int, fraction: float) -> bool:
     return any(r["env"] == row.env and r["algo"] == row.algo and r["seed"] == seed
                and r["fraction"] == fraction for r in results)
@@ -171,8 +160,7 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
             "budget": row.budget, "env_steps": result.env_steps,
             "return_mean": ev["return_mean"], "return_std": ev["return_std"],
             "episodes": episodes, "best_training_eval": result.best_eval_return,
-            "wall_s": round(wall, 1), "load_before": round(load, 2),
-            "load_after": round(os.getloadavg()[0], 2), **provenance()}
+            "wall_s": round(wall, 1), **stamp(load)}
 
 
 def in_use(run_dir: Path) -> str | None:
@@ -218,22 +206,6 @@ def _one_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
-
-
-def provenance() -> dict[str, str]:
-    """What a measured seed was measured with: rlloop's commit (``+dirty`` when the
-    working tree had changes) and the versions that shape the numbers."""
-    from importlib.metadata import version
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=Path(__file__).parent,
-                              capture_output=True, text=True, check=False)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
-    return {"commit": commit + dirty,
-            **{f"{name}_version": version(name) for name in ("torch", "gymnasium", "numpy")}}
 
 
 def ratio(ours: float, zoo: float) -> float:
@@ -307,8 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     selected = rows(args.only)
     results_path = Path(args.results)
-    results = load_results(results_path)
+    results = load_rows(results_path)
     if not args.table_only:
+        provenance()  # the commit these seeds measure, read before they start
         seeds = range(args.first_seed, args.first_seed + args.seeds)
         todo = [(row, seed) for row in selected for seed in seeds
                 if not measured(results, row, seed, args.fraction)]
@@ -316,8 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             runs = Path(args.runs_dir or tmp)
             for out in trained(todo, args.fraction, args.eval_episodes, runs, args.jobs):
                 results.append(out)  # only this process writes the file: one line per seed
-                with results_path.open("a", encoding="utf-8") as f:
-                    f.write(json.dumps(out) + "\n")
+                append_row(results_path, out)
                 print(f"{out['env']}/{out['algo']} seed {out['seed']}: "
                       f"{out['return_mean']:.1f} ({out['env_steps']:,} steps, "
                       f"{out['wall_s']:.0f} s, load {out['load_before']})", flush=True)

@@ -3,7 +3,8 @@
 - ``hyperparameters``: a config dataclass's fields (name, default, docstring) as a table, read
   from the docstring under each field (the config modules' convention).
 - ``cli-reference``: every ``rlloop`` subcommand's ``--help``, from the argument parser itself.
-- ``benchmark-figure``: a figure drawn at build time from a result file committed in the repo.
+- ``benchmark-figure``: a figure drawn at build time from a result file committed in the repo
+  (the drawing and the fields each file must carry: :mod:`benchmark_figures`).
 - ``presets``: the envs that ship a preset for an algorithm, read from the preset files.
 """
 
@@ -13,11 +14,19 @@ import ast
 import dataclasses
 import importlib
 import inspect
-import json
 import textwrap
 from pathlib import Path
 from typing import Any, ClassVar
 
+from benchmark_figures import (
+    FIELDS,
+    ResultFileError,
+    draw_curve,
+    draw_solve,
+    draw_zoo,
+    measured_on,
+    read_rows,
+)
 from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.application import Sphinx
@@ -139,58 +148,52 @@ class ModuleIndex(SphinxDirective):
         return node.children
 
 
-def _zoo_figure(path: Path, algo: str, out: Path) -> bool:
-    """rlloop's final returns per env (one dot per seed) beside rl-zoo's published score."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from rlloop.config.presets import all_files
-
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["algo"] == algo and r.get("return_mean") is not None]
-    envs = sorted({r["env"] for r in rows})
-    if not envs:
-        return False
-    zoo = {f.env: f.benchmark.get(algo, {}) for f in all_files()}
-    fig, axes = plt.subplots(1, len(envs), figsize=(2.2 * len(envs) + 1, 2.8), squeeze=False)
-    for ax, env in zip(axes[0], envs, strict=True):
-        returns = [r["return_mean"] for r in rows if r["env"] == env]
-        ax.scatter([0] * len(returns), returns, label="rlloop (one dot per seed)")
-        score = zoo.get(env, {}).get("zoo_score")
-        if score is not None:
-            ax.errorbar([1], [score], yerr=[zoo[env].get("zoo_std") or 0], fmt="s",
-                        color="tab:orange", label="rl-zoo (published)")
-        ax.set_xticks([0, 1], ["rlloop", "rl-zoo"])
-        ax.set_xlim(-0.6, 1.6)
-        ax.set_title(env, fontsize=8)
-    axes[0][0].set_ylabel("evaluation return")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return True
-
-
 class BenchmarkFigure(SphinxDirective):
-    """``.. benchmark-figure:: benchmarks/zoo_results.jsonl`` with ``:algo: ppo``."""
+    """``.. benchmark-figure:: benchmarks/zoo_results.jsonl`` with ``:algo: ppo`` (kind
+    ``zoo``, the default), or ``:kind: solve`` / ``:kind: curve`` (with an optional
+    ``:ylabel:``) for the other result files (see :mod:`benchmark_figures`). The caption
+    names the file and the dates and machines its rows record."""
 
     required_arguments = 1
-    option_spec: ClassVar[dict[str, Any]] = {"algo": directives.unchanged_required}
+    option_spec: ClassVar[dict[str, Any]] = {
+        "algo": directives.unchanged_required,
+        "kind": lambda arg: directives.choice(arg, list(FIELDS)),
+        "ylabel": directives.unchanged_required,
+    }
 
     def run(self) -> list[nodes.Node]:
         source = ROOT / self.arguments[0]
         if not source.is_file():
             raise self.error(f"{self.arguments[0]} is not a file in the repository")
         self.env.note_dependency(str(source))
-        algo = self.options["algo"]
-        name = f"{source.stem}-{algo}.png"
+        kind = self.options.get("kind", "zoo")
+        try:
+            rows = read_rows(source, kind)
+        except ResultFileError as e:
+            raise self.error(str(e)) from None
+        name = f"{source.stem}-{self.options.get('algo', kind)}.png"
         # drawn into the source tree (ignored by git), where Sphinx copies images from
-        if not _zoo_figure(source, algo, Path(self.env.srcdir) / "_generated" / name):
-            raise self.error(f"{self.arguments[0]} has no rows for {algo!r}")
-        caption = (f"{algo}: final evaluation return per env, drawn from "
-                   f"{self.arguments[0]} at build time")
+        out = Path(self.env.srcdir) / "_generated" / name
+        if kind == "zoo":
+            if "algo" not in self.options:
+                raise self.error("a zoo figure needs :algo: (the algorithm whose rows to draw)")
+            from rlloop.config.presets import all_files
+
+            algo = self.options["algo"]
+            zoo = {f.env: f.benchmark.get(algo, {}) for f in all_files()}
+            if not draw_zoo(rows, algo, zoo, out):
+                raise self.error(f"{self.arguments[0]} has no rows for {algo!r}")
+            what = f"{algo}: final evaluation return per env"
+            rows = [r for r in rows if r["algo"] == algo]
+        elif kind == "solve":
+            draw_solve(rows, out)
+            what = "Steps, training time and throughput to solve, per contender and seed"
+        else:
+            draw_curve(rows, out, self.options.get("ylabel", "evaluation return"))
+            what = "Evaluation return along training, per seed"
+        when = measured_on(rows)
+        caption = (f"{what}, drawn from {self.arguments[0]} at build time"
+                   + (f"; {when}" if when else ""))
         figure = nodes.figure()
         figure += nodes.image(uri=f"/_generated/{name}")
         figure += nodes.caption(text=caption)

@@ -12,10 +12,10 @@ import torch
 from torch.testing import assert_close
 
 from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
-from rlloop.algorithms.offpolicy_loop import OneStepProcessor
+from rlloop.algorithms.offpolicy_parts import OneStepProcessor
 from rlloop.config.loading import build_config
 from rlloop.data.nstep import NStepProcessor
-from rlloop.data.replay import PrioritizedReplayBuffer
+from rlloop.data.prioritized_replay import PrioritizedReplayBuffer
 from rlloop.data.transitions import Transitions
 from rlloop.errors import ConfigError
 from rlloop.losses.dqn import dqn_loss, dqn_target
@@ -225,7 +225,7 @@ def test_bad_config_is_a_config_error(env, sets, message):
 
 @pytest.mark.parametrize("mode", ["skip", "raise"])
 def test_non_finite_loss_skips_or_raises(mode):
-    from rlloop.learners.learner import NonFiniteError
+    from rlloop.learners.nonfinite import NonFiniteError
 
     algo = _dqn(f"on_nonfinite={mode}")
     batch = algo.loop.replay.sample(8, torch.Generator().manual_seed(0)).for_update()

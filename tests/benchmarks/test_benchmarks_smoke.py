@@ -1,11 +1,13 @@
 """benchmarks/gpu.py keeps running where no GPU is at hand: a tiny budget on the CPU (and
-benchmarks/zoo_sb3.py on 2% of a row's budget).
+benchmarks/zoo_sb3.py on 2% of a row's budget); the scripts whose result files the docs
+draw figures from append rows with the fields those figures read.
 
 rl8 is measured too when this interpreter can import it; otherwise only rlloop is.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import runpy
 import sys
@@ -102,3 +104,42 @@ def test_atari_learning_benchmark_reports_untrained_and_trained_returns(
     assert re.search(rf"ALE/Breakout-v5 ppo seed 0: 1,024 env steps in \d+ s; per-life return "
                      rf"over 1 episodes: untrained \(sampled\) {number}, trained \(sampled\) "
                      rf"{number}, trained \(greedy\) {number}", out), out
+
+
+def _figure_fields(kind: str) -> frozenset[str]:
+    """The fields the docs' ``benchmark-figure`` reads from a result file of ``kind``."""
+    sys.path.insert(0, str(GPU_BENCHMARK.parents[1] / "docs" / "_ext"))
+    try:
+        from benchmark_figures import FIELDS
+    finally:
+        sys.path.pop(0)
+    return FIELDS[kind]
+
+
+def test_recurrent_benchmark_appends_the_rows_the_docs_figure_reads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    results = tmp_path / "recurrent.jsonl"
+    for seed in ("0", "1"):  # a second sitting appends to the same file
+        run_benchmark(monkeypatch, GPU_BENCHMARK.with_name("recurrent.py"), "--seeds", seed,
+                      "--budget", "512", "--eval-every", "512", "--eval-episodes", "1",
+                      "--only", "rlloop", "--results", str(results))
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [(r["contender"], r["seed"], r["budget"]) for r in rows] == [
+        ("rlloop", 0, 512), ("rlloop", 1, 512)]
+    assert all(_figure_fields("solve") <= r.keys() and r["train_sps"] > 0 for r in rows)
+
+
+def test_multi_agent_benchmark_appends_a_curve_and_the_random_reference(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pytest.importorskip("pettingzoo")
+    results = tmp_path / "multi_agent.jsonl"
+    run_benchmark(monkeypatch, GPU_BENCHMARK.with_name("multi_agent.py"), "--seeds", "3",
+                  "--budget", "512", "--eval-every", "512", "--games", "8",
+                  "--results", str(results))
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [(r["contender"], r["env_steps"]) for r in rows] == [
+        ("random", 0), ("ma_ppo", 0), ("ma_ppo", 512)]
+    assert all(_figure_fields("curve") <= r.keys() and -1 <= r["return_mean"] <= 1
+               for r in rows)

@@ -247,7 +247,7 @@ def test_a_dict_entry_no_encoder_takes_is_refused_in_one_line(tmp_path, cli_env)
 def test_an_action_mask_entry_of_the_wrong_size_is_refused():
     from gymnasium import spaces
 
-    from rlloop.envs.gym import dict_mask_dims
+    from rlloop.envs.gym_spec import dict_mask_dims
 
     space = spaces.Dict({**DictCue.observation_space.spaces,
                          "action_mask": spaces.Box(0, 1, (4,), np.int8)})

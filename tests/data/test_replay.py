@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlloop.data.replay import PrioritizedReplayBuffer, ReplayBuffer, ReplayMemoryError
+from rlloop.data.prioritized_replay import PrioritizedReplayBuffer
+from rlloop.data.replay import ReplayBuffer, ReplayMemoryError
 from rlloop.data.transitions import Transitions
 
 

@@ -7,7 +7,8 @@ import dataclasses
 import torch
 
 from rlloop.data.batch import TensorBatch
-from rlloop.data.replay import PrioritizedReplayBuffer, ReplayBuffer
+from rlloop.data.prioritized_replay import PrioritizedReplayBuffer
+from rlloop.data.replay import ReplayBuffer
 from rlloop.data.transitions import Transitions
 
 

@@ -10,7 +10,7 @@ import pytest
 from gymnasium import spaces
 
 from rlloop.envs.dict_entries import unencoded_entries
-from rlloop.envs.gym import gym_env_spec
+from rlloop.envs.gym_spec import gym_env_spec
 
 minigrid = pytest.importorskip("minigrid")
 

@@ -137,7 +137,7 @@ def test_a_missing_extra_names_rlloops_own_install(message, expected):
     """Gymnasium's advice (swig builds, gymnasium[...] extras) contradicted the README."""
     import gymnasium
 
-    from rlloop.envs.gym import _dependency_error
+    from rlloop.envs.gym_spec import _dependency_error
 
     error = _dependency_error("X-v0", gymnasium.error.DependencyNotInstalled(message))
     assert str(error) == f"X-v0 {expected}"
@@ -151,7 +151,7 @@ def test_the_v4_atari_ids_come_from_ale_py():
 def test_a_word_containing_ale_is_not_taken_for_ale_py():
     import gymnasium
 
-    from rlloop.envs.gym import _dependency_error
+    from rlloop.envs.gym_spec import _dependency_error
 
     message = "scalene is not installed, run `pip install scalene`"
     error = _dependency_error("X-v0", gymnasium.error.DependencyNotInstalled(message))
@@ -163,7 +163,7 @@ def test_a_missing_package_with_no_extra_keeps_gymnasiums_advice():
     which does not install pygame."""
     import gymnasium
 
-    from rlloop.envs.gym import _dependency_error
+    from rlloop.envs.gym_spec import _dependency_error
 
     message = 'pygame is not installed, run `pip install "gymnasium[box2d]"`'
     error = _dependency_error("CarRacing-v3", gymnasium.error.DependencyNotInstalled(message))

@@ -15,7 +15,8 @@ from rich.console import Console
 
 from rlloop.config.loading import build_config
 from rlloop.data.nstep import NStepProcessor
-from rlloop.envs.gym import GymVecEnv, gym_env_spec
+from rlloop.envs.gym import GymVecEnv
+from rlloop.envs.gym_spec import gym_env_spec
 from rlloop.errors import ConfigError, EnvError
 from rlloop.logging import ConsoleSink
 from rlloop.logging.console import _fmt_duration

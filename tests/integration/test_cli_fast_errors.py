@@ -140,7 +140,7 @@ def test_every_config_class_and_build_config_import_without_torch() -> None:
 
 
 def test_the_registries_of_off_policy_parts_hold_the_names_configs_accept() -> None:
-    import rlloop.algorithms.offpolicy_loop as parts
+    import rlloop.algorithms.offpolicy_parts as parts
     from rlloop.config.offpolicy import PARTS, part_names
 
     for setting, (registry, builtin) in PARTS.items():
@@ -192,7 +192,7 @@ def test_an_mlflow_file_store_is_refused_before_training(
     sink opens it, after training: the run trained, then lost every MLflow row with a
     warning. It is refused first, and nothing is written. (In process: the refusal, not
     the process, is checked.)"""
-    from rlloop.logging.mlflow_sink import file_store_refusal
+    from rlloop.logging.mlflow_store import file_store_refusal
 
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -213,7 +213,7 @@ def test_an_mlflow_file_store_is_refused_before_training(
 def test_a_tracking_uri_no_store_opens_is_refused_before_training(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_in_process) -> None:
     """``htpp://...`` trained the whole budget, then lost every MLflow row at close."""
-    from rlloop.logging.mlflow_sink import unknown_scheme_refusal
+    from rlloop.logging.mlflow_store import unknown_scheme_refusal
 
     monkeypatch.chdir(tmp_path)
     out = cli_in_process(["train", "ppo", "--run-dir", "run", "--set", "total_env_steps=256",
@@ -234,7 +234,7 @@ def test_an_sqlite_store_that_cannot_be_made_is_refused_before_training(
     it and the run's rows were lost at the end. It is refused first, and nothing is
     written."""
     from rlloop.cli.main import main
-    from rlloop.logging.mlflow_sink import sqlite_store_refusal
+    from rlloop.logging.mlflow_store import sqlite_store_refusal
 
     if not Path("/proc").is_dir():
         pytest.skip("no /proc on this system")
@@ -261,7 +261,7 @@ def test_an_sqlite_store_that_cannot_be_made_is_refused_before_training(
 
 
 def test_an_mlflow_file_store_is_taken_when_the_user_opts_in(monkeypatch) -> None:
-    from rlloop.logging.mlflow_sink import file_store_refusal
+    from rlloop.logging.mlflow_store import file_store_refusal
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     assert file_store_refusal("file:/tmp/mlruns") is None

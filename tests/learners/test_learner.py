@@ -184,7 +184,7 @@ def test_nonfinite_loss_gradient_or_batch_is_skipped_and_counted():
 
 
 def test_nonfinite_raise_names_the_step():
-    from rlloop.learners.learner import NonFiniteError
+    from rlloop.learners.nonfinite import NonFiniteError
 
     torch.manual_seed(0)
     learner = MSELearner({"a": nn.Linear(3, 1)}, {}, on_nonfinite="raise")

@@ -15,7 +15,8 @@ from rlloop.checkpoint import load_checkpoint, save_checkpoint
 from rlloop.config.gradient_clip import GradientClip, LearnerError
 from rlloop.data.batch import TensorBatch
 from rlloop.errors import ConfigError
-from rlloop.learners.learner import STATE_COMPONENTS, Learner, UnknownModuleError
+from rlloop.learners.learner import Learner, UnknownModuleError
+from rlloop.learners.learner_state import STATE_COMPONENTS
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from rlloop.algorithms.offpolicy_loop import MeanRecorder
+from rlloop.algorithms.offpolicy_parts import MeanRecorder
 from rlloop.config.loading import build_config
 from rlloop.learners.optim_step import GuardedOptim, GuardedStep, adam
 from rlloop.runs.build import build_algorithm

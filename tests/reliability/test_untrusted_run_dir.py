@@ -309,7 +309,7 @@ def test_saving_a_model_refuses_a_run_holding_a_link(tmp_path, trained_run):
 
 
 def test_a_new_mlflow_store_is_never_written_through_a_guessable_name(tmp_path):
-    from rlloop.logging.mlflow_sink import _seed_from_template
+    from rlloop.logging.mlflow_store import _seed_from_template
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")

@@ -101,7 +101,7 @@ def test_fragment_sampler_sends_the_in_process_rollout() -> None:
 def test_weights_lag_counts_the_versions_published_since() -> None:
     # Importing the runners module needs Ray; the lag rule itself is plain arithmetic.
     pytest.importorskip("ray")
-    from rlloop.runners.ray_runners import weights_lag
+    from rlloop.runners.fragments import weights_lag
 
     published = [0, 1, 5, 9]  # weights_seq_no of each broadcast
     assert [weights_lag(published, s) for s in (9, 5, 1, 0)] == [0, 1, 2, 3]
@@ -111,7 +111,7 @@ def test_a_runner_builds_for_its_own_envs() -> None:
     """Runner configs: M envs, a seed of their own, no runners, a batch rule that fits M,
     the CPU."""
     pytest.importorskip("ray")
-    from rlloop.runners.ray_runners import envs_per_runner, runner_config
+    from rlloop.runners.ray_actor import envs_per_runner, runner_config
 
     config = build_config("ppo", sets=["num_env_runners=4", "num_envs=16", "device=cuda",
                                        "ppo.rollout_steps=32", "ppo.minibatch_size=512"])

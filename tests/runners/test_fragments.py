@@ -13,7 +13,7 @@ from mask_envs import MaskedChoice, register
 from rlloop.config.loading import build_config
 from rlloop.errors import ConfigError
 from rlloop.runners.fragments import FragmentSampler
-from rlloop.runners.ray_runners import runner_config
+from rlloop.runners.ray_actor import runner_config
 from rlloop.runs.build import build_algorithm
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false"]

@@ -28,8 +28,8 @@ from rlloop.config.ray import RayConfig  # noqa: E402
 from rlloop.config.run_config import RunConfig  # noqa: E402
 from rlloop.errors import ConfigError  # noqa: E402
 from rlloop.runners.fragments import FragmentSampler  # noqa: E402
+from rlloop.runners.ray_actor import runner_config  # noqa: E402
 from rlloop.runners.ray_cluster import connect, disconnect  # noqa: E402
-from rlloop.runners.ray_runners import runner_config  # noqa: E402
 from rlloop.runs.build import build_algorithm  # noqa: E402
 from rlloop.runs.session import Session  # noqa: E402
 from rlloop.trainers.loop import Trainer  # noqa: E402

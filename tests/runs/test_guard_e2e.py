@@ -18,7 +18,7 @@ import torch
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.cli.main import main
 from rlloop.config.loading import build_config
-from rlloop.learners.learner import NonFiniteError
+from rlloop.learners.nonfinite import NonFiniteError
 from rlloop.runs.start import train
 
 ENV_ID = "rlloop-test/NaNCartPole-v0"

@@ -12,7 +12,7 @@ from worker_envs import SignEnv
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.errors import ConfigError
-from rlloop.learners.learner import NonFiniteError
+from rlloop.learners.nonfinite import NonFiniteError
 from rlloop.tasks import TaskConfig, TaskTrainer
 from rlloop.tasks.trainer import COMPONENTS, all_finite
 from rlloop.trainers.callbacks import Callback

@@ -250,7 +250,7 @@ def test_a_resume_keeps_the_mean_recorders_stats_since_the_last_record(tmp_path)
 
 
 def test_the_mean_recorders_state_keeps_integer_sums_exact():
-    from rlloop.algorithms.offpolicy_loop import MeanRecorder
+    from rlloop.algorithms.offpolicy_parts import MeanRecorder
 
     straight, cut = MeanRecorder(), MeanRecorder()
     big = torch.tensor(2**24 + 1)  # an int64 stat: a float32 sum would round it

@@ -2,9 +2,10 @@
 
 What lives here: PPO (``ppo``, ``recurrent_ppo``), multi-agent PPO and its league (``ma_ppo``,
 ``league``), the off-policy family (``dqn``, ``sac``, ``td3`` on ``offpolicy_base``'s base
-classes and ``offpolicy_loop``'s collect/replay loop), ``base`` (what every algorithm
-shares) and ``distributed`` (several learners). Their configs live in ``rlloop.config.run_config``
-(torch-free) and the name -> algorithm registry in ``rlloop.config.registry``.
+classes, ``offpolicy_loop``'s collect/replay loop and ``offpolicy_parts``' replaceable
+parts), ``base`` (what every algorithm shares) and ``distributed`` (several learners). Their
+configs live in ``rlloop.config.run_config`` (torch-free) and the name -> algorithm registry
+in ``rlloop.config.registry``.
 
 May import: ``rlloop.errors``, ``system``, ``config``, ``checkpoint``, ``logging``, ``losses``,
 ``modules``, ``envs``, ``data``, ``learners``, ``runners``; never the trainers, runs, cli or api

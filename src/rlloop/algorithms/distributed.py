@@ -26,10 +26,11 @@ from rlloop.config.ppo import PPOConfig
 from rlloop.data.transitions import Transitions
 from rlloop.envs.action_masks import resolve_action_mask
 from rlloop.errors import ConfigError
-from rlloop.learners.distributed import DataParallel, GroupInfo, Link, destroy_group
+from rlloop.learners.distributed import DataParallel, Link
 from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.learners.learner_group import Launcher, LearnerSpec, start_group
 from rlloop.learners.optim_step import GuardedStep
+from rlloop.learners.process_group import GroupInfo, destroy_group
 from rlloop.modules.custom import resolve_net
 from rlloop.system.devices import build_module, new_generator
 

@@ -20,7 +20,7 @@ from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase, OffPolicyLe
 from rlloop.algorithms.offpolicy_loop import OffPolicyLoop
 from rlloop.config.offpolicy import DQNConfig as DQNConfig
 from rlloop.config.schedules import Linear
-from rlloop.data.replay import PrioritizedReplayBuffer
+from rlloop.data.prioritized_replay import PrioritizedReplayBuffer
 from rlloop.data.transitions import Transitions
 from rlloop.envs.action_masks import legal_actions, resolve_action_mask
 from rlloop.envs.core import Discrete, sample_random_actions

@@ -19,12 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from rlloop.algorithms.base import EVAL_SEED_OFFSET, AlgorithmBase, EnvSettings
-from rlloop.algorithms.offpolicy_loop import (
-    OffPolicyLoop,
-    Stats,
-    box_rescaler,
-    check_env_settings,
-)
+from rlloop.algorithms.offpolicy_loop import OffPolicyLoop, box_rescaler, check_env_settings
+from rlloop.algorithms.offpolicy_parts import Stats
 from rlloop.config.gradient_clip import GradientClip
 from rlloop.config.offpolicy import OffPolicyConfig
 from rlloop.config.schedules import learning_rate

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -24,13 +23,20 @@ from pathlib import Path
 from typing import Any
 
 from rlloop.cli.arguments import build_parser as _parser
-from rlloop.cli.early_checks import check_action_space, check_extras, check_saved_run
+from rlloop.cli.early_checks import (
+    algorithm_arg,
+    check_action_space,
+    check_extras,
+    check_new_run_dir,
+    check_saved_run,
+    check_video_file,
+)
+from rlloop.cli.tune import tune_command
 from rlloop.config.loading import check_set_keys
-from rlloop.config.registry import ALGORITHMS, algorithm_name
+from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import MAX_EVAL_EPISODES
 from rlloop.errors import CheckpointError, ConfigError, EnvError, RlloopError, RunDirError
-from rlloop.system.extras import require
-from rlloop.system.run_files import check_output_file, check_run_dir
+from rlloop.system.run_files import check_run_dir
 from rlloop.system.user_code import callback_note, one_line
 
 #: What ``rlloop eval --json`` prints besides ``episodes``: the evaluation's own names, also
@@ -83,7 +89,7 @@ def _presets(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    args.algo = _algorithm(args.algo)  # before torch is imported: a typo answers at once
+    args.algo = algorithm_arg(args.algo)  # before torch is imported: a typo answers at once
     if args.resume is not None:
         if not args.resume.strip():
             raise RunDirError("--resume is empty; pass the run directory to continue")
@@ -130,14 +136,6 @@ def _train(args: argparse.Namespace) -> int:
         from rlloop.logging.process_sink import discard_spares
 
         discard_spares()
-
-
-def _algorithm(text: str) -> str:
-    """The registry's name for an algorithm typed in any case (``PPO`` -> ``ppo``)."""
-    try:
-        return algorithm_name(text)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -198,7 +196,7 @@ def _train_run(args: argparse.Namespace) -> int:
                         started_at=_process_start(),
                         **{k: v for k, v in flags.items() if v is not None})
     else:
-        _check_new_run_dir(args.run_dir)
+        check_new_run_dir(args.run_dir)
         # Every setting is checked here, before torch's second of import.
         config = build_config(args.algo, args.env, file=args.config, flags=flags,
                               sets=args.sets)
@@ -251,61 +249,6 @@ def _process_start() -> float:
         return float(psutil.Process().create_time())
 
 
-def _tune(args: argparse.Namespace) -> int:
-    from rlloop.envs.ids import resolve_env_id
-    from rlloop.logging import format_number, print_summary
-
-    require("optuna", "rlloop tune")  # before the study's directory is written
-    if args.algo is not None:
-        args.algo = _algorithm(args.algo)
-    from rlloop.tuning import prepare, tune
-
-    if min(args.startup_trials or 0, args.warmup_evals or 0) < 0:
-        raise ConfigError("--startup-trials and --warmup-evals must be >= 0")
-    if args.jobs <= 0:
-        raise ConfigError(f"--jobs must be > 0, got {args.jobs}")
-    if args.env:
-        resolve_env_id(args.env, allow_import=True, search_cwd=True)
-    if not args.resume:
-        _check_new_run_dir(args.run_dir)
-    flags = {k: v for k, v in (("seed", args.seed), ("total_env_steps", args.total_env_steps),
-                               ("num_envs", args.num_envs), ("backend", args.backend),
-                               ("device", args.device)) if v is not None}
-    if args.resume:  # a study keeps the settings it started with: they were ignored
-        given = [name for name, value in (
-            ("--env", args.env), ("--space", args.space), ("--config", args.config),
-            ("--set", args.sets), ("--run-dir", args.run_dir),
-            ("--startup-trials", args.startup_trials is not None),
-            ("--warmup-evals", args.warmup_evals is not None),
-            *((f"--{k.replace('_', '-')}", v) for k, v in flags.items())) if value]
-        if given:
-            raise ConfigError(f"tune --resume continues a study with its own settings; "
-                              f"{', '.join(given)} cannot change them (only --trials, "
-                              "--jobs and --allow-import may be given): drop them, or start "
-                              "a new study")
-    path, settings = prepare(args.algo, args.env, trials=args.trials, run_dir=args.run_dir,
-                             resume=args.resume, space_file=args.space, config_file=args.config,
-                             sets=args.sets, flags=flags,
-                             startup_trials=5 if args.startup_trials is None
-                             else args.startup_trials,
-                             warmup_evals=1 if args.warmup_evals is None else args.warmup_evals,
-                             allow_import=args.allow_import)
-    result = tune(path, settings, jobs=args.jobs, quiet=args.quiet)
-    counts = result.counts
-    lines = {"trials": f"{counts['complete']} complete, {counts['pruned']} pruned, "
-                       f"{counts['fail']} failed",
-             "best eval return": ("n/a" if result.best_value is None
-                                  else format_number(result.best_value)),
-             **{f"  {k}": v for k, v in result.best_params.items()},
-             "study": str(path / "study.db"),
-             "trial runs": str(path / "trials")}
-    if result.best_config is not None:
-        lines["best config"] = str(result.best_config)
-        lines["train it"] = f"rlloop train {settings.algo} --config {result.best_config}"
-    print_summary(lines)
-    return 0
-
-
 def _allow_import_needs_resume(args: argparse.Namespace) -> None:
     """--allow-import trusts a saved run; a new one imports the modules its command line
     names anyway, so the flag would be silently ignored."""
@@ -315,57 +258,13 @@ def _allow_import_needs_resume(args: argparse.Namespace) -> None:
                           "imports the module you type")
 
 
-def _check_new_run_dir(raw: str | None) -> None:
-    """RunDirError unless ``raw`` is a directory a run can be created in (checked without
-    creating it, so bad input leaves nothing behind)."""
-    if raw is None:
-        return
-    if not raw.strip():
-        raise RunDirError("--run-dir is empty; pass a directory, or leave the flag out for "
-                          "runs/<algo>-<env>-<time>")
-    path = Path(raw)
-    if path.exists() and not path.is_dir():
-        raise RunDirError(f"--run-dir {raw} is an existing file, not a directory; pick "
-                          "another --run-dir")
-    base = path
-    while not base.exists():
-        base = base.parent
-    if not base.is_dir():
-        raise RunDirError(f"--run-dir {raw} cannot be created: {base} is a file; pick another "
-                          "--run-dir")
-    try:
-        _probe_writable(base)
-    except OSError as e:
-        raise RunDirError(f"--run-dir {raw} cannot be created in {base} ({e.strerror}); pick "
-                          "a writable --run-dir") from None
-
-
-def _probe_writable(directory: Path) -> None:
-    """``OSError`` unless something can be made in ``directory``: the only sure test of
-    writability (root passes os.access checks on /proc)."""
-    os.rmdir(tempfile.mkdtemp(prefix=".rlloop-", dir=directory))
-
-
-def _check_video_file(path: Path, run_dir: Path) -> None:
-    """``--video``'s file, checked before the evaluation it follows: an MP4 (the encoder
-    picks the format by suffix) in a writable directory, none of the run's own files."""
-    if path.suffix.lower() != ".mp4":
-        raise ConfigError(f"--video {path}: name an .mp4 file (e.g. {path.with_suffix('.mp4')})")
-    check_output_file(path, [run_dir], option="--video")
-    try:
-        _probe_writable(path.parent)
-    except OSError as e:
-        raise RunDirError(f"--video {path} cannot be written in {path.parent} ({e.strerror}); "
-                          "pick a writable place") from None
-
-
 def _eval(args: argparse.Namespace) -> int:
     if not 0 < args.episodes <= MAX_EVAL_EPISODES:
         raise ConfigError(f"--episodes must be in 1..{MAX_EVAL_EPISODES}, got {args.episodes}")
     check_run_dir(args.run_dir)  # before torch is imported
     check_saved_run(args.run_dir, allow_import=args.allow_import)
     if args.video:
-        _check_video_file(Path(args.video), Path(args.run_dir))
+        check_video_file(Path(args.video), Path(args.run_dir))
     from rlloop.runs.saved import evaluate_run
 
     stats = evaluate_run(Path(args.run_dir), args.episodes, args.backend, args.device,
@@ -426,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _exit_now(code)
             return code
         if args.command == "tune":
-            return _tune(args)
+            return tune_command(args)
         if args.command == "presets":
             return _presets(args)
         if args.command == "check-env":

@@ -13,8 +13,9 @@ from rlloop.config.network_choices import ENCODERS, check_cnn_precision
 from rlloop.config.unused_settings import Dependency
 from rlloop.errors import ConfigError, check_finite, check_init_log_std
 
-#: The parts a config names (setting -> the registry of :mod:`rlloop.algorithms.offpolicy_loop`
-#: that builds them) and the names rlloop ships for each.
+#: The parts a config names (setting -> the registry of
+#: :mod:`rlloop.algorithms.offpolicy_parts` that builds them) and the names rlloop ships for
+#: each.
 PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "replay": ("REPLAY_BUFFERS", ("uniform", "prioritized", "frames")),
     "step_processor": ("STEP_PROCESSORS", ("nstep",)),
@@ -27,7 +28,7 @@ def part_names(setting: str) -> list[str]:
     """The names ``setting`` accepts: rlloop's own parts, or once the registries are
     imported (torch code, where a user may register more) the names they hold."""
     registry_name, builtin = PARTS[setting]
-    registries = sys.modules.get("rlloop.algorithms.offpolicy_loop")
+    registries = sys.modules.get("rlloop.algorithms.offpolicy_parts")
     return sorted(getattr(registries, registry_name) if registries is not None else builtin)
 
 

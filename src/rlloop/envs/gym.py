@@ -7,14 +7,15 @@ for a finished env is already the first one of its next episode, and the last
 observation of the finished episode arrives in ``infos["final_obs"]`` (an object array, valid where
 ``infos["_final_obs"]`` is set). Gymnasium's default (``NEXT_STEP``) would instead
 return the final observation and spend the following step on the reset.
+
+Reading an env's spaces into an ``EnvSpec``, and refusing one that cannot be built or
+encoded, is :mod:`rlloop.envs.gym_spec`; the envs' state in a checkpoint is
+:mod:`rlloop.envs.gym_state`; this module steps the made envs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import re
-from collections.abc import Iterator
 from typing import Any
 
 import gymnasium
@@ -26,175 +27,24 @@ from torch import Tensor
 
 import rlloop.envs.atari as atari
 from rlloop.envs.core import (
-    ActionSpace,
-    Box,
-    Discrete,
-    EnvSpec,
-    MultiBinary,
-    MultiDiscrete,
     StepResult,
 )
-from rlloop.envs.gym_async import EnvWorkerError, GuardedAsyncVectorEnv
+from rlloop.envs.gym_async import GuardedAsyncVectorEnv
+from rlloop.envs.gym_spec import (
+    MASK_KEY,
+    construction_errors,
+    describe_space,
+    dict_mask_dims,
+    made_spec,
+    probe_action_mask,
+    spec_from_gym,
+)
+from rlloop.envs.gym_state import restore_vector_env_state, vector_env_state
 from rlloop.envs.gym_threads import ThreadedVectorEnv
-from rlloop.envs.objects import is_object_env
 from rlloop.errors import EnvError, RlloopError
 from rlloop.system.devices import arrays_to_device
 from rlloop.system.seeding import derive_seed
 from rlloop.system.signals import StopInterrupted, interrupted
-
-
-def _one_line(space: gymnasium.Space[Any]) -> str:
-    return " ".join(str(space).split())
-
-
-def convert_action_space(env_id: str, space: gymnasium.Space[Any]) -> ActionSpace:
-    """rlloop's description of a Gymnasium action space, or ``EnvError`` if unsupported."""
-    if isinstance(space, spaces.Discrete):
-        return Discrete(int(space.n))
-    if isinstance(space, spaces.Box):
-        return Box(
-            low=tuple(float(v) for v in space.low.reshape(-1)),
-            high=tuple(float(v) for v in space.high.reshape(-1)),
-            shape=tuple(space.shape),
-        )
-    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
-        return MultiDiscrete(tuple(int(n) for n in space.nvec))
-    if isinstance(space, spaces.MultiBinary) and len(space.shape) == 1:
-        return MultiBinary(int(space.shape[0]))
-    raise EnvError(
-        f"{env_id}: action space {_one_line(space)} is not supported (only Discrete, Box and "
-        "1-d MultiDiscrete/MultiBinary); register a wrapped variant of the env that exposes "
-        "one of these"
-    )
-
-
-#: A Dict observation's entry that holds the legal-action mask (PettingZoo's convention):
-#: taken out of the encoded entries and appended as ``EnvSpec.action_mask`` features.
-MASK_KEY = "action_mask"
-
-
-def obs_parts_of(space: gymnasium.Space[Any]) -> tuple[tuple[str, tuple[int, ...], bool], ...]:
-    """``EnvSpec.obs_parts`` of a Dict space of Box and Discrete entries (else ``()``);
-    the ``action_mask`` entry is not one of them (see :func:`dict_mask_dims`)."""
-    if not isinstance(space, spaces.Dict) or not all(
-            isinstance(v, spaces.Box | spaces.Discrete) or k == MASK_KEY
-            for k, v in space.spaces.items()):
-        return ()
-    return tuple((str(k), obs_shape_of(str(k), v), is_image_space(v))
-                 for k, v in space.spaces.items() if k != MASK_KEY)
-
-
-def dict_mask_dims(env_id: str, obs_space: gymnasium.Space[Any],
-                   action_space: gymnasium.Space[Any]) -> int:
-    """Size of the ``action_mask`` entry of a Dict observation space, 0 if it has none;
-    ``EnvError`` when it cannot be a mask over the actions."""
-    if not isinstance(obs_space, spaces.Dict) or MASK_KEY not in obs_space.spaces:
-        return 0
-    entry = obs_space.spaces[MASK_KEY]
-    if not isinstance(action_space, spaces.Discrete):
-        raise EnvError(f"{env_id}: the observation's 'action_mask' entry needs Discrete "
-                       f"actions but the env has {_one_line(action_space)}; drop the entry "
-                       "(gymnasium.wrappers.FilterObservation)")
-    n = int(action_space.n)
-    if not isinstance(entry, spaces.Box | spaces.MultiBinary) or tuple(entry.shape) != (n,):
-        raise EnvError(f"{env_id}: the observation's 'action_mask' entry is {_one_line(entry)} "
-                       f"but the env has {n} actions; make it a Box or MultiBinary of shape "
-                       f"({n},) with 1 for legal actions")
-    return n
-
-
-def obs_shape_of(env_id: str, space: gymnasium.Space[Any]) -> tuple[int, ...]:
-    """Shape of one observation as rlloop returns it, or ``EnvError`` if unsupported."""
-    if isinstance(space, spaces.Box):
-        return tuple(space.shape)
-    if isinstance(space, spaces.Discrete):
-        return (int(space.n),)  # one-hot
-    parts = obs_parts_of(space)
-    if parts:
-        return (sum(int(np.prod(shape)) for _, shape, _ in parts),)
-    raise EnvError(f"{env_id}: observation space {_describe(space)} is not supported (only "
-                   f"Box, Discrete and Dicts of them); register a variant "
-                   f"{_flattening_fix(space)}")
-
-
-def is_image_space(space: gymnasium.Space[Any]) -> bool:
-    """A uint8 Box of 2 (grayscale) or 3 (HWC or CHW colour) dims: pixels."""
-    return (isinstance(space, spaces.Box) and space.dtype == np.uint8
-            and len(space.shape) in (2, 3))
-
-
-def _flattens(space: gymnasium.Space[Any]) -> bool:
-    try:
-        spaces.flatten_space(space)
-    except (NotImplementedError, TypeError, ValueError):
-        return False  # e.g. MiniGrid's MissionSpace (free text)
-    return True
-
-
-def _describe(space: gymnasium.Space[Any]) -> str:
-    if isinstance(space, spaces.Dict):  # its entries' full text can fill a screen
-        inner = ", ".join(f"{k!r}: {type(v).__name__}" for k, v in space.spaces.items())
-        return f"Dict({inner})"
-    return _one_line(space)
-
-
-def _flattening_fix(space: gymnasium.Space[Any]) -> str:
-    if _flattens(space):
-        return "wrapped in gymnasium.wrappers.FlattenObservation"
-    if isinstance(space, spaces.Dict):
-        keep = [k for k, v in space.spaces.items() if _flattens(v)]
-        drop = [k for k in space.spaces if k not in keep]
-        if keep:  # the rest of the Dict keeps its encoders (a CNN for an image)
-            return (f"wrapped in gymnasium.wrappers.FilterObservation(env, {keep}) "
-                    f"({', '.join(map(repr, drop))} has no encoder)")
-    return "with a gymnasium.ObservationWrapper that returns a Box"
-
-
-def spec_from_gym(
-    env_id: str,
-    gym_spec: gymnasium.envs.registration.EnvSpec | None,
-    obs_space: gymnasium.Space[Any],
-    action_space: gymnasium.Space[Any],
-    mask_dims: int = 0,
-) -> EnvSpec:
-    """``EnvSpec`` from a made env's Gymnasium spec (which reflects ``max_episode_steps``
-    overrides passed to ``gymnasium.make``) and its spaces; ``mask_dims`` action-mask
-    features (see :func:`probe_action_mask`) follow the flattened observation."""
-    shape = obs_shape_of(env_id, obs_space)
-    mask_dims = mask_dims or dict_mask_dims(env_id, obs_space, action_space)
-    if mask_dims:
-        shape = (int(np.prod(shape)) + mask_dims,)
-    return EnvSpec(
-        env_id=env_id,
-        obs_shape=shape,
-        action_space=convert_action_space(env_id, action_space),
-        max_episode_steps=None if gym_spec is None else gym_spec.max_episode_steps,
-        reward_threshold=None if gym_spec is None else gym_spec.reward_threshold,
-        image_obs=is_image_space(obs_space),
-        action_mask=mask_dims,
-        obs_parts=obs_parts_of(obs_space),
-    )
-
-
-def probe_action_mask(env_id: str, env: gymnasium.Env[Any, Any]) -> int:
-    """Size of the ``info["action_mask"]`` that ``env`` returns from ``reset``, 0 if none.
-
-    Only Discrete actions with vector (non-image) or Dict observations (without their own
-    ``action_mask`` entry) are probed: that is where rlloop appends the mask to the
-    flattened observation (see :mod:`rlloop.modules.masked`)."""
-    act, obs = env.action_space, env.observation_space
-    flat = (isinstance(obs, spaces.Box | spaces.Discrete) and not is_image_space(obs)) or (
-        bool(obs_parts_of(obs)) and MASK_KEY not in obs.spaces)  # type: ignore[attr-defined]
-    if not (isinstance(act, spaces.Discrete) and flat):
-        return 0
-    _, info = env.reset()
-    if "action_mask" not in info:
-        return 0
-    mask = np.asarray(info["action_mask"])
-    if mask.shape != (int(act.n),):
-        raise EnvError(f"{env_id}: info['action_mask'] has shape {mask.shape} but the env has "
-                       f"{int(act.n)} actions; return one 0/1 entry per action")
-    return int(act.n)
 
 
 def find_gym_env(env: Any) -> GymVecEnv | None:
@@ -205,77 +55,6 @@ def find_gym_env(env: Any) -> GymVecEnv | None:
             return None
         env = env.env
     return env
-
-
-def gym_env_spec(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
-    """Spec of a Gymnasium env without stepping it: make one instance, read it, close it."""
-    kwargs = env_kwargs or {}
-    with _construction_errors(env_id, kwargs):
-        env = atari.make(env_id, **kwargs)
-    try:
-        return spec_from_gym(env_id, env.spec, env.observation_space, env.action_space,
-                             probe_action_mask(env_id, env))
-    finally:
-        env.close()
-
-
-@contextlib.contextmanager
-def _construction_errors(env_id: str, kwargs: dict[str, Any]) -> Iterator[None]:
-    """Constructing ``env_id``'s envs: a missing package, or keywords (``env_kwargs``) the
-    constructor does not take or whose values it refuses, become one-line EnvErrors; with
-    no keywords such errors are bugs of the env and pass through."""
-    try:
-        yield
-    except TypeError as e:
-        if not kwargs:  # then it is a bug in the env, not a user mistake
-            raise
-        raise _kwargs_error(env_id, kwargs, e) from e
-    except gymnasium.error.DependencyNotInstalled as e:
-        raise _dependency_error(env_id, e) from None
-    except (AssertionError, ValueError) as e:
-        if not kwargs or isinstance(e, EnvError | RlloopError):
-            raise
-        raise _kwargs_value_error(env_id, kwargs, e) from e
-
-
-def _kwargs_error(env_id: str, kwargs: dict[str, Any], error: TypeError) -> EnvError:
-    hint = "check the env's constructor arguments"
-    if is_object_env(env_id) and "render_mode" in kwargs:  # the run's video asks for frames
-        hint = ("for videos the function must take render_mode, e.g. lambda render_mode=None: "
-                "gymnasium.make(ID, render_mode=render_mode); or pass save_video=False")
-    return EnvError(f"gymnasium.make({env_id!r}) rejected env_kwargs {sorted(kwargs)} "
-                    f"({error}); {hint}")
-
-
-def _kwargs_value_error(env_id: str, kwargs: dict[str, Any],
-                        error: AssertionError | ValueError) -> EnvError:
-    """The env's constructor took the keywords but refused a value (LunarLander's
-    ``assert -12 < gravity < 0``): a bad setting, not a bug of the env."""
-    detail = " ".join(str(error).split()) or type(error).__name__
-    given = ", ".join(f"{k}={v!r}" for k, v in sorted(kwargs.items()))
-    keys = sorted(kwargs)
-    change = (f"--set env.{keys[0]}=VALUE" if len(keys) == 1
-              else "--set env.KEY=VALUE for " + ", ".join(keys))
-    return EnvError(f"{env_id} refused its env_kwargs ({given}): {detail}; change the value "
-                    f"in env_kwargs ({change}) or drop it")
-
-
-#: rlloop's extra for each package Gymnasium names as missing ("Box2D is not installed").
-_EXTRAS = {"box2d": ("Box2D", "box2d"), "mujoco": ("MuJoCo", "mujoco"),
-           "opencv-python": ("OpenCV", "atari"), "ale-py": ("ale-py", "atari"),
-           "ale_py": ("ale-py", "atari")}
-_MISSING = re.compile(r"\s*([\w.-]+)(?: package)? (?:is )?not installed", re.IGNORECASE)
-
-
-def _dependency_error(env_id: str, error: Exception) -> EnvError:
-    detail = " ".join(str(error).split())
-    named = _MISSING.match(detail)
-    extra = _EXTRAS.get(named.group(1).lower()) if named else None
-    if extra is None:  # Gymnasium's message names its own pip command (e.g. pygame's)
-        return EnvError(f"{env_id} needs a package that is not installed: {detail}")
-    package, name = extra
-    return EnvError(f"{env_id} needs {package}, which is not installed: pip install "
-                    f"'rlloop[{name}]'")
 
 
 #: Raised by rlloop itself around the env (async workers that failed, a stop signal while
@@ -339,7 +118,7 @@ class GymVecEnv:
         # ("module:Env-v0" ids import their module in the worker instead).
         target = gymnasium.registry.get(env_id, env_id) if asynchronous else env_id
         env_fns = [functools.partial(atari.make, target, **kwargs)] * num_envs
-        with _construction_errors(env_id, kwargs):
+        with construction_errors(env_id, kwargs):
             self._vec: SyncVectorEnv | GuardedAsyncVectorEnv = (
                 GuardedAsyncVectorEnv(env_fns, env_id=env_id, step_timeout=step_timeout)
                 if asynchronous
@@ -354,7 +133,7 @@ class GymVecEnv:
                 # Sub-env 0's first reset, seeded or not, happens later and reseeds it.
                 mask_dims = probe_action_mask(env_id, self._vec.envs[0])
             else:  # read here: a worker cannot pickle back an entry point pickled by value
-                gym_spec, mask_dims = _made_spec(env_id, env_fns[0])
+                gym_spec, mask_dims = made_spec(env_id, env_fns[0])
             self.spec = spec_from_gym(env_id, gym_spec, obs_space, act_space, mask_dims)
         except BaseException:
             self._vec.close()
@@ -410,15 +189,15 @@ class GymVecEnv:
             if index.ndim > 1 or index.dtype.kind not in "iu" or not all(
                     space.contains(int(i)) for i in index.reshape(-1)):
                 raise EnvError(f"{self.spec.env_id} observations are indices in "
-                               f"{_describe(space)}; got {obs!r}")
+                               f"{describe_space(space)}; got {obs!r}")
             return self._obs_array_plain(index.reshape(-1)), index.ndim == 0
         if not isinstance(space, spaces.Dict):
-            raise EnvError(f"{self.spec.env_id} has {_describe(space)} observations, not a Dict; "
-                           "pass an array")
+            raise EnvError(f"{self.spec.env_id} has {describe_space(space)} observations, "
+                           "not a Dict; pass an array")
         missing = sorted(set(space.spaces) - set(obs))
         if missing:
             raise EnvError(f"the observation lacks the entries {missing} of {self.spec.env_id}'s "
-                           f"{_describe(space)}; pass all of them")
+                           f"{describe_space(space)}; pass all of them")
         arrays = {k: np.asarray(obs[k]) for k in space.spaces}
         expected = {k: tuple(v.shape or ()) for k, v in space.spaces.items()}
         not_one = [k for k, a in arrays.items() if a.shape != expected[k]]
@@ -438,7 +217,7 @@ class GymVecEnv:
                     arrays[key].dtype.kind in "iu"
                     and all(entry.contains(int(i)) for i in arrays[key].reshape(-1))):
                 raise EnvError(f"the observation's entry {key!r} holds indices in "
-                               f"{_describe(entry)}; got {obs[key]!r}")
+                               f"{describe_space(entry)}; got {obs[key]!r}")
         batch = {k: a[None] if single else a for k, a in arrays.items()}
         return self._obs_array(batch), single
 
@@ -563,48 +342,7 @@ class GymVecEnv:
     def get_state(self) -> dict[str, Any]:
         """RNG states, and physics where exposed (see the class docstring); only
         ``{"lost": why}`` once async workers failed (their state died with them)."""
-        failure = getattr(self._vec, "failure", None)
-        if failure is not None:
-            return {"lost": failure}
-        try:
-            state: dict[str, Any] = {
-                "env_rngs": [g.bit_generator.state for g in self._vec.get_attr("np_random")],
-                "action_space_rng": self._vec.action_space.np_random.bit_generator.state,
-                "single_action_space_rng": (
-                    self._vec.single_action_space.np_random.bit_generator.state
-                ),
-            }
-            physics = self._physics()
-        except (EnvWorkerError, StopInterrupted):
-            # a worker died unseen until asked (a process group's SIGTERM reaches the
-            # workers too): the final checkpoint goes on without the envs' state, as after
-            # any worker failure
-            failure = getattr(self._vec, "failure", None)
-            if failure is None:
-                raise
-            return {"lost": failure}
-        if physics is not None:
-            state["physics"] = physics
-        return state
-
-    def _physics(self) -> dict[str, Any] | None:
-        """Sub-envs' ``unwrapped.state`` arrays and time-limit counts, if all have them."""
-        # Asked first: a failed attribute read ends an async worker.
-        for name in ("state", "_elapsed_steps"):
-            if not all(self._vec.call("has_wrapper_attr", name)):
-                return None
-        states = self._vec.get_attr("state")
-        steps = self._vec.get_attr("_elapsed_steps")
-        # A tuple of numbers too (MountainCar-v0's state after a step).
-        if not all(isinstance(x, np.ndarray | tuple) for x in states) or None in steps:
-            return None
-        try:
-            arrays = [np.array(x, dtype=None if isinstance(x, np.ndarray) else np.float64,
-                               copy=True) for x in states]
-        except (TypeError, ValueError):
-            return None
-        return {"state": arrays,
-                "elapsed_steps": [int(n) for n in steps]}
+        return vector_env_state(self._vec)
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore the RNG states from ``get_state``, and the physics where it was saved
@@ -623,18 +361,8 @@ class GymVecEnv:
                 f"saved state holds {len(env_rngs)} sub-envs but this env has "
                 f"num_envs={self.num_envs}; create the env with the saved num_envs"
             )
-        # New Generator objects, set through set_attr, so that this also reaches
-        # AsyncVectorEnv's subprocesses (get_attr only returns pickled copies there).
-        self._vec.set_attr("np_random", [_generator_from_state(s) for s in env_rngs])
-        self._vec.action_space.np_random.bit_generator.state = state["action_space_rng"]
-        single = self._vec.single_action_space.np_random.bit_generator
-        single.state = state["single_action_space_rng"]
+        self.state_restored = restore_vector_env_state(self._vec, state)
         self._pending_seed = None
-        if "physics" in state:
-            physics = state["physics"]
-            self._vec.set_attr("state", [np.array(x, copy=True) for x in physics["state"]])
-            self._vec.set_attr("_elapsed_steps", [int(n) for n in physics["elapsed_steps"]])
-            self.state_restored = True
 
     def close(self) -> None:
         """Close the sub-envs (and join the worker processes of the async backend)."""
@@ -659,15 +387,6 @@ class GymVecEnv:
         return np.asarray(frame, dtype=np.uint8)
 
 
-def _made_spec(env_id: str, env_fn: Any
-               ) -> tuple[gymnasium.envs.registration.EnvSpec | None, int]:
-    env = env_fn()
-    try:
-        return env.spec, probe_action_mask(env_id, env)
-    finally:
-        env.close()
-
-
 def _stack(observations: list[Any]) -> Any:
     """One batch of single observations (Dict ones key by key)."""
     if isinstance(observations[0], dict):
@@ -675,8 +394,3 @@ def _stack(observations: list[Any]) -> Any:
                 for k in observations[0]}
     return np.stack([np.asarray(o) for o in observations])
 
-
-def _generator_from_state(state: dict[str, Any]) -> np.random.Generator:
-    bit_generator = getattr(np.random, state["bit_generator"])()
-    bit_generator.state = state
-    return np.random.Generator(bit_generator)

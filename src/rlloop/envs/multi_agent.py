@@ -35,7 +35,7 @@ from torch import Tensor
 
 from rlloop.envs.action_masks import legal_actions
 from rlloop.envs.core import ActionSpace, Box, Discrete, EnvSpec, sample_box
-from rlloop.envs.gym import convert_action_space
+from rlloop.envs.gym_spec import convert_action_space
 from rlloop.envs.ids import PETTINGZOO_PREFIX, is_pettingzoo_id
 from rlloop.errors import EnvError
 from rlloop.system.devices import arrays_to_device

@@ -30,7 +30,8 @@ import torch
 
 from rlloop.envs.core import EnvSpec, VecEnv
 from rlloop.envs.envpool_atari import EnvpoolAtariVecEnv, check_envpool
-from rlloop.envs.gym import GymVecEnv, gym_env_spec
+from rlloop.envs.gym import GymVecEnv
+from rlloop.envs.gym_spec import gym_env_spec
 from rlloop.envs.ids import NATIVE_IDS, is_pettingzoo_id, resolve_env_id
 from rlloop.envs.native.cartpole import CartPoleVecEnv
 from rlloop.errors import EnvError

@@ -13,8 +13,10 @@ per-update means of the loss stats, learning rates and scheduled hyperparameters
 gradient norms, and lifetime sample counts with throughput. A module's keys are flat
 (``"losses/policy"``) while it is the only module, else prefixed (``"a/losses/policy"``).
 
-The file is longer than rlloop's usual ~400 lines because it is RLlib's whole learner
-surface in one class; the hooks an algorithm overrides come first.
+The class is RLlib's whole learner surface, the hooks an algorithm overrides first; its
+parts that need no learner live beside it: the non-finite guard
+(:mod:`~rlloop.learners.nonfinite`), minibatch cutting (:mod:`~rlloop.learners.minibatches`)
+and the state's components and checks (:mod:`~rlloop.learners.learner_state`).
 """
 
 from __future__ import annotations
@@ -32,21 +34,28 @@ from torch import Tensor, nn
 from rlloop.config.gradient_clip import ClipBy, GradientClip, LearnerError
 from rlloop.config.schedules import Schedule, make_schedule
 from rlloop.data.batch import TensorBatch
-from rlloop.errors import RlloopError, SavedStateError
 from rlloop.learners.gradients import clip_gradients, grad_norm
-from rlloop.learners.optim_step import arm_skip, skips_on_device
+from rlloop.learners.learner_state import (
+    check_saved_weights,
+    cloned,
+    nonfinite_weights,
+    select_components,
+)
+from rlloop.learners.minibatches import chunk_bounds, epoch_minibatches, micro_batch_count
+from rlloop.learners.nonfinite import (
+    SKIPPED_KEY,
+    NonFiniteError,
+    arm_device_skip,
+    batch_is_finite,
+    nonfinite_error,
+)
+from rlloop.learners.optim_step import arm_skip
 from rlloop.logging.metrics import MetricsLogger
 
-__all__ = [
-    "DEFAULT_MODULE_ID", "STATE_COMPONENTS", "ClipBy", "GradientClip", "Learner", "LearnerError",
-    "NonFiniteError", "TensorBatch", "UnknownModuleError", "clip_gradients",
-]
+__all__ = ["DEFAULT_MODULE_ID", "ClipBy", "GradientClip", "Learner", "LearnerError",
+           "TensorBatch", "UnknownModuleError", "clip_gradients"]
 
 DEFAULT_MODULE_ID = "default_policy"
-#: ``env_steps`` is the schedules' timeline: learning rates and scheduled hyperparameters
-#: are functions of it, so it is all the state they have.
-STATE_COMPONENTS = ("module", "optimizer", "metrics_logger", "weights_seq_no",
-                    "should_module_be_updated", "env_steps")
 #: An ``nn.Module`` or a spec: anything that builds one when called without arguments
 #: (a module class, ``functools.partial(ActorCritic, obs_shape, space)``, a lambda).
 ModuleOrSpec = nn.Module | Callable[[], nn.Module]
@@ -60,18 +69,8 @@ class UnknownModuleError(LearnerError, KeyError):
         return str(self.args[0])
 
 
-class NonFiniteError(RlloopError, FloatingPointError):
-    """A NaN or infinity reached a loss or gradient with ``on_nonfinite="raise"``, or a run
-    skipped more of its updates for them than its ``max_skipped_share``."""
-
-
 BatchT = TypeVar("BatchT", bound=TensorBatch)
 MultiBatch = Mapping[str, BatchT]
-
-
-#: The 0-dim flag :meth:`Learner.gradient_step` adds to a step's stats when the step's
-#: skip was decided on the device (1.0: skipped); read and removed before logging.
-SKIPPED_KEY = "guard/_step_skipped"
 
 
 @dataclass
@@ -401,9 +400,7 @@ class Learner(Generic[BatchT]):
     def micro_batches(self, mb: MultiBatch[BatchT]) -> int:
         """How many forward/backward passes :meth:`forward_backward` splits ``mb`` into:
         enough that none has more than ``micro_batch`` rows (1 when that is ``None``)."""
-        if self.micro_batch is None:
-            return 1
-        return max(1, -(-max(len(b) for b in mb.values()) // self.micro_batch))
+        return micro_batch_count(mb, self.micro_batch)
 
     def forward_backward(self, mb: MultiBatch[BatchT]
                          ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -424,7 +421,7 @@ class Learner(Generic[BatchT]):
         summed_stats: dict[str, Tensor] = {}
         for module_id, module_batch in mb.items():
             n = len(module_batch)
-            for start, stop in _chunk_bounds(n, chunks):
+            for start, stop in chunk_bounds(n, chunks):
                 part = module_batch.rows(start, stop)
                 weight = (stop - start) / n
                 losses, stats = self.compute_losses(
@@ -443,14 +440,9 @@ class Learner(Generic[BatchT]):
         them with ``not finite`` and return that flag (1.0: skipped): the step is decided
         without a host read. None where a host read must decide (``"raise"``, another
         optimiser, parameters on another device than the loss)."""
-        if self.on_nonfinite != "skip" or not all(
-                skips_on_device(o.optimizer) and all(p.device == finite.device for p in o.params)
-                for _, o in optims):
+        if self.on_nonfinite != "skip":
             return None
-        flag = torch.logical_not(finite).float()
-        for _, o in optims:
-            arm_skip(o.optimizer, flag)
-        return flag
+        return arm_device_skip([(o.optimizer, o.params) for _, o in optims], finite)
 
     def _log_step_stats(self, steps: list[dict[str, Tensor]]) -> None:
         """Log the minibatches' stats, leaving out the non-finite ones of steps skipped on
@@ -477,21 +469,12 @@ class Learner(Generic[BatchT]):
 
     def nonfinite_error(self, what: str) -> NonFiniteError:
         """The error ``on_nonfinite="raise"`` raises for a non-finite ``what``."""
-        return NonFiniteError(
-            f"non-finite {what} at env step {self.env_steps} (update "
-            f"{self.weights_seq_no}); the update was not applied. Lower the learning rate "
-            "or check the env's observations and rewards, or set on_nonfinite=skip")
+        return nonfinite_error(what, self.env_steps, self.weights_seq_no)
 
     def batch_is_finite(self, batch: MultiBatch[BatchT]) -> bool:
         """True if every float tensor of every module's batch is finite (one host read per
         device for the whole batch)."""
-        checks: dict[torch.device, list[Tensor]] = {}
-        for b in batch.values():
-            for f in dataclasses.fields(b):  # type: ignore[arg-type]
-                v = getattr(b, f.name)
-                if isinstance(v, Tensor) and v.is_floating_point():
-                    checks.setdefault(v.device, []).append(torch.isfinite(v).all())
-        return all(bool(torch.stack(flags).all()) for flags in checks.values())
+        return batch_is_finite(batch)
 
     def update_from_batch(
         self,
@@ -517,7 +500,7 @@ class Learner(Generic[BatchT]):
         if not self.batch_is_finite(batch):
             self._skip_batch()
             return self._finish(0)
-        return self._run(self._minibatches(batch, num_epochs, minibatch_size,
+        return self._run(epoch_minibatches(batch, num_epochs, minibatch_size,
                                            shuffle_batch_per_epoch, generator), stop)
 
     def update_from_episodes(self, episodes: Sequence[Any], **kwargs: Any) -> dict[str, float]:
@@ -551,24 +534,6 @@ class Learner(Generic[BatchT]):
     def _check_batch(self, batch: MultiBatch[BatchT]) -> None:
         for module_id in batch:
             self._check_module(module_id)
-
-    def _minibatches(self, batch: MultiBatch[BatchT], num_epochs: int,
-                     minibatch_size: int | None, shuffle: bool,
-                     generator: torch.Generator | None) -> Iterator[MultiBatch[BatchT]]:
-        sizes = {m: len(b) for m, b in batch.items()}
-        if not sizes:
-            return
-        n_max = max(sizes.values())
-        num_mb = 1 if not minibatch_size else max(1, -(-n_max // minibatch_size))
-        for _ in range(num_epochs):
-            # Gather each module's batch once per epoch in shuffled order; minibatches are
-            # then views (one gather per field per epoch instead of per minibatch).
-            shuffled = {m: batch[m].select(torch.randperm(
-                n, generator=generator, device=_generator_device(generator)))
-                        if shuffle else batch[m] for m, n in sizes.items()}
-            bounds = {m: _chunk_bounds(n, num_mb) for m, n in sizes.items()}
-            for i in range(num_mb):
-                yield {m: shuffled[m].rows(*b[i]) for m, b in bounds.items() if i < len(b)}
 
     def _run(self, minibatches: Iterable[MultiBatch[BatchT]],
              stop: Callable[[dict[str, Tensor]], bool] | None) -> dict[str, float]:
@@ -620,7 +585,7 @@ class Learner(Generic[BatchT]):
         not_components: str | Iterable[str] | None = None,
     ) -> dict[str, Any]:
         """The learner's state, restricted to ``components`` minus ``not_components``."""
-        wanted = _select(components, not_components)
+        wanted = select_components(components, not_components)
         state: dict[str, Any] = {}
         if "module" in wanted:
             state["module"] = {m: mod.state_dict() for m, mod in self.modules.items()}
@@ -642,35 +607,12 @@ class Learner(Generic[BatchT]):
         """``SavedStateError`` unless each saved state dict in ``modules`` is one of this
         learner's modules' with the same names and shapes: ``load_state_dict`` copies the
         tensors that fit before it refuses the others (a transposed weight)."""
-        for module_id, saved in modules.items():
-            what = f"saved weights of module {module_id!r}"
-            if module_id not in self.modules:
-                raise SavedStateError(f"{what}: this learner has only {sorted(self.modules)}")
-            built = self.modules[module_id].state_dict()
-            if not isinstance(saved, Mapping):
-                raise SavedStateError(f"{what} are a {type(saved).__name__}, not a state dict")
-            if missing := sorted(built.keys() - saved.keys()):
-                raise SavedStateError(f"{what} lack {missing}")
-            if unknown := sorted(map(str, saved.keys() - built.keys())):
-                raise SavedStateError(f"{what} hold unknown {unknown}")
-            for name, tensor in built.items():
-                value = saved[name]
-                if isinstance(tensor, Tensor) and not (
-                        isinstance(value, Tensor) and value.shape == tensor.shape):
-                    found = list(value.shape) if isinstance(value, Tensor) else type(value)
-                    raise SavedStateError(f"saved weight {module_id}.{name} has shape "
-                                          f"{found}, the built module's {list(tensor.shape)}")
+        check_saved_weights(self.modules, modules)
 
     def nonfinite_weights(self) -> list[str]:
         """``<module id>.<name>`` of each floating-point parameter or buffer holding a NaN
         or an infinity (one host sync for all of them)."""
-        named = [(f"{m}.{k}", t) for m, module in self.modules.items()
-                 for k, t in module.state_dict().items()
-                 if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex())]
-        if not named:
-            return []
-        finite = torch.stack([torch.isfinite(t).all() for _, t in named]).tolist()
-        return [name for (name, _), ok in zip(named, finite, strict=True) if not ok]
+        return nonfinite_weights(self.modules)
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`get_state` returned (any subset of components).
@@ -686,7 +628,7 @@ class Learner(Generic[BatchT]):
             module_id, _, name = key.rpartition("/")
             # Optimisers adopt same-device state tensors as they are: copy them, or two
             # learners restored from one state would step each other's moments.
-            self.get_optimizer(module_id, name).load_state_dict(_cloned(sd))
+            self.get_optimizer(module_id, name).load_state_dict(cloned(sd))
         if "metrics_logger" in state:
             self.metrics.set_state(state["metrics_logger"])
         # A newer weights_seq_no wins: stale state never rolls the counter back.
@@ -709,38 +651,3 @@ def _override(config: Any, overrides: Mapping[str, Any]) -> Any:
         return {**config, **overrides}
     raise LearnerError(f"config_overrides need a dataclass or mapping config, not "
                        f"{type(config).__name__}")
-
-
-def _select(components: str | Iterable[str] | None,
-            not_components: str | Iterable[str] | None) -> set[str]:
-    def as_set(x: str | Iterable[str] | None) -> set[str]:
-        return {x} if isinstance(x, str) else set(x or ())
-
-    wanted = as_set(components) or set(STATE_COMPONENTS)
-    unknown = (wanted | as_set(not_components)) - set(STATE_COMPONENTS)
-    if unknown:
-        raise LearnerError(f"unknown state components {sorted(unknown)}; "
-                           f"choose from {list(STATE_COMPONENTS)}")
-    return wanted - as_set(not_components)
-
-
-def _chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` of ``torch.arange(n).chunk(chunks)``: same split, no tensors."""
-    size = -(-n // chunks)
-    return [(a, min(a + size, n)) for a in range(0, n, size)]
-
-
-def _cloned(value: Any) -> Any:
-    """``value`` with every tensor inside dicts, lists and tuples copied."""
-    if isinstance(value, Tensor):
-        return value.clone()
-    if isinstance(value, Mapping):
-        return {k: _cloned(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_cloned(v) for v in value)
-    return value
-
-
-def _generator_device(generator: torch.Generator | None) -> torch.device:
-    """Where draws from ``generator`` are made (the CPU without one)."""
-    return generator.device if generator is not None else torch.device("cpu")

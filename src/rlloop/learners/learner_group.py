@@ -4,7 +4,7 @@ Rank 0 is the training process. Without a launcher it starts ranks 1..L-1 itself
 (``multiprocessing`` spawn) and serves their rendezvous on 127.0.0.1; under ``torchrun``
 every rank is already running and the group forms from the launcher's variables. A rank
 that dies fails the collective rank 0 is in (or the liveness check before the next
-command): :class:`~rlloop.learners.distributed.LearnerGroupError` names the rank and its
+command): :class:`~rlloop.learners.process_group.LearnerGroupError` names the rank and its
 exit, and every other rank is stopped, so nothing is left running.
 
 Other launchers fit the same shape (a :class:`Launcher`): something that runs
@@ -29,10 +29,10 @@ import torch
 import torch.distributed as dist
 
 from rlloop.errors import ConfigError
-from rlloop.learners.distributed import (
+from rlloop.learners.distributed import DataParallel
+from rlloop.learners.process_group import (
     GROUP_TIMEOUT_S,
     LOOPBACK,
-    DataParallel,
     GroupInfo,
     LearnerGroupError,
     backend_for,
@@ -201,7 +201,7 @@ def start_group(spec: LearnerSpec, world_size: int, device: torch.device,
     """Form the group from rank 0 (this process). Returns the group, rank 0's link (None on
     a rank > 0 under ``torchrun``) and ``serve`` for a rank > 0 to run until told to stop.
     Ranks 1..L-1 are spawned processes unless ``launcher`` starts them."""
-    from rlloop.learners.distributed import torchrun_rank
+    from rlloop.learners.process_group import torchrun_rank
 
     backend = backend_for(device)
     launched = torchrun_rank()

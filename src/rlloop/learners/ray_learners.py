@@ -21,8 +21,8 @@ from typing import Any
 
 import ray
 
-from rlloop.learners.distributed import LearnerGroupError
 from rlloop.learners.learner_group import START_TIMEOUT_S, LearnerSpec, Member, serve_rank
+from rlloop.learners.process_group import LearnerGroupError
 
 #: Actor names: ``rlloop-learner-<group>-<rank>`` (``ray list actors`` shows whose they are).
 NAME_PREFIX = "rlloop-learner-"

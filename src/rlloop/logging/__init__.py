@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from rlloop.logging.console import ConsoleSink, format_number, print_summary
     from rlloop.logging.keys import flatten_key, flatten_mapping
     from rlloop.logging.metrics import MetricsLogger
-    from rlloop.logging.mlflow_sink import MlflowSink, sqlite_tracking_uri
+    from rlloop.logging.mlflow_sink import MlflowSink
+    from rlloop.logging.mlflow_store import sqlite_tracking_uri
     from rlloop.logging.process_sink import ProcessSink
     from rlloop.logging.sinks import JsonlSink, MultiSink, Sink, ThrottledSink
     from rlloop.logging.tensorboard_sink import TensorBoardSink
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 _MODULES = {
     "ConsoleSink": "console", "format_number": "console", "print_summary": "console",
     "flatten_key": "keys", "flatten_mapping": "keys", "MetricsLogger": "metrics",
-    "MlflowSink": "mlflow_sink", "sqlite_tracking_uri": "mlflow_sink",
+    "MlflowSink": "mlflow_sink", "sqlite_tracking_uri": "mlflow_store",
     "ProcessSink": "process_sink", "JsonlSink": "sinks", "MultiSink": "sinks",
     "Sink": "sinks", "ThrottledSink": "sinks", "TensorBoardSink": "tensorboard_sink",
 }

@@ -10,6 +10,8 @@ inside a Ray actor and, in tests, in this process.
 
 from __future__ import annotations
 
+import bisect
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -111,3 +113,58 @@ class FragmentSampler:
         return Fragment(torch.stack(obs), torch.stack(actions), torch.stack(rewards),
                         torch.stack(next_obs), torch.stack(terminated), torch.stack(truncated),
                         runner.obs.clone(), None, -1, -1)
+
+
+
+def weights_lag(published: list[int], weights_seq_no: int) -> int:
+    """Weight versions in ``published`` (ascending) newer than ``weights_seq_no``."""
+    return len(published) - bisect.bisect_right(published, weights_seq_no)
+
+
+class FragmentEpisodes:
+    """Episode statistics of the runners' envs, from the fragments' rewards and ends:
+    the same keys as :class:`~rlloop.runners.env_runner.EpisodeTracker`."""
+
+    def __init__(self, num_runners: int, envs: int, window: int = 100) -> None:
+        self.totals = torch.zeros((2, num_runners, envs), dtype=torch.float64)
+        self.recent: deque[tuple[float, float]] = deque(maxlen=window)
+        self.count = 0
+
+    def add(self, frag: Fragment) -> None:
+        totals = self.totals[:, frag.runner]
+        done = (frag.terminated | frag.truncated).cpu()
+        rewards = frag.rewards.detach().cpu().double()
+        for t in range(rewards.shape[0]):
+            totals[0] += rewards[t]
+            totals[1] += 1
+            if done[t].any():
+                for k in done[t].nonzero().flatten().tolist():
+                    self.recent.append((float(totals[0, k]), float(totals[1, k])))
+                    self.count += 1
+                totals[:, done[t]] = 0.0
+
+    def restart(self, runner: int | None = None) -> None:
+        """Forget running episodes (all, or one runner's: its envs start over)."""
+        if runner is None:
+            self.totals.zero_()
+        else:
+            self.totals[:, runner] = 0.0
+
+    def stats(self) -> dict[str, float]:
+        if not self.recent:
+            return {"episode/count": float(self.count)}
+        returns = [r for r, _ in self.recent]
+        return {"episode/return_mean": sum(returns) / len(returns),
+                "episode/return_max": max(returns),
+                "episode/length_mean": sum(n for _, n in self.recent) / len(self.recent),
+                "episode/count": float(self.count)}
+
+    def get_state(self) -> dict[str, Any]:
+        return {"recent_returns": [r for r, _ in self.recent],
+                "recent_lengths": [n for _, n in self.recent], "episodes": self.count}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.count = int(state.get("episodes", 0))
+        self.recent.clear()
+        self.recent.extend(zip(map(float, state.get("recent_returns", [])),
+                               map(float, state.get("recent_lengths", [])), strict=True))

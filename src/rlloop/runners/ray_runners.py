@@ -17,19 +17,17 @@ A runner that fails (its process dies, its env raises) is restarted by Ray up to
 ``max_restarts`` times; the fragment it was sampling is lost, ``env_runners/restarts``
 counts it, and the others go on. ``restart_failed_env_runners=false`` raises
 :class:`EnvRunnerError` instead.
+
+This is the learner's side of the runners; one actor, and the config it builds its
+algorithm from, is :mod:`rlloop.runners.ray_actor`.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import dataclasses
-import math
 import re
-import secrets
 import time
-from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -37,18 +35,14 @@ import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from torch import Tensor
 
-from rlloop.algorithms.offpolicy_loop import (
-    STEP_PROCESSORS,
-    ExperienceSpec,
-    OffPolicyLoop,
-    StepProcessor,
-)
+from rlloop.algorithms.offpolicy_loop import OffPolicyLoop
 from rlloop.config.ray import learner_actors
 from rlloop.data.rollout import RolloutBuffer
-from rlloop.envs.core import Box, Discrete, EnvSpec, StepResult
+from rlloop.envs.core import EnvSpec, StepResult
 from rlloop.errors import RlloopError
 from rlloop.modules.custom import script_nets
-from rlloop.runners.fragments import Fragment, FragmentSampler
+from rlloop.runners.fragments import Fragment, FragmentEpisodes, weights_lag
+from rlloop.runners.ray_actor import BuildAlgorithm, EnvRunnerActor, envs_per_runner
 from rlloop.runners.ray_cluster import connect, disconnect
 from rlloop.system.devices import move_to
 from rlloop.system.seeding import derive_seed
@@ -57,96 +51,14 @@ from rlloop.system.user_code import one_line
 if TYPE_CHECKING:
     from rlloop.config.run_config import RunConfig
 
-#: ``build(config) -> AlgorithmBase``: how a runner makes its algorithm (``runs.build``'s).
-#: Algorithms are typed loosely here: they sit above this package.
-BuildAlgorithm = Callable[["RunConfig"], Any]
 
 #: Seconds a failed runner may take to come back (a process start, imports, its envs).
 RESTART_TIMEOUT_S = 300.0
-#: Fragment length of off-policy runners when ``fragment_steps`` is not set.
-OFF_POLICY_FRAGMENT_STEPS = 32
 _HOST = torch.device("cpu")
 
 
 class EnvRunnerError(RlloopError, RuntimeError):
     """An env runner failed and may not (or can no longer) be restarted."""
-
-
-def envs_per_runner(config: RunConfig) -> int:
-    """M: ``num_envs_per_runner``, else ``num_envs`` split over the runners (rounded up)."""
-    if config.num_envs_per_runner is not None:
-        return int(config.num_envs_per_runner)
-    return max(1, math.ceil(config.num_envs / config.num_env_runners))
-
-
-def fragment_steps(config: RunConfig) -> int:
-    """T: PPO's ``rollout_steps``; off-policy ``fragment_steps`` (default 32)."""
-    rollout = getattr(config.hparams, "rollout_steps", None)
-    if rollout is not None:
-        return int(rollout)
-    return int(config.fragment_steps or OFF_POLICY_FRAGMENT_STEPS)
-
-
-def runner_config(config: RunConfig, index: int) -> RunConfig:
-    """The config runner ``index`` builds its algorithm from: its M envs, its own seed,
-    no runners of its own, no tracking, a replay buffer of one fragment (it keeps no
-    transitions: the learner's buffer does), and the CPU: runners reserve no GPU from
-    Ray, which hides the GPUs from such actors (or places them on CPU-only nodes)."""
-    hparams, m = config.hparams, envs_per_runner(config)
-    if hasattr(hparams, "buffer_size"):
-        hparams = dataclasses.replace(hparams, buffer_size=max(
-            fragment_steps(config) * m, hparams.batch_size))
-    if hasattr(hparams, "minibatch_size"):  # it trains nothing: PPO's batch rule is moot
-        hparams = dataclasses.replace(hparams, minibatch_size=min(
-            hparams.minibatch_size, hparams.rollout_steps * m))
-    seed = derive_seed(config.seed, f"env-runner-{index}") % 2**32
-    return dataclasses.replace(config, num_env_runners=0, num_envs=envs_per_runner(config),
-                               seed=seed, mlflow=False, tensorboard=False, hparams=hparams,
-                               device="cpu")
-
-
-class EnvRunnerActor:
-    """One runner (a Ray actor): an algorithm built for M envs that samples fragments."""
-
-    def __init__(self, config: RunConfig, index: int, build: BuildAlgorithm,
-                 nets: dict[str, Any] | None = None) -> None:
-        """``build``: makes the runner's algorithm from its config (the learner's own
-        builder, handed down so that this layer imports no run code); ``nets``: the run's
-        network if the training script defines it (see
-        :func:`~rlloop.modules.custom.script_nets`)."""
-        from rlloop.envs.ids import resolve_env_id
-        from rlloop.modules.custom import register_nets
-
-        torch.set_num_threads(1)
-        register_nets(nets or {})
-        self.index = index
-        self.instance = secrets.randbits(62)
-        # The learner accepted this id (typed by the user, or allowed for a resumed run):
-        # import its module here too.
-        resolve_env_id(config.env, allow_import=True)
-        self.algorithm = build(runner_config(config, index))
-        self.sampler = FragmentSampler(self.algorithm, fragment_steps(config))
-        self.weights_seq_no = -1
-
-    def sample(self, weights: list[Any], weights_seq_no: int, env_steps: int) -> Fragment:
-        """One fragment with the weights numbered ``weights_seq_no`` (``weights`` holds
-        their object reference, fetched only if this runner's copy is older)."""
-        if weights_seq_no != self.weights_seq_no:
-            self.algorithm.set_policy_state(ray.get(weights[0]))
-            self.weights_seq_no = weights_seq_no
-        return self.sampler.sample(env_steps).tagged(weights_seq_no, self.index, self.instance)
-
-    def reset(self, seed: int) -> None:
-        self.algorithm.runner.reset(seed=seed)
-
-    def restart(self, seed: int) -> None:
-        """New episodes and a new sampling stream, both from ``seed`` (a resumed run's: not
-        the first sitting's again)."""
-        self.algorithm.generator.manual_seed(derive_seed(seed, "sampling"))
-        self.algorithm.runner.reset(seed=seed)
-
-    def current_weights_seq_no(self) -> int:
-        return self.weights_seq_no
 
 
 def _raised(traceback_text: str) -> str | None:
@@ -157,60 +69,6 @@ def _raised(traceback_text: str) -> str | None:
         if match:
             found = f"{match[1].rpartition('.')[2]}: {match[2].strip()}"
     return found
-
-
-def weights_lag(published: list[int], weights_seq_no: int) -> int:
-    """Weight versions in ``published`` (ascending) newer than ``weights_seq_no``."""
-    return len(published) - bisect.bisect_right(published, weights_seq_no)
-
-
-class FragmentEpisodes:
-    """Episode statistics of the runners' envs, from the fragments' rewards and ends:
-    the same keys as :class:`~rlloop.runners.env_runner.EpisodeTracker`."""
-
-    def __init__(self, num_runners: int, envs: int, window: int = 100) -> None:
-        self.totals = torch.zeros((2, num_runners, envs), dtype=torch.float64)
-        self.recent: deque[tuple[float, float]] = deque(maxlen=window)
-        self.count = 0
-
-    def add(self, frag: Fragment) -> None:
-        totals = self.totals[:, frag.runner]
-        done = (frag.terminated | frag.truncated).cpu()
-        rewards = frag.rewards.detach().cpu().double()
-        for t in range(rewards.shape[0]):
-            totals[0] += rewards[t]
-            totals[1] += 1
-            if done[t].any():
-                for k in done[t].nonzero().flatten().tolist():
-                    self.recent.append((float(totals[0, k]), float(totals[1, k])))
-                    self.count += 1
-                totals[:, done[t]] = 0.0
-
-    def restart(self, runner: int | None = None) -> None:
-        """Forget running episodes (all, or one runner's: its envs start over)."""
-        if runner is None:
-            self.totals.zero_()
-        else:
-            self.totals[:, runner] = 0.0
-
-    def stats(self) -> dict[str, float]:
-        if not self.recent:
-            return {"episode/count": float(self.count)}
-        returns = [r for r, _ in self.recent]
-        return {"episode/return_mean": sum(returns) / len(returns),
-                "episode/return_max": max(returns),
-                "episode/length_mean": sum(n for _, n in self.recent) / len(self.recent),
-                "episode/count": float(self.count)}
-
-    def get_state(self) -> dict[str, Any]:
-        return {"recent_returns": [r for r, _ in self.recent],
-                "recent_lengths": [n for _, n in self.recent], "episodes": self.count}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self.count = int(state.get("episodes", 0))
-        self.recent.clear()
-        self.recent.extend(zip(map(float, state.get("recent_returns", [])),
-                               map(float, state.get("recent_lengths", [])), strict=True))
 
 
 class RemoteEnvs:
@@ -512,14 +370,10 @@ class RemoteOffPolicyLoop(OffPolicyLoop):
         self.__dict__.update(loop.__dict__)
         self.runner: Any = group
         self.group = group
-        space = loop.action_space
-        spec = ExperienceSpec(group.envs, tuple(group.env.spec.obs_shape),
-                              tuple(space.shape) if isinstance(space, Box) else (),
-                              torch.int64 if isinstance(space, Discrete) else torch.float32,
-                              group.device)
-        self.processors: list[StepProcessor] = [
-            STEP_PROCESSORS[self.config.step_processor](spec, self.config)
-            for _ in range(group.num_runners)]
+        # One runner's envs; fragments arrive as float32 rows, on the group's device.
+        spec = dataclasses.replace(loop.experience, num_envs=group.envs, device=group.device,
+                                   obs_dtype=torch.float32, obs_layout=None)
+        self.processors = [loop.step_processor(spec) for _ in range(group.num_runners)]
         # Sampling ahead: at least one fragment per env step (those that are ready);
         # synchronous: one from every runner.
         self._per_step = 1 if group.asynchronous else group.num_runners

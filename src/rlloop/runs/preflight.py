@@ -35,7 +35,7 @@ def check_run(config: RunConfig, run_dir: Path) -> EnvSettings:
 def check_tracking_store(config: RunConfig) -> None:
     """Refuse, before training, an MLflow store that MLflow would refuse after it."""
     if config.mlflow and config.mlflow_tracking_uri:
-        from rlloop.logging.mlflow_sink import (
+        from rlloop.logging.mlflow_store import (
             file_store_refusal,
             sqlite_store_refusal,
             unknown_scheme_refusal,
@@ -68,7 +68,7 @@ def check_fit(config: RunConfig) -> EnvSettings:
     # With env runners the batch holds every runner's envs: num_env_runners x M.
     num_envs = config.num_envs
     if config.num_env_runners:
-        from rlloop.runners.ray_runners import envs_per_runner
+        from rlloop.runners.ray_actor import envs_per_runner
 
         num_envs = config.num_env_runners * envs_per_runner(config)
     check = getattr(config.hparams, "check_batch", None)

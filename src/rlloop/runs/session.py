@@ -46,28 +46,21 @@ from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import RunConfig
 from rlloop.config.unused_settings import run_warnings
 from rlloop.envs.registry import env_spec
-from rlloop.learners.distributed import LearnerGroupError
+from rlloop.learners.process_group import LearnerGroupError
 from rlloop.logging import ProcessSink
 from rlloop.logging.process_sink import has_spare
 from rlloop.runs.build import COMPONENTS, build_algorithm
 from rlloop.runs.disk_full import checkpoint_bytes, disk_full_cause, disk_full_error
 from rlloop.runs.lock import RunLock
 from rlloop.runs.preflight import check_run
-from rlloop.runs.report import (
-    FIGURE_PRELOAD,
-    FigureWriter,
-    write_report,
-)
+from rlloop.runs.report import FIGURE_PRELOAD, FigureWriter
 from rlloop.runs.run_dir import no_checkpoint_error, refuse_existing_run
 from rlloop.runs.saved import check_finite_policy, checked_return, checked_step, saved_best_return
-from rlloop.runs.sinks import RunSinks
+from rlloop.runs.sinks import RunSinks, quiet_sinks
 from rlloop.runs.skip_guard import SkippedUpdatesGuard
 from rlloop.runs.timing import PhaseTimes
 from rlloop.runs.wrap_up import (
-    draw_figures,
-    drop_stale_video,
-    in_thread,
-    run_artifacts,
+    end_sitting,
     stopped_notice,
 )
 from rlloop.system.numerics import flushed_denormals
@@ -208,15 +201,15 @@ class Session:
         the user's, the profiler, and last the skipped-update guard (it may stop the run,
         after the others have heard the step)."""
         config = self.config
-        schedule: Schedule = (OffPolicySchedule(cast(OffPolicyAlgorithm, self.algorithm),
-                                                save=lambda _: self.save())
-                              if self.off_policy else
-                              OnPolicySchedule(self.algorithm, config.eval_every or None))
+        self.skipped_updates = SkippedUpdatesGuard(config, self.algorithm.learner)
+        schedule: Schedule = (OnPolicySchedule(self.algorithm, config.eval_every or None)
+                              if not self.off_policy else
+                              OffPolicySchedule(cast(OffPolicyAlgorithm, self.algorithm),
+                                                save=lambda _: self.save()))
         self.profiler: TraceProfiler | None = None
         if config.profile is not None:
             self.profiler = TraceProfiler(config.profile, self.run_dir / "profile")
             self.profiler.label(self.algorithm, ALGORITHMS[config.algo].kind)
-        self.skipped_updates = SkippedUpdatesGuard(config, self.algorithm.learner)
         trainer = Trainer(self.algorithm, sink=self.sinks.sink,
                           eval_episodes=config.eval_episodes,
                           callbacks=[_Checkpoints(self), *self.user_callbacks.each(),
@@ -369,7 +362,7 @@ class Session:
         try:
             result = self._train_and_report()
         finally:
-            with _quiet(disk_full_cause(sys.exception()) is not None):
+            with quiet_sinks(disk_full_cause(sys.exception()) is not None):
                 self._close_sinks("FAILED" if sys.exception() else "FINISHED")
         result.mlflow_ui = self.sinks.mlflow_ui()  # known once the MLflow child has answered
         self.user_callbacks.train_end(result)
@@ -424,43 +417,12 @@ class Session:
                 # An env worker did not answer within seconds of a stop signal: stop
                 # without the iteration in flight (its experience is dropped).
                 stats = dict(trainer.latest_eval)
-        # Training is over: the progress display ends here, not after the video and report
-        # (the phase rows below go to the records only).
-        self.sinks.console.close("FINISHED")
-        self.sinks.console.enabled = False
-        # The video (its frames, then ffmpeg encoding in its own process) is made in a
-        # thread while this one draws the report's figures: the two overlap.
-        filming = None
-        if cfg.save_video and not self.stop_requested:  # a stop signal wants a quick exit
-            filming = in_thread(self._film)
-        elif cfg.save_video and self.new_best:
-            drop_stale_video(self.run_dir)
-        steps = trainer.state["env/steps"]
-        with self.phases.timed("report"):
-            figures = draw_figures(self.run_dir, self.figure_writer)
-        video = filming() if filming is not None else None
-        self._log_phases(self.phases.stats(), steps)  # before the report, which shows it
-        # The sitting's wall time, start-up included (the console summary's is the same
-        # clock, read once the report is written too).
-        result = RunResult(self.run_dir, steps, self.phases.elapsed(),
+        # The sitting's wall time (start-up included) is known once the report is written.
+        result = RunResult(self.run_dir, trainer.state["env/steps"], 0.0,
                            self.best_eval_return, stats, self._stopped_by(stats))
-        with self.phases.timed("report"):
-            write_report(self.run_dir, result, cfg, figures=figures,
-                         phases_logged=not self.sinks.closed)
-        self._log_phases({"time/report_s": self.phases.seconds["report"]}, steps)
-        if self.sinks.mlflow is not None and not self.sinks.closed:
-            self.sinks.mlflow.log_artifacts(run_artifacts(self.run_dir, video))
-        return result
-
-    def _log_phases(self, times: dict[str, float], steps: int) -> None:
-        if not self.sinks.closed:  # closed already when a signal stopped the run
-            self.sinks.sink.log_metrics(times, steps)
-
-    def _film(self) -> Path | None:
-        from rlloop.runs.video import save_run_video
-
-        with self.phases.timed("video"):
-            return save_run_video(self.run_dir)
+        return end_sitting(result, self.sinks, self.phases, self.figure_writer,
+                           film=cfg.save_video and not self.stop_requested,
+                           stale_video=cfg.save_video and self.new_best, config=cfg)
 
     @contextmanager
     def _profiling(self) -> Iterator[None]:
@@ -489,7 +451,7 @@ class Session:
         finally:
             if status != "FINISHED" or sys.exception() is not None:
                 # A full disk fails the sinks too (MLflow's store); the one error line says it.
-                with _quiet(disk_full_cause(sys.exception()) is not None):
+                with quiet_sinks(disk_full_cause(sys.exception()) is not None):
                     self._close_sinks(status)
                 if status == "KILLED" and self.stop_requested:  # MLflow's word, not the user's
                     self.sinks.console.say(stopped_notice(self.stop_requested, self.config.algo,
@@ -506,15 +468,3 @@ class Session:
             return "solved"
         return "max_opts" if self.trainer.schedule.finished(self.trainer) else "budget"
 
-
-@contextmanager
-def _quiet(quiet: bool) -> Iterator[None]:
-    """Hide the sinks' warnings (and their tracebacks) while ``quiet``."""
-    logger = logging.getLogger("rlloop.logging")
-    level = logger.level
-    if quiet:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)

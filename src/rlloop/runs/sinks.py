@@ -5,6 +5,9 @@ resume continues the same tracked runs."""
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +62,8 @@ class RunSinks:
         pure-Python work that would otherwise stall the training loop. Every row reaches it
         (batched); only a store that stops answering loses rows, and `close` then waits a
         bounded time and says how many."""
-        from rlloop.logging.mlflow_sink import PRELOAD, MlflowSink, sqlite_tracking_uri
+        from rlloop.logging.mlflow_sink import PRELOAD, MlflowSink
+        from rlloop.logging.mlflow_store import sqlite_tracking_uri
 
         uri = config.mlflow_tracking_uri or sqlite_tracking_uri(self.run_dir / "mlflow.db")
         self.mlflow_uri = uri
@@ -107,7 +111,7 @@ class RunSinks:
         """How to open the run in MLflow; None if no row ever reached a store."""
         if self.mlflow is None or self.mlflow_uri is None or not self.mlflow.info.get("run_id"):
             return None  # never reached its store: naming it would point at nothing
-        from rlloop.logging.mlflow_sink import ui_hint
+        from rlloop.logging.mlflow_store import ui_hint
 
         return ui_hint(self.mlflow_uri)
 
@@ -117,3 +121,17 @@ def _read_json(path: Path) -> dict[str, Any]:
         return dict(json.loads(path.read_text()))
     except (OSError, ValueError):
         return {}
+
+
+@contextmanager
+def quiet_sinks(quiet: bool) -> Iterator[None]:
+    """Hide the sinks' warnings (and their tracebacks) while ``quiet``: a full disk fails
+    them too, and the run's one error line already says so."""
+    logger = logging.getLogger("rlloop.logging")
+    level = logger.level
+    if quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -12,7 +12,8 @@ from collections import deque
 from typing import Any
 
 from rlloop.config.run_config import SKIPPED_SHARE_RECORDS, RunConfig
-from rlloop.learners.learner import Learner, NonFiniteError
+from rlloop.learners.learner import Learner
+from rlloop.learners.nonfinite import NonFiniteError
 from rlloop.trainers.loop import Stats, Trainer
 
 _log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from rlloop.config.loading import build_config, load_yaml, parse_set
 from rlloop.config.run_config import RunConfig, resumable
 from rlloop.envs.imports import check_saved_endpoints, saved_endpoints
 from rlloop.errors import ConfigError
-from rlloop.learners.distributed import LearnerGroupError
+from rlloop.learners.process_group import LearnerGroupError
 from rlloop.runs.lock import ensure_free
 from rlloop.runs.run_dir import (
     claimed_default_run_dir,

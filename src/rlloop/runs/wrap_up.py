@@ -1,5 +1,5 @@
 """The end of a sitting: the video filmed in a thread while the report's figures are drawn,
-and the files the run's MLflow run keeps as artifacts."""
+the report, and the files the run's MLflow run keeps as artifacts."""
 
 from __future__ import annotations
 
@@ -9,11 +9,57 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlloop.config.run_config import RunConfig
 from rlloop.logging import ProcessSink
-from rlloop.runs.report import read_metrics, write_figures
+from rlloop.runs.report import read_metrics, write_figures, write_report
+from rlloop.runs.sinks import RunSinks
+from rlloop.runs.timing import PhaseTimes
 from rlloop.system.signals import signal_in_words
+from rlloop.trainers.result import RunResult
 
 _log = logging.getLogger(__name__)
+
+
+def end_sitting(result: RunResult, sinks: RunSinks, phases: PhaseTimes,
+                figure_writer: ProcessSink | None, *, config: RunConfig, film: bool,
+                stale_video: bool) -> RunResult:
+    """Everything after training: the video (``film``; else a ``stale_video`` goes), the
+    figures, the phases' times, the report and the MLflow artifacts; ``result`` gets the
+    sitting's wall time, start-up included, and is returned."""
+    # Training is over: the progress display ends here, not after the video and report
+    # (the phase rows below go to the records only).
+    sinks.console.close("FINISHED")
+    sinks.console.enabled = False
+    run_dir, steps = result.run_dir, result.env_steps
+    # The video (its frames, then ffmpeg encoding in its own process) is made in a thread
+    # while this one draws the report's figures: the two overlap.
+    filming = in_thread(lambda: _film(run_dir, phases)) if film else None
+    if not film and stale_video:
+        drop_stale_video(run_dir)
+    with phases.timed("report"):
+        figures = draw_figures(run_dir, figure_writer)
+    video = filming() if filming is not None else None
+    _log_phases(sinks, phases.stats(), steps)  # before the report, which shows it
+    # The console summary's clock is the same, read once the report is written too.
+    result.wall_time_s = phases.elapsed()
+    with phases.timed("report"):
+        write_report(run_dir, result, config, figures=figures, phases_logged=not sinks.closed)
+    _log_phases(sinks, {"time/report_s": phases.seconds["report"]}, steps)
+    if sinks.mlflow is not None and not sinks.closed:
+        sinks.mlflow.log_artifacts(run_artifacts(run_dir, video))
+    return result
+
+
+def _film(run_dir: Path, phases: PhaseTimes) -> Path | None:
+    from rlloop.runs.video import save_run_video
+
+    with phases.timed("video"):
+        return save_run_video(run_dir)
+
+
+def _log_phases(sinks: RunSinks, times: dict[str, float], steps: int) -> None:
+    if not sinks.closed:  # closed already when a signal stopped the run
+        sinks.sink.log_metrics(times, steps)
 
 
 def in_thread(work: Callable[[], Any]) -> Callable[[], Any]:

@@ -11,7 +11,7 @@ an epoch's end and resumed trains as the uncut one does (in ``sync`` mode; threa
 process workers batch in the order they answer). Train steps go through the same
 numerical guard as rlloop's learners: a non-finite batch, loss or gradient skips the
 step (``guard/skipped_updates``) or raises
-:class:`~rlloop.learners.learner.NonFiniteError` naming the step.
+:class:`~rlloop.learners.nonfinite.NonFiniteError` naming the step.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from rlloop.config.gradient_clip import GradientClip
 from rlloop.envs.pool import WorkerPool
 from rlloop.errors import ConfigError, RunDirError
 from rlloop.learners.gradients import clip_gradients, grad_norm
-from rlloop.learners.learner import NonFiniteError
+from rlloop.learners.nonfinite import NonFiniteError
 from rlloop.logging import JsonlSink, MultiSink
 from rlloop.logging.sinks import as_sink
 from rlloop.system.devices import move_to

@@ -37,7 +37,8 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from rlloop.algorithms.offpolicy_loop import EVALUATORS, RECORDERS, Evaluator, Recorder, opts_due
+from rlloop.algorithms.offpolicy_loop import opts_due
+from rlloop.algorithms.offpolicy_parts import EVALUATORS, RECORDERS, Evaluator, Recorder
 from rlloop.config.offpolicy import OffPolicyConfig
 from rlloop.errors import saved_count
 from rlloop.system.signals import atomic

@@ -13,7 +13,8 @@ from pathlib import Path
 from rlloop.envs.gym_worker import die_with_parent
 from rlloop.envs.ids import resolve_env_id
 from rlloop.system.signals import terminate_as_interrupt
-from rlloop.tuning.study import Study, load_settings
+from rlloop.tuning.settings import load_settings
+from rlloop.tuning.study import Study
 
 
 def main(argv: list[str]) -> int:
