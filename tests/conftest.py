@@ -9,6 +9,12 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+# Set before torch loads its OpenMP runtime (read once, then): threads waiting for work
+# sleep rather than spin. Spinning, a test that asks for 2 torch threads while the other
+# xdist worker holds the second core burned ~10x the CPU time (46.8 s against 4.8 s for
+# benchmarks/offpolicy.py --threads 2); the rlloop processes tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 import torch
 from rich.console import Console

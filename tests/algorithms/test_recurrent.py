@@ -249,35 +249,43 @@ def _assert_resumed_equal(a_run, b_run, half_run_leaves):
     assert not differ, differ
 
 
-def test_resume_cut_mid_episode_is_bit_exact(tmp_path):
+def _resume_config(steps):
+    return build_config("ppo", "CartPole-v1", flags={"seed": 5}, sets=[
+        *QUIET, *RESUME_SETS, f"total_env_steps={steps}"])
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    """The uncut recurrent run both resume tests compare with (trained once; only read)."""
+    from rlloop.runs.start import train
+
+    run = tmp_path_factory.mktemp("recurrent") / "a"
+    train(_resume_config(1920), run)
+    return run
+
+
+def test_resume_cut_mid_episode_is_bit_exact(tmp_path, straight_run):
     from rlloop.runs.start import resume, train
 
-    def config(steps):
-        return build_config("ppo", "CartPole-v1", flags={"seed": 5}, sets=[
-            *QUIET, *RESUME_SETS, f"total_env_steps={steps}"])
-
-    train(config(1920), tmp_path / "a")
-    train(config(960), tmp_path / "b")
+    train(_resume_config(960), tmp_path / "b")
     half = _checkpoint_leaves(tmp_path / "b")
     resume(tmp_path / "b", total_env_steps=1920)
-    _assert_resumed_equal(tmp_path / "a", tmp_path / "b", half)
+    _assert_resumed_equal(straight_run, tmp_path / "b", half)
 
 
 @pytest.mark.slow
-def test_resume_in_a_new_process_cut_mid_episode_is_bit_exact(tmp_path, cli_env):
+def test_resume_in_a_new_process_cut_mid_episode_is_bit_exact(tmp_path, cli_env, straight_run,
+                                                              cli_in_process):
+    """The cut run from the command line in this process, its resume in a new one."""
     sets = [x for s in [*QUIET, *RESUME_SETS] for x in ("--set", s)]
-    common = ["ppo", "--env", "CartPole-v1", "--seed", "5", "--quiet", *sets]
-
-    def train(*args):
-        out = subprocess.run(rlloop_cmd("train", *args), cwd=tmp_path, env=cli_env,
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr
-
-    train(*common, "--total-env-steps", "1920", "--run-dir", "a")
-    train(*common, "--total-env-steps", "960", "--run-dir", "b")
+    cut = cli_in_process(["train", "ppo", "--env", "CartPole-v1", "--seed", "5", "--quiet",
+                          *sets, "--total-env-steps", "960", "--run-dir", str(tmp_path / "b")])
+    assert cut.returncode == 0, cut.stderr
     half = _checkpoint_leaves(tmp_path / "b")
-    train("ppo", "--resume", "b", "--total-env-steps", "1920")
-    _assert_resumed_equal(tmp_path / "a", tmp_path / "b", half)
+    out = subprocess.run(rlloop_cmd("train", "ppo", "--resume", "b", "--total-env-steps", "1920"),
+                         cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    _assert_resumed_equal(straight_run, tmp_path / "b", half)
 
 
 # ---- masked-velocity CartPole --------------------------------------------------------------

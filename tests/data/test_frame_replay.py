@@ -119,9 +119,11 @@ def _train(cwd: Path, *args: str) -> None:
 
 
 @pytest.mark.slow
-def test_dqn_with_the_frame_replay_resumes_bit_exactly(tmp_path):
+def test_dqn_with_the_frame_replay_resumes_bit_exactly(tmp_path, cli_in_process):
     # Cut mid-episode: the env's whole state (its frame stack) is in the checkpoint. A
-    # record at every optimisation step, so the cut falls on a record boundary too.
+    # record at every optimisation step, so the cut falls on a record boundary too. The
+    # straight and the cut run train in this process (the tests' folder, where the env's
+    # module is, is on its path), the resume in a new one.
     env = "pixel_envs:rlloop-test/StackedSide-v0"
     common = ["dqn", "--env", env, "--seed", "3", "--set", "stop_on_solve=false",
               "--set", "dqn.replay=frames", "--set", "dqn.learning_starts=200",
@@ -129,8 +131,10 @@ def test_dqn_with_the_frame_replay_resumes_bit_exactly(tmp_path):
               "--set", "dqn.record_interval=1",
               "--set", "mlflow=false", "--set", "save_video=false", "--quiet"]
     cwd = TESTS
-    _train(cwd, *common, "--total-env-steps", "600", "--run-dir", str(tmp_path / "a"))
-    _train(cwd, *common, "--total-env-steps", "303", "--run-dir", str(tmp_path / "b"))
+    for steps, run in (("600", "a"), ("303", "b")):
+        out = cli_in_process(["train", *common, "--total-env-steps", steps, "--run-dir",
+                              str(tmp_path / run)])
+        assert out.returncode == 0, out.stderr
     _train(cwd, "dqn", "--resume", str(tmp_path / "b"), "--total-env-steps", "600",
            "--allow-import")
     a = load_checkpoint(CheckpointManager(tmp_path / "a" / "checkpoints").latest())

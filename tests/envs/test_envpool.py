@@ -118,14 +118,14 @@ def test_cli_envpool_missing_exits_2_naming_the_extra(tmp_path):
 
 
 @needs_envpool
-def test_cli_trains_on_envpool_and_films_through_gymnasium(tmp_path):
+def test_cli_trains_on_envpool_and_films_through_gymnasium(tmp_path, cli_in_process):
     """envpool renders no frames: the run's video comes from the gymnasium backend, whose
-    preprocessing (and so the policy's input) is the same."""
+    preprocessing (and so the policy's input) is the same. (The command runs in process.)"""
     sets = ["mlflow=false", "progress=false", "total_env_steps=256", "ppo.rollout_steps=64",
             "ppo.minibatch_size=128", "ppo.num_epochs=1", "eval_episodes=1"]
-    out = _cli("train", "ppo", "--env", "ALE/Breakout-v5", "--backend", "envpool",
-               "--num-envs", "4", "--run-dir", str(tmp_path / "run"),
-               *[a for s in sets for a in ("--set", s)])
+    out = cli_in_process(["train", "ppo", "--env", "ALE/Breakout-v5", "--backend", "envpool",
+                          "--num-envs", "4", "--run-dir", str(tmp_path / "run"),
+                          *[a for s in sets for a in ("--set", s)]])
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "run" / "video.mp4").stat().st_size > 0
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import io
 import logging
-import subprocess
 from collections import namedtuple
 from pathlib import Path
 
 import gymnasium
 import pytest
 import torch
-from conftest import FakeClock, plain_console, rlloop_cmd
+from conftest import FakeClock, plain_console
 from rich.console import Console
 
 from rlloop.config.loading import build_config
@@ -198,13 +197,13 @@ def test_a_bug_in_an_env_without_kwargs_is_not_blamed_on_them() -> None:
     assert not isinstance(info.value, EnvError)
 
 
-def test_cli_env_assertion_is_a_typed_error(tmp_path: Path, cli_env: dict[str, str]) -> None:
+def test_cli_env_assertion_is_a_typed_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            cli_in_process) -> None:
     pytest.importorskip("Box2D")
-    out = subprocess.run(
-        rlloop_cmd("train", "ppo", "--env", "LunarLander-v3", "--total-env-steps", "500",
-                   "--set", "env.gravity=5", "--set", "save_video=false",
-                   "--set", "mlflow=false"),
-        env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    monkeypatch.chdir(tmp_path)
+    out = cli_in_process(["train", "ppo", "--env", "LunarLander-v3", "--total-env-steps", "500",
+                          "--set", "env.gravity=5", "--set", "save_video=false",
+                          "--set", "mlflow=false"])
     assert out.returncode == 2, out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("rlloop: error: LunarLander-v3")

@@ -186,19 +186,19 @@ def test_mlflow_child_is_prestarted_only_for_runs_that_log_to_mlflow(tmp_path):
     assert out.stdout.strip() == "False"
 
 
-def test_an_mlflow_file_store_is_refused_before_training(tmp_path: Path,
-                                                         cli_env: dict[str, str]) -> None:
+def test_an_mlflow_file_store_is_refused_before_training(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_in_process) -> None:
     """MLflow 3 refuses its ``file:`` store (unless MLFLOW_ALLOW_FILE_STORE=true) when the
     sink opens it, after training: the run trained, then lost every MLflow row with a
-    warning. It is refused first, and nothing is written."""
+    warning. It is refused first, and nothing is written. (In process: the refusal, not
+    the process, is checked.)"""
     from rlloop.logging.mlflow_store import file_store_refusal
 
-    env = {k: v for k, v in cli_env.items() if k != "MLFLOW_ALLOW_FILE_STORE"}
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)
     store = f"file:{tmp_path / 'mlruns'}"
-    out = subprocess.run(
-        [sys.executable, "-m", "rlloop", "train", "ppo", "--run-dir", "run",
-         "--set", "total_env_steps=256", "--set", f"mlflow_tracking_uri={store}"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = cli_in_process(["train", "ppo", "--run-dir", "run", "--set", "total_env_steps=256",
+                          "--set", f"mlflow_tracking_uri={store}"])
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith(
         f"rlloop: error: mlflow_tracking_uri {store!r} is MLflow's file store"), out.stderr
@@ -211,14 +211,13 @@ def test_an_mlflow_file_store_is_refused_before_training(tmp_path: Path,
 
 
 def test_a_tracking_uri_no_store_opens_is_refused_before_training(
-        tmp_path: Path, cli_env: dict[str, str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_in_process) -> None:
     """``htpp://...`` trained the whole budget, then lost every MLflow row at close."""
     from rlloop.logging.mlflow_store import unknown_scheme_refusal
 
-    out = subprocess.run(
-        [sys.executable, "-m", "rlloop", "train", "ppo", "--run-dir", "run",
-         "--set", "total_env_steps=256", "--set", "mlflow_tracking_uri=htpp://localhost:5000"],
-        env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    monkeypatch.chdir(tmp_path)
+    out = cli_in_process(["train", "ppo", "--run-dir", "run", "--set", "total_env_steps=256",
+                          "--set", "mlflow_tracking_uri=htpp://localhost:5000"])
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith(
         "rlloop: error: mlflow_tracking_uri 'htpp://localhost:5000' has the scheme 'htpp', "

@@ -121,15 +121,13 @@ def test_algorithm_names_are_taken_in_any_case_and_a2c_says_it_is_not_offered(
 
 
 def test_the_progress_line_targets_the_steps_the_run_trains_and_prints_once(
-        tmp_path: Path, cli_env: dict[str, str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_in_process) -> None:
     """PPO rounds the budget up to whole rollouts: the line showed 5,120/5,000."""
-    out = subprocess.run(rlloop_cmd("train", "ppo", "--env", "CartPole-v1",
-                                    "--total-env-steps", "600", "--num-envs", "4",
-                                    "--set", "ppo.rollout_steps=64", "--set", "mlflow=false",
-                                    "--set", "stop_on_solve=false", "--run-dir",
-                                    str(tmp_path / "run")),
-                         env=cli_env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=300)
+    monkeypatch.chdir(tmp_path)
+    out = cli_in_process(["train", "ppo", "--env", "CartPole-v1", "--total-env-steps", "600",
+                          "--num-envs", "4", "--set", "ppo.rollout_steps=64", "--set",
+                          "mlflow=false", "--set", "stop_on_solve=false", "--run-dir",
+                          str(tmp_path / "run")])
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("steps ")]
     assert lines[-1].startswith("steps 768/768 (100%)"), lines

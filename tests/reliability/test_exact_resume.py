@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +30,7 @@ from rlloop.algorithms.offpolicy_base import OffPolicyAlgorithmBase
 from rlloop.algorithms.ppo import PPO
 from rlloop.checkpoint import CheckpointManager, load_checkpoint, save_replacing
 from rlloop.config.loading import build_config
+from rlloop.config.run_config import RunConfig
 from rlloop.runs import session as run_module
 from rlloop.runs.saved import saved_best_return
 from rlloop.runs.start import resume, train
@@ -63,11 +65,15 @@ def _evals(run):
 
 
 @pytest.mark.parametrize("algo", sorted(CASES))
-def test_resume_is_bit_exact(tmp_path, cli_env, algo):
+def test_resume_is_bit_exact(tmp_path, cli_env, cli_in_process, algo):
     env_id, steps, *extra = CASES[algo]
     half = str(int(steps) // 2)
     common = [algo, "--env", env_id, "--seed", "7", "--set", "stop_on_solve=false", *extra]
-    _train([*common, *QUIET, "--total-env-steps", steps, "--run-dir", "a"], tmp_path, cli_env)
+    # The straight run in this process (its torch threads are the run's setting, as in a
+    # new one); the cut run and its resume each in a process of their own.
+    straight = cli_in_process(["train", *common, *QUIET, "--total-env-steps", steps,
+                               "--run-dir", str(tmp_path / "a")])
+    assert straight.returncode == 0, straight.stderr
     _train([*common, "--total-env-steps", half, "--run-dir", "b"], tmp_path, cli_env)
     _train([algo, "--resume", "b", "--total-env-steps", steps], tmp_path, cli_env)
 
@@ -166,6 +172,23 @@ def _config(algo="ppo", *, steps=None, seed=5, sets=()):
                               "stop_on_solve=false", *own_sets, *sets])
 
 
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    """``straight_run(config)``: the run dir of an uncut run of ``config``, trained once per
+    module (per test worker) and only read after: a run's evaluations, rows and final
+    state depend on its config alone, which is what the cut runs are compared with."""
+    runs: dict[str, Path] = {}
+
+    def run(config: RunConfig) -> Path:
+        key = repr(config)
+        if key not in runs:
+            runs[key] = tmp_path_factory.mktemp("straight") / "a"
+            train(config, runs[key])
+        return runs[key]
+
+    return run
+
+
 def _two_signals_in_update(monkeypatch, owner, method, cut):
     """A second SIGTERM inside the update that an eval follows: it interrupts where the
     update ends (KeyboardInterrupt), after the counters moved and before the eval."""
@@ -259,7 +282,7 @@ def _second_signal_in_on_eval(monkeypatch, owner, method, cut):
                               "signal-in-on-eval", "stop-outlasts-eval"])
 @pytest.mark.parametrize("case", sorted(CUTS))
 def test_a_run_cut_before_its_due_evaluation_makes_it_when_resumed(
-        tmp_path, monkeypatch, case, cut_by):
+        tmp_path, straight_run, monkeypatch, case, cut_by):
     """A cut between an update and the eval due after it (off-policy: the eval, record and
     save) left a checkpoint holding the update without the eval; the resumed run skipped
     it, so every later eval ran on other episodes than a straight run's. The checkpoint
@@ -268,7 +291,7 @@ def test_a_run_cut_before_its_due_evaluation_makes_it_when_resumed(
     owner, method, cut, sets, steps = CUTS[case]
     algo = case.split("-")[0]
     config = _config(algo, steps=steps, sets=sets)
-    train(config, tmp_path / "a")
+    a = straight_run(config)
 
     with monkeypatch.context() as patched:
         ends, callbacks = cut_by(patched, owner, method, cut)
@@ -281,7 +304,7 @@ def test_a_run_cut_before_its_due_evaluation_makes_it_when_resumed(
                                                      "cadence_due"}
     resume(tmp_path / "b")
 
-    _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
+    _same_evaluations_and_state(a, tmp_path / "b")
 
 
 def _eval_pending(checkpoint):
@@ -362,12 +385,12 @@ def test_an_update_that_fails_after_an_evaluation_owes_no_evaluation(tmp_path, m
 
 
 def test_a_second_signal_while_best_is_saved_leaves_the_save_to_the_resume(
-        tmp_path, monkeypatch):
+        tmp_path, straight_run, monkeypatch):
     """The run's best return was raised before best/ was written: a second signal in the
     write left the old policy in best/ under a final checkpoint that counted the new best,
     so the resume's replay of the evaluation saw nothing better and never wrote it."""
     config = _config(steps=512)
-    train(config, tmp_path / "a")  # evaluations 175.7 at 256, 262.0 at 512: each the best
+    a = straight_run(config)  # evaluations 175.7 at 256, 262.0 at 512: each the best
     saves = []
 
     def signals_in_second_save(*args, **kwargs):
@@ -382,18 +405,19 @@ def test_a_second_signal_while_best_is_saved_leaves_the_save_to_the_resume(
         train(config, tmp_path / "b")
     assert saves == [tmp_path / "b" / "best"] * 2
     resume(tmp_path / "b")
-    assert saved_best_return(tmp_path / "b" / "best") == saved_best_return(tmp_path / "a" / "best")
-    a, b = load_checkpoint(tmp_path / "a" / "best"), load_checkpoint(tmp_path / "b" / "best")
-    la, lb = dict(leaves(a.components["algorithm"])), dict(leaves(b.components["algorithm"]))
+    assert saved_best_return(tmp_path / "b" / "best") == saved_best_return(a / "best")
+    best_a, best_b = load_checkpoint(a / "best"), load_checkpoint(tmp_path / "b" / "best")
+    la = dict(leaves(best_a.components["algorithm"]))
+    lb = dict(leaves(best_b.components["algorithm"]))
     assert [k for k in la if not same_leaf(la[k], lb[k])] == []
 
 
-def test_a_cut_before_the_first_update_owes_no_evaluation(tmp_path, monkeypatch):
+def test_a_cut_before_the_first_update_owes_no_evaluation(tmp_path, straight_run, monkeypatch):
     """The eval count of a new trainer stood at -1, so a checkpoint cut before the first
     update (a second signal in the first collect, an env worker failing there) owed an
     eval at step 0, which the resume made: every later eval on other episodes."""
     config = _config()
-    train(config, tmp_path / "a")
+    a = straight_run(config)
     original = PPO.collect
 
     def interrupted(self):
@@ -406,18 +430,18 @@ def test_a_cut_before_the_first_update_owes_no_evaluation(tmp_path, monkeypatch)
     cut = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
     assert not _eval_pending(cut)
     resume(tmp_path / "b")
-    _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
+    _same_evaluations_and_state(a, tmp_path / "b")
 
 
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
 def test_an_evaluation_made_again_is_checkpointed_when_the_resume_stops_there(
-        tmp_path, monkeypatch, algo):
+        tmp_path, straight_run, monkeypatch, algo):
     """A resume that made the cut eval and then stopped (one signal during that eval)
     wrote no checkpoint, as no env step was taken: the next resume made and logged the
     eval again. The final checkpoint now holds that eval made."""
     config = _config(algo)
     owner, method, cut, *_ = CUTS[algo]
-    train(config, tmp_path / "a")
+    a = straight_run(config)
     with monkeypatch.context() as patched:
         ends, _ = _two_signals_in_update(patched, owner, method, cut)
         with ends:
@@ -436,7 +460,7 @@ def test_an_evaluation_made_again_is_checkpointed_when_the_resume_stops_there(
     assert stopped.components["trainer"]["counters"]["algorithm/steps"] == cut
     assert not _eval_pending(stopped)
     resume(tmp_path / "b")
-    _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
+    _same_evaluations_and_state(a, tmp_path / "b")
 
 
 
@@ -525,12 +549,12 @@ def test_a_cut_iteration_at_the_budget_s_end_ends_for_the_callbacks(tmp_path, mo
     assert cut_run.heard + resumed.heard == straight.heard
 
 
-def test_an_error_after_a_stop_signal_is_taken_for_the_stop(tmp_path, monkeypatch):
+def test_an_error_after_a_stop_signal_is_taken_for_the_stop(tmp_path, straight_run, monkeypatch):
     """A stop signal that surfaces as an error (Box2D turns the interrupt into one of its
     own; workers killed with the trainer fail) is a stop: the evaluation it cut is not
     counted, and the resumed run makes it on the same episodes."""
     config = _config()
-    train(config, tmp_path / "a")
+    a = straight_run(config)
     seeds = []
     original = base.evaluate
 
@@ -545,7 +569,7 @@ def test_an_error_after_a_stop_signal_is_taken_for_the_stop(tmp_path, monkeypatc
         patched.setattr(base, "evaluate", stopped_then_failed)
         train(config, tmp_path / "b")
     resume(tmp_path / "b")
-    _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
+    _same_evaluations_and_state(a, tmp_path / "b")
 
 
 
@@ -620,12 +644,12 @@ def test_an_evaluation_a_resume_makes_first_is_saved_even_if_it_takes_no_step(
 
 
 def test_rows_a_crash_logged_after_a_resume_made_the_cut_evaluation_are_not_doubled(
-        tmp_path, monkeypatch):
+        tmp_path, straight_run, monkeypatch):
     """The checkpoint of a cut holds the update without its eval until the next one is
     written: a resume that made the eval (its row logged) and crashed before that left
     the row for the next resume to log again, at the checkpoint's own step."""
     config = _config()
-    train(config, tmp_path / "a")
+    a = straight_run(config)
     owner, method, cut, *_ = CUTS["ppo"]
     with monkeypatch.context() as patched:
         ends, _ = _two_signals_in_update(patched, owner, method, cut)
@@ -635,17 +659,17 @@ def test_rows_a_crash_logged_after_a_resume_made_the_cut_evaluation_are_not_doub
     c = _crashed_copy(tmp_path / "b", tmp_path / "c", 512)  # the cut's checkpoint, all rows
     assert _eval_pending(load_checkpoint(CheckpointManager(c / "checkpoints").latest()))
     resume(c)
-    _same_evaluations_and_state(tmp_path / "a", c)
+    _same_evaluations_and_state(a, c)
 
 
 @pytest.mark.parametrize("cut_kind", ["owed", "unheard"])
 def test_a_cut_checkpoint_of_an_older_rlloop_resumes_by_making_its_evaluation(
-        tmp_path, monkeypatch, cut_kind):
+        tmp_path, straight_run, monkeypatch, cut_kind):
     """Checkpoints of rlloop 2cb7bfe and before say in their own keys what a cut left:
     an eval owed (not made; its resume is a straight run's), or one made whose callbacks
     and row were cut ("unheard"; made again, on the next episodes)."""
     config = _config()
-    train(config, tmp_path / "a")
+    a = straight_run(config)
     owner, method, cut, *_ = CUTS["ppo"]
     with monkeypatch.context() as patched:
         ends, _ = _two_signals_in_update(patched, owner, method, cut)
@@ -662,6 +686,6 @@ def test_a_cut_checkpoint_of_an_older_rlloop_resumes_by_making_its_evaluation(
     save_replacing(path, old.components, metadata=old.metadata)
     assert resume(tmp_path / "b").env_steps == 1280
     if cut_kind == "owed":
-        _same_evaluations_and_state(tmp_path / "a", tmp_path / "b")
+        _same_evaluations_and_state(a, tmp_path / "b")
     else:
-        assert sorted(_evals(tmp_path / "b")) == sorted(_evals(tmp_path / "a"))
+        assert sorted(_evals(tmp_path / "b")) == sorted(_evals(a))

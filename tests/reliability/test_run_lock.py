@@ -35,7 +35,7 @@ def _kill_all(procs: list[subprocess.Popen[str]]) -> None:
             proc.communicate()
 
 
-def test_second_trainer_is_refused_and_eval_of_the_live_run_works(tmp_path):
+def test_second_trainer_is_refused_and_eval_of_the_live_run_works(tmp_path, cli_in_process):
     run_dir = tmp_path / "run"
     # Two trainers started together into one fresh directory: exactly one gets it.
     procs = [start(train_args(run_dir, 10**9, "--seed", str(seed), "--set", "eval_every=1"),
@@ -53,19 +53,16 @@ def test_second_trainer_is_refused_and_eval_of_the_live_run_works(tmp_path):
         wait_for(lambda: is_checkpoint(run_dir / "best") and len(rows(run_dir)) >= 2, winner,
                  "the winner's first eval")
         config = (run_dir / "config.yaml").read_bytes()
-        late, again, ev = [start(args, tmp_path) for args in (
-            train_args(run_dir, 10**9, "--seed", "3"),
-            ["train", "ppo", "--resume", str(run_dir), "--quiet"],
-            ["eval", str(run_dir), "--episodes", "2", "--json"])]
-        procs += [late, again, ev]
-        for refused in (late, again):  # a new run, and a resume, of the live run
-            _, err = refused.communicate(timeout=240)
-            assert refused.returncode == 2, err
-            assert f"PID {winner.pid}" in one_error_line(err)
+        # The later commands in this process (the live run's lock is another process's).
+        for refused in (train_args(run_dir, 10**9, "--seed", "3"),  # a new run, a resume
+                        ["train", "ppo", "--resume", str(run_dir), "--quiet"]):
+            out = cli_in_process(refused)
+            assert out.returncode == 2, out.stderr
+            assert f"PID {winner.pid}" in one_error_line(out.stderr)
         assert (run_dir / "config.yaml").read_bytes() == config  # not rewritten
-        out, err = ev.communicate(timeout=240)
-        assert ev.returncode == 0, err
-        assert json.loads(out.strip().splitlines()[-1])["episodes"] == 2
+        ev = cli_in_process(["eval", str(run_dir), "--episodes", "2", "--json"])
+        assert ev.returncode == 0, ev.stderr
+        assert json.loads(ev.stdout.strip().splitlines()[-1])["episodes"] == 2
         _stop(winner)
     finally:
         _kill_all(procs)

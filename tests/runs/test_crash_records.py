@@ -59,12 +59,13 @@ def test_rows_logged_after_a_mid_step_checkpoint_are_dropped(tmp_path):
     assert [r["opt/steps"] for r in rows] == [1.0, 2.0]
 
 
-def test_resuming_a_finished_run_logs_no_second_final_evaluation(tmp_path, cli_env):
-    run = tmp_path / "run"
-    assert _train(cli_env, "--env", "CartPole-v1", "--run-dir", str(run),
-                  "--total-env-steps", "512", "--set", "mlflow=false", *TINY).returncode == 0
+def test_resuming_a_finished_run_logs_no_second_final_evaluation(tmp_path, cli_in_process):
+    run = tmp_path / "run"  # both sittings through main() in this process
+    first = cli_in_process(["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(run),
+                            "--total-env-steps", "512", "--set", "mlflow=false", *TINY])
+    assert first.returncode == 0, first.stderr
     before = (run / "metrics.jsonl").read_text()
-    again = _train(cli_env, "--resume", str(run), "--quiet")
+    again = cli_in_process(["train", "ppo", "--resume", str(run), "--quiet"])
     assert again.returncode == 0, again.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r["step"] for r in rows if "eval/return_mean" in r]
