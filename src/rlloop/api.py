@@ -402,6 +402,10 @@ class DQN(Model):
     algo = "dqn"
 
 
+class QRDQN(Model):
+    algo = "qrdqn"
+
+
 class SAC(Model):
     algo = "sac"
 
@@ -410,7 +414,7 @@ class TD3(Model):
     algo = "td3"
 
 
-MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, DQN, SAC, TD3)}
+MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, DQN, QRDQN, SAC, TD3)}
 
 
 def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = None,

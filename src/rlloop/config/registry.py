@@ -56,6 +56,8 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                           "build_ppo"),
     "dqn": AlgorithmEntry("dqn", "rlloop.algorithms.dqn", _OFF_POLICY_CONFIG, "DQNConfig",
                           "DQN", continuous=False, kind="off_policy"),
+    "qrdqn": AlgorithmEntry("qrdqn", "rlloop.algorithms.qrdqn", "rlloop.config.quantile",
+                            "QRDQNConfig", "QRDQN", continuous=False, kind="off_policy"),
     "sac": AlgorithmEntry("sac", "rlloop.algorithms.sac", _OFF_POLICY_CONFIG, "SACConfig",
                           "SAC", discrete=False, kind="off_policy"),
     "td3": AlgorithmEntry("td3", "rlloop.algorithms.td3", _OFF_POLICY_CONFIG, "TD3Config",
