@@ -17,7 +17,7 @@ from rlloop.config.presets import all_files, file_name
 from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import RunConfig
 
-ZOO_ENVS = {"CartPole-v1": {"ppo", "dqn"}, "Acrobot-v1": {"ppo", "dqn"},
+ZOO_ENVS = {"CartPole-v1": {"ppo", "dqn", "qrdqn"}, "Acrobot-v1": {"ppo", "dqn"},
             "MountainCar-v0": {"ppo", "dqn"}, "Pendulum-v1": {"ppo", "sac", "td3"},
             "LunarLander-v3": {"ppo", "dqn"},
             "LunarLanderContinuous-v3": {"ppo", "sac", "td3"},
