@@ -148,3 +148,19 @@ def test_q_values_are_the_quantiles_mean_and_masks_apply() -> None:
 def test_config_refuses_what_qrdqn_lacks(sets: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         QRDQNConfig(**sets)  # type: ignore[arg-type]
+
+
+def test_trains_from_the_cli_and_loads_into_the_python_api(tmp_path, cli_in_process) -> None:
+    from rlloop import QRDQN, load
+
+    run = tmp_path / "run"
+    out = cli_in_process(["train", "qrdqn", "--env", "CartPole-v1", "--run-dir", str(run),
+                          "--total-env-steps", "400", "--quiet", "--set", "mlflow=false",
+                          "--set", "save_video=false", "--set", "qrdqn.learning_starts=100",
+                          "--set", "qrdqn.n_quantiles=10", "--set", "num_envs=4"])
+    assert out.returncode == 0, out.stderr
+    model = load(run)
+    assert isinstance(model, QRDQN)
+    assert int(model.predict(torch.zeros(4).numpy())) in (0, 1)
+    assert model.learn(200).env_steps == 600  # the same run continues
+    model.close()
