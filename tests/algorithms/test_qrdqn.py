@@ -164,3 +164,28 @@ def test_trains_from_the_cli_and_loads_into_the_python_api(tmp_path, cli_in_proc
     assert int(model.predict(torch.zeros(4).numpy())) in (0, 1)
     assert model.learn(200).env_steps == 600  # the same run continues
     model.close()
+
+
+@pytest.mark.parametrize(("env", "sets"), [
+    ("rlloop-test/StackedSide-v0", ["qrdqn.replay=frames", "qrdqn.buffer_size=200"]),
+    ("rlloop-test/DictCue-v0", [])], ids=["pixels-frame-replay", "dict"])
+def test_trains_on_frame_replay_and_dict_observations(env: str, sets: list[str]) -> None:
+    import dict_envs
+    import pixel_envs
+    from stepping import run_iterations
+
+    from rlloop.config.loading import build_config
+    from rlloop.runs.build import build_algorithm
+
+    pixel_envs.register()
+    dict_envs.register()
+    a = build_algorithm(build_config("qrdqn", env, flags={"seed": 0, "num_envs": 2}, sets=[
+        "mlflow=false", "progress=false", "qrdqn.learning_starts=16", "qrdqn.batch_size=8",
+        "qrdqn.opt_interval=8", "qrdqn.n_quantiles=4", *sets]))
+    try:
+        run_iterations(a, 30)
+        assert a.learner.updates > 0  # type: ignore[attr-defined]
+        stats = a.learner.update(a.loop.replay.sample(8, torch.Generator()).for_update())  # type: ignore[attr-defined]
+        assert torch.isfinite(stats["losses/q"])
+    finally:
+        a.close()  # type: ignore[attr-defined]
