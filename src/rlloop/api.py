@@ -414,7 +414,11 @@ class TD3(Model):
     algo = "td3"
 
 
-MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, DQN, QRDQN, SAC, TD3)}
+class TQC(Model):
+    algo = "tqc"
+
+
+MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, DQN, QRDQN, SAC, TD3, TQC)}
 
 
 def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = None,

@@ -1,4 +1,4 @@
-"""The quantile family's settings (QR-DQN): torch-free, checked when built, each field
+"""The quantile family's settings (QR-DQN, TQC): torch-free, checked when built, each field
 with the docstring the docs' hyperparameter tables show."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlloop.config.offpolicy import DQNConfig
+from rlloop.config.offpolicy import DQNConfig, SACConfig
 from rlloop.errors import ConfigError
 
 
@@ -46,4 +46,33 @@ class QRDQNConfig(DQNConfig):
             if getattr(self, name):
                 raise ConfigError(f"qrdqn.{name} is not supported yet ({why}); set "
                                   f"qrdqn.{name}=false or use dqn")
+        super().__post_init__()
+
+
+@dataclass
+class TQCConfig(SACConfig):
+    """TQC hyperparameters: SAC's (entropy tuning, gSDE, the off-policy cadence) plus the
+    quantile critics; defaults are sb3-contrib's TQC defaults."""
+
+    section: ClassVar[str] = "tqc"
+
+    n_critics: int = 2
+    """Critics, each predicting n_quantiles quantiles of the return of (s, a)."""
+    n_quantiles: int = 25
+    """Quantiles per critic."""
+    top_quantiles_to_drop_per_net: int = 2
+    """Of the target's pooled n_critics * n_quantiles quantiles, drop the largest
+    n_critics * this many (the truncation that controls overestimation)."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_critics", "n_quantiles"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"tqc.{name} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.top_quantiles_to_drop_per_net < self.n_quantiles:
+            raise ConfigError(f"tqc.top_quantiles_to_drop_per_net must be in [0, "
+                              f"tqc.n_quantiles) = [0, {self.n_quantiles}) to keep a target "
+                              f"quantile, got {self.top_quantiles_to_drop_per_net}")
+        if self.compile:
+            raise ConfigError("tqc.compile is not supported yet (torch.compile of the "
+                              "quantile critics' update); set tqc.compile=false or use sac")
         super().__post_init__()

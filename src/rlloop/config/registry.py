@@ -60,6 +60,8 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                             "QRDQNConfig", "QRDQN", continuous=False, kind="off_policy"),
     "sac": AlgorithmEntry("sac", "rlloop.algorithms.sac", _OFF_POLICY_CONFIG, "SACConfig",
                           "SAC", discrete=False, kind="off_policy"),
+    "tqc": AlgorithmEntry("tqc", "rlloop.algorithms.tqc", "rlloop.config.quantile",
+                          "TQCConfig", "TQC", discrete=False, kind="off_policy"),
     "td3": AlgorithmEntry("td3", "rlloop.algorithms.td3", _OFF_POLICY_CONFIG, "TD3Config",
                           "TD3", discrete=False, kind="off_policy"),
     # PettingZoo envs (--env pettingzoo:<family>.<env>); it has its own multi-agent runner,

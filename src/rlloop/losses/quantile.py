@@ -1,6 +1,7 @@
 """Quantile regression losses: the quantile Huber loss (Dabney et al. 2018, "Distributional
 Reinforcement Learning with Quantile Regression", AAAI, eq. 10) that QR-DQN and TQC (Kuznetsov
-et al. 2020, ICML) both minimise, and QR-DQN's target quantiles."""
+et al. 2020, "Controlling Overestimation Bias with Truncated Mixture of Continuous
+Distributional Quantile Critics", ICML) both minimise, and each one's targets."""
 
 from __future__ import annotations
 
@@ -17,20 +18,22 @@ def quantile_midpoints(n: int, like: Tensor) -> Tensor:
     return (torch.arange(n, dtype=like.dtype, device=like.device) + 0.5) / n
 
 
-def quantile_huber_loss(current: Tensor, target: Tensor, weights: Tensor | None = None
-                        ) -> Tensor:
+def quantile_huber_loss(current: Tensor, target: Tensor, weights: Tensor | None = None,
+                        sum_over_quantiles: bool = True) -> Tensor:
     """Quantile Huber loss (kappa = 1) of ``current`` quantiles against ``target`` samples.
 
     Every current quantile ``i`` is regressed on every target sample ``j``: the Huber loss
     of ``delta = target_j - current_i`` weighted by ``|tau_i - 1{delta < 0}|``. Summed over
-    the current quantiles (as the paper writes it), averaged over the target samples, the
-    critics and the batch (sb3-contrib's ``sum_over_quantiles=True``).
+    the current quantiles (as the QR-DQN paper writes it), averaged over the target
+    samples, the critics and the batch; or averaged over everything with
+    ``sum_over_quantiles=False`` (TQC's critic loss, as its authors' code and sb3-contrib).
 
     Args:
         current: ``[B, N]`` (QR-DQN) or ``[B, C, N]`` (TQC: ``C`` critics) quantiles at the
             midpoints of :func:`quantile_midpoints`.
         target: ``[B, M]`` or ``[B, 1, M]`` target samples, without gradient.
         weights: ``[B]`` importance-sampling weights (prioritized replay), or ``None``.
+        sum_over_quantiles: Sum (True) or average (False) over the current quantiles.
 
     Returns:
         The scalar loss.
@@ -45,9 +48,10 @@ def quantile_huber_loss(current: Tensor, target: Tensor, weights: Tensor | None 
     # backward) than the written-out where(|delta| > 1, ...) on one CPU thread.
     huber = F.huber_loss(cur, tgt, reduction="none")
     loss = torch.where(tgt < cur.detach(), 1 - tau, tau) * huber
+    loss = loss.sum(-2) if sum_over_quantiles else loss
     if weights is None:
-        return loss.sum(-2).mean()
-    per_sample = loss.sum(-2).flatten(1).mean(1)  # [B]
+        return loss.mean()
+    per_sample = loss.flatten(1).mean(1)  # [B]
     return (weights * per_sample).mean()
 
 
@@ -95,3 +99,60 @@ def qrdqn_loss(quantiles: Tensor, actions: Tensor, target: Tensor,
     q = current.detach().mean(1)
     td_errors = target.mean(1) - q
     return loss, dqn_stats(loss.detach(), q, td_errors), td_errors
+
+
+@torch.no_grad()
+def tqc_target(reward: Tensor, discount: Tensor, terminated: Tensor, next_quantiles: Tensor,
+               next_log_prob: Tensor, alpha: float | Tensor, kept: int) -> Tensor:
+    """TQC's truncated soft target: the ``kept`` smallest of all critics' target quantiles
+    at ``(s', a' ~ pi)``, minus ``alpha log pi(a'|s')``, discounted and added to the reward.
+
+    Dropping the largest quantiles of the pooled mixture is how TQC controls the
+    overestimation that SAC's min over two critics controls more coarsely.
+
+    Args:
+        reward, discount: ``[B]``; terminated: ``[B]`` bool.
+        next_quantiles: ``[B, C, N]``, the target critics' quantiles at ``(s', a')``.
+        next_log_prob: ``[B]``, ``log pi(a'|s')``.
+        alpha: Entropy temperature.
+        kept: Target quantiles kept, ``C * (N - top_quantiles_to_drop_per_net)``.
+
+    Returns:
+        ``[B, 1, kept]`` target quantiles (one set for every critic), without gradient.
+    """
+    pooled = next_quantiles.flatten(1).sort(1).values[:, :kept]
+    next_z = pooled - alpha * next_log_prob.unsqueeze(1)
+    target = reward.unsqueeze(1) + discount.unsqueeze(1) * next_z.masked_fill(
+        terminated.unsqueeze(1), 0.0)
+    return target.unsqueeze(1)
+
+
+def tqc_critic_loss(current: Tensor, target: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """Every critic's quantiles ``[B, C, N]`` against the shared ``[B, 1, M]`` target,
+    averaged over the quantiles (``sum_over_quantiles=False``).
+
+    Returns:
+        Scalar loss; stats ``"losses/critic"``, ``"q/mean"``, ``"q/target_mean"``.
+    """
+    loss = quantile_huber_loss(current, target, sum_over_quantiles=False)
+    return loss, {"losses/critic": loss.detach(), "q/mean": current.detach().mean(),
+                  "q/target_mean": target.mean()}
+
+
+def tqc_actor_loss(quantiles_pi: Tensor, log_prob: Tensor, alpha: float | Tensor
+                   ) -> tuple[Tensor, dict[str, Tensor]]:
+    """``E[alpha log pi(a|s) - Q(s, a)]`` with ``Q`` the mean of every critic's quantiles
+    (no truncation and no min: the critics' targets carry the pessimism).
+
+    Args:
+        quantiles_pi: ``[B, C, N]`` at ``(s, a ~ pi)``, critics' weights held constant.
+        log_prob: ``[B]``, ``log pi(a|s)``.
+        alpha: Temperature, a constant here.
+
+    Returns:
+        Scalar loss; stats ``"losses/actor"``, ``"policy/entropy"``.
+    """
+    if isinstance(alpha, Tensor):
+        alpha = alpha.detach()
+    loss = (alpha * log_prob - quantiles_pi.mean((1, 2))).mean()
+    return loss, {"losses/actor": loss.detach(), "policy/entropy": -log_prob.detach().mean()}

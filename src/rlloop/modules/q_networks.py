@@ -145,12 +145,13 @@ class TwinQ(nn.Module):
     """
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int], members: int = 2,
-                 encoder: Encoder | None = None) -> None:
+                 encoder: Encoder | None = None, out_dim: int = 1) -> None:
         super().__init__()
         self.encoder = encoder
+        self.out_dim = out_dim
         if encoder is not None:
             obs_dim = encoder.out_dim
-        dims = [obs_dim + act_dim, *hidden, 1]
+        dims = [obs_dim + act_dim, *hidden, out_dim]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for a, b in itertools.pairwise(dims):
@@ -161,7 +162,8 @@ class TwinQ(nn.Module):
 
     def forward(self, obs: Tensor, action: Tensor, *, detach_params: bool = False,
                 member: int | None = None) -> Tensor:
-        """``[members, B]`` Q-values of ``(obs [B, *obs], action [B, *act])``.
+        """``[members, B]`` Q-values of ``(obs [B, *obs], action [B, *act])``; with
+        ``out_dim > 1`` (TQC's quantile critics) ``[B, members, out_dim]``.
 
         ``detach_params`` evaluates the critics as constants: gradients reach ``action``
         (and through it the actor) but not the critic weights. This is how an actor loss
@@ -191,6 +193,8 @@ class TwinQ(nn.Module):
                 if i < len(layers) - 1:
                     h = h.relu_()
             outs.append(h)
+        if self.out_dim > 1:
+            return torch.stack(outs, 1)
         return torch.cat(outs, 1).t()
 
 
