@@ -18,7 +18,7 @@ from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import RunConfig
 
 ZOO_ENVS = {"CartPole-v1": {"ppo", "dqn", "qrdqn"}, "Acrobot-v1": {"ppo", "dqn"},
-            "MountainCar-v0": {"ppo", "dqn"}, "Pendulum-v1": {"ppo", "sac", "td3"},
+            "MountainCar-v0": {"ppo", "dqn"}, "Pendulum-v1": {"ppo", "sac", "td3", "tqc"},
             "LunarLander-v3": {"ppo", "dqn"},
             "LunarLanderContinuous-v3": {"ppo", "sac", "td3"},
             "BipedalWalker-v3": {"ppo", "sac", "td3"}}
