@@ -213,3 +213,28 @@ def test_trains_from_the_cli_and_loads_into_the_python_api(tmp_path, cli_in_proc
     assert action.shape == (1,) and -2 <= float(action[0]) <= 2
     assert model.learn(50).env_steps >= 250  # the same run continues
     model.close()
+
+
+@pytest.mark.parametrize(("env", "extra"), [
+    ("rlloop-test/SidePixelsBox-v0", []), ("rlloop-test/DictReach-v0", []),
+    ("Pendulum-v1", ["tqc.use_sde=true"])], ids=["pixels", "dict", "gsde"])
+def test_trains_on_pixels_dict_observations_and_gsde(env: str, extra: list[str]) -> None:
+    import dict_envs
+    import pixel_envs
+    from stepping import run_iterations
+
+    from rlloop.config.loading import build_config
+    from rlloop.runs.build import build_algorithm
+
+    pixel_envs.register_box()
+    dict_envs.register()
+    a = build_algorithm(build_config("tqc", env, flags={"seed": 0, "num_envs": 2}, sets=[
+        "mlflow=false", "progress=false", "tqc.learning_starts=8", "tqc.batch_size=8",
+        "tqc.buffer_size=64", "tqc.n_quantiles=4", "tqc.hidden=[16,16]", *extra]))
+    try:
+        run_iterations(a, 12)
+        assert a.learner.updates > 0  # type: ignore[attr-defined]
+        stats = a.learner.update(a.loop.replay.sample(8, torch.Generator()).for_update())  # type: ignore[attr-defined]
+        assert torch.isfinite(stats["losses/critic"]) and torch.isfinite(stats["losses/actor"])
+    finally:
+        a.close()  # type: ignore[attr-defined]
