@@ -15,8 +15,8 @@ _API = {"PPO": "rlloop.api", "DQN": "rlloop.api", "QRDQN": "rlloop.api", "SAC": 
         "TD3": "rlloop.api", "TQC": "rlloop.api",
         "Model": "rlloop.api", "load": "rlloop.api", "Callback": "rlloop.trainers.callbacks",
         "check_env": "rlloop.envs.checker"}
-__all__ = ["DQN", "PPO", "QRDQN", "SAC", "TD3", "TQC", "Callback", "Model", "__version__", "check_env",
-           "load"]
+__all__ = ["DQN", "PPO", "QRDQN", "SAC", "TD3", "TQC", "Callback", "Model", "__version__",
+           "check_env", "load"]
 
 if TYPE_CHECKING:
     from rlloop.api import DQN, PPO, QRDQN, SAC, TD3, TQC, Model, load

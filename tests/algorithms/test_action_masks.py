@@ -205,7 +205,8 @@ def test_qrdqn_never_takes_a_masked_action_on_prioritized_n_step_replay():
             z = target_net.quantiles(batch.next_obs)
             best = torch.where(legal, z.mean(1), -torch.inf).argmax(1)
             next_z = z[torch.arange(64), :, best]
-            expected = batch.reward[:, None] + (batch.discount * ~batch.terminated)[:, None] * next_z
+            bootstrap = (batch.discount * ~batch.terminated)[:, None]
+            expected = batch.reward[:, None] + bootstrap * next_z
             torch.testing.assert_close(a.learner.targets(batch), expected)  # type: ignore[attr-defined]
     finally:
         a.close()  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""DQN, QR-DQN, SAC and TD3 must learn: thresholds on real tasks within fixed step budgets.
+"""DQN, QR-DQN, SAC, TD3 and TQC must learn: thresholds on real tasks within fixed step budgets.
 
 Each run trains through the public API with the shipped presets (rl-zoo's
 hyperparameters), then the best policy is loaded from its checkpoint and evaluated afresh
@@ -57,5 +57,17 @@ def test_swings_up_pendulum_within_20k_steps(tmp_path, algo):
     result, ev = _train_and_eval(tmp_path, algo, "Pendulum-v1", 0,
                                  ["total_env_steps=20000", "solve_threshold=-150",
                                   f"{algo}.hidden=[64,64]"])
+    assert result.env_steps <= 20_000
+    assert ev["return_mean"] >= -200, (result, ev)
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_tqc_swings_up_pendulum_within_20k_steps(tmp_path):
+    # As SAC's test above, with TQC's quantile critics (2 x 25, the top 2 of each dropped);
+    # [64, 64] networks keep it to minutes on one core, still heavy.
+    result, ev = _train_and_eval(tmp_path, "tqc", "Pendulum-v1", 0,
+                                 ["total_env_steps=20000", "solve_threshold=-150",
+                                  "tqc.hidden=[64,64]"])
     assert result.env_steps <= 20_000
     assert ev["return_mean"] >= -200, (result, ev)
