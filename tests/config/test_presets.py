@@ -17,11 +17,12 @@ from rlloop.config.presets import all_files, file_name
 from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import RunConfig
 
-ZOO_ENVS = {"CartPole-v1": {"ppo", "dqn", "qrdqn"}, "Acrobot-v1": {"ppo", "dqn"},
-            "MountainCar-v0": {"ppo", "dqn"}, "Pendulum-v1": {"ppo", "sac", "td3", "tqc"},
-            "LunarLander-v3": {"ppo", "dqn"},
-            "LunarLanderContinuous-v3": {"ppo", "sac", "td3"},
-            "BipedalWalker-v3": {"ppo", "sac", "td3"}}
+ZOO_ENVS = {"CartPole-v1": {"ppo", "dqn", "qrdqn"}, "Acrobot-v1": {"ppo", "dqn", "qrdqn"},
+            "MountainCar-v0": {"ppo", "dqn", "qrdqn"},
+            "Pendulum-v1": {"ppo", "sac", "td3", "tqc"},
+            "LunarLander-v3": {"ppo", "dqn", "qrdqn"},
+            "LunarLanderContinuous-v3": {"ppo", "sac", "td3", "tqc"},
+            "BipedalWalker-v3": {"ppo", "sac", "td3", "tqc"}}
 
 
 ZOO_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
