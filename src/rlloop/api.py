@@ -311,6 +311,10 @@ class DQN(Model):
     algo = "dqn"
 
 
+class QRDQN(Model):
+    algo = "qrdqn"
+
+
 class SAC(Model):
     algo = "sac"
 
@@ -319,7 +323,11 @@ class TD3(Model):
     algo = "td3"
 
 
-MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, A2C, DQN, SAC, TD3)}
+class TQC(Model):
+    algo = "tqc"
+
+
+MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, A2C, DQN, QRDQN, SAC, TD3, TQC)}
 
 
 def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = None,

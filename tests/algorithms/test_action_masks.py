@@ -186,6 +186,32 @@ def test_dqn_never_takes_a_masked_action_and_its_target_maxes_over_legal_actions
         a.close()  # type: ignore[attr-defined]
 
 
+def test_qrdqn_never_takes_a_masked_action_on_prioritized_n_step_replay():
+    # QR-DQN reuses DQN's masked acting and replays: its target picks the next action
+    # by the legal actions' mean quantiles; prioritized n-step replay on the way.
+    a, _ = _train("qrdqn", ["qrdqn.learning_starts=200", "qrdqn.exploration_steps=400",
+                            "qrdqn.batch_size=16", "qrdqn.target_update_interval=10",
+                            "qrdqn.n_quantiles=8", "qrdqn.replay=prioritized",
+                            "qrdqn.n_step=3"], 100)
+    try:
+        _evaluate_both_ways(a)
+        assert MaskedChoice.steps > 400 and MaskedChoice.illegal == 0
+        batch = a.loop.replay.sample(64, torch.Generator().manual_seed(0))  # type: ignore[attr-defined]
+        assert (batch.discount < 0.99**2).any()  # n-step rows
+        legal = batch.next_obs[:, N_ACTIONS:] > 0
+        assert (~legal).any()
+        target_net = a.learner.module().target  # type: ignore[attr-defined]
+        with torch.no_grad():
+            z = target_net.quantiles(batch.next_obs)
+            best = torch.where(legal, z.mean(1), -torch.inf).argmax(1)
+            next_z = z[torch.arange(64), :, best]
+            bootstrap = (batch.discount * ~batch.terminated)[:, None]
+            expected = batch.reward[:, None] + bootstrap * next_z
+            torch.testing.assert_close(a.learner.targets(batch), expected)  # type: ignore[attr-defined]
+    finally:
+        a.close()  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("algo, env, sets, message", [
     ("ppo", "CartPole-v1", ["ppo.action_mask=true"],
      r"^ppo.action_mask=true but CartPole-v1 gives no info\['action_mask'\]"),

@@ -17,11 +17,13 @@ from rlloop.config.presets import all_files, file_name
 from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import RunConfig
 
-ZOO_ENVS = {"CartPole-v1": {"ppo", "a2c", "dqn"}, "Acrobot-v1": {"ppo", "a2c", "dqn"},
-            "MountainCar-v0": {"ppo", "a2c", "dqn"}, "Pendulum-v1": {"ppo", "a2c", "sac", "td3"},
-            "LunarLander-v3": {"ppo", "a2c", "dqn"},
-            "LunarLanderContinuous-v3": {"ppo", "a2c", "sac", "td3"},
-            "BipedalWalker-v3": {"ppo", "a2c", "sac", "td3"}}
+ZOO_ENVS = {"CartPole-v1": {"ppo", "a2c", "dqn", "qrdqn"},
+            "Acrobot-v1": {"ppo", "a2c", "dqn", "qrdqn"},
+            "MountainCar-v0": {"ppo", "a2c", "dqn", "qrdqn"},
+            "Pendulum-v1": {"ppo", "a2c", "sac", "td3", "tqc"},
+            "LunarLander-v3": {"ppo", "a2c", "dqn", "qrdqn"},
+            "LunarLanderContinuous-v3": {"ppo", "a2c", "sac", "td3", "tqc"},
+            "BipedalWalker-v3": {"ppo", "a2c", "sac", "td3", "tqc"}}
 
 
 ZOO_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"

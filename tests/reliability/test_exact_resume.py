@@ -46,7 +46,13 @@ CASES = {
     # epsilon position and the cadence counters are all in the checkpoint. Gymnasium's
     # Pendulum saves its physics (unwrapped.state), so the cut may fall mid-episode.
     "dqn": ["CartPole-v1", "4096"],
+    # QR-DQN: DQN's machinery with a quantile head; small, as DQN's case covers the rest.
+    "qrdqn": ["CartPole-v1", "2048", "--set", "qrdqn.n_quantiles=25", "--set",
+              "qrdqn.hidden=[64,64]"],
     "sac": ["Pendulum-v1", "800", "--set", "sac.hidden=[64,64]"],
+    # TQC: SAC's machinery with quantile critics, small as SAC's case.
+    "tqc": ["Pendulum-v1", "400", "--set", "tqc.hidden=[64,64]", "--set",
+            "tqc.n_quantiles=8", "--set", "tqc.batch_size=64"],
     "td3": ["Pendulum-v1", "800", "--set", "td3.learning_starts=100", "--set",
             "td3.hidden=[64,64]", "--set", "td3.eval_interval=200"],
 }

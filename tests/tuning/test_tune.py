@@ -259,3 +259,18 @@ def test_a_trial_that_skips_its_updates_fails_and_the_study_goes_on(tmp_path, ca
     trials = _study(study).trials
     assert [t.state.name for t in trials] == ["FAIL"] * 5
     assert all("max_skipped_share" in t.user_attrs["error"] for t in trials)
+
+
+def test_every_algorithm_has_a_default_space_of_its_own_settings():
+    """``rlloop tune ALGO`` without --space searches the default one: QR-DQN and TQC had
+    none (a KeyError), and a key naming no setting would fail every trial."""
+    import dataclasses
+
+    from rlloop.config.registry import ALGORITHMS
+    from rlloop.tuning.space import default_space
+
+    for algo, entry in ALGORITHMS.items():
+        fields = {f.name for f in dataclasses.fields(entry.config_cls)}
+        keys = [p.key for p in default_space(algo)]
+        assert keys and all(k.split(".", 1)[0] == algo and k.split(".", 1)[1] in fields
+                            for k in keys), (algo, keys)

@@ -29,7 +29,7 @@ from rlloop.learners.learner import DEFAULT_MODULE_ID
 from rlloop.learners.mlp_backprop import DQNBackprop, dqn_backprop
 from rlloop.losses.dqn import dqn_loss, dqn_target
 from rlloop.losses.polyak import hard_update, polyak_update
-from rlloop.modules.encoders import build_encoder
+from rlloop.modules.encoders import Encoder, build_encoder
 from rlloop.modules.masked import random_legal_actions
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import QNetwork
@@ -39,7 +39,7 @@ from rlloop.system.devices import build_module
 class DQNModule(nn.Module):
     """The online Q-network and its target network (a copy that gets no gradient)."""
 
-    def __init__(self, online: QNetwork) -> None:
+    def __init__(self, online: nn.Module) -> None:
         super().__init__()
         self.online = online
         self.target = copy.deepcopy(online).requires_grad_(False)
@@ -119,7 +119,7 @@ class DQNLearner(OffPolicyLearnerBase):
         if self.backprop is not None:
             loss_stats, self.td_errors = self.backprop(obs, action, target, weights, stats)
             self.step.apply(torch.isfinite(self.td_errors).all())
-        elif (whole := self.whole_update(self.module().online, _loss)) is not None:
+        elif (whole := self.whole_update(self.module().online, self.td_loss)) is not None:
             loss_stats, self.td_errors = whole(obs, action, target, weights)
         else:
             loss_stats, self.td_errors = self.compiled(self._loss_step)(obs, action, target,
@@ -129,9 +129,17 @@ class DQNLearner(OffPolicyLearnerBase):
 
     def _loss_step(self, obs: Tensor, action: Tensor, target: Tensor, weights: Tensor | None
                    ) -> tuple[dict[str, Tensor], Tensor]:
-        loss, stats_and_td_errors = _loss(self.module().online, obs, action, target, weights)
+        loss, stats_and_td_errors = self.td_loss(self.module().online, obs, action, target,
+                                                 weights)
         self.step(loss)
         return stats_and_td_errors
+
+    @staticmethod
+    def td_loss(online: nn.Module, obs: Tensor, action: Tensor, target: Tensor,
+                weights: Tensor | None) -> tuple[Tensor, tuple[dict[str, Tensor], Tensor]]:
+        """The loss of a batch whose targets were computed already, as
+        :class:`~rlloop.learners.whole_update.WholeUpdate` takes it (QR-DQN's differs)."""
+        return _loss(online, obs, action, target, weights)
 
     def target_update_every(self) -> int:
         return int(self.config.target_update_interval)
@@ -159,28 +167,37 @@ class DQN(OffPolicyAlgorithmBase):
     name = "dqn"
     config: DQNConfig
     learner: DQNLearner
+    #: The learner class (QR-DQN subclasses both and keeps the rest).
+    learner_cls: type[DQNLearner] = DQNLearner
 
     def __init__(self, config: DQNConfig, env: EnvSettings) -> None:
         if not isinstance(env.spec.action_space, Discrete):
-            raise ConfigError(f"dqn needs discrete actions but {env.env_id} has continuous "
-                              "ones; use sac or td3")
-        super().__init__("dqn", env, config)
+            raise ConfigError(f"{self.name} needs discrete actions but {env.env_id} has "
+                              "continuous ones; use sac or td3")
+        super().__init__(self.name, env, config)
         self.config = config
         self.space = env.spec.action_space
-        spec = env.spec
-        self.mask_dims = resolve_action_mask(config.action_mask, spec, "dqn")
-        self.q = build_module(lambda: QNetwork(
-            flat_dim(spec.obs_shape), self.space.n, config.hidden, config.dueling,
-            build_encoder("dqn", config.encoder, spec.obs_shape, spec.image_obs,
-                          spec.obs_parts, config.hidden, cnn_precision=config.cnn_precision),
-            mask_dims=self.mask_dims), self.device)
-        self.learner = DQNLearner({DEFAULT_MODULE_ID: DQNModule(self.q)}, config,
-                                  env.on_nonfinite)
+        self.mask_dims = resolve_action_mask(config.action_mask, env.spec, self.name)
+        self.q = build_module(lambda: self.network(env), self.device)
+        self.learner = self.learner_cls({DEFAULT_MODULE_ID: DQNModule(self.q)}, config,
+                                        env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, self.space, self.generator,
                                   random_actions=self._random if self.mask_dims else None,
                                   obs_stats=self.obs_stats)
         self.epsilon = Linear(config.exploration_initial_eps, config.exploration_final_eps,
                               config.exploration_steps)
+
+    def network(self, env: EnvSettings) -> nn.Module:
+        """The online network: Q-values ``[B, n_actions]`` when called (masked)."""
+        spec, config = env.spec, self.config
+        return QNetwork(flat_dim(spec.obs_shape), self.space.n, config.hidden, config.dueling,
+                        self.encoder(env), mask_dims=self.mask_dims)
+
+    def encoder(self, env: EnvSettings) -> Encoder | None:
+        """The observation encoder the config asks for (None: the MLP on flat input)."""
+        spec, config = env.spec, self.config
+        return build_encoder(self.name, config.encoder, spec.obs_shape, spec.image_obs,
+                             spec.obs_parts, config.hidden, cnn_precision=config.cnn_precision)
 
     # ---- acting ----------------------------------------------------------------------
     def _epsilon_greedy(self, obs: Tensor, eps: float, generator: torch.Generator) -> Tensor:

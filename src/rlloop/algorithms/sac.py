@@ -64,23 +64,30 @@ class SACModule(nn.Module):
         self.actor: TanhGaussianActor | TanhGSDEActor
         if config.use_sde:
             if actor_encoder is not None:
-                raise ConfigError("sac.use_sde needs vector observations (gSDE's noise acts on "
-                                  "an MLP's features); drop sac.use_sde or set sac.encoder=mlp")
+                s = config.section
+                raise ConfigError(f"{s}.use_sde needs vector observations (gSDE's noise acts "
+                                  f"on an MLP's features); drop {s}.use_sde or set "
+                                  f"{s}.encoder=mlp")
             self.actor = TanhGSDEActor(obs_dim, act_dim, config.hidden, config.init_log_std,
                                        config.full_std, config.use_expln)
         else:
             self.actor = TanhGaussianActor(obs_dim, act_dim, config.hidden, actor_encoder)
-        self.critic = TwinQ(obs_dim, act_dim, config.hidden, encoder=encoder())
+        self.critic = self.build_critic(obs_dim, act_dim, config, encoder())
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(config.init_alpha)),
                                       requires_grad=config.autotune_alpha)
 
+    def build_critic(self, obs_dim: int, act_dim: int, config: SACConfig,
+                     encoder: Encoder | None) -> TwinQ:
+        """The twin Q critics (TQC's module builds quantile critics here)."""
+        return TwinQ(obs_dim, act_dim, config.hidden, encoder=encoder)
 
-def sac_module_factory(spec: EnvSpec, act_dim: int, config: SACConfig
-                       ) -> Callable[[], SACModule]:
+
+def sac_module_factory(spec: EnvSpec, act_dim: int, config: SACConfig,
+                       module_cls: type[SACModule] = SACModule) -> Callable[[], SACModule]:
     """What builds SAC's module for ``spec`` (every learner rank builds its copy so)."""
-    return lambda: SACModule(flat_dim(spec.obs_shape), act_dim, config, lambda: build_encoder(
-        "sac", config.encoder, spec.obs_shape, spec.image_obs, spec.obs_parts,
+    return lambda: module_cls(flat_dim(spec.obs_shape), act_dim, config, lambda: build_encoder(
+        config.section, config.encoder, spec.obs_shape, spec.image_obs, spec.obs_parts,
         config.hidden, cnn_precision=config.cnn_precision))
 
 
@@ -178,17 +185,20 @@ class SAC(OffPolicyAlgorithmBase):
     name = "sac"
     config: SACConfig
     learner: SACLearner
+    #: The module and learner classes (TQC subclasses both and keeps the rest).
+    module_cls: type[SACModule] = SACModule
+    learner_cls: type[SACLearner] = SACLearner
 
     def __init__(self, config: SACConfig, env: EnvSettings) -> None:
-        space, to_env = continuous_actions("sac", env)
-        super().__init__("sac", env, config)
+        space, to_env = continuous_actions(self.name, env)
+        super().__init__(self.name, env, config)
         self.config = config
         self.space = space
         entropy = -float(space.dim) if config.target_entropy is None else config.target_entropy
-        self.module = build_module(sac_module_factory(env.spec, space.dim, config),
-                                   self.device)
-        self.learner = SACLearner({DEFAULT_MODULE_ID: self.module}, config, entropy,
-                                  self.generator, env.on_nonfinite)
+        self.module = build_module(sac_module_factory(env.spec, space.dim, config,
+                                                      self.module_cls), self.device)
+        self.learner = self.learner_cls({DEFAULT_MODULE_ID: self.module}, config, entropy,
+                                        self.generator, env.on_nonfinite)
         self.loop = OffPolicyLoop(self.runner, config, unit_box(space), self.generator, to_env,
                                   random_warmup=not (config.use_sde and config.use_sde_at_warmup),
                                   obs_stats=self.obs_stats)

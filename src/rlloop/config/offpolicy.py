@@ -264,18 +264,19 @@ class SACConfig(OffPolicyConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        s = self.section  # sac, or tqc (whose config extends this one)
         if self.lr <= 0 or self.init_alpha <= 0:
-            raise ConfigError(f"sac.lr and sac.init_alpha must be > 0, got {self.lr}, "
+            raise ConfigError(f"{s}.lr and {s}.init_alpha must be > 0, got {self.lr}, "
                               f"{self.init_alpha}")
         if not 0 < self.tau <= 1:
-            raise ConfigError(f"sac.tau must be in (0, 1], got {self.tau}")
+            raise ConfigError(f"{s}.tau must be in (0, 1], got {self.tau}")
         if self.target_update_interval <= 0:
-            raise ConfigError("sac.target_update_interval must be > 0")
+            raise ConfigError(f"{s}.target_update_interval must be > 0")
         if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
-            raise ConfigError(f"sac.sde_sample_freq must be > 0 or -1 (once per rollout), "
+            raise ConfigError(f"{s}.sde_sample_freq must be > 0 or -1 (once per rollout), "
                               f"got {self.sde_sample_freq}")
-        check_init_log_std("sac.init_log_std", self.init_log_std)
-        check_hidden("sac", self.hidden)
+        check_init_log_std(f"{s}.init_log_std", self.init_log_std)
+        check_hidden(s, self.hidden)
 
 
 @dataclass

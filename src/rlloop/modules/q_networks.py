@@ -1,5 +1,5 @@
-"""Networks of the off-policy family: Q-network (optionally dueling), twin-Q critic,
-tanh-squashed Gaussian actor (SAC) and deterministic actor (TD3).
+"""Networks of the off-policy family: Q-network (optionally dueling), its quantile form
+(QR-DQN), twin-Q critic, tanh-squashed Gaussian actor (SAC) and deterministic actor (TD3).
 
 Continuous actors work in the normalised action box ``[-1, 1]^d``; the algorithm maps
 actions to the env's bounds when it steps the env, and stores normalised actions in the
@@ -104,6 +104,38 @@ class QNetwork(nn.Module):
         return F.linear(x, self.value.weight, self.value.bias) + adv - adv.mean(1, keepdim=True)
 
 
+class QuantileQNetwork(nn.Module):
+    """QR-DQN's network: ``n_quantiles`` quantiles of the return of each of ``n_actions``
+    actions, ``[B, *obs] -> [B, n_quantiles, n_actions]`` (:meth:`quantiles`), from a
+    :class:`QNetwork` with ``n_quantiles * n_actions`` outputs (sb3-contrib's layout).
+
+    Calling it gives the Q-values ``[B, n_actions]`` (the quantiles' mean, illegal actions
+    masked), so DQN's acting code takes it unchanged.
+    """
+
+    def __init__(self, obs_dim: int, n_actions: int, n_quantiles: int,
+                 hidden: Sequence[int], encoder: Encoder | None = None, *,
+                 mask_dims: int = 0) -> None:
+        super().__init__()
+        self.n_actions, self.n_quantiles, self.mask_dims = n_actions, n_quantiles, mask_dims
+        self.body = QNetwork(obs_dim, n_quantiles * n_actions, hidden, encoder=encoder)
+
+    def quantiles(self, obs: Tensor) -> Tensor:
+        """``[B, n_quantiles, n_actions]`` quantiles (unmasked)."""
+        return self.body(obs).view(-1, self.n_quantiles, self.n_actions)
+
+    def quantiles_and_q(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """The quantiles and the masked Q-values from one forward pass."""
+        z = self.quantiles(obs)
+        q = z.mean(1)
+        if self.mask_dims:
+            q = mask_scores(q, legal_actions(obs.flatten(1), self.mask_dims))
+        return z, q
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.quantiles_and_q(obs)[1]
+
+
 def encode(encoder: Encoder | None, obs: Tensor, dtype: torch.dtype) -> Tensor:
     """``[B, features]``: ``obs`` flattened into ``dtype`` (the reading weights'), or
     through ``encoder`` when there is one."""
@@ -124,12 +156,13 @@ class TwinQ(nn.Module):
     """
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int], members: int = 2,
-                 encoder: Encoder | None = None) -> None:
+                 encoder: Encoder | None = None, out_dim: int = 1) -> None:
         super().__init__()
         self.encoder = encoder
+        self.out_dim = out_dim
         if encoder is not None:
             obs_dim = encoder.out_dim
-        dims = [obs_dim + act_dim, *hidden, 1]
+        dims = [obs_dim + act_dim, *hidden, out_dim]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for a, b in itertools.pairwise(dims):
@@ -140,7 +173,8 @@ class TwinQ(nn.Module):
 
     def forward(self, obs: Tensor, action: Tensor, *, detach_params: bool = False,
                 member: int | None = None) -> Tensor:
-        """``[members, B]`` Q-values of ``(obs [B, *obs], action [B, *act])``.
+        """``[members, B]`` Q-values of ``(obs [B, *obs], action [B, *act])``; with
+        ``out_dim > 1`` (TQC's quantile critics) ``[B, members, out_dim]``.
 
         ``detach_params`` evaluates the critics as constants: gradients reach ``action``
         (and through it the actor) but not the critic weights. This is how an actor loss
@@ -171,6 +205,8 @@ class TwinQ(nn.Module):
                 if i < len(layers) - 1:
                     h = h.relu_()
             outs.append(h)
+        if self.out_dim > 1:
+            return torch.stack(outs, 1)
         return torch.cat(outs, 1).t()
 
 

@@ -146,7 +146,8 @@ def _networks(hp: object, obs: int, act: int, num_envs: int) -> list[Need]:
         targets: list[int] = []
     elif isinstance(hp, DQNConfig):
         hidden, batch, batch_name = hp.hidden, hp.batch_size, f"{hp.section}.batch_size"
-        trainable = [_mlp(obs, hidden, act)]
+        # QR-DQN's head has n_quantiles outputs per action.
+        trainable = [_mlp(obs, hidden, act * getattr(hp, "n_quantiles", 1))]
         targets = list(trainable)
     elif isinstance(hp, SACConfig | TD3Config):
         hidden, batch, batch_name = hp.hidden, hp.batch_size, f"{hp.section}.batch_size"

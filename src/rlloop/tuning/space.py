@@ -61,17 +61,25 @@ _OFF_POLICY: dict[str, Any] = {
     "opt_interval": [1, 4, 16, 64],
     "hidden": {"choices": [[64, 64], [256, 256], [400, 300]]},
 }
+_DQN: dict[str, Any] = {  # DQN's own knobs (keys without the section)
+    "gradient_steps": [1, 4, 16, 64],
+    "exploration_steps": [1000, 5000, 10000, 20000],
+    "exploration_final_eps": {"low": 0.0, "high": 0.2},
+    "target_update_interval": [1, 100, 1000, 10000],
+}
 DEFAULT_SPACES: dict[str, dict[str, Any]] = {
     "ppo": {f"ppo.{k}": v for k, v in _PPO.items()},
     "ma_ppo": {f"ma_ppo.{k}": v for k, v in _PPO.items()},
     "a2c": {f"a2c.{k}": v for k, v in _A2C.items()},
-    "dqn": {**{f"dqn.{k}": v for k, v in _OFF_POLICY.items()},
-            "dqn.gradient_steps": [1, 4, 16, 64],
-            "dqn.exploration_steps": [1000, 5000, 10000, 20000],
-            "dqn.exploration_final_eps": {"low": 0.0, "high": 0.2},
-            "dqn.target_update_interval": [1, 100, 1000, 10000]},
+    "dqn": {f"dqn.{k}": v for k, v in {**_OFF_POLICY, **_DQN}.items()},
+    # QR-DQN and TQC search their base algorithm's space and their quantiles.
+    "qrdqn": {**{f"qrdqn.{k}": v for k, v in {**_OFF_POLICY, **_DQN}.items()},
+              "qrdqn.n_quantiles": [10, 25, 50, 200]},
     "sac": {**{f"sac.{k}": v for k, v in _OFF_POLICY.items()},
             "sac.tau": [0.001, 0.005, 0.01, 0.02, 0.05]},
+    "tqc": {**{f"tqc.{k}": v for k, v in _OFF_POLICY.items()},
+            "tqc.tau": [0.001, 0.005, 0.01, 0.02, 0.05],
+            "tqc.top_quantiles_to_drop_per_net": [0, 1, 2, 3, 5]},
     "td3": {**{f"td3.{k}": v for k, v in _OFF_POLICY.items()},
             "td3.tau": [0.001, 0.005, 0.01, 0.02, 0.05],
             "td3.action_noise_std": [0.1, 0.2, 0.3, 0.5],
