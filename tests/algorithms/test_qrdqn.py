@@ -3,7 +3,7 @@ catches a planted error; config refusals; acting on the quantiles' mean."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import gymnasium as gym
 import pytest
@@ -37,16 +37,6 @@ class _Float64Flatten(FlattenExtractor):
 
     def forward(self, observations: Tensor) -> Tensor:
         return super().forward(observations).double()
-
-
-@pytest.fixture
-def float64_default() -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def _copy_into(dst: QuantileQNetwork, src: torch.nn.Module) -> None:

@@ -4,7 +4,7 @@ CLI and Python API."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import gymnasium as gym
 import pytest
@@ -48,16 +48,6 @@ class _Record(torch.optim.SGD):
     def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
         self.grads = [p.grad.clone() for g in self.param_groups for p in g["params"]]
         super().step(closure)
-
-
-@pytest.fixture
-def float64_default() -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def _linears(module: nn.Module) -> list[nn.Linear]:
