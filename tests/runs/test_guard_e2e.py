@@ -11,9 +11,9 @@ import logging
 import math
 
 import gymnasium
-import numpy as np
 import pytest
 import torch
+from nan_envs import ALL_NAN_ID, PoisonEvery, make_poisoned_cartpole, nan_cartpole
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.cli.main import main
@@ -25,28 +25,6 @@ ENV_ID = "rlloop-test/NaNCartPole-v0"
 SETS = ["mlflow=false", "progress=false", "stop_on_solve=false", "eval_every=0",
         "save_video=false", "num_envs=8", "total_env_steps=8192", "ppo.rollout_steps=32",
         "ppo.num_epochs=4", "ppo.minibatch_size=256", "eval_episodes=2"]
-
-
-class PoisonEvery(gymnasium.Wrapper):
-    """NaN observation and reward on every ``every``-th step, counted over all instances of
-    this process (the sub-envs of a vector env step in lockstep, so a per-env count would
-    poison them all in the same iteration)."""
-
-    steps = itertools.count(1)
-
-    def __init__(self, env: gymnasium.Env, every: int) -> None:
-        super().__init__(env)
-        self.every = every
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        if next(PoisonEvery.steps) % self.every == 0:
-            obs, reward = np.full_like(obs, np.nan), float("nan")
-        return obs, reward, terminated, truncated, info
-
-
-def make_poisoned_cartpole(every: int = 1500, **kwargs) -> gymnasium.Env:
-    return PoisonEvery(gymnasium.make("CartPole-v1", **kwargs), every)
 
 
 @pytest.fixture(autouse=True)
@@ -84,14 +62,6 @@ def test_ppo_with_raise_stops_naming_the_step(tmp_path):
     assert 1500 <= step <= 1500 + 8 * 32  # the first poisoned batch
     weights = policy_weights(tmp_path / "run")  # the final checkpoint was still written
     assert all(bool(torch.isfinite(w).all()) for w in weights.values())
-
-
-def nan_cartpole(**kwargs) -> gymnasium.Env:
-    """CartPole whose every step is poisoned: no batch is ever finite."""
-    return make_poisoned_cartpole(every=1, **kwargs)
-
-
-ALL_NAN_ID = "rlloop-test/AllNaNCartPole-v0"
 
 
 @pytest.fixture

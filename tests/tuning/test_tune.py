@@ -241,7 +241,7 @@ def test_a_trial_that_skips_its_updates_fails_and_the_study_goes_on(tmp_path, ca
     trial, as one that does not fit the env: the study tries others (here five, all on an
     env that is NaN at every step, and then says why)."""
     import gymnasium
-    from test_guard_e2e import ALL_NAN_ID, nan_cartpole
+    from nan_envs import ALL_NAN_ID, nan_cartpole
 
     gymnasium.register(ALL_NAN_ID, entry_point=nan_cartpole, disable_env_checker=True)
     space = tmp_path / "space.yaml"
