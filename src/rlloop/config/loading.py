@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from rlloop.config.appo import check_async_runners
 from rlloop.config.presets import preset
 from rlloop.config.registry import ALGORITHMS, unknown_algorithm
 from rlloop.config.run_config import FIELD_DEFAULTS, RunConfig
@@ -158,6 +159,7 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
                      other=("", list(FIELD_DEFAULTS)))
     run = _build(RunConfig, {**data, "hparams": hparams}, prefix="",
                  other=(f"{algo}.", section_keys))
+    check_async_runners(run)
     return run  # type: ignore[no-any-return]
 
 

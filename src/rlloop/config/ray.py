@@ -9,7 +9,7 @@ from typing import Any
 from rlloop.errors import ConfigError
 
 #: The algorithms whose sampling env runners can take over.
-RUNNER_ALGOS = ("ppo", "dqn", "sac", "td3")
+RUNNER_ALGOS = ("ppo", "dqn", "sac", "td3", "appo", "impala")
 
 
 @dataclass

@@ -56,6 +56,11 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                           "build_ppo"),
     "a2c": AlgorithmEntry("a2c", "rlloop.algorithms.a2c", "rlloop.config.a2c", "A2CConfig",
                           "A2C"),
+    # Asynchronous: env runners in processes of their own sample while the learner learns.
+    "appo": AlgorithmEntry("appo", "rlloop.algorithms.appo", "rlloop.config.appo",
+                           "APPOConfig", "APPO"),
+    "impala": AlgorithmEntry("impala", "rlloop.algorithms.appo", "rlloop.config.appo",
+                             "IMPALAConfig", "IMPALA"),
     "dqn": AlgorithmEntry("dqn", "rlloop.algorithms.dqn", _OFF_POLICY_CONFIG, "DQNConfig",
                           "DQN", continuous=False, kind="off_policy"),
     "qrdqn": AlgorithmEntry("qrdqn", "rlloop.algorithms.qrdqn", "rlloop.config.quantile",

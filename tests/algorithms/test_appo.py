@@ -1,0 +1,133 @@
+"""APPO and IMPALA: bad settings answer in one line before torch; runner processes sample
+fragments tagged with their weights' version; with one runner at lag 0 a resume is exact;
+a killed runner is started again and the run goes on; learning on CartPole (heavy)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import leaves, same_leaf
+
+from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.config.loading import build_config
+from rlloop.errors import ConfigError
+
+QUIET = ["mlflow=false", "progress=false", "save_video=false"]
+#: One runner, 4 envs, fragments of 16 steps: 64 env steps an iteration.
+SMALL = [*QUIET, "num_env_runners=1", "num_envs=4", "appo.fragments_per_batch=1",
+         "eval_every=0", "eval_episodes=2", "stop_on_solve=false"]
+
+
+@pytest.mark.parametrize("algo", ["appo", "impala"])
+@pytest.mark.parametrize(("item", "expected"), [
+    ("{algo}.max_policy_lag=-1", "{algo}.max_policy_lag must be >= 0"),
+    ("{algo}.queue_size=0", "{algo}.queue_size must be >= 1, got 0; set {algo}.queue_size=1"),
+    ("num_env_runners=0", "{algo} learns from env runners that sample while it learns, and "
+                          "num_env_runners is 0; set num_env_runners=1 or more"),
+    ("{algo}.normalize_rewards=true", "{algo}.normalize_rewards is not supported"),
+])
+def test_bad_async_settings_are_one_line_naming_the_fix(algo: str, item: str,
+                                                        expected: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        build_config(algo, "CartPole-v1", sets=[item.format(algo=algo)])
+    assert str(e.value).startswith(expected.format(algo=algo)), e.value
+    assert "\n" not in str(e.value)
+
+
+def test_a_negative_policy_lag_stops_the_cli_before_torch(tmp_path: Path,
+                                                          cli_env: dict[str, str]) -> None:
+    probe = ("import json, sys\nfrom rlloop.cli.main import main\ncode = main(sys.argv[1:])\n"
+             "print(json.dumps({'code': code, 'torch': 'torch' in sys.modules}))")
+    out = subprocess.run([sys.executable, "-c", probe, "train", "appo", "--env", "CartPole-v1",
+                          "--set", "appo.max_policy_lag=-2"], env=cli_env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"code": 2, "torch": False}
+    assert out.stderr.strip() == ("rlloop: error: appo.max_policy_lag must be >= 0 (0: every "
+                                  "fragment sampled with the newest weights), got -2")
+
+
+def _final_state(run: Path) -> dict[str, Any]:
+    last = max(CheckpointManager(run / "checkpoints").all(), key=lambda p: int(p.name))
+    return load_checkpoint(last).components
+
+
+@pytest.mark.slow
+def test_one_runner_at_lag_0_resumes_exactly(tmp_path: Path) -> None:
+    """256 env steps straight == 128, a crash that keeps only that checkpoint, a resume to
+    256: every leaf of the final checkpoints is the same, the runner's envs and sampling
+    RNG (saved from its process) included."""
+    from rlloop.runs.start import resume, train
+
+    config = build_config("appo", "CartPole-v1", flags={"seed": 4, "total_env_steps": 256},
+                          sets=[*SMALL, "appo.max_policy_lag=0", "appo.rollout_steps=16",
+                                "appo.minibatch_size=32", "checkpoint_every=2",
+                                "keep_checkpoints=10"])
+    train(config, tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b", ignore=shutil.ignore_patterns(".lock"))
+    for path in CheckpointManager(tmp_path / "b" / "checkpoints").all():
+        if int(path.name) > 128:
+            shutil.rmtree(path)
+    resume(tmp_path / "b")
+    a, b = _final_state(tmp_path / "a"), _final_state(tmp_path / "b")
+    runner = a["algorithm"]["runner"]
+    assert "runner_process" in runner  # the runner's own state is in the checkpoint
+    pairs = dict(leaves(a)), dict(leaves(b))
+    assert pairs[0].keys() == pairs[1].keys()
+    differ = [k for k in pairs[0] if not same_leaf(pairs[0][k], pairs[1][k])
+              and not k.startswith(("/trainer/time", "/trainer/wall"))]
+    assert not [k for k in differ if "time" not in k], differ
+
+
+class _KillRunner:
+    """Kills runner 0's process (SIGKILL) after step ``at``."""
+
+    def __init__(self, session: Any, at: int) -> None:
+        self.session, self.at, self.steps = session, at, 0
+
+    def on_step(self, trainer: Any, stats: dict[str, float]) -> None:
+        self.steps += 1
+        if self.steps == self.at:
+            process = self.session.algorithm.runner.processes[0]
+            os.kill(process.pid, signal.SIGKILL)
+            process.join(timeout=10)
+
+    def on_eval(self, trainer: Any, stats: dict[str, float]) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_a_killed_runner_is_started_again_and_training_finishes(tmp_path: Path) -> None:
+    from rlloop.runs.session import Session
+
+    config = build_config("appo", "CartPole-v1", flags={"total_env_steps": 640},
+                          sets=[*SMALL, "appo.rollout_steps=16", "appo.minibatch_size=32"])
+    session = Session(config, tmp_path / "run")
+    session.trainer.callbacks.append(_KillRunner(session, at=2))
+    result = session.run()
+    assert result.env_steps == 640
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    restarts = [r["env_runners/restarts"] for r in rows if "env_runners/restarts" in r]
+    assert restarts[-1] == 1, restarts
+    lags = [r["env_runners/policy_lag"] for r in rows if "env_runners/policy_lag" in r]
+    assert max(lags) <= 8 and any("env_runners/queue_depth" in r for r in rows)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("algo", ["appo", "impala"])
+def test_solves_cartpole_with_two_runner_processes(algo: str, tmp_path: Path) -> None:
+    """The CartPole preset (2 runners of 8 envs): an evaluation of 32 episodes reaches 475
+    and 100 fresh ones confirm it, within the preset's budget."""
+    from rlloop.runs.session import Session
+
+    config = build_config(algo, "CartPole-v1", sets=QUIET)
+    assert config.num_env_runners == 2
+    result = Session(config, tmp_path / "run").run()
+    assert result.stopped_by == "solved", result.last_stats
