@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from rlloop.config.appo import ASYNC_ALGOS
 from rlloop.config.loading import load_yaml
 from rlloop.config.registry import ALGORITHMS, action_space_refusal, algorithm_name
 from rlloop.envs.ids import NATIVE_IDS, is_pettingzoo_id
@@ -30,8 +31,8 @@ def check_extras(settings: dict[str, Any]) -> None:
     if settings.get("tensorboard") is True:
         require("tensorboard", "tensorboard=true")
     runners = settings.get("num_env_runners")
-    if isinstance(runners, int) and runners > 0:
-        require("ray", f"num_env_runners={runners}")
+    if isinstance(runners, int) and runners > 0 and settings.get("algo") not in ASYNC_ALGOS:
+        require("ray", f"num_env_runners={runners}")  # APPO's runners are local processes
     if settings.get("backend") == "envpool":
         require("envpool", "backend=envpool", instead="use backend=auto")
 

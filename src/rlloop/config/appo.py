@@ -127,3 +127,6 @@ def check_async_runners(config: Any) -> None:
         raise ConfigError(f"{config.algo} learns from env runners that sample while it "
                           f"learns, and num_env_runners is {config.num_env_runners}; set "
                           "num_env_runners=1 or more (e.g. --set num_env_runners=2)")
+    if config.algo in ASYNC_ALGOS and config.ray.address is not None:
+        raise ConfigError(f"{config.algo}'s env runners are processes on this machine; "
+                          "Ray clusters are not supported for it yet: drop ray.address")

@@ -73,8 +73,13 @@ def _serve(config: RunConfig, index: int, life: int, build: BuildAlgorithm,
            replies: Any, ahead: bool) -> None:
     """A runner process's loop (see the module doc). ``life``: how many times this runner
     was started before; a restarted one reseeds its envs and sampling from it."""
+    from rlloop.envs.ids import resolve_env_id
+
     torch.set_num_threads(1)
     try:
+        # The learner accepted this id (typed by the user, or allowed for a resumed run):
+        # import its module here too.
+        resolve_env_id(config.env, allow_import=True)
         algorithm = build(runner_config(config, index))
         if life:
             seed = derive_seed(config.seed, f"env-runner-{index}-life-{life}") % 2**31
