@@ -33,8 +33,8 @@ SMALL = [*QUIET, "num_env_runners=1", "num_envs=4", "appo.fragments_per_batch=1"
     ("num_env_runners=0", "{algo} learns from env runners that sample while it learns, and "
                           "num_env_runners is 0; set num_env_runners=1 or more"),
     ("{algo}.normalize_rewards=true", "{algo}.normalize_rewards is not supported"),
-    ("ray.address=auto", "{algo}'s env runners are processes on this machine; Ray clusters "
-                         "are not supported for it yet: drop ray.address"),
+    ("num_learners=2", "num_learners=2 needs one of ['ppo', 'sac'], not {algo}; use "
+                       "num_learners=1"),
 ])
 def test_bad_async_settings_are_one_line_naming_the_fix(algo: str, item: str,
                                                         expected: str) -> None:
@@ -133,3 +133,25 @@ def test_solves_cartpole_with_two_runner_processes(algo: str, tmp_path: Path) ->
                           sets=[*QUIET, "num_env_runners=2"])
     result = Session(config, tmp_path / "run").run()
     assert result.stopped_by == "solved", result.last_stats
+
+
+@pytest.mark.heavy
+def test_with_a_ray_address_the_runners_are_ray_actors(tmp_path: Path) -> None:
+    """``ray.address`` set (here: the instance this process is connected to): the existing
+    Ray env runners sample for APPO, with max_policy_lag as their max_weight_lag."""
+    from rlloop.config.ray import RayConfig
+    from rlloop.runners.ray_cluster import connect, disconnect
+    from rlloop.runners.ray_runners import RayEnvRunnerGroup
+    from rlloop.runs.session import Session
+
+    started = connect(RayConfig(num_cpus=2), num_runners=2)
+    try:
+        config = build_config("appo", "CartPole-v1", flags={"total_env_steps": 1024},
+                              sets=[*SMALL, "num_env_runners=2", "ray.address=auto",
+                                    "appo.max_policy_lag=3"])
+        session = Session(config, tmp_path / "run")
+        group = session.algorithm.runner
+        assert isinstance(group, RayEnvRunnerGroup) and group.config.max_weight_lag == 3
+        assert session.run().env_steps == 1024
+    finally:
+        disconnect(started)

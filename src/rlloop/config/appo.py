@@ -6,6 +6,7 @@ uses it."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -127,6 +128,12 @@ def check_async_runners(config: Any) -> None:
         raise ConfigError(f"{config.algo} learns from env runners that sample while it "
                           f"learns, and num_env_runners is {config.num_env_runners}; set "
                           "num_env_runners=1 or more (e.g. --set num_env_runners=2)")
-    if config.algo in ASYNC_ALGOS and config.ray.address is not None:
-        raise ConfigError(f"{config.algo}'s env runners are processes on this machine; "
-                          "Ray clusters are not supported for it yet: drop ray.address")
+
+
+def ray_runner_settings(config: Any) -> Any:
+    """The run config (a ``RunConfig``) Ray env runners read: for APPO and IMPALA on a
+    cluster (``ray.address``), their ``max_policy_lag`` is the runners' ``max_weight_lag``
+    (runners sample one fragment ahead each; there is no queue of ``queue_size``)."""
+    if config.algo not in ASYNC_ALGOS:
+        return config
+    return dataclasses.replace(config, max_weight_lag=config.hparams.max_policy_lag)

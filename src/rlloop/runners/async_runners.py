@@ -23,11 +23,8 @@ counts it. ``restart_failed_env_runners=false`` raises
 
 from __future__ import annotations
 
-import dataclasses
 import queue
-import secrets
 import time
-import traceback
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,8 +32,9 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from rlloop.errors import RlloopError
-from rlloop.runners.fragments import Fragment, FragmentEpisodes, FragmentSampler, weights_lag
-from rlloop.runners.ray_actor import BuildAlgorithm, envs_per_runner, fragment_steps, runner_config
+from rlloop.runners.async_runner_process import serve, to_tensors
+from rlloop.runners.fragments import Fragment, FragmentEpisodes, weights_lag
+from rlloop.runners.ray_actor import BuildAlgorithm, envs_per_runner
 from rlloop.system.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -45,83 +43,10 @@ if TYPE_CHECKING:
 #: Seconds a runner process may take to build its algorithm (imports, its envs).
 START_TIMEOUT_S = 300.0
 _POLL_S = 0.2
-_TENSOR_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "truncated",
-                  "last_obs", "log_probs")
 
 
 class AsyncRunnerError(RlloopError, RuntimeError):
     """An env runner process failed and may not (or can no longer) be restarted."""
-
-
-def _to_arrays(frag: Fragment) -> Fragment:
-    """A fragment whose tensors travel as NumPy arrays: pickled by value, so the learner
-    can read it even when the runner that sent it has died since (torch's shared-memory
-    tensors need their sender alive)."""
-    arrays: dict[str, Any] = {name: getattr(frag, name).numpy()
-                              for name in _TENSOR_FIELDS if getattr(frag, name) is not None}
-    return dataclasses.replace(frag, **arrays)
-
-
-def _to_tensors(frag: Fragment, device: torch.device) -> Fragment:
-    tensors: dict[str, Any] = {name: torch.from_numpy(getattr(frag, name)).to(device)
-                               for name in _TENSOR_FIELDS if getattr(frag, name) is not None}
-    return dataclasses.replace(frag, **tensors)
-
-
-def _serve(config: RunConfig, index: int, life: int, build: BuildAlgorithm,
-           weights: dict[str, Tensor], version: Any, fragments: Any, commands: Any,
-           replies: Any, ahead: bool) -> None:
-    """A runner process's loop (see the module doc). ``life``: how many times this runner
-    was started before; a restarted one reseeds its envs and sampling from it."""
-    from rlloop.envs.ids import resolve_env_id
-
-    torch.set_num_threads(1)
-    try:
-        # The learner accepted this id (typed by the user, or allowed for a resumed run):
-        # import its module here too.
-        resolve_env_id(config.env, allow_import=True)
-        algorithm = build(runner_config(config, index))
-        if life:
-            seed = derive_seed(config.seed, f"env-runner-{index}-life-{life}") % 2**31
-            algorithm.generator.manual_seed(derive_seed(seed, "sampling"))
-            algorithm.runner.reset(seed=seed)
-        sampler = FragmentSampler(algorithm, fragment_steps(config))
-        instance = secrets.randbits(62)
-        mine = -1
-        replies.put(("ready", index, None))
-        while True:
-            if ahead:
-                try:
-                    command = commands.get_nowait()
-                except queue.Empty:
-                    command = ("sample", None)
-            else:
-                command = commands.get()
-            kind, arg = command
-            if kind == "stop":
-                return
-            if kind == "get_state":
-                replies.put(("state", index, {"generator": algorithm.generator.get_state(),
-                                              "runner": algorithm.runner.get_state()}))
-            elif kind == "set_state":
-                algorithm.generator.set_state(arg["generator"])
-                algorithm.runner.set_state(arg["runner"])
-                if algorithm.runner.restart_due:
-                    algorithm.runner.restart_episodes()
-            elif kind == "restart":
-                algorithm.generator.manual_seed(derive_seed(arg, "sampling"))
-                algorithm.runner.reset(seed=arg)
-            else:
-                with version.get_lock():
-                    if version.value != mine:
-                        algorithm.policy.load_state_dict(weights)
-                        mine = int(version.value)
-                frag = sampler.sample(0).tagged(mine, index, instance)
-                fragments.put(_to_arrays(frag))
-    except Exception as e:  # the learner restarts this runner, or stops with this line
-        replies.put(("error", index, f"{type(e).__name__}: {e}".splitlines()[0][:300]))
-        traceback.print_exc()
-        raise SystemExit(1) from None
 
 
 class ProcessEnvs:
@@ -184,7 +109,7 @@ class AsyncRunnerProcesses:
         self._asked: list[int] = [0] * self.num_runners  # fragments asked for (lag 0)
         self._next_runner = 0
         self._wait_s = self._lag_sum = self._env_s = self._inference_s = 0.0
-        self._taken = self._taken_steps = self._depth_sum = 0
+        self._taken = self._arrived_steps = self._depth_sum = 0
         self._window_t0 = time.perf_counter()
         self._closed = False
         self.processes: list[Any] = [None] * self.num_runners
@@ -201,7 +126,7 @@ class AsyncRunnerProcesses:
     # ---- processes -----------------------------------------------------------------------
     def _start(self, runner: int) -> None:
         process = self._ctx.Process(
-            target=_serve, name=f"rlloop-env-runner-{runner}", daemon=True,
+            target=serve, name=f"rlloop-env-runner-{runner}", daemon=True,
             args=(self.config, runner, self._lives[runner], self.build, self.weights,
                   self.version, self.fragments, self.commands[runner], self.replies,
                   self.ahead))
@@ -291,7 +216,7 @@ class AsyncRunnerProcesses:
                 self._check_runners()
                 continue
             self._asked[frag.runner] = max(0, self._asked[frag.runner] - 1)
-            frag = _to_tensors(frag, self.device)
+            frag = to_tensors(frag, self.device)
             if self._accept(frag):
                 out.append(frag)
         self._wait_s += time.perf_counter() - t0
@@ -309,13 +234,13 @@ class AsyncRunnerProcesses:
     def _accept(self, frag: Fragment) -> bool:
         lag = weights_lag(self._published, frag.weights_seq_no)
         self.episodes.add(frag)
+        self._arrived_steps += frag.steps  # the runners' throughput counts dropped ones too
         if lag > self.max_lag:
             self.dropped += 1
             return False
         self.obs[frag.runner * self.envs:(frag.runner + 1) * self.envs] = frag.last_obs
         self._lag_sum += lag
         self._taken += 1
-        self._taken_steps += frag.steps
         self._env_s += frag.env_s
         self._inference_s += frag.inference_s
         return True
@@ -329,9 +254,9 @@ class AsyncRunnerProcesses:
                "env_runners/dropped_fragments": float(self.dropped),
                "env_runners/policy_lag": self._lag_sum / max(self._taken, 1),
                "env_runners/queue_depth": self._depth_sum / polls,
-               "env_runners/env_steps_per_s": self._taken_steps / elapsed}
+               "env_runners/env_steps_per_s": self._arrived_steps / elapsed}
         self._env_s = self._inference_s = self._wait_s = self._lag_sum = 0.0
-        self._taken = self._taken_steps = self._depth_sum = 0
+        self._taken = self._arrived_steps = self._depth_sum = 0
         self._window_t0 = time.perf_counter()
         return out
 

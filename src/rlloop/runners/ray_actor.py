@@ -14,7 +14,6 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import ray
 import torch
 
 from rlloop.runners.fragments import Fragment, FragmentSampler
@@ -89,6 +88,8 @@ class EnvRunnerActor:
     def sample(self, weights: list[Any], weights_seq_no: int, env_steps: int) -> Fragment:
         """One fragment with the weights numbered ``weights_seq_no`` (``weights`` holds
         their object reference, fetched only if this runner's copy is older)."""
+        import ray  # here: the runner config helpers above serve runner processes too
+
         if weights_seq_no != self.weights_seq_no:
             self.algorithm.set_policy_state(ray.get(weights[0]))
             self.weights_seq_no = weights_seq_no

@@ -4,7 +4,7 @@ runners when the config asks for them), for the env settings the pre-flight chec
 from __future__ import annotations
 
 from rlloop.algorithms.base import AlgorithmBase, EnvSettings
-from rlloop.config.appo import ASYNC_ALGOS
+from rlloop.config.appo import ASYNC_ALGOS, ray_runner_settings
 from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import RunConfig
 from rlloop.runs.preflight import check_fit
@@ -20,7 +20,7 @@ def build_algorithm(config: RunConfig, settings: EnvSettings | None = None) -> A
     if settings is None:
         settings = check_fit(config)
     algorithm = ALGORITHMS[config.algo].build(config.hparams, settings)
-    if config.num_env_runners and config.algo in ASYNC_ALGOS:
+    if config.num_env_runners and config.algo in ASYNC_ALGOS and config.ray.address is None:
         from rlloop.runners.async_runners import attach_async_runners
 
         try:
@@ -32,7 +32,7 @@ def build_algorithm(config: RunConfig, settings: EnvSettings | None = None) -> A
         from rlloop.runners.ray_runners import attach_env_runners
 
         try:
-            attach_env_runners(algorithm, config, build_algorithm)
+            attach_env_runners(algorithm, ray_runner_settings(config), build_algorithm)
         except BaseException:
             algorithm.close()
             raise
