@@ -94,15 +94,20 @@ def rllib_worker(spec: dict[str, Any]) -> dict[str, Any]:
                         minibatch_size=MINIBATCH, num_epochs=EPOCHS, lr=3e-4)
               .rl_module(model_config={"fcnet_hiddens": HIDDEN, "fcnet_activation": "tanh"}))
     algo = config.build_algo()
+
+    def sampled(result: dict[str, Any]) -> int:  # absent until the first fragments arrive
+        return int(result.get("env_runners", {}).get("num_env_steps_sampled_lifetime", 0))
+
     try:
         result = algo.train()
-        start = time.perf_counter()
-        steps0 = int(result["env_runners"]["num_env_steps_sampled_lifetime"])
+        while not sampled(result):  # start-up: the runners' first fragments, left out
+            result = algo.train()
+        start, steps0 = time.perf_counter(), sampled(result)
         ret = 0.0
         while time.perf_counter() - start < spec["budget_s"] and ret < spec["target"]:
             result = algo.train()
-            ret = float(result["env_runners"].get("episode_return_mean", ret) or ret)
-        steps = int(result["env_runners"]["num_env_steps_sampled_lifetime"]) - steps0
+            ret = float(result.get("env_runners", {}).get("episode_return_mean", ret) or ret)
+        steps = sampled(result) - steps0
         return {"env_steps": steps, "seconds": time.perf_counter() - start, "return": ret,
                 "reached": ret >= spec["target"]}
     finally:
