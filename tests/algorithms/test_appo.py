@@ -56,6 +56,40 @@ def test_a_negative_policy_lag_stops_the_cli_before_torch(tmp_path: Path,
                                   "fragment sampled with the newest weights), got -2")
 
 
+def test_fragments_older_than_max_policy_lag_are_dropped_and_counted() -> None:
+    """The learner's side alone (no processes): weights versions 0..5 published, lag 3
+    allowed; fragments of versions 5, 3 and 2 (lags 0, 2, 3) are learned from, 1 (lag 4) is
+    dropped; the metrics say so (mean lag of those kept, drops, the runners' steps/s
+    counting all four)."""
+    import torch
+
+    from rlloop.runners.async_runners import AsyncRunnerProcesses
+    from rlloop.runners.fragments import Fragment, FragmentEpisodes
+
+    group = object.__new__(AsyncRunnerProcesses)
+    group.max_lag, group.envs, group.device = 3, 1, torch.device("cpu")
+    group._published = [0, 1, 2, 3, 4, 5]
+    group.episodes = FragmentEpisodes(1, 1)
+    group.obs = torch.zeros((1, 1))
+    group.restarts = group.dropped = group._taken = group._arrived_steps = 0
+    group._depth_sum = 0
+    group._lag_sum = group._env_s = group._inference_s = group._wait_s = 0.0
+    group._window_t0 = 0.0
+    no = torch.zeros((4, 1), dtype=torch.bool)
+    kept = []
+    for version in (5, 3, 1, 2):
+        frag = Fragment(torch.zeros((4, 1, 1)), torch.zeros((4, 1)), torch.ones((4, 1)),
+                        torch.zeros((4, 1, 1)), no, no, torch.full((1, 1), version),
+                        torch.zeros((4, 1)), version, 0)
+        if group._accept(frag):
+            kept.append(version)
+    assert kept == [5, 3, 2]
+    stats = group.pop_times()
+    assert stats["env_runners/dropped_fragments"] == 1
+    assert stats["env_runners/policy_lag"] == (0 + 2 + 3) / 3
+    assert stats["env_runners/env_steps_per_s"] > 0 and group._arrived_steps == 0
+
+
 def _final_state(run: Path) -> dict[str, Any]:
     last = max(CheckpointManager(run / "checkpoints").all(), key=lambda p: int(p.name))
     return load_checkpoint(last).components

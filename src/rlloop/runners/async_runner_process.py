@@ -13,6 +13,7 @@ import dataclasses
 import os
 import queue
 import secrets
+import signal
 import traceback
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ def _to_arrays(frag: Fragment) -> Fragment:
 
 
 def to_tensors(frag: Fragment, device: torch.device) -> Fragment:
+    """A fragment as it arrived (NumPy arrays) with its tensors back, on ``device``."""
     tensors: dict[str, Any] = {name: torch.from_numpy(getattr(frag, name)).to(device)
                                for name in _TENSOR_FIELDS if getattr(frag, name) is not None}
     return dataclasses.replace(frag, **tensors)
@@ -61,12 +63,15 @@ def _state_command(algorithm: Any, kind: str, arg: Any, index: int, replies: Any
 
 
 def serve(config: RunConfig, index: int, life: int, build: BuildAlgorithm,
-           weights: dict[str, Tensor], version: Any, fragments: Any, commands: Any,
-           replies: Any, ahead: bool) -> None:
+          weights: dict[str, Tensor], version: Any, fragments: Any, commands: Any,
+          replies: Any, ahead: bool) -> None:
     """A runner process's loop (see the module doc). ``life``: how many times this runner
     was started before; a restarted one reseeds its envs and sampling from it."""
     from rlloop.envs.ids import resolve_env_id
 
+    # Ctrl-C reaches the whole process group: the learner decides when runners stop (its
+    # first signal stops the run at a boundary, and saves this runner's state).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     parent = os.getppid()
     try:
