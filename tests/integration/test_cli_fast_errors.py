@@ -132,6 +132,7 @@ def test_every_config_class_and_build_config_import_without_torch() -> None:
              "for name, entry in ALGORITHMS.items():\n"
              "    assert entry.config_cls.section == name, name\n"
              "    from_dict(config_layers(name, 'Pendulum-v1' if name in ('sac', 'td3') "
+             "else None, sets=['num_env_runners=1'] if name in ('appo', 'impala') "
              "else None))\n"
              "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

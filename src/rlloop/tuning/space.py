@@ -71,6 +71,9 @@ DEFAULT_SPACES: dict[str, dict[str, Any]] = {
     "ppo": {f"ppo.{k}": v for k, v in _PPO.items()},
     "ma_ppo": {f"ma_ppo.{k}": v for k, v in _PPO.items()},
     "a2c": {f"a2c.{k}": v for k, v in _A2C.items()},
+    # APPO and IMPALA: PPO's and A2C's, but for GAE's lambda (V-trace replaces GAE).
+    "appo": {f"appo.{k}": v for k, v in _PPO.items() if k != "gae_lambda"},
+    "impala": {f"impala.{k}": v for k, v in _A2C.items() if k != "gae_lambda"},
     "dqn": {f"dqn.{k}": v for k, v in {**_OFF_POLICY, **_DQN}.items()},
     # QR-DQN and TQC search their base algorithm's space and their quantiles.
     "qrdqn": {**{f"qrdqn.{k}": v for k, v in {**_OFF_POLICY, **_DQN}.items()},
