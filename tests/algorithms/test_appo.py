@@ -156,6 +156,22 @@ def test_a_killed_runner_is_started_again_and_training_finishes(tmp_path: Path) 
     assert max(lags) <= 8 and any("env_runners/queue_depth" in r for r in rows)
 
 
+@pytest.mark.slow
+def test_a_failed_runner_without_restart_stops_with_its_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlloop.cli.main import main
+
+    code = main(["train", "appo", "--env", "raising_env:RaisingCartPole-v0", "--run-dir",
+                 str(tmp_path / "run"), "--quiet", "--set", "env_kwargs.after=20",
+                 "--set", "num_env_runners=1", "--set", "restart_failed_env_runners=false",
+                 "--set", "num_envs=2", *[a for s in QUIET for a in ("--set", s)]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("rlloop: error: env runner 0 failed: EnvError: "), err
+    assert "raised RuntimeError in step(): simulated bug at step 21" in err[0]
+    assert err[0].endswith("set restart_failed_env_runners=true to restart it")
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("algo", ["appo", "impala"])
 def test_solves_cartpole_with_two_runner_processes(algo: str, tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import os
 import queue
 import secrets
 import signal
-import traceback
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -114,5 +113,4 @@ def serve(config: RunConfig, index: int, life: int, build: BuildAlgorithm,
                             return
     except Exception as e:  # the learner restarts this runner, or stops with this line
         replies.put(("error", index, f"{type(e).__name__}: {e}".splitlines()[0][:300]))
-        traceback.print_exc()
         raise SystemExit(1) from None
