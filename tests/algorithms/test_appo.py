@@ -90,6 +90,62 @@ def test_fragments_older_than_max_policy_lag_are_dropped_and_counted() -> None:
     assert stats["env_runners/env_steps_per_s"] > 0 and group._arrived_steps == 0
 
 
+def test_the_learner_scores_fragments_with_its_own_weights_through_vtrace() -> None:
+    """In process, no runners: two fragments sampled with one set of weights, the weights
+    then moved (a lag of one update). The batch holds the behaviour log-probabilities, and
+    V-trace's advantages and targets of the current policy's log-probabilities and values,
+    bootstrapped from V(next fragment start) at the end and from V(final obs) where an
+    episode was truncated (episodes of 5 steps here); then one APPO update runs on it."""
+    import dataclasses
+
+    import torch
+
+    from rlloop.losses.vtrace import vtrace
+    from rlloop.runners.fragments import FragmentSampler
+    from rlloop.runs.build import build_algorithm
+
+    config = build_config("appo", "CartPole-v1", sets=[
+        *QUIET, "num_env_runners=1", "num_envs=3", "appo.rollout_steps=8",
+        "appo.minibatch_size=16", "backend=gymnasium", "env_kwargs.max_episode_steps=5"])
+    algo: Any = build_algorithm(dataclasses.replace(config, num_env_runners=0))
+    try:
+        sampler = FragmentSampler(algo, 8)
+        frags = [sampler.sample(0).tagged(0, i, 0) for i in range(2)]
+        with torch.no_grad():
+            for p in algo.policy.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+        algo._fragments = frags
+        batch = algo._batch()
+
+        def joined(name: str) -> torch.Tensor:
+            return torch.cat([getattr(f, name) for f in frags], dim=1)
+
+        obs, actions, truncated = joined("obs"), joined("actions"), joined("truncated")
+        assert truncated.any() and not joined("terminated").any()
+        with torch.no_grad():
+            dist, values = algo.policy.dist_value(obs.flatten(0, 1))
+            pi = dist.log_prob(actions.flatten()).view(8, 6)
+            values = values.view(8, 6)
+            nxt = torch.cat([values[1:], algo.policy.value(
+                torch.cat([f.last_obs for f in frags])).unsqueeze(0)])
+            final = algo.policy.value(joined("next_obs").flatten(0, 1)).view(8, 6)
+        nxt = torch.where(truncated, final, nxt)
+        mu = joined("log_probs")
+        assert (pi - mu).abs().max() > 1e-3  # the lag shows in the ratios
+        ref = vtrace(pi, mu, joined("rewards"), values, nxt, joined("terminated"), truncated,
+                     0.99)
+        torch.testing.assert_close(batch.log_probs, mu.flatten(), rtol=0, atol=0)
+        torch.testing.assert_close(batch.advantages, ref.advantages.flatten())
+        torch.testing.assert_close(batch.returns, ref.targets.flatten())
+        before = [p.clone() for p in algo.policy.parameters()]
+        stats = algo.update(48)
+        assert torch.isfinite(torch.tensor(stats["losses/policy"]))
+        assert any(not torch.equal(a, b) for a, b in zip(before, algo.policy.parameters(),
+                                                         strict=True))
+    finally:
+        algo.close()
+
+
 def _final_state(run: Path) -> dict[str, Any]:
     last = max(CheckpointManager(run / "checkpoints").all(), key=lambda p: int(p.name))
     return load_checkpoint(last).components
