@@ -307,6 +307,14 @@ class A2C(Model):
     algo = "a2c"
 
 
+class APPO(Model):
+    algo = "appo"  # needs num_env_runners >= 1 (its runners are processes)
+
+
+class IMPALA(Model):
+    algo = "impala"
+
+
 class DQN(Model):
     algo = "dqn"
 
@@ -327,7 +335,8 @@ class TQC(Model):
     algo = "tqc"
 
 
-MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, A2C, DQN, QRDQN, SAC, TD3, TQC)}
+MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, A2C, DQN, QRDQN, SAC, TD3, TQC,
+                                                            APPO, IMPALA)}
 
 
 def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = None,
