@@ -260,3 +260,21 @@ def test_with_a_ray_address_the_runners_are_ray_actors(tmp_path: Path) -> None:
         assert session.run().env_steps == 1024
     finally:
         disconnect(started)
+
+
+@pytest.mark.heavy
+def test_the_slow_runner_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/appo.py, APPO alone on a budget of seconds (PPO's side starts Ray)."""
+    import runpy
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "appo.py"
+    import torch
+
+    module = runpy.run_path(str(script), run_name="appo_benchmark")
+    threads = torch.get_num_threads()
+    try:
+        assert module["main"](["--only", "appo", "--budget-s", "3", "--target", "1e9"]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the benchmark runs on one
+    out = capsys.readouterr().out
+    assert "| rlloop appo |" in out and '"reached": false' in out
