@@ -33,6 +33,8 @@ SMALL = [*QUIET, "num_env_runners=1", "num_envs=4", "appo.fragments_per_batch=1"
     ("num_env_runners=0", "{algo} learns from env runners that sample while it learns, and "
                           "num_env_runners is 0; set num_env_runners=1 or more"),
     ("{algo}.normalize_rewards=true", "{algo}.normalize_rewards is not supported"),
+    ("backend=gymnasium-async", "{algo}'s env runners are processes that may start none "
+                                "of their own"),
     ("num_learners=2", "num_learners=2 needs one of ['ppo', 'sac'], not {algo}; use "
                        "num_learners=1"),
 ])

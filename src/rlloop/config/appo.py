@@ -128,6 +128,11 @@ def check_async_runners(config: Any) -> None:
         raise ConfigError(f"{config.algo} learns from env runners that sample while it "
                           f"learns, and num_env_runners is {config.num_env_runners}; set "
                           "num_env_runners=1 or more (e.g. --set num_env_runners=2)")
+    if (config.algo in ASYNC_ALGOS and config.backend == "gymnasium-async"
+            and config.ray.address is None):
+        raise ConfigError(f"{config.algo}'s env runners are processes that may start none of "
+                          "their own, as backend=gymnasium-async would; use "
+                          "backend=gymnasium-thread (or gymnasium) and more env runners")
 
 
 def ray_runner_settings(config: Any) -> Any:
