@@ -173,9 +173,9 @@ class OffPolicyConfig:
 
     def _check_her(self) -> None:
         s = self.section
-        if self.her_strategy not in ("future", "final", "episode"):
-            raise ConfigError(f"{s}.her_strategy must be future, final or episode, got "
-                              f"{self.her_strategy!r}")
+        if self.her_strategy not in ("future", "final", "episode"):  # a Python caller's
+            raise ConfigError(f"{s}.her_strategy must be one of ['future', 'final', "
+                              f"'episode'], got {self.her_strategy!r}")
         if self.her_n_sampled_goal < 1:
             raise ConfigError(f"{s}.her_n_sampled_goal must be >= 1 (relabelled transitions "
                               f"per real one), got {self.her_n_sampled_goal}")
