@@ -45,7 +45,8 @@ def test_her_refuses_envs_it_cannot_relabel(algo, env, sets, message) -> None:
 
 @pytest.mark.parametrize(("sets", "message"), [
     (["sac.her_n_sampled_goal=0"], r"sac.her_n_sampled_goal must be >= 1"),
-    (["sac.her_strategy=past"], r"sac.her_strategy must be one of \['future', 'final', 'episode'\], got 'past'"),
+    (["sac.her_strategy=past"],
+     r"sac.her_strategy must be one of \['future', 'final', 'episode'\], got 'past'"),
     (["sac.replay=her", "sac.n_step=3"], r"relabels one-step transitions; set sac.n_step=1"),
     (["sac.replay=her", "num_env_runners=1"], r"sac.replay=her .* use num_env_runners=0"),
 ])
