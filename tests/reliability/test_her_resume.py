@@ -17,8 +17,8 @@ from rlloop.runs.start import resume, train
 goal_envs.register()
 SETS = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false",
         "num_envs=3", "sac.replay=her", "sac.hidden=[32,32]", "sac.batch_size=32",
-        "sac.learning_starts=30", "sac.buffer_size=120", "sac.eval_interval=40",
-        "sac.record_interval=1", "eval_episodes=2"]
+        "sac.learning_starts=30", "sac.buffer_size=120", "sac.eval_interval=20",
+        "sac.record_interval=1", "sac.opt_interval=3", "eval_episodes=2"]
 
 
 @pytest.mark.slow
