@@ -144,7 +144,7 @@ def test_sac_with_her_reaches_fetch_goals(tmp_path) -> None:
                                 "sac.learning_starts=1000", "sac.hidden=[64,64]",
                                 "sac.eval_interval=2000", "eval_episodes=10"])
     train(config, tmp_path / "run")
-    model, env, successes = load(tmp_path / "run" / "best"), gym.make("FetchReach-v4"), []
+    model, env, successes = load(tmp_path / "run"), gym.make("FetchReach-v4"), []
     for episode in range(50):
         obs, _ = env.reset(seed=10_000 + episode)
         for _ in range(50):
