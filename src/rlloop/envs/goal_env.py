@@ -38,7 +38,7 @@ def goal_reward(env: Any, section: str) -> Callable[[Tensor, Tensor], Tensor]:
                           f"{section}.replay=uniform")
 
     def reward(achieved: Tensor, desired: Tensor) -> Tensor:
-        infos = [{} for _ in range(len(achieved))]
+        infos: list[dict[str, Any]] = [{} for _ in range(len(achieved))]
         out = compute(achieved.cpu().numpy(), desired.cpu().numpy(), infos)
         return torch.as_tensor(np.asarray(out, dtype=np.float32)).to(achieved.device)
 
