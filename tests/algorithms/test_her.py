@@ -116,6 +116,18 @@ def test_dqn_learns_bit_flipping_with_her_and_not_without(tmp_path) -> None:
     assert without < -7.0, without
 
 
+def test_fetch_on_a_mujoco_it_does_not_run_on_names_the_fix() -> None:
+    pytest.importorskip("gymnasium_robotics")
+    mujoco = pytest.importorskip("mujoco")
+    if tuple(int(x) for x in mujoco.__version__.split(".")[:2]) < (3, 12):
+        pytest.skip(f"FetchReach runs on mujoco {mujoco.__version__}")
+    from rlloop.envs.registry import env_spec
+    from rlloop.errors import EnvError
+    with pytest.raises(EnvError, match=r"FetchReach-v4 fails an assertion of gymnasium-robotics "
+                                       r"on mujoco .*; pip install 'rlloop\[robotics\]'"):
+        env_spec("FetchReach-v4")
+
+
 def _fetch_reach() -> None:
     """Skip where Gymnasium-Robotics' FetchReach cannot be made (not installed, or MuJoCo
     3.12 and later, whose enums its joint check no longer matches)."""
@@ -130,7 +142,7 @@ def _fetch_reach() -> None:
                     "install the robotics extra (mujoco<3.12)")
 
 
-@pytest.mark.heavy  # about 10 minutes on a loaded 2-core host
+@pytest.mark.heavy  # 14 minutes on a 2-core host at load 11 (mujoco<3.12)
 def test_sac_with_her_reaches_fetch_goals(tmp_path) -> None:
     # rl-zoo's SAC FetchReach values (sac.yml) without its VecNormalize; solved near 10k
     # env steps (seed 0: eval return -1.8 at 10k, from -49 before)
