@@ -196,7 +196,7 @@ class DQN(OffPolicyAlgorithmBase):
     def encoder(self, env: EnvSettings) -> Encoder | None:
         """The observation encoder the config asks for (None: the MLP on flat input)."""
         spec, config = env.spec, self.config
-        return build_encoder(self.name, config.encoder, spec.obs_shape, spec.image_obs,
+        return build_encoder(self.name, config.network_encoder, spec.obs_shape, spec.image_obs,
                              spec.obs_parts, config.hidden, cnn_precision=config.cnn_precision)
 
     # ---- acting ----------------------------------------------------------------------

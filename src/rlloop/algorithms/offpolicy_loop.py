@@ -33,6 +33,7 @@ from rlloop.algorithms.offpolicy_parts import (
 from rlloop.config.offpolicy import OffPolicyConfig as OffPolicyConfig
 from rlloop.config.offpolicy import check_hidden as check_hidden
 from rlloop.config.schedules import Linear
+from rlloop.data.hindsight_replay import HindsightReplayBuffer
 from rlloop.data.obs_storage import ObsLayout
 from rlloop.data.prioritized_replay import PrioritizedReplayBuffer
 from rlloop.data.replay_normalization import ReplayNormalizer
@@ -102,7 +103,7 @@ class OffPolicyLoop:
         #: What the step processor and replay buffer are built for.
         self.experience = ExperienceSpec(env.num_envs, tuple(env.spec.obs_shape),
                                          tuple(shape), dtype, runner.device,
-                                         env.spec.obs_dtype, ObsLayout.of(env.spec))
+                                         env.spec.obs_dtype, ObsLayout.of(env.spec), env)
         self.processor = self.step_processor(self.experience)
         self.replay = REPLAY_BUFFERS[config.replay](self.experience, config)
         self.env_steps = 0
@@ -166,9 +167,12 @@ class OffPolicyLoop:
         return self.normalizer.batch(t)
 
     def episodes_ended(self, done: Tensor) -> None:
-        """After an env step: the exploration noise of envs whose episode ended restarts."""
+        """After an env step: the exploration noise of envs whose episode ended restarts,
+        and HER's replay closes their episodes."""
         if self.on_done is not None:
             self.on_done(done)
+        if isinstance(self.replay, HindsightReplayBuffer):  # its episodes end here too
+            self.replay.end_episodes(done)
 
     def learning(self, env_steps: int) -> bool:
         """Whether an optimisation step at ``env_steps`` runs (False during warm-up)."""

@@ -19,6 +19,7 @@ from torch import Tensor
 from rlloop.config.offpolicy import OffPolicyConfig as OffPolicyConfig
 from rlloop.config.offpolicy import check_hidden as check_hidden
 from rlloop.data.frame_replay import FrameReplayBuffer
+from rlloop.data.hindsight_replay import ACHIEVED, DESIRED, HindsightReplayBuffer
 from rlloop.data.nstep import NStepProcessor
 from rlloop.data.obs_storage import ObsLayout
 from rlloop.data.prioritized_replay import PrioritizedReplayBuffer
@@ -79,6 +80,8 @@ class ExperienceSpec:
     obs_dtype: torch.dtype = torch.float32
     #: Dict observations: replay keeps them per entry (images as uint8).
     obs_layout: ObsLayout | None = None
+    #: The env the experience comes from (HER's replay calls its ``compute_reward``).
+    env: Any = None
 
 
 class OneStepProcessor:
@@ -224,6 +227,28 @@ def _frame_replay(spec: ExperienceSpec, cfg: OffPolicyConfig) -> Replay:
         raise ConfigError(_replay_too_big(f"{s}.buffer_size", cfg.buffer_size, e)) from None
 
 
+def _her_replay(spec: ExperienceSpec, cfg: OffPolicyConfig) -> Replay:
+    s, layout = cfg.section, spec.obs_layout
+    shapes = {} if layout is None else {name: shape for name, shape, _ in layout.entries}
+    if ACHIEVED not in shapes or DESIRED not in shapes:
+        what = f"Dict entries {sorted(shapes)}" if shapes else f"{spec.obs_shape} arrays"
+        raise ConfigError(f"{s}.replay=her needs goal observations (a Dict with "
+                          f"'{ACHIEVED}' and '{DESIRED}' entries) but the env gives {what}; "
+                          f"use {s}.replay=uniform")
+    if shapes[ACHIEVED] != shapes[DESIRED]:
+        raise ConfigError(f"{s}.replay=her needs '{ACHIEVED}' and '{DESIRED}' of one shape, "
+                          f"got {shapes[ACHIEVED]} and {shapes[DESIRED]}; fix the env's "
+                          "observation space")
+    from rlloop.envs.goal_env import goal_reward  # Gymnasium, only for HER
+    try:
+        return HindsightReplayBuffer(cfg.buffer_size, spec.num_envs, layout,  # type: ignore[arg-type]
+                                     spec.action_shape, spec.action_dtype,
+                                     goal_reward(spec.env, s), cfg.her_n_sampled_goal,
+                                     cfg.her_strategy, spec.device)
+    except ReplayMemoryError as e:
+        raise ConfigError(_replay_too_big(f"{s}.buffer_size", cfg.buffer_size, e)) from None
+
+
 STEP_PROCESSORS: dict[str, Callable[[ExperienceSpec, OffPolicyConfig], StepProcessor]] = {
     "nstep": _nstep,
 }
@@ -233,6 +258,7 @@ REPLAY_BUFFERS: dict[str, Callable[[ExperienceSpec, OffPolicyConfig], Replay]] =
     "uniform": _replay(prioritized=False),
     "prioritized": _replay(prioritized=True),
     "frames": _frame_replay,
+    "her": _her_replay,
 }
 
 

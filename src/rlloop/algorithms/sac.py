@@ -87,7 +87,7 @@ def sac_module_factory(spec: EnvSpec, act_dim: int, config: SACConfig,
                        module_cls: type[SACModule] = SACModule) -> Callable[[], SACModule]:
     """What builds SAC's module for ``spec`` (every learner rank builds its copy so)."""
     return lambda: module_cls(flat_dim(spec.obs_shape), act_dim, config, lambda: build_encoder(
-        config.section, config.encoder, spec.obs_shape, spec.image_obs, spec.obs_parts,
+        config.section, config.network_encoder, spec.obs_shape, spec.image_obs, spec.obs_parts,
         config.hidden, cnn_precision=config.cnn_precision))
 
 

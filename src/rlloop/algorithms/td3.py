@@ -143,7 +143,7 @@ class TD3(OffPolicyAlgorithmBase):
         spec = env.spec
         self.module = build_module(lambda: TD3Module(
             flat_dim(spec.obs_shape), space.dim, config.hidden, lambda: build_encoder(
-                "td3", config.encoder, spec.obs_shape, spec.image_obs, spec.obs_parts,
+                "td3", config.network_encoder, spec.obs_shape, spec.image_obs, spec.obs_parts,
                 config.hidden, cnn_precision=config.cnn_precision)), self.device)
         self.learner = TD3Learner({DEFAULT_MODULE_ID: self.module}, config, self.generator,
                                   env.on_nonfinite)

@@ -17,7 +17,7 @@ from rlloop.errors import ConfigError, check_finite, check_init_log_std
 #: :mod:`rlloop.algorithms.offpolicy_parts` that builds them) and the names rlloop ships for
 #: each.
 PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "replay": ("REPLAY_BUFFERS", ("uniform", "prioritized", "frames")),
+    "replay": ("REPLAY_BUFFERS", ("uniform", "prioritized", "frames", "her")),
     "step_processor": ("STEP_PROCESSORS", ("nstep",)),
     "evaluator": ("EVALUATORS", ("deterministic", "stochastic")),
     "recorder": ("RECORDERS", ("last", "mean")),
@@ -39,21 +39,29 @@ class OffPolicyConfig:
     section: ClassVar[str] = "offpolicy"
     supports_prioritized: ClassVar[bool] = False
     UNUSED_WHEN: ClassVar[tuple[Dependency, ...]] = (
-        ("replay", ("uniform", "frames"), ("per_alpha", "per_beta", "per_beta_steps")),
+        ("replay", ("uniform", "frames", "her"), ("per_alpha", "per_beta", "per_beta_steps")),
+        ("replay", ("uniform", "prioritized", "frames"), ("her_strategy", "her_n_sampled_goal")),
         ("lr_schedule", ("constant",), ("lr_decay_steps",)),
     )
 
     buffer_size: int = 1_000_000
     """Replay capacity in transitions; the oldest are overwritten first."""
     replay: str = "uniform"
-    """Replay buffer (REPLAY_BUFFERS): "uniform", "prioritized" (DQN only), or "frames"
-    (stacked uint8 frames such as Atari's, each frame stored once; one-step transitions)."""
+    """Replay buffer (REPLAY_BUFFERS): "uniform", "prioritized" (DQN only), "frames"
+    (stacked uint8 frames such as Atari's, each frame stored once; one-step transitions),
+    or "her" (hindsight experience replay for goal envs: Dict observations with
+    achieved_goal and desired_goal, and the env's compute_reward; one-step transitions)."""
     per_alpha: float = 0.6
     """Prioritized replay: prioritisation exponent (0 is uniform)."""
     per_beta: float = 0.4
     """Prioritized replay: importance-sampling exponent at the start, annealed to 1."""
     per_beta_steps: int = 100_000
     """Prioritized replay: env steps over which beta is annealed to 1."""
+    her_strategy: Literal["future", "final", "episode"] = "future"
+    """HER: the achieved goal that relabels a transition: "future" (one reached at or after
+    it in its episode), "final" (its episode's last) or "episode" (any of its episode)."""
+    her_n_sampled_goal: int = 4
+    """HER: relabelled transitions per real one (a batch holds n/(n+1) relabelled)."""
     step_processor: str = "nstep"
     """Step processor (STEP_PROCESSORS): "nstep" sums n_step rewards per transition and
     keeps the final observation of truncated episodes for bootstrapping."""
@@ -109,7 +117,8 @@ class OffPolicyConfig:
     encoder: str = "auto"
     """Observation encoder: "auto" (Nature CNN for image observations, else the MLP),
     "mlp" (flattened observations, pixels too) or "nature_cnn". With the CNN the heads
-    are linear on its 512 features (hidden applies to vector observations only)."""
+    are linear on its 512 features (hidden applies to vector observations only). With
+    replay=her, "auto" is "mlp" (see ``network_encoder``)."""
     cnn_precision: str = "float32"
     """What the Nature CNN computes in: "float32", or "bfloat16" (its convolutions and
     linear layer under torch.autocast, forward and backward; weights, optimiser, heads and
@@ -149,8 +158,30 @@ class OffPolicyConfig:
             raise ConfigError(f"{s}.encoder must be one of {list(ENCODERS)}, "
                               f"got {self.encoder!r}")
         check_cnn_precision(self.cnn_precision, f"{s}.cnn_precision")
+        self._check_her()
         if self.replay == "prioritized" and not self.supports_prioritized:
             raise ConfigError(f"{s}.replay=prioritized is supported by dqn only; use uniform")
+
+
+    @property
+    def network_encoder(self) -> str:
+        """The encoder the networks are built with: ``encoder``, but "mlp" for "auto" with
+        HER. A Dict observation's own encoders (one per entry) feed linear heads, which add
+        up what each entry says: a goal-conditioned value needs the goal and the state
+        mixed, as one MLP over the flattened entries does (SB3's CombinedExtractor)."""
+        return "mlp" if self.replay == "her" and self.encoder == "auto" else self.encoder
+
+    def _check_her(self) -> None:
+        s = self.section
+        if self.her_strategy not in ("future", "final", "episode"):  # a Python caller's
+            raise ConfigError(f"{s}.her_strategy must be one of ['future', 'final', "
+                              f"'episode'], got {self.her_strategy!r}")
+        if self.her_n_sampled_goal < 1:
+            raise ConfigError(f"{s}.her_n_sampled_goal must be >= 1 (relabelled transitions "
+                              f"per real one), got {self.her_n_sampled_goal}")
+        if self.replay == "her" and self.n_step != 1:
+            raise ConfigError(f"{s}.replay=her relabels one-step transitions; set "
+                              f"{s}.n_step=1 or {s}.replay=uniform")
 
 
 def check_hidden(section: str, hidden: list[int]) -> None:

@@ -91,3 +91,6 @@ def check_env_runners(config: Any) -> None:
         raise ConfigError(f"{section}.replay=frames takes one env stream per row, which "
                           "several runners do not give; use num_env_runners=1 or "
                           f"{section}.replay=uniform")
+    if getattr(config.hparams, "replay", None) == "her":
+        raise ConfigError(f"{section}.replay=her keeps episodes per env of this process, which "
+                          "env runners do not feed yet; use num_env_runners=0")

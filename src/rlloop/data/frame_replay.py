@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlloop.data.replay import ReplayMemoryError, _available_bytes, _gib
+from rlloop.data.replay import check_fits
 from rlloop.data.transitions import Transitions
 
 
@@ -58,13 +58,7 @@ class FrameReplayBuffer:
         act_bytes = math.prod(action_shape) * action_dtype.itemsize
         self.nbytes = (n * self.frames_per_env * frame_bytes
                        + n * per_env * (act_bytes + 4 + 1 + 4 + 8))
-        available, where = _available_bytes(self.device)
-        if self.nbytes > available:
-            fits = capacity * available // self.nbytes
-            raise ReplayMemoryError(
-                f"frame replay of capacity {capacity:,} needs {_gib(self.nbytes)} but only "
-                f"{_gib(available)} of {where} are left; lower capacity (below {fits:,})",
-                needed=self.nbytes, available=available, where=where, fits=fits)
+        check_fits("frame replay", capacity, self.nbytes, self.device)
         d = self.device
         self.frames = torch.zeros((n, self.frames_per_env, *obs_shape[1:]), dtype=obs_dtype,
                                   device=d)

@@ -46,6 +46,18 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB"
 
 
+def check_fits(what: str, capacity: int, nbytes: int, device: torch.device) -> None:
+    """Raise ``ReplayMemoryError`` when ``what`` of ``capacity`` transitions, ``nbytes`` of
+    storage, would not fit in the memory left on ``device``."""
+    available, where = _available_bytes(device)
+    if nbytes > available:
+        fits = capacity * available // nbytes
+        raise ReplayMemoryError(
+            f"{what} of capacity {capacity:,} needs {_gib(nbytes)} but only "
+            f"{_gib(available)} of {where} are left; lower capacity (below {fits:,})",
+            needed=nbytes, available=available, where=where, fits=fits)
+
+
 class ReplayBuffer:
     """Uniform replay over the last ``capacity`` transitions.
 

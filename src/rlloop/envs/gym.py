@@ -145,6 +145,8 @@ class GymVecEnv:
         self._obs_space = obs_space
         self._act_space = act_space
         self._mask_in_obs = bool(dict_mask_dims(env_id, obs_space, act_space))
+        self._make_one = env_fns[0]
+        self._copy: gymnasium.Env[Any, Any] | None = None
 
     # -- conversions ---------------------------------------------------------------
 
@@ -364,9 +366,20 @@ class GymVecEnv:
         self.state_restored = restore_vector_env_state(self._vec, state)
         self._pending_seed = None
 
+    def one_env(self) -> gymnasium.Env[Any, Any]:
+        """Sub-env 0 where the sub-envs run in this process, else a copy made here: what
+        an env's own methods (a goal env's ``compute_reward``) are called on."""
+        if isinstance(self._vec, SyncVectorEnv):  # the threaded backend's too
+            return self._vec.envs[0]
+        if self._copy is None:
+            self._copy = self._make_one()
+        return self._copy
+
     def close(self) -> None:
         """Close the sub-envs (and join the worker processes of the async backend)."""
         self._vec.close()
+        if self._copy is not None:
+            self._copy.close()
 
     @property
     def metadata(self) -> dict[str, Any]:

@@ -211,9 +211,30 @@ def construction_errors(env_id: str, kwargs: dict[str, Any]) -> Iterator[None]:
     except gymnasium.error.DependencyNotInstalled as e:
         raise _dependency_error(env_id, e) from None
     except (AssertionError, ValueError) as e:
+        if isinstance(e, AssertionError) and (line := _robotics_on_new_mujoco(env_id, e)):
+            raise EnvError(line) from e
         if not kwargs or isinstance(e, EnvError | RlloopError):
             raise
         raise _kwargs_value_error(env_id, kwargs, e) from e
+
+
+def _robotics_on_new_mujoco(env_id: str, error: AssertionError) -> str | None:
+    """Gymnasium-Robotics 1.4's envs (Fetch, ...) fail a joint-type assertion on MuJoCo 3.12
+    and later, whose enums no longer compare equal to numpy integers: the fix, or None
+    for any other assertion."""
+    import sys
+    import traceback
+
+    mujoco = sys.modules.get("mujoco")
+    frames = traceback.extract_tb(error.__traceback__)
+    if mujoco is None or not any("gymnasium_robotics" in f.filename for f in frames):
+        return None
+    version = tuple(int(x) for x in re.findall(r"\d+", mujoco.__version__)[:2])
+    if version < (3, 12):
+        return None
+    return (f"{env_id} fails an assertion of gymnasium-robotics on mujoco "
+            f"{mujoco.__version__} (from 3.12 on its joint-type enums no longer equal numpy "
+            "integers); pip install 'rlloop[robotics]' (mujoco<3.12)")
 
 
 def _kwargs_error(env_id: str, kwargs: dict[str, Any], error: TypeError) -> EnvError:

@@ -1,0 +1,237 @@
+"""Hindsight replay against Stable-Baselines3's ``HerReplayBuffer`` on the same episodes.
+
+Both buffers get the same stream of env steps (several envs in lockstep, episodes of
+random lengths that end by termination or truncation, a capacity small enough to wrap).
+Sampling is random, so the comparison takes SB3's own draws (which transitions, which
+goal index in the episode) and asks rlloop's buffer for the same ones: every field of the
+batch must be equal, and rlloop's goal draws must span SB3's range for each transition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from rlloop.data.hindsight_replay import HindsightReplayBuffer
+from rlloop.data.obs_storage import ObsLayout
+from rlloop.data.transitions import Transitions
+
+sb3_her = pytest.importorskip("stable_baselines3.her.her_replay_buffer")
+
+G, OBS, ACT = 3, 2, 2  # goal, observation and action widths
+KEYS = (("achieved_goal", (G,)), ("desired_goal", (G,)), ("observation", (OBS,)))
+LAYOUT = ObsLayout(tuple((k, s, torch.float32) for k, s in KEYS))
+
+
+def goal_reward(achieved: np.ndarray, desired: np.ndarray) -> np.ndarray:
+    """A reward that tells goals apart finely: minus the rounded L1 distance."""
+    return -np.round(np.abs(np.asarray(achieved) - np.asarray(desired)).sum(-1), 3)
+
+
+def torch_reward(achieved: torch.Tensor, desired: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(goal_reward(achieved.numpy(), desired.numpy()), dtype=torch.float32)
+
+
+class RewardEnv:
+    """What SB3's buffer calls: ``env_method("compute_reward", ...)`` of a VecEnv."""
+
+    def env_method(self, name, achieved, desired, infos, indices=None):
+        assert name == "compute_reward"
+        return [goal_reward(achieved, desired)]
+
+
+@dataclasses.dataclass
+class Step:
+    obs: dict[str, np.ndarray]
+    next_obs: dict[str, np.ndarray]
+    action: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+
+
+def steps(num_envs: int, count: int, seed: int = 0) -> Iterator[Step]:
+    """Env steps of ``num_envs`` envs: random observations, episodes of 1 to 6 steps that
+    end by termination or (a third of them) truncation."""
+    rng = np.random.default_rng(seed)
+
+    def obs():
+        return {k: rng.normal(size=(num_envs, *s)).astype(np.float32) for k, s in KEYS}
+
+    current, left = obs(), rng.integers(1, 7, num_envs)
+    for _ in range(count):
+        nxt = obs()
+        nxt["desired_goal"] = current["desired_goal"].copy()  # a goal lasts its episode
+        left -= 1
+        done = left == 0
+        truncated = done & (rng.random(num_envs) < 1 / 3)
+        yield Step(current, nxt, rng.uniform(-1, 1, (num_envs, ACT)).astype(np.float32),
+                   rng.normal(size=num_envs).astype(np.float32), done & ~truncated, truncated)
+        current = {k: v.copy() for k, v in nxt.items()}
+        fresh = obs()
+        for k in current:
+            current[k][done] = fresh[k][done]
+        left[done] = rng.integers(1, 7, int(done.sum()))
+
+
+def flat(obs: dict[str, np.ndarray]) -> torch.Tensor:
+    return torch.as_tensor(np.concatenate([obs[k] for k, _ in KEYS], axis=1))
+
+
+def buffers(strategy: str, num_envs: int = 3, capacity: int = 60, count: int = 47,
+            n_sampled_goal: int = 4):
+    """SB3's buffer and rlloop's, fed the same ``count`` env steps."""
+    space = spaces.Dict({k: spaces.Box(-np.inf, np.inf, s, np.float32) for k, s in KEYS})
+    theirs = sb3_her.HerReplayBuffer(
+        capacity, space, spaces.Box(-1, 1, (ACT,), np.float32), RewardEnv(), device="cpu",
+        n_envs=num_envs, n_sampled_goal=n_sampled_goal, goal_selection_strategy=strategy)
+    ours = HindsightReplayBuffer(capacity, num_envs, LAYOUT, (ACT,), torch.float32,
+                                 torch_reward, n_sampled_goal, strategy)  # type: ignore[arg-type]
+    for s in steps(num_envs, count):
+        done = s.terminated | s.truncated
+        theirs.add(s.obs, s.next_obs, s.action, s.reward, done,
+                   [{"TimeLimit.truncated": bool(t)} for t in s.truncated])
+        ours.add(Transitions(flat(s.obs), torch.as_tensor(s.action), torch.as_tensor(s.reward),
+                             flat(s.next_obs), torch.as_tensor(s.terminated),
+                             torch.full((num_envs,), 0.99)))
+        ours.end_episodes(torch.as_tensor(done))
+    return theirs, ours
+
+
+def sb3_sample(buffer, batch_size: int, seed: int):
+    """SB3's batch and its draws: the transitions (rows, envs) and, per relabelled one,
+    the bounds and result of its goal-index draw (``final`` draws none)."""
+    np.random.seed(seed)
+    drawn: dict[str, list] = {"choice": [], "randint": []}
+    real_choice, real_randint = np.random.choice, np.random.randint
+
+    def choice(*args, **kwargs):
+        out = real_choice(*args, **kwargs)
+        drawn["choice"].append(out)
+        return out
+
+    def randint(low, high=None, *args, **kwargs):
+        out = real_randint(low, high, *args, **kwargs)
+        drawn["randint"].append((np.broadcast_to(low, np.shape(out)), high, out))
+        return out
+
+    np.random.choice, np.random.randint = choice, randint  # type: ignore[assignment]
+    try:
+        batch = buffer.sample(batch_size)
+    finally:
+        np.random.choice, np.random.randint = real_choice, real_randint
+    rows, envs = np.unravel_index(drawn["choice"][0], buffer.ep_length.shape)
+    return batch, rows, envs, drawn["randint"]
+
+
+def assert_batches_equal(ours: Transitions, theirs) -> None:
+    obs = dict(LAYOUT.split(ours.obs))
+    next_obs = dict(LAYOUT.split(ours.next_obs))
+    for key, _ in KEYS:
+        assert torch.equal(obs[key], theirs.observations[key]), key
+        assert torch.equal(next_obs[key], theirs.next_observations[key]), key
+    assert torch.equal(ours.action, theirs.actions)
+    assert torch.equal(ours.reward, theirs.rewards.reshape(-1))
+    assert torch.equal(ours.terminated.float(), theirs.dones.reshape(-1))
+
+
+def compare(theirs, ours: HindsightReplayBuffer, batch_size: int = 256, seed: int = 0) -> None:
+    """rlloop's buffer, asked for SB3's draws, gives SB3's batch; its own goal draws
+    span the range SB3 draws from."""
+    batch, rows, envs, goal_draws = sb3_sample(theirs, batch_size, seed)
+    row, env = torch.as_tensor(rows), torch.as_tensor(envs)
+    n_virtual = int(theirs.her_ratio * batch_size)
+    if ours.strategy == "final":
+        goal_step = ours.goal_steps(row, env, torch.zeros(batch_size, dtype=torch.float64))
+    else:
+        (low, high, out), = goal_draws
+        lowest = ours.goal_steps(row, env, torch.zeros(batch_size, dtype=torch.float64))
+        highest = ours.goal_steps(row, env, torch.full((batch_size,), 1 - 2**-40,
+                                                       dtype=torch.float64))
+        assert torch.equal(lowest[:n_virtual], torch.as_tensor(np.array(low)))
+        assert torch.equal(highest[:n_virtual], torch.as_tensor(high) - 1)
+        goal_step = torch.cat([torch.as_tensor(out), lowest[n_virtual:]])
+    # SB3 draws the relabelled ones first and returns them last: same rows, rolled
+    order = torch.cat([torch.arange(n_virtual, batch_size), torch.arange(n_virtual)])
+    assert_batches_equal(ours.relabelled(row, env, goal_step[:n_virtual]).select(order), batch)
+
+
+@pytest.mark.parametrize("strategy", ["future", "final", "episode"])
+def test_batches_equal_sb3s_for_its_draws(strategy: str) -> None:
+    theirs, ours = buffers(strategy)  # 47 steps into 20 rows per env: wrapped twice
+    assert torch.equal(ours.sampleable(), torch.as_tensor(theirs.ep_length > 0))
+    compare(theirs, ours)
+
+
+def test_an_unwrapped_buffer_and_one_relabelled_goal_per_real_transition() -> None:
+    theirs, ours = buffers("future", num_envs=2, capacity=400, count=50, n_sampled_goal=1)
+    assert torch.equal(ours.sampleable(), torch.as_tensor(theirs.ep_length > 0))
+    compare(theirs, ours, batch_size=101, seed=3)
+
+
+def test_the_comparison_catches_a_goal_from_the_past() -> None:
+    theirs, ours = buffers("future")
+    ours.strategy = "episode"  # goals from anywhere in the episode, earlier steps included
+    with pytest.raises(AssertionError):
+        compare(theirs, ours)
+
+
+def test_the_comparison_catches_rewards_not_recomputed() -> None:
+    theirs, ours = buffers("final")
+    relabelled = ours.relabelled
+
+    def stale_rewards(row, env, goal_step):  # the goals replaced, the rewards kept
+        return dataclasses.replace(relabelled(row, env, goal_step),
+                                   reward=ours._fields["reward"][row, env])
+
+    ours.relabelled = stale_rewards  # type: ignore[method-assign]
+    with pytest.raises(AssertionError):
+        compare(theirs, ours)
+
+
+def test_own_draws_follow_the_strategy_and_the_ratio() -> None:
+    _, ours = buffers("future")
+    g = torch.Generator().manual_seed(0)
+    batch = ours.sample(5000, g)
+    row, env = batch.indices // 3, batch.indices % 3
+    assert ours.sampleable()[row, env].all()  # finished, still held episodes only
+    n_virtual = int(0.8 * 5000)
+    obs = dict(LAYOUT.split(batch.obs))
+    kept = torch.equal(obs["desired_goal"][n_virtual:],
+                       ours.obs.tensors["desired_goal"][row, env][n_virtual:])
+    assert kept  # real transitions keep their goal
+    # a relabelled goal is the achieved goal after a step of the same episode, not earlier
+    start, length, step = ours._episodes(row, env)
+    goals = ours.next_obs.tensors["achieved_goal"][:, :, None]  # [rows, N, 1, G]
+    achieved = goals[(start[:, None] + torch.arange(6)) % ours.rows, env[:, None], 0]
+    match = (achieved == obs["desired_goal"][:, None]).all(-1)  # [B, 6]
+    index = match.float().argmax(1)
+    virtual = slice(0, n_virtual)
+    assert match[virtual].any(1).all()
+    assert (index[virtual] >= step[virtual] - start[virtual]).all()
+    assert (index[virtual] < length[virtual]).all()
+    # and all of [t, L) are drawn: the final step as often as the current one, roughly
+    last = index[virtual] == length[virtual] - 1
+    first = index[virtual] == step[virtual] - start[virtual]
+    assert 0.7 < float(last.sum()) / float(first.sum()) < 1.4
+
+
+def test_state_round_trip_samples_the_same() -> None:
+    _, a = buffers("future")
+    _, b = buffers("future", count=5)
+    b.set_state({k: v.clone() if isinstance(v, torch.Tensor) else v
+                 for k, v in a.get_state().items()})
+    sa, sb = (dataclasses.astuple(r.sample(64, torch.Generator().manual_seed(1))) for r in (a, b))
+    assert all(torch.equal(x, y) for x, y in zip(sa, sb, strict=True) if x is not None)
+
+
+def test_nothing_is_sampled_before_an_episode_ends() -> None:
+    _, ours = buffers("future", count=0)
+    assert len(ours) == 0
+    with pytest.raises(ValueError, match="raise learning_starts"):
+        ours.sample(4)
