@@ -327,7 +327,12 @@ class TQC(Model):
     algo = "tqc"
 
 
-MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, A2C, DQN, QRDQN, SAC, TD3, TQC)}
+class CrossQ(Model):
+    algo = "crossq"
+
+
+MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, A2C, DQN, QRDQN, SAC, TD3, TQC,
+                                                            CrossQ)}
 
 
 def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = None,
