@@ -189,6 +189,41 @@ def _assert_equal_to_peer() -> None:
                                                msg=f"update {update}: {key}")
 
 
+@pytest.mark.parametrize(("warmup", "offset"), [(10, 0.0), (0, 0.3), (0, 40.0)],
+                         ids=["batch", "renorm", "renorm-clipped"])
+def test_batch_renorm_layer_equals_sb3_contribs(float64_default: None, warmup: int,
+                                                offset: float) -> None:
+    """One training pass of rlloop's layer (its backward written by hand) and of
+    sb3-contrib's ``BatchRenorm1d`` (autograd): output, gradients, running statistics."""
+    from rlloop.modules.batch_renorm import BatchRenorm
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(16, 5, generator=g) * 2 + 1).requires_grad_(True)
+    peer = BatchRenorm1d(5, eps=0.001, momentum=0.05, warmup_steps=warmup).double()
+    ours = BatchRenorm(5, 1, momentum=0.05, eps=0.001)
+    with torch.no_grad():
+        for mine, theirs, value in ((ours.scale[0], peer.scale, torch.rand(5, generator=g)),
+                                    (ours.bias[0], peer.bias, torch.randn(5, generator=g)),
+                                    (ours.running_mean[0], peer.ra_mean,
+                                     torch.randn(5, generator=g) + offset),
+                                    (ours.running_var[0], peer.ra_var,
+                                     torch.rand(5, generator=g) + 0.5)):
+            mine.copy_(value)
+            theirs.copy_(value)
+        peer.steps.fill_(1)
+    weights = torch.randn(16, 5, generator=g)
+    outputs = []
+    for layer, run in ((peer, lambda: peer(x)),
+                       (ours, lambda: ours([x], "batch" if warmup else "renorm")[0])):
+        y = run()
+        grads = torch.autograd.grad((y * weights).sum(), [x, layer.scale, layer.bias])
+        outputs.append([y, *[t.view(-1) for t in grads]])
+    for mine, theirs in zip(outputs[1], outputs[0], strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours.running_mean[0], peer.ra_mean, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(ours.running_var[0], peer.ra_var, rtol=1e-14, atol=1e-14)
+
+
 def test_crossq_updates_equal_sb3_contrib(float64_default: None) -> None:
     _assert_equal_to_peer()
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -55,43 +55,85 @@ class BatchRenorm(nn.Module):
         self.running_mean: Tensor
         self.running_var: Tensor
 
-    def statistics(self, x: Tensor, member: int, norm: Norm) -> tuple[Tensor, Tensor]:
-        """The mean and variance ``[features]`` that ``x [N, features]`` is normalised
-        with; a training pass (``batch``, ``renorm``) also moves ``member``'s running
-        statistics ``momentum`` of the way towards the batch's."""
+    @torch.no_grad()
+    def statistics(self, x: Tensor, member: int, renorm: bool
+                   ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """A training pass's batch mean and (unbiased, as sb3-contrib's ``x.var(0)``)
+        variance ``[features]`` of ``x [N, features]``, with Ioffe's ``r`` and ``d`` when
+        ``renorm`` (from the running statistics before the move, clipped); moves
+        ``member``'s running statistics ``momentum`` of the way towards the batch's."""
         running_mean, running_var = self.running_mean[member], self.running_var[member]
-        if norm == "running":
-            return running_mean, running_var
-        # Two passes, unbiased (as sb3-contrib's x.var(0)); torch.var_mean over dim 0 takes
-        # about ten times as long on a CPU.
+        # Two passes; torch.var_mean over dim 0 takes about ten times as long on a CPU.
         mean = x.mean(0)
-        var = (x - mean).square().sum(0) / (len(x) - 1)
-        with torch.no_grad():
-            if norm == "renorm":  # Ioffe's r and d, from the running statistics before the move
-                running_std = (running_var + self.eps).sqrt()
-                r = ((var + self.eps).sqrt() / running_std).clamp_(1 / R_MAX, R_MAX)
-                d = ((mean - running_mean) / running_std).clamp_(-D_MAX, D_MAX)
-            running_mean.add_(self.momentum * (mean - running_mean))
-            running_var.add_(self.momentum * (var - running_var))
-        if norm == "renorm":
-            return mean - d * var.sqrt() / r, var / r.square()
-        return mean, var
+        var = (x - mean).square_().sum(0).div_(len(x) - 1)
+        r = d = None
+        if renorm:
+            running_std = (running_var + self.eps).sqrt()
+            r = ((var + self.eps).sqrt() / running_std).clamp_(1 / R_MAX, R_MAX)
+            d = ((mean - running_mean) / running_std).clamp_(-D_MAX, D_MAX)
+        running_mean.add_(self.momentum * (mean - running_mean))
+        running_var.add_(self.momentum * (var - running_var))
+        return mean, var, r, d
 
     def forward(self, xs: Sequence[Tensor], norm: Norm, detach_params: bool = False
                 ) -> list[Tensor]:
-        """``scale (x - mean) / sqrt(var + eps) + bias`` of each member's ``x [N, features]``,
-        as one multiply-add over ``x``: ``x a + (bias - mean a)``, ``a = scale / sqrt(var +
-        eps)`` (the rest are ``[features]`` vectors; the same function, fewer passes over
-        ``x`` forward and backward)."""
+        """``scale (x - mean) / sqrt(var + eps) + bias`` of each member's ``x [N, features]``
+        with the running statistics, or in a training pass the batch's (through
+        :class:`_BatchRenormFunction`, gradients through them included)."""
         scales, biases = self.scale.unbind(0), self.bias.unbind(0)  # one backward op each
         out = []
         for member, (x, scale, bias) in enumerate(zip(xs, scales, biases, strict=True)):
-            mean, var = self.statistics(x, member, norm)
             if detach_params:
                 scale, bias = scale.detach(), bias.detach()
-            a = scale * (var + self.eps).rsqrt()
-            out.append(torch.addcmul(bias - mean * a, x, a))
+            if norm == "running":
+                a = scale * (self.running_var[member] + self.eps).rsqrt()
+                out.append(torch.addcmul(bias - self.running_mean[member] * a, x, a))
+            else:
+                stats = self.statistics(x, member, norm == "renorm")
+                out.append(_BatchRenormFunction.apply(x, scale, bias, *stats, self.eps))
         return out
+
+
+class _BatchRenormFunction(torch.autograd.Function):
+    """A training pass's normalisation, forward and backward by hand: ``y = a x + (bias -
+    m a)`` with ``a = scale / sqrt(v + eps)``, where ``m = mean - d std / r`` and ``v = var /
+    r^2`` (``m = mean``, ``v = var`` without renormalisation), ``mean`` and ``var`` the
+    batch's (functions of ``x``, their gradients included), ``r`` and ``d`` constants.
+    Autograd's graph of the same takes about twice the passes over ``x``
+    (``tests/algorithms/test_crossq.py`` checks the gradients against sb3-contrib's
+    ``BatchRenorm1d``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor,
+                r: Tensor | None, d: Tensor | None, eps: float) -> Tensor:
+        m, v = (mean, var) if r is None or d is None else (
+            mean - d * var.sqrt() / r, var / r.square())
+        inv_std = (v + eps).rsqrt()
+        a = scale * inv_std
+        ctx.save_for_backward(x, scale, mean, var, m, inv_std, r, d)
+        return torch.addcmul(bias - m * a, x, a)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        x, scale, mean, var, m, inv_std, r, d = ctx.saved_tensors
+        n = len(x)
+        a = scale * inv_std
+        sum_g = g.sum(0)
+        sum_g_xm = (g * x).sum(0) - m * sum_g  # sum of g (x - m)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_m = -a * sum_g
+            grad_v = -0.5 * a * inv_std.square() * sum_g_xm
+            if r is not None:  # through m = mean - d sqrt(var) / r and v = var / r^2
+                grad_var = grad_v / r.square() - grad_m * d / (2 * r * var.sqrt())
+            else:
+                grad_var = grad_v
+            # dmean/dx = 1/n; dvar/dx = 2 (x - mean) / (n - 1)
+            grad_x = torch.addcmul(grad_m / n, g, a)
+            grad_x = grad_x.addcmul_(x - mean, grad_var * (2 / (n - 1)))
+        grad_scale = sum_g_xm * inv_std if ctx.needs_input_grad[1] else None
+        grad_bias = sum_g if ctx.needs_input_grad[2] else None
+        return grad_x, grad_scale, grad_bias, None, None, None, None, None
 
 
 class RenormMLP(nn.Module):
