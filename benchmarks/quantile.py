@@ -1,7 +1,8 @@
-"""Quantile algorithms' training throughput: rlloop vs sb3-contrib, in one process.
+"""sb3-contrib's algorithms' training throughput (QR-DQN, TQC, CrossQ): rlloop vs
+sb3-contrib, in one process.
 
-Run: ``python benchmarks/quantile.py [--tasks qrdqn tqc] [--qrdqn-steps N]
-[--tqc-steps N] [--chunk N] [--threads N] [--seed S]``
+Run: ``python benchmarks/quantile.py [--tasks qrdqn tqc crossq] [--qrdqn-steps N]
+[--tqc-steps N] [--crossq-steps N] [--chunk N] [--threads N] [--seed S]``
 
 Both tasks take rl-zoo's hyperparameters (rlloop's presets hold the same values), one env,
 and step Gymnasium's env in both libraries (rlloop with ``backend=gymnasium``), so the
@@ -14,6 +15,9 @@ ratio is the training machinery's, not the env's:
 - TQC on Pendulum-v1 (``hyperparams/tqc.yml``): sb3-contrib's defaults with lr 1e-3:
   batch 256, 100 warm-up steps, one gradient step per env step, 2 critics of 25 quantiles
   (the top 2 of each dropped), [256, 256] networks, entropy tuned.
+- CrossQ on Pendulum-v1 (``hyperparams/crossq.yml``): sb3-contrib's defaults (lr 1e-3,
+  Adam betas (0.5, 0.999), batch 256, batch renormalisation with momentum 0.01) with
+  policy_delay 2 and [256, 256] networks for the actor and the critics.
 
 The two libraries alternate every ``--chunk`` env steps inside one process, so both see
 the same machine load; each one's clock runs only during its own training. Printed: env
@@ -33,7 +37,7 @@ import numpy as np
 import torch
 
 EVAL_SEED = 10_000
-ENVS = {"qrdqn": "CartPole-v1", "tqc": "Pendulum-v1"}
+ENVS = {"qrdqn": "CartPole-v1", "tqc": "Pendulum-v1", "crossq": "Pendulum-v1"}
 
 
 def evaluate(env_id: str, act: Any, episodes: int = 10) -> float:
@@ -86,7 +90,7 @@ class Rlloop:
 
 
 def sb3_contrib_model(algo: str, seed: int) -> Any:
-    from sb3_contrib import QRDQN, TQC
+    from sb3_contrib import QRDQN, TQC, CrossQ
 
     env = gym.make(ENVS[algo])
     if algo == "qrdqn":
@@ -96,6 +100,9 @@ def sb3_contrib_model(algo: str, seed: int) -> Any:
                      exploration_fraction=0.16, exploration_final_eps=0.04,
                      policy_kwargs={"net_arch": [256, 256], "n_quantiles": 10}, seed=seed,
                      device="cpu")
+    if algo == "crossq":
+        return CrossQ("MlpPolicy", env, policy_delay=2, policy_kwargs={"net_arch": [256, 256]},
+                      seed=seed, device="cpu")
     return TQC("MlpPolicy", env, learning_rate=1e-3, seed=seed, device="cpu")
 
 
@@ -136,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", nargs="+", choices=sorted(ENVS), default=sorted(ENVS))
     parser.add_argument("--qrdqn-steps", type=int, default=20_000)
     parser.add_argument("--tqc-steps", type=int, default=2_000)
+    parser.add_argument("--crossq-steps", type=int, default=2_000)
     parser.add_argument("--chunk", type=int, default=0,
                         help="env steps between switches (0: a tenth of the budget)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -143,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     for algo in args.tasks:
-        steps = args.qrdqn_steps if algo == "qrdqn" else args.tqc_steps
+        steps = {"qrdqn": args.qrdqn_steps, "tqc": args.tqc_steps,
+                 "crossq": args.crossq_steps}[algo]
         run(algo, steps, args.chunk or max(1, steps // 10), args.seed)
 
 

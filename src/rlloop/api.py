@@ -335,8 +335,12 @@ class TQC(Model):
     algo = "tqc"
 
 
+class CrossQ(Model):
+    algo = "crossq"
+
+
 MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, A2C, DQN, QRDQN, SAC, TD3, TQC,
-                                                            APPO, IMPALA)}
+                                                            CrossQ, APPO, IMPALA)}
 
 
 def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = None,

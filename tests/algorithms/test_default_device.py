@@ -42,6 +42,7 @@ CASES = [
     ("dqn", "CartPole-v1", [f"dqn.{s}" for s in _OFF_POLICY]),
     ("sac", "Pendulum-v1", [f"sac.{s}" for s in _OFF_POLICY]),
     ("td3", "Pendulum-v1", [f"td3.{s}" for s in _OFF_POLICY]),
+    ("crossq", "Pendulum-v1", [f"crossq.{s}" for s in _OFF_POLICY] + ["crossq.critic_hidden=[8]"]),
 ]
 
 

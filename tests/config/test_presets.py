@@ -20,10 +20,10 @@ from rlloop.config.run_config import RunConfig
 ZOO_ENVS = {"CartPole-v1": {"ppo", "a2c", "dqn", "qrdqn"},
             "Acrobot-v1": {"ppo", "a2c", "dqn", "qrdqn"},
             "MountainCar-v0": {"ppo", "a2c", "dqn", "qrdqn"},
-            "Pendulum-v1": {"ppo", "a2c", "sac", "td3", "tqc"},
+            "Pendulum-v1": {"ppo", "a2c", "sac", "td3", "tqc", "crossq"},
             "LunarLander-v3": {"ppo", "a2c", "dqn", "qrdqn"},
-            "LunarLanderContinuous-v3": {"ppo", "a2c", "sac", "td3", "tqc"},
-            "BipedalWalker-v3": {"ppo", "a2c", "sac", "td3", "tqc"}}
+            "LunarLanderContinuous-v3": {"ppo", "a2c", "sac", "td3", "tqc", "crossq"},
+            "BipedalWalker-v3": {"ppo", "a2c", "sac", "td3", "tqc", "crossq"}}
 
 
 ZOO_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"

@@ -1,4 +1,5 @@
-"""DQN, QR-DQN, SAC, TD3 and TQC must learn: thresholds on real tasks within fixed step budgets.
+"""DQN, QR-DQN, SAC, TD3, TQC and CrossQ must learn: thresholds on real tasks within fixed
+step budgets.
 
 Each run trains through the public API with the shipped presets (rl-zoo's
 hyperparameters), then the best policy is loaded from its checkpoint and evaluated afresh
@@ -87,4 +88,16 @@ def test_tqc_swings_up_pendulum_within_20k_steps(tmp_path):
                                  ["total_env_steps=20000", "solve_threshold=-150",
                                   "tqc.hidden=[64,64]"])
     assert result.env_steps <= 20_000
+    assert ev["return_mean"] >= -200, (result, ev)
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_crossq_swings_up_pendulum_within_6k_steps(tmp_path):
+    # CrossQ's sample efficiency: the shipped preset (rl-zoo's crossq.yml: [256, 256]
+    # networks, policy_delay 2) within under a third of the 20k steps SAC's test allows.
+    # Seed 0 evaluated at -157 after 3.1k env steps and -145 after 4.1k.
+    result, ev = _train_and_eval(tmp_path, "crossq", "Pendulum-v1", 0,
+                                 ["total_env_steps=6000", "solve_threshold=-150"])
+    assert result.env_steps <= 6_000
     assert ev["return_mean"] >= -200, (result, ev)

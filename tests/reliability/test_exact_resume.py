@@ -53,6 +53,11 @@ CASES = {
     # TQC: SAC's machinery with quantile critics, small as SAC's case.
     "tqc": ["Pendulum-v1", "400", "--set", "tqc.hidden=[64,64]", "--set",
             "tqc.n_quantiles=8", "--set", "tqc.batch_size=64"],
+    # CrossQ: the running statistics of every batch renormalisation; the actor's switch to
+    # renormalisation (pass 31, an update count the learner derives) falls after the cut.
+    "crossq": ["Pendulum-v1", "200", "--set", "crossq.hidden=[32,32]", "--set",
+               "crossq.critic_hidden=[32,32]", "--set", "crossq.batch_size=64", "--set",
+               "crossq.learning_starts=50", "--set", "crossq.renorm_warmup_steps=30"],
     "td3": ["Pendulum-v1", "800", "--set", "td3.learning_starts=100", "--set",
             "td3.hidden=[64,64]", "--set", "td3.eval_interval=200"],
 }

@@ -83,10 +83,11 @@ class OffPolicyLearnerBase(Learner[Transitions]):
         return self.step.skipped.clone() if self.step.skipped is not None else torch.zeros(())
 
     def add_adam(self, module_id: str, name: str, params: list[Tensor], lr: float,
-                 max_grad_norm: float | None = None, eps: float = 1e-8) -> None:
+                 max_grad_norm: float | None = None, eps: float = 1e-8,
+                 betas: tuple[float, float] = (0.9, 0.999)) -> None:
         """Register ``Adam(fused=True)`` over ``params`` (with global-norm clipping), its
         learning rate ``lr`` or, with ``lr_schedule: linear``, decaying from ``lr``."""
-        optimizer = adam(params, lr, eps)
+        optimizer = adam(params, lr, eps, betas)
         rate = learning_rate(lr, self.config.lr_schedule, self.config.lr_decay_steps)
         self.register_optimizer(module_id, name, optimizer, params, rate,
                                 GradientClip(max_grad_norm))

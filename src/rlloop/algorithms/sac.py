@@ -147,8 +147,13 @@ class SACLearner(OffPolicyLearnerBase):
         q_pi = m.critic(batch.obs, action, detach_params=True)
         loss, stats = sac_critic_loss(q[0], q[1], target)
         actor_loss, actor_stats = sac_actor_loss(q_pi[0], q_pi[1], log_prob, alpha)
-        loss = loss + actor_loss
         stats.update(actor_stats)
+        return self.plus_alpha_loss(loss + actor_loss, stats, m, log_prob)
+
+    def plus_alpha_loss(self, loss: Tensor, stats: dict[str, Tensor], m: SACModule,
+                        log_prob: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """``loss`` plus the temperature's loss at ``log_prob`` when alpha is tuned, and
+        ``stats`` with its stats."""
         if self.config.autotune_alpha:
             alpha_loss, alpha_stats = sac_alpha_loss(m.log_alpha, log_prob, self.target_entropy)
             loss = loss + alpha_loss

@@ -299,15 +299,20 @@ class SACConfig(OffPolicyConfig):
         if self.lr <= 0 or self.init_alpha <= 0:
             raise ConfigError(f"{s}.lr and {s}.init_alpha must be > 0, got {self.lr}, "
                               f"{self.init_alpha}")
-        if not 0 < self.tau <= 1:
-            raise ConfigError(f"{s}.tau must be in (0, 1], got {self.tau}")
-        if self.target_update_interval <= 0:
-            raise ConfigError(f"{s}.target_update_interval must be > 0")
+        self.check_target_networks()
         if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
             raise ConfigError(f"{s}.sde_sample_freq must be > 0 or -1 (once per rollout), "
                               f"got {self.sde_sample_freq}")
         check_init_log_std(f"{s}.init_log_std", self.init_log_std)
         check_hidden(s, self.hidden)
+
+    def check_target_networks(self) -> None:
+        """The target critics' settings (CrossQ, which has none, refuses them instead)."""
+        s = self.section
+        if not 0 < self.tau <= 1:
+            raise ConfigError(f"{s}.tau must be in (0, 1], got {self.tau}")
+        if self.target_update_interval <= 0:
+            raise ConfigError(f"{s}.target_update_interval must be > 0")
 
 
 @dataclass

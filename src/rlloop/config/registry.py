@@ -69,6 +69,8 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                           "SAC", discrete=False, kind="off_policy"),
     "tqc": AlgorithmEntry("tqc", "rlloop.algorithms.tqc", "rlloop.config.quantile",
                           "TQCConfig", "TQC", discrete=False, kind="off_policy"),
+    "crossq": AlgorithmEntry("crossq", "rlloop.algorithms.crossq", "rlloop.config.crossq",
+                             "CrossQConfig", "CrossQ", discrete=False, kind="off_policy"),
     "td3": AlgorithmEntry("td3", "rlloop.algorithms.td3", _OFF_POLICY_CONFIG, "TD3Config",
                           "TD3", discrete=False, kind="off_policy"),
     # PettingZoo envs (--env pettingzoo:<family>.<env>); it has its own multi-agent runner,

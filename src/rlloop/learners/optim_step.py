@@ -25,13 +25,14 @@ from rlloop.learners.adam import Adam
 from rlloop.learners.gradients import clip_to_norm_, total_norm
 
 
-def adam(params: Sequence[Tensor], lr: float, eps: float = 1e-8) -> torch.optim.Adam:
+def adam(params: Sequence[Tensor], lr: float, eps: float = 1e-8,
+         betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Adam:
     """``Adam`` with the fused kernel where the parameters' device has one, else foreach
     (rlloop's :class:`~rlloop.learners.adam.Adam`: no ``torch._dynamo`` import in eager use)."""
     try:
-        return Adam(params, lr=lr, eps=eps, fused=True)
+        return Adam(params, lr=lr, eps=eps, betas=betas, fused=True)
     except RuntimeError:  # a device without the fused kernel
-        return Adam(params, lr=lr, eps=eps, foreach=True)
+        return Adam(params, lr=lr, eps=eps, betas=betas, foreach=True)
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:

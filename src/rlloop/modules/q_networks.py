@@ -142,6 +142,18 @@ def encode(encoder: Encoder | None, obs: Tensor, dtype: torch.dtype) -> Tensor:
     return flat_input(obs, dtype) if encoder is None else encoder(obs)
 
 
+def stacked_linears(dims: Sequence[int], members: int
+                    ) -> tuple[nn.ParameterList, nn.ParameterList]:
+    """The weights ``[members, in, out]`` and biases ``[members, 1, out]`` of ``members``
+    independent MLPs with layer widths ``dims``, each member initialised as ``nn.Linear``."""
+    weights, biases = nn.ParameterList(), nn.ParameterList()
+    for a, b in itertools.pairwise(dims):
+        bound = 1.0 / math.sqrt(a)
+        weights.append(nn.Parameter(torch.empty(members, a, b).uniform_(-bound, bound)))
+        biases.append(nn.Parameter(torch.empty(members, 1, b).uniform_(-bound, bound)))
+    return weights, biases
+
+
 class TwinQ(nn.Module):
     """Two critics ``Q1, Q2(s, a)`` whose weights are stacked, one tensor per layer.
 
@@ -162,13 +174,8 @@ class TwinQ(nn.Module):
         self.out_dim = out_dim
         if encoder is not None:
             obs_dim = encoder.out_dim
-        dims = [obs_dim + act_dim, *hidden, out_dim]
-        self.weights = nn.ParameterList()
-        self.biases = nn.ParameterList()
-        for a, b in itertools.pairwise(dims):
-            bound = 1.0 / math.sqrt(a)  # nn.Linear's default initialisation, per member
-            self.weights.append(nn.Parameter(torch.empty(members, a, b).uniform_(-bound, bound)))
-            self.biases.append(nn.Parameter(torch.empty(members, 1, b).uniform_(-bound, bound)))
+        self.weights, self.biases = stacked_linears([obs_dim + act_dim, *hidden, out_dim],
+                                                    members)
         self.members = members
 
     def forward(self, obs: Tensor, action: Tensor, *, detach_params: bool = False,

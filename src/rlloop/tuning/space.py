@@ -83,6 +83,10 @@ DEFAULT_SPACES: dict[str, dict[str, Any]] = {
     "tqc": {**{f"tqc.{k}": v for k, v in _OFF_POLICY.items()},
             "tqc.tau": [0.001, 0.005, 0.01, 0.02, 0.05],
             "tqc.top_quantiles_to_drop_per_net": [0, 1, 2, 3, 5]},
+    # CrossQ: SAC's space without tau (no target critics), its critics' width and delay.
+    "crossq": {**{f"crossq.{k}": v for k, v in _OFF_POLICY.items()},
+               "crossq.critic_hidden": {"choices": [[256, 256], [1024, 1024]]},
+               "crossq.policy_delay": [1, 2, 3]},
     "td3": {**{f"td3.{k}": v for k, v in _OFF_POLICY.items()},
             "td3.tau": [0.001, 0.005, 0.01, 0.02, 0.05],
             "td3.action_noise_std": [0.1, 0.2, 0.3, 0.5],
