@@ -167,20 +167,26 @@ class EnvRunner:
         """Fill ``buf`` with ``buf.steps`` steps; returns the number of env steps taken."""
         clock = time.perf_counter
         t_env = t_inf = 0.0
-        for t in range(buf.steps):
+        for t, row in enumerate(buf.rows):
             t0 = clock()
             actions, log_probs = policy(self.obs)
             t1 = clock()
             res = self.env.step(actions)
             t2 = clock()
-            buf.obs[t] = self.obs
-            buf.actions[t] = actions
-            buf.log_probs[t] = log_probs
-            buf.rewards[t] = res.reward
-            buf.terminated[t] = res.terminated
-            buf.truncated[t] = res.truncated
+            if row.obs is None:  # Dict observations: stored per entry
+                buf.obs[t] = self.obs
+            else:
+                row.obs.copy_(self.obs)
+            row.actions.copy_(actions)
+            row.log_probs.copy_(log_probs)
+            row.rewards.copy_(res.reward)
+            row.terminated.copy_(res.terminated)
+            row.truncated.copy_(res.truncated)
             if res.final_obs is not res.obs:  # else no episode ended: nothing to keep
-                buf.next_obs[t] = res.final_obs
+                if row.next_obs is None:
+                    buf.next_obs[t] = res.final_obs
+                else:
+                    row.next_obs.copy_(res.final_obs)
             self.episodes.update(res.reward, res.terminated | res.truncated)
             self.obs = res.obs
             t_inf += t1 - t0
