@@ -84,6 +84,9 @@ class ActorCritic(nn.Module):
             self.critic = _with_head(_build_body(features, obs_shape), 1, 1.0, ortho_init)
             for body in (self.actor[0], self.critic[0]):
                 check_features(body, tuple(obs_shape))
+        # The critic's head, held in a list (a reference, not a second registration):
+        # indexing the Sequential for it on every call costs more than the layer's math.
+        self._value_head: list[nn.Module] = [self.critic[-1]]
         if isinstance(action_space, Box):
             if sde is None:
                 self.log_std = nn.Parameter(torch.full((out,), float(init_log_std)))
@@ -98,7 +101,7 @@ class ActorCritic(nn.Module):
             return self.encoder(obs)
         # The bodies' dtype: float64 under torch.set_default_dtype(torch.float64), where
         # the envs' observations are float32 still.
-        dtype = cast(nn.Linear, self.critic[-1]).weight.dtype
+        dtype = cast(nn.Linear, self._value_head[0]).weight.dtype
         if self.net_input is not None:
             return cast(Tensor, self.net_input(obs)).to(dtype)
         return flat_input(obs, dtype)

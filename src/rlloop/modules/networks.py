@@ -67,7 +67,9 @@ def run_layers(net: nn.Sequential, x: Tensor, stop: int | None = None) -> Tensor
         return net[:stop](x) if stop is not None else net(x)
     for layer in layers:
         kind = type(layer)
-        if kind not in _PLAIN or _hooked(layer) or layer._compiled_call_impl is not None:
+        if (kind not in _PLAIN or layer._compiled_call_impl is not None
+                or layer._forward_hooks or layer._forward_pre_hooks
+                or layer._backward_hooks or layer._backward_pre_hooks):  # (_hooked, inline)
             x = layer(x)
         elif kind is nn.Linear:  # (its parameters read as nn.Module.__getattr__ finds them)
             x = F.linear(x, layer._parameters["weight"], layer._parameters["bias"])
