@@ -93,6 +93,20 @@ def test_offpolicy_benchmark_runs_sac_on_the_threads_asked(
     assert re.search(r"sac Pendulum-v1 seed 0: rlloop 1 env / SB3 env steps/s [\d.]+x", out), out
 
 
+def test_quantile_benchmark_reports_each_task_s_ratio(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("sb3_contrib")
+    # TQC past its 100 warm-up steps, so both libraries take gradient steps
+    run_benchmark(monkeypatch, GPU_BENCHMARK.with_name("quantile.py"), "--qrdqn-steps", "64",
+                  "--tqc-steps", "120", "--chunk", "40")
+    out = capsys.readouterr().out
+    for algo, env in (("qrdqn", "CartPole-v1"), ("tqc", "Pendulum-v1")):
+        assert re.search(rf"^{algo} {env}: rlloop / sb3-contrib env steps/s [\d.]+x$", out,
+                         re.MULTILINE), out
+        assert re.search(rf"^{algo} {env}, \d+ env steps, 1 thread\(s\)$", out,
+                         re.MULTILINE), out
+
+
 @pytest.mark.slow
 def test_atari_learning_benchmark_reports_untrained_and_trained_returns(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

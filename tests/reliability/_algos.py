@@ -9,7 +9,8 @@ from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import RunConfig
 
 ENVS = {"ppo": "CartPole-v1", "a2c": "CartPole-v1", "dqn": "CartPole-v1",
-        "sac": "Pendulum-v1", "td3": "Pendulum-v1"}
+        "qrdqn": "CartPole-v1", "sac": "Pendulum-v1", "td3": "Pendulum-v1",
+        "tqc": "Pendulum-v1"}
 QUIET = ["mlflow=false", "progress=false", "num_envs=4"]
 #: Small enough to be fast, and every off-policy algorithm learns from its second trainer
 #: step on (4 envs x 1 step for SAC and TD3, 32 env steps for DQN, past learning_starts):
@@ -21,6 +22,9 @@ SMALL = {
             "dqn.gradient_steps=4", "dqn.hidden=[64,64]"],
     "sac": ["sac.learning_starts=4", "sac.batch_size=32"],
     "td3": ["td3.learning_starts=4", "td3.batch_size=32"],
+    "qrdqn": ["qrdqn.learning_starts=40", "qrdqn.batch_size=32", "qrdqn.opt_interval=32",
+              "qrdqn.gradient_steps=4", "qrdqn.hidden=[64,64]", "qrdqn.n_quantiles=10"],
+    "tqc": ["tqc.learning_starts=4", "tqc.batch_size=32"],
 }
 
 ALGOS = sorted(a for a in ALGORITHMS if a in ENVS)

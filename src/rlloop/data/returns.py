@@ -39,11 +39,14 @@ def gae(
     not_terminal = (~terminated).to(values.dtype)
     episode_continues = (~(terminated | truncated)).to(values.dtype)
     deltas = rewards + gamma * not_terminal * next_values - values
+    carried = gamma * lam * episode_continues  # the share of A_{t+1} that A_t keeps
     advantages = torch.empty_like(values)
     running = torch.zeros_like(values[0])
-    for t in range(rewards.shape[0] - 1, -1, -1):
-        running = deltas[t] + gamma * lam * episode_continues[t] * running
-        advantages[t] = running
+    # Rows as views made once: with few envs, indexing each step costs as much as its math.
+    rows = zip(deltas.unbind(0), carried.unbind(0), advantages.unbind(0), strict=True)
+    for delta, carry, out in reversed(list(rows)):
+        running = delta + carry * running
+        out.copy_(running)
     return advantages, advantages + values
 
 

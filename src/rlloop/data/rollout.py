@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -62,6 +63,25 @@ class RolloutBuffer:
         self.rewards = torch.zeros((t, n), device=d)
         self.terminated = torch.zeros((t, n), dtype=torch.bool, device=d)
         self.truncated = torch.zeros((t, n), dtype=torch.bool, device=d)
+        #: Per step, views of its row of every field, made once: at a few envs, indexing
+        #: the seven fields at every step costs as much as the copies into them.
+        self.rows = [StepRows(*(None if isinstance(x, ObsStore) else x[i] for x in (
+            self.obs, self.actions, self.log_probs, self.rewards, self.terminated,
+            self.truncated, self.next_obs))) for i in range(t)]
+
+
+class StepRows(NamedTuple):
+    """Views of row ``t`` of each of a :class:`RolloutBuffer`'s fields; ``obs`` and
+    ``next_obs`` are None where they are :class:`~rlloop.data.obs_storage.ObsStore`
+    objects (written as ``buf.obs[t] = rows``)."""
+
+    obs: Tensor | None
+    actions: Tensor
+    log_probs: Tensor
+    rewards: Tensor
+    terminated: Tensor
+    truncated: Tensor
+    next_obs: Tensor | None
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,10 @@ def epoch_minibatches(batch: Mapping[str, BatchT], num_epochs: int,
         return
     n_max = max(sizes.values())
     num_mb = 1 if not minibatch_size else max(1, -(-n_max // minibatch_size))
+    if num_mb == 1 and not shuffle:  # each epoch is the batch as it is (A2C's update)
+        for _ in range(num_epochs):
+            yield dict(batch)
+        return
     device = generator.device if generator is not None else torch.device("cpu")
     for _ in range(num_epochs):
         shuffled = {m: batch[m].select(torch.randperm(n, generator=generator, device=device))

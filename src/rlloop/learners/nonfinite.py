@@ -9,6 +9,7 @@ so the guard costs no host sync per minibatch.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -44,8 +45,16 @@ def batch_is_finite(batch: Mapping[str, object]) -> bool:
         for f in dataclasses.fields(b):  # type: ignore[arg-type]
             v = getattr(b, f.name)
             if isinstance(v, Tensor) and v.is_floating_point():
-                checks.setdefault(v.device, []).append(torch.isfinite(v).all())
-    return all(bool(torch.stack(flags).all()) for flags in checks.values())
+                checks.setdefault(v.device, []).append(v.reshape(-1))
+    # One check over the fields joined (in the widest of their dtypes, which holds every
+    # value exactly): five ops per field cost more than the copy on an update's batch.
+    return all(bool(all_finite(torch.cat(flat))) for flat in checks.values())
+
+
+def all_finite(x: Tensor) -> Tensor:
+    """``torch.isfinite(x).all()`` in two elementwise ops instead of four (|NaN| < inf is
+    False, as |inf| < inf is)."""
+    return x.abs().lt(math.inf).all()
 
 
 def arm_device_skip(optimizers: Sequence[tuple[torch.optim.Optimizer, Sequence[Tensor]]],

@@ -19,7 +19,7 @@ from rlloop.modules.distributions import (
 )
 from rlloop.modules.encoders import Encoder, NetInput, flat_input
 from rlloop.modules.gsde import StateDependentNoise
-from rlloop.modules.networks import _init, flat_dim, mlp
+from rlloop.modules.networks import _init, flat_dim, mlp, run_layers
 from rlloop.system.user_code import one_line
 
 #: ``factory(obs_shape) -> nn.Module`` with a ``features_dim`` attribute: a user network
@@ -84,6 +84,9 @@ class ActorCritic(nn.Module):
             self.critic = _with_head(_build_body(features, obs_shape), 1, 1.0, ortho_init)
             for body in (self.actor[0], self.critic[0]):
                 check_features(body, tuple(obs_shape))
+        # The critic's head, held in a list (a reference, not a second registration):
+        # indexing the Sequential for it on every call costs more than the layer's math.
+        self._value_head: list[nn.Module] = [self.critic[-1]]
         if isinstance(action_space, Box):
             if sde is None:
                 self.log_std = nn.Parameter(torch.full((out,), float(init_log_std)))
@@ -98,13 +101,13 @@ class ActorCritic(nn.Module):
             return self.encoder(obs)
         # The bodies' dtype: float64 under torch.set_default_dtype(torch.float64), where
         # the envs' observations are float32 still.
-        dtype = cast(nn.Linear, self.critic[-1]).weight.dtype
+        dtype = cast(nn.Linear, self._value_head[0]).weight.dtype
         if self.net_input is not None:
             return cast(Tensor, self.net_input(obs)).to(dtype)
         return flat_input(obs, dtype)
 
     def _latent_mean(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        latent = self.actor[:-1](x)
+        latent = run_layers(self.actor, x, -1)
         return latent, self.actor[-1](latent)
 
     def dist(self, obs: Tensor) -> ActionDist:
@@ -114,7 +117,7 @@ class ActorCritic(nn.Module):
         if self.sde is not None:
             latent, mean = self._latent_mean(x)
             return DiagGaussian(mean, self.sde.log_std_of(latent))
-        out = self.actor(x)
+        out = run_layers(self.actor, x)
         space = self.action_space
         if isinstance(space, Discrete):
             return Categorical(out)
@@ -125,12 +128,12 @@ class ActorCritic(nn.Module):
         return DiagGaussian(out, self.log_std)
 
     def value(self, obs: Tensor) -> Tensor:
-        return self.critic(self.features(obs)).squeeze(-1)
+        return run_layers(self.critic, self.features(obs)).squeeze(-1)
 
     def dist_value(self, obs: Tensor) -> tuple[ActionDist, Tensor]:
         """``dist(obs)`` and ``value(obs)`` with one encoder pass."""
         x = self.features(obs)
-        return self._dist(x), self.critic(x).squeeze(-1)
+        return self._dist(x), run_layers(self.critic, x).squeeze(-1)
 
     def act(self, obs: Tensor, deterministic: bool = False,
             generator: torch.Generator | None = None,
@@ -151,7 +154,8 @@ class ActorCritic(nn.Module):
             d, value = self.dist_value(obs)
             return (*self._sampled(d, False, generator), value)
         x = self.features(obs)
-        return (*self._act_sde(x, False, generator, sde_eps), self.critic(x).squeeze(-1))
+        return (*self._act_sde(x, False, generator, sde_eps),
+                run_layers(self.critic, x).squeeze(-1))
 
     def _act_sde(self, x: Tensor, deterministic: bool, generator: torch.Generator | None,
                  sde_eps: Tensor | None) -> tuple[Tensor, Tensor]:

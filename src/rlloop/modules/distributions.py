@@ -38,7 +38,9 @@ class Categorical:
         return self.log_probs.argmax(-1)
 
     def log_prob(self, actions: Tensor) -> Tensor:
-        return self.log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        if actions.dtype != torch.int64:  # (a no-op .long() still costs a dispatch)
+            actions = actions.long()
+        return self.log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
 
     def entropy(self) -> Tensor:
         return -(self.log_probs.exp() * self.log_probs).sum(-1)

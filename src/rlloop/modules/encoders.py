@@ -182,6 +182,8 @@ def flat_input(obs: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     uint8 observations (pixels under ``encoder=mlp``, RAM bytes) are scaled to ``[0, 1]``
     as the Nature CNN scales them; observations already in ``dtype`` pass unchanged."""
     x = obs.flatten(1)
+    if x.dtype == dtype:  # (a no-op .to() still costs a dispatch per policy call)
+        return x
     return x.to(dtype).mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.to(dtype)
 
 

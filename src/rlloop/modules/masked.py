@@ -15,6 +15,7 @@ from rlloop.errors import ConfigError
 from rlloop.modules.actor_critic import ActorCritic
 from rlloop.modules.distributions import ActionDist, Categorical
 from rlloop.modules.encoders import DictEncoder
+from rlloop.modules.networks import run_layers
 
 __all__ = ["ILLEGAL_LOGIT", "MaskedActorCritic", "random_legal_actions"]
 
@@ -51,8 +52,8 @@ class MaskedActorCritic(ActorCritic):
 
     def dist_value(self, obs: Tensor) -> tuple[ActionDist, Tensor]:
         x = self.features(obs)
-        return self._masked(x, obs), self.critic(x).squeeze(-1)
+        return self._masked(x, obs), run_layers(self.critic, x).squeeze(-1)
 
     def _masked(self, x: Tensor, obs: Tensor) -> ActionDist:
-        return Categorical(mask_scores(self.actor(x), legal_actions(obs.flatten(1),
+        return Categorical(mask_scores(run_layers(self.actor, x), legal_actions(obs.flatten(1),
                                                                     self.mask_dims)))

@@ -27,9 +27,10 @@ class EpisodeTracker:
     when a record is written.
     """
 
-    #: Scratch storage, rewritten before it is read (the log is folded in ``get_state``).
+    #: Scratch storage, rewritten before it is read (the log is folded in ``get_state``),
+    #: and the statistics of the ring as it stands (``stats``).
     transient_attrs: ClassVar[frozenset[str]] = frozenset(
-        {"_increment", "_reward", "_log_totals", "_log_done", "_log_rows"})
+        {"_increment", "_reward", "_log_totals", "_log_done", "_log_rows", "_stats"})
 
     def __init__(self, num_envs: int, window: int = 100, device: str | torch.device = "cpu",
                  log_steps: int = 64) -> None:
@@ -51,6 +52,10 @@ class EpisodeTracker:
         self._ring = torch.zeros((window + 1, 2), dtype=dtype, device=d)
         self._episodes = torch.zeros((), dtype=torch.int64, device=d)
         self._slots = torch.arange(window, device=d)
+        # On a CPU, where reading a flag waits for nothing, a fold without finished
+        # episodes is skipped and the ring's statistics are kept until it changes.
+        self._cpu = d.type == "cpu"
+        self._stats: dict[str, float] | None = None
 
     @staticmethod
     def nbytes(num_envs: int, window: int = 100, log_steps: int = 64,
@@ -83,6 +88,10 @@ class EpisodeTracker:
         if not self._logged:
             return
         done = self._log_done[: self._logged].flatten()
+        if self._cpu and not bool(done.any()):
+            self._logged = 0
+            return
+        self._stats = None
         totals = self._log_totals[: self._logged].transpose(1, 2).flatten(0, 1)  # [K*N, 2]
         rank = done.cumsum(0)  # 1 for the first finished episode of the log, ...
         count = rank[-1]
@@ -98,6 +107,8 @@ class EpisodeTracker:
         """``episode/count`` and, once an episode ended, the mean and max return and the
         mean length of the last ``window`` (the only host synchronisation)."""
         self.fold()
+        if self._stats is not None:
+            return dict(self._stats)
         filled = self._slots < self._episodes
         n = self._episodes.clamp(1, self.window).to(self._ring.dtype)
         ring = self._ring[: self.window]
@@ -106,10 +117,12 @@ class EpisodeTracker:
             self._episodes.to(ring.dtype), returns.where(filled, 0.0).sum() / n,
             returns.where(filled, -torch.inf).max(), lengths.where(filled, 0.0).sum() / n,
         ]).tolist()
-        if not count:
-            return {"episode/count": count}
-        return {"episode/return_mean": mean, "episode/return_max": high,
-                "episode/length_mean": length, "episode/count": count}
+        stats = {"episode/count": count} if not count else {
+            "episode/return_mean": mean, "episode/return_max": high,
+            "episode/length_mean": length, "episode/count": count}
+        if self._cpu:
+            self._stats = dict(stats)
+        return stats
 
     def get_state(self) -> dict[str, Any]:
         self.fold()
@@ -122,6 +135,7 @@ class EpisodeTracker:
         """Restore :meth:`get_state`'s output, or the lists of recent episodes (oldest
         first) that checkpoints of earlier versions hold."""
         self._logged = 0
+        self._stats = None
         self.totals[0].copy_(state["returns"])
         self.totals[1].copy_(state["lengths"])
         episodes = int(state["episodes"])
@@ -167,20 +181,26 @@ class EnvRunner:
         """Fill ``buf`` with ``buf.steps`` steps; returns the number of env steps taken."""
         clock = time.perf_counter
         t_env = t_inf = 0.0
-        for t in range(buf.steps):
+        for t, row in enumerate(buf.rows):
             t0 = clock()
             actions, log_probs = policy(self.obs)
             t1 = clock()
             res = self.env.step(actions)
             t2 = clock()
-            buf.obs[t] = self.obs
-            buf.actions[t] = actions
-            buf.log_probs[t] = log_probs
-            buf.rewards[t] = res.reward
-            buf.terminated[t] = res.terminated
-            buf.truncated[t] = res.truncated
+            if row.obs is None:  # Dict observations: stored per entry
+                buf.obs[t] = self.obs
+            else:
+                row.obs.copy_(self.obs)
+            row.actions.copy_(actions)
+            row.log_probs.copy_(log_probs)
+            row.rewards.copy_(res.reward)
+            row.terminated.copy_(res.terminated)
+            row.truncated.copy_(res.truncated)
             if res.final_obs is not res.obs:  # else no episode ended: nothing to keep
-                buf.next_obs[t] = res.final_obs
+                if row.next_obs is None:
+                    buf.next_obs[t] = res.final_obs
+                else:
+                    row.next_obs.copy_(res.final_obs)
             self.episodes.update(res.reward, res.terminated | res.truncated)
             self.obs = res.obs
             t_inf += t1 - t0
