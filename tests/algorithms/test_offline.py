@@ -78,12 +78,12 @@ def test_a_dataset_of_other_spaces_is_refused_naming_its_env(expert) -> None:
 def test_bc_clones_the_expert_to_95_percent_of_its_return(expert, tmp_path) -> None:
     _, path, return_mean = expert
     config = build_config("bc", "CartPole-v1", flags={"seed": 0}, sets=[
-        *QUIET, f"bc.dataset={path}", "bc.total_gradient_steps=1500", "bc.hidden=[64,64]",
+        *QUIET, f"bc.dataset={path}", "bc.total_gradient_steps=1000", "bc.hidden=[64,64]",
         "bc.eval_interval=500", "stop_on_solve=false"])
     result = train(config, tmp_path / "bc")
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
     evals = [r["eval/return_mean"] for r in rows if "eval/return_mean" in r]
-    assert result.env_steps == 0 and len(evals) == 3
+    assert result.env_steps == 0 and len(evals) == 2
     assert evals[-1] >= 0.95 * return_mean, (evals, return_mean)
 
 
@@ -139,7 +139,7 @@ def _random_pendulum(path: Path, episodes: int = 3) -> Path:
     return write_minari(path, recorded, "Pendulum-v1")
 
 
-@pytest.mark.parametrize("algo", ["iql", "cql"])
+@pytest.mark.parametrize("algo", ["iql", pytest.param("cql", marks=pytest.mark.heavy)])
 def test_an_offline_run_resumes_bit_for_bit(algo, tmp_path) -> None:
     """N gradient steps straight == N/2, a final checkpoint, a resume to N: every
     parameter, optimiser moment, RNG state and counter."""
