@@ -64,6 +64,7 @@ class BC(OfflineAlgorithmBase):
     takes_discrete = True
     config: BCConfig
     learner: BCLearner
+    module: BCModule
 
     def __init__(self, config: BCConfig, env: EnvSettings) -> None:
         super().__init__(config, env)

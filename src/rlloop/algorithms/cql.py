@@ -62,7 +62,8 @@ class CQLLearner(OfflineLearnerBase):
 
     def configure_optimizers_for_module(self, module_id: str, config: CQLConfig) -> None:
         m = self.module(module_id)
-        groups = [("actor", list(m.actor.parameters())), ("critic", list(m.critic.parameters()))]
+        groups: list[tuple[str, list[Tensor]]] = [("actor", list(m.actor.parameters())),
+                                                  ("critic", list(m.critic.parameters()))]
         if config.autotune_alpha:
             groups.append(("alpha", [m.log_alpha]))
         for name, params in groups:
@@ -73,13 +74,17 @@ class CQLLearner(OfflineLearnerBase):
         the next states ``[B, d]``, the penalty's uniform actions ``[B N, d]`` and its
         policy noise at the states and the next states ``[B N, d]`` each, the actor
         loss's noise ``[B, d]``."""
-        b, n, d, g = len(batch), self.config.cql_actions, self.act_dim, self.generator
-        kw = {"generator": g, "device": g.device, "dtype": batch.reward.dtype}
-        return {"next": torch.randn(b, d, **kw),  # type: ignore[arg-type]
-                "random": torch.rand(b * n, d, **kw) * 2 - 1,  # type: ignore[arg-type]
-                "pi": torch.randn(b * n, d, **kw),  # type: ignore[arg-type]
-                "next_pi": torch.randn(b * n, d, **kw),  # type: ignore[arg-type]
-                "actor": torch.randn(b, d, **kw)}  # type: ignore[arg-type]
+        b, n, g = len(batch), self.config.cql_actions, self.generator
+
+        def normal(rows: int) -> Tensor:
+            return torch.randn((rows, self.act_dim), generator=g, device=g.device,
+                               dtype=batch.reward.dtype)
+
+        next_noise = normal(b)
+        uniform = torch.rand((b * n, self.act_dim), generator=g, device=g.device,
+                             dtype=batch.reward.dtype)
+        return {"next": next_noise, "random": uniform * 2 - 1, "pi": normal(b * n),
+                "next_pi": normal(b * n), "actor": normal(b)}
 
     def compute_loss_for_module(self, module_id: str, config: CQLConfig, batch: Transitions,
                                 fwd_out: object = None) -> tuple[Tensor, dict[str, Tensor]]:
@@ -127,6 +132,7 @@ class CQL(OfflineAlgorithmBase):
     name = "cql"
     config: CQLConfig
     learner: CQLLearner
+    module: CQLModule
 
     def __init__(self, config: CQLConfig, env: EnvSettings) -> None:
         super().__init__(config, env)

@@ -86,6 +86,7 @@ class IQL(OfflineAlgorithmBase):
     name = "iql"
     config: IQLConfig
     learner: IQLLearner
+    module: IQLModule
 
     def __init__(self, config: IQLConfig, env: EnvSettings) -> None:
         super().__init__(config, env)

@@ -47,7 +47,7 @@ class OfflineLearnerBase(OffPolicyLearnerBase):
         return 1
 
     def update_targets(self, module_id: str) -> None:
-        module = self.modules[module_id]
+        module: Any = self.modules[module_id]
         if hasattr(module, "critic_target"):
             polyak_update(module.critic_target, module.critic, self.config.tau)
 
@@ -102,7 +102,7 @@ class OfflineAlgorithmBase(AlgorithmBase):
         """The policy's actions for ``obs``: int64 ``[N]``, or ``[N, *act]`` in
         ``[-1, 1]`` (sampled ones from the eval-only RNG). By default those of the
         module's ``actor``: its ``mode``, or a ``sample``."""
-        actor = self.module.actor
+        actor: Any = self.module.actor
         action = actor.mode(obs) if deterministic else actor.sample(obs, self._eval_generator)
         return cast(Tensor, action).view(len(obs), -1)
 
