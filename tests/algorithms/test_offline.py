@@ -162,3 +162,13 @@ def test_an_offline_run_resumes_bit_for_bit(algo, tmp_path) -> None:
     lb = dict(leaves({k: b.components[k] for k in ("algorithm", "rng")}))
     assert la.keys() == lb.keys() and sum(isinstance(v, torch.Tensor) for v in la.values()) > 10
     assert not [k for k in la if not same_leaf(la[k], lb[k])]
+
+
+def test_discrete_cql_trains_on_the_cartpole_dataset(expert, tmp_path) -> None:
+    """CQL takes Discrete actions with a Q-network (its loss: tests/losses)."""
+    _, path, _ = expert
+    config = build_config("cql", "CartPole-v1", flags={"seed": 0}, sets=[
+        *QUIET, f"cql.dataset={path}", "cql.total_gradient_steps=100", "cql.hidden=[32,32]",
+        "cql.eval_interval=100", "eval_episodes=2"])
+    result = train(config, tmp_path / "cql")
+    assert result.env_steps == 0 and result.best_eval_return is not None

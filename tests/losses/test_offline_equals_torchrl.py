@@ -280,3 +280,41 @@ def test_the_iql_learners_update_loss_is_torchrls_three_summed() -> None:
     loss, _ = IQLLearner({DEFAULT_MODULE_ID: m}, cfg).compute_loss_for_module(
         DEFAULT_MODULE_ID, cfg, batch)
     assert torch.allclose(loss, sum(_torchrl_iql(m, td, cfg)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("plant", ["", "weight", "discount"])
+def test_discrete_cql_loss_equals_torchrl(plant: str) -> None:
+    """Discrete CQL: DQN's TD loss (squared, halved) and the log-sum-exp over every action,
+    against TorchRL's ``DiscreteCQLLoss`` (its penalty unweighted: the user weights it).
+    TorchRL's target network is its copy of the online one, as the module's is when built."""
+    from torchrl.data import Categorical
+    from torchrl.modules import QValueActor
+    from torchrl.objectives import DiscreteCQLLoss
+
+    from rlloop.algorithms.cql import DiscreteCQLLearner, DiscreteCQLModule
+    from rlloop.data.transitions import Transitions
+    from rlloop.learners.learner import DEFAULT_MODULE_ID
+
+    torch.manual_seed(4)
+    m = DiscreteCQLModule(OBS, 3, CQLConfig(dataset="-", hidden=[16, 16])).double()
+    td = _batch(2)
+    td["action"] = torch.tensor([0, 2, 1, 1, 0, 2])
+    nxt = td["next"]
+    gamma = GAMMA / 2 if plant == "discount" else GAMMA
+    batch = Transitions(td["observation"], td["action"], nxt["reward"][:, 0],
+                        nxt["observation"], nxt["terminated"][:, 0],
+                        torch.full((B,), gamma, dtype=torch.float64))
+    cfg = CQLConfig(dataset="-", hidden=[16, 16], cql_weight=3.0 if plant == "weight" else 2.0)
+    learner = DiscreteCQLLearner({DEFAULT_MODULE_ID: m}, cfg)
+    _, ours = learner.compute_loss_for_module(DEFAULT_MODULE_ID, cfg, batch)
+
+    actor = QValueActor(TensorDictModule(m.critic, in_keys=["observation"],
+                                         out_keys=["action_value"]),
+                        spec=Categorical(3), action_space="categorical")
+    loss = DiscreteCQLLoss(actor, loss_function="l2", delay_value=True,
+                           action_space="categorical")
+    loss.make_value_estimator(gamma=GAMMA)
+    out = loss(td.clone())
+    same = (torch.allclose(ours["losses/critic"], out["loss_qvalue"], rtol=1e-10)
+            and torch.allclose(ours["losses/cql"], 2.0 * out["loss_cql"], rtol=1e-10))
+    assert same == (not plant), (plant, ours, out)

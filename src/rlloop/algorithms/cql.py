@@ -1,4 +1,6 @@
-"""Conservative Q-learning for continuous actions (Kumar et al. 2020, arXiv:2006.04779).
+"""Conservative Q-learning (Kumar et al. 2020, arXiv:2006.04779), for continuous actions and,
+with a Q-network, discrete ones (the paper's CQL(H) on DQN, as TorchRL's
+``DiscreteCQLLoss``).
 
 SAC's actor, twin critics with Polyak targets and learned temperature, trained on a
 dataset: the critics' TD loss (each critic's squared error, summed) gets CQL(H)'s penalty
@@ -26,12 +28,13 @@ from rlloop.algorithms.base import EnvSettings
 from rlloop.algorithms.offline_base import OfflineAlgorithmBase, OfflineLearnerBase
 from rlloop.config.offline import CQLConfig as CQLConfig
 from rlloop.data.transitions import Transitions
-from rlloop.envs.core import Box
+from rlloop.envs.core import Box, Discrete
 from rlloop.learners.learner import DEFAULT_MODULE_ID
-from rlloop.losses.offline import cql_penalty, td_loss
+from rlloop.losses.dqn import dqn_target
+from rlloop.losses.offline import cql_discrete_loss, cql_penalty, td_loss
 from rlloop.losses.sac import sac_actor_loss, sac_alpha_loss, sac_target
 from rlloop.modules.networks import flat_dim
-from rlloop.modules.q_networks import TanhGaussianActor, TwinQ
+from rlloop.modules.q_networks import QNetwork, TanhGaussianActor, TwinQ
 from rlloop.system.devices import build_module
 
 
@@ -126,18 +129,61 @@ class CQLLearner(OfflineLearnerBase):
 
 
 
+class DiscreteCQLModule(nn.Module):
+    """Discrete CQL's Q-network ``[B, *obs] -> [B, n]`` and its Polyak target."""
+
+    def __init__(self, obs_dim: int, n_actions: int, config: CQLConfig) -> None:
+        super().__init__()
+        self.critic = QNetwork(obs_dim, n_actions, config.hidden)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+
+
+class DiscreteCQLLearner(OfflineLearnerBase):
+    """One ``critic`` optimiser: DQN's TD loss (squared) with CQL(H)'s penalty
+    (:func:`~rlloop.losses.offline.cql_discrete_loss`)."""
+
+    config: CQLConfig
+
+    def configure_optimizers_for_module(self, module_id: str, config: CQLConfig) -> None:
+        m = cast(DiscreteCQLModule, self.modules[module_id])
+        self.add_adam(module_id, "critic", list(m.critic.parameters()), config.lr)
+
+    def compute_loss_for_module(self, module_id: str, config: CQLConfig, batch: Transitions,
+                                fwd_out: object = None) -> tuple[Tensor, dict[str, Tensor]]:
+        m = cast(DiscreteCQLModule, self.modules[module_id])
+        with torch.no_grad():
+            target = dqn_target(batch.reward, batch.discount, batch.terminated,
+                                m.critic_target(batch.next_obs))
+        return cql_discrete_loss(m.critic(batch.obs), batch.action, target, config.cql_weight)
+
+
 class CQL(OfflineAlgorithmBase):
-    """CQL on the offline cadence; actions live in ``[-1, 1]`` and are rescaled for the env."""
+    """CQL on the offline cadence: SAC's networks for continuous actions (in ``[-1, 1]``,
+    rescaled for the env), a Q-network acting greedily for discrete ones."""
 
     name = "cql"
+    takes_discrete = True
     config: CQLConfig
-    learner: CQLLearner
-    module: CQLModule
+    learner: CQLLearner | DiscreteCQLLearner
+    module: CQLModule | DiscreteCQLModule
 
     def __init__(self, config: CQLConfig, env: EnvSettings) -> None:
         super().__init__(config, env)
-        space = cast(Box, env.spec.action_space)
+        space = env.spec.action_space
         obs_dim = flat_dim(env.spec.obs_shape)
-        self.module = build_module(lambda: CQLModule(obs_dim, space.dim, config), self.device)
-        self.learner = CQLLearner({DEFAULT_MODULE_ID: self.module}, config, space.dim,
+        if isinstance(space, Discrete):
+            self.module = build_module(lambda: DiscreteCQLModule(obs_dim, space.n, config),
+                                       self.device)
+            self.learner = DiscreteCQLLearner({DEFAULT_MODULE_ID: self.module}, config,
+                                              on_nonfinite=env.on_nonfinite)
+            return
+        box = cast(Box, space)
+        self.module = build_module(lambda: CQLModule(obs_dim, box.dim, config), self.device)
+        self.learner = CQLLearner({DEFAULT_MODULE_ID: self.module}, config, box.dim,
                                   self.generator, env.on_nonfinite)
+
+    def act_unit(self, obs: Tensor, deterministic: bool) -> Tensor:
+        """Discrete actions: the greedy ones (a stochastic evaluation too); else the actor's."""
+        if isinstance(self.module, DiscreteCQLModule):
+            return self.module.critic(obs).argmax(-1)
+        return super().act_unit(obs, deterministic)

@@ -80,7 +80,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "bc": AlgorithmEntry("bc", "rlloop.algorithms.bc", _OFFLINE_CONFIG, "BCConfig", "BC",
                          kind="off_policy", offline=True),
     "cql": AlgorithmEntry("cql", "rlloop.algorithms.cql", _OFFLINE_CONFIG, "CQLConfig",
-                          "CQL", discrete=False, kind="off_policy", offline=True),
+                          "CQL", kind="off_policy", offline=True),
     "iql": AlgorithmEntry("iql", "rlloop.algorithms.iql", _OFFLINE_CONFIG, "IQLConfig",
                           "IQL", discrete=False, kind="off_policy", offline=True),
     # PettingZoo envs (--env pettingzoo:<family>.<env>); it has its own multi-agent runner,

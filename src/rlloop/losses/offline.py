@@ -124,3 +124,20 @@ def iql_actor_loss(log_prob: Tensor, q_target: Tensor, value: Tensor, temperatur
     weight = torch.exp(temperature * advantage).clamp(max=max_weight)
     loss = -(weight * log_prob).mean()
     return loss, {"losses/actor": loss.detach(), "policy/weight_mean": weight.mean()}
+
+
+def cql_discrete_loss(q_values: Tensor, action: Tensor, target: Tensor, weight: float
+                      ) -> tuple[Tensor, dict[str, Tensor]]:
+    """Discrete CQL(H): ``1/2 E[(Q(s, a) - y)^2] + w E[log sum_b exp Q(s, b) - Q(s, a)]`` for
+    ``q_values [B, n]``, the dataset's ``action [B]`` (int64) and a TD target ``y [B]``
+    (``dqn_target``'s, detached); the log-sum-exp over every action is exact here.
+
+    Returns:
+        Scalar loss; stats ``"losses/critic"`` (the TD part), ``"losses/cql"`` (the
+        penalty, weighted), ``"q/mean"``.
+    """
+    q = q_values.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+    td = 0.5 * (q - target.detach()).square().mean()
+    penalty = weight * (torch.logsumexp(q_values, -1) - q).mean()
+    return td + penalty, {"losses/critic": td.detach(), "losses/cql": penalty.detach(),
+                          "q/mean": q.detach().mean()}
