@@ -1,6 +1,7 @@
 """Offline RL end to end: ``rlloop collect`` writes a Minari dataset that Minari reads back,
 BC clones an expert CartPole policy from it, bad input answers in one line before torch is
-imported, and an offline run resumes bit for bit.
+imported, and an offline run resumes bit for bit, then evaluates and exports without its
+dataset.
 
 One PPO expert is trained in process per module (CartPole-v1 solves in seconds) and 20 of
 its greedy episodes recorded.
@@ -20,11 +21,13 @@ import torch
 from conftest import leaves, same_leaf
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.cli.export import export_run
 from rlloop.config.loading import build_config
 from rlloop.data.offline_dataset import Episode, load_dataset, write_minari
 from rlloop.envs.registry import env_spec
 from rlloop.errors import ConfigError
 from rlloop.runs.collect import collect
+from rlloop.runs.saved import evaluate_run
 from rlloop.runs.start import resume, train
 
 minari = pytest.importorskip("minari")
@@ -162,6 +165,10 @@ def test_an_offline_run_resumes_bit_for_bit(algo, tmp_path) -> None:
     lb = dict(leaves({k: b.components[k] for k in ("algorithm", "rng")}))
     assert la.keys() == lb.keys() and sum(isinstance(v, torch.Tensor) for v in la.values()) > 10
     assert not [k for k in la if not same_leaf(la[k], lb[k])]
+    # Acting needs the policy, not the dataset: evaluated and exported without it.
+    dataset.rename(tmp_path / "moved")
+    assert evaluate_run(tmp_path / "a", 1)["episodes"] == 1
+    assert export_run(tmp_path / "a", "torchscript").is_file()
 
 
 def test_discrete_cql_trains_on_the_cartpole_dataset(expert, tmp_path) -> None:

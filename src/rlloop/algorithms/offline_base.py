@@ -1,8 +1,9 @@
 """What the offline algorithms (BC, CQL, IQL) share: a dataset in place of env steps.
 
-An offline algorithm loads its whole dataset onto the run's device when it is built
-(:func:`~rlloop.data.offline_dataset.load_dataset`, its spaces checked against the env's)
-and samples every gradient update's batch from it. It runs on
+An offline algorithm checks its dataset's spaces against the env's when it is built, loads
+the whole dataset onto the run's device when training first needs it
+(:func:`~rlloop.data.offline_dataset.load_dataset`; a policy loaded only to act reads
+none) and samples every gradient update's batch from it. It runs on
 :class:`~rlloop.trainers.offline_schedule.OfflineSchedule`: the off-policy cadence with
 one gradient update per iteration and no env step, so ``env/steps`` stays 0 and
 ``algorithm/steps`` counts gradient updates (evaluations, records, checkpoints and the
@@ -22,8 +23,8 @@ from torch import Tensor, nn
 from rlloop.algorithms.base import EVAL_SEED_OFFSET, AlgorithmBase, EnvSettings
 from rlloop.algorithms.offpolicy_base import OffPolicyLearnerBase
 from rlloop.algorithms.offpolicy_loop import box_rescaler
-from rlloop.config.offline import OfflineConfig, check_dataset_given
-from rlloop.data.offline_dataset import OfflineDataset, load_dataset
+from rlloop.config.offline import OfflineConfig, check_dataset_given, dataset_dir
+from rlloop.data.offline_dataset import OfflineDataset, check_dataset, load_dataset
 from rlloop.data.transitions import Transitions
 from rlloop.envs.core import Box
 from rlloop.errors import ConfigError, SavedStateError, saved_count
@@ -76,13 +77,25 @@ class OfflineAlgorithmBase(AlgorithmBase):
         # One training env: the runner's, never stepped (the dataset replaces it).
         super().__init__(dataclasses.replace(env, num_envs=1))
         self.config = config
-        self.dataset: OfflineDataset = load_dataset(config.dataset, env.spec, self.device)
+        if dataset_dir(config.dataset).exists():  # else refused when training needs it
+            check_dataset(config.dataset, env.spec)
+        self._dataset: OfflineDataset | None = None
         space = env.spec.action_space
+        #: One action's shape (``()`` for Discrete ones).
+        self.action_shape: tuple[int, ...] = space.shape if isinstance(space, Box) else ()
         #: Continuous actions: the map from the policy's ``[-1, 1]`` to the env's box.
         self.to_env: Callable[[Tensor], Tensor] | None = (
             box_rescaler(self.name, space, self.device) if isinstance(space, Box) else None)
         #: Stochastic evaluation's own RNG: evaluating never shifts training's draws.
         self._eval_generator = new_generator(self.device, env.seed + EVAL_SEED_OFFSET)
+
+    @property
+    def dataset(self) -> OfflineDataset:
+        """The whole dataset on the device, read when training first needs it: a policy
+        loaded to act (``rlloop eval``, ``export``, ``load``) reads none."""
+        if self._dataset is None:
+            self._dataset = load_dataset(self.config.dataset, self.settings.spec, self.device)
+        return self._dataset
 
     # ---- the offline cadence ---------------------------------------------------------
     def optimize(self, env_steps: int) -> dict[str, Tensor | float]:
@@ -104,7 +117,7 @@ class OfflineAlgorithmBase(AlgorithmBase):
         module's ``actor``: its ``mode``, or a ``sample``."""
         actor: Any = self.module.actor
         action = actor.mode(obs) if deterministic else actor.sample(obs, self._eval_generator)
-        return cast(Tensor, action).view(len(obs), -1)
+        return cast(Tensor, action).view(-1, *self.action_shape)
 
     @torch.no_grad()
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:

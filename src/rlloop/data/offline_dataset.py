@@ -95,13 +95,13 @@ def open_minari(name: str) -> Any:
     return minari.MinariDataset(dataset_dir(name).resolve() / "data")
 
 
-def load_dataset(name: str, spec: EnvSpec, device: torch.device) -> OfflineDataset:
-    """Dataset ``name``, checked against the env ``spec`` it trains a policy for, as
-    transitions on ``device``.
+def check_dataset(name: str, spec: EnvSpec) -> None:
+    """Dataset ``name``'s metadata checked against the env ``spec`` it trains a policy for
+    (nothing else is read).
 
     Raises:
         ConfigError: a missing dataset, one that is not Minari's, spaces unlike the env's,
-            Dict or image observations, or no transitions.
+            Dict or image observations.
     """
     meta = dataset_metadata(name)
     space = spec.action_space
@@ -113,6 +113,18 @@ def load_dataset(name: str, spec: EnvSpec, device: torch.device) -> OfflineDatas
     problem = space_mismatch(name, meta, spec.env_id, spec.obs_shape, kind, shape)
     if problem is not None:
         raise ConfigError(problem)
+
+
+def load_dataset(name: str, spec: EnvSpec, device: torch.device) -> OfflineDataset:
+    """Dataset ``name``, checked against the env ``spec`` (:func:`check_dataset`), as
+    transitions on ``device``.
+
+    Raises:
+        ConfigError: what :func:`check_dataset` raises, or a dataset without transitions.
+    """
+    check_dataset(name, spec)
+    space = spec.action_space
+    assert isinstance(space, Box | Discrete)
     episodes = [Episode(np.asarray(e.observations), np.asarray(e.actions),
                         np.asarray(e.rewards), np.asarray(e.terminations),
                         np.asarray(e.truncations))
