@@ -76,7 +76,7 @@ def main() -> None:
             value = evaluate_run(run, 20)["return_mean"]
             returns.setdefault(algo, []).append(value)
             row = {"algo": algo, "seed": seed, "steps": args.steps, "hidden": args.hidden,
-                   "return_mean": value, "expert": expert_return, "dataset": str(dataset),
+                   "return_mean": value, "expert": expert_return, "dataset": dataset.name,
                    "wall_s": round(time.perf_counter() - t0, 1)}
             with RESULTS.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
