@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,8 @@ from rlloop.runs import start
 
 CAP = 512  # env steps: an iteration or two, enough to leave a checkpoint
 OFF_POLICY_CAP = 256  # off-policy runs optimise on every step: their steps cost more
+OFFLINE_CAP = 16  # gradient updates of an offline run (bc, cql, iql), and its one eval
+COLLECT_CAP = 2  # episodes `rlloop collect` records
 QUIET_RUN = ["--set", "mlflow=false", "--set", "save_video=false", "--quiet"]
 # Lines that cannot run on a test machine, and why (the rest of the page still runs).
 NOT_HERE = {
@@ -93,9 +95,26 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
+@pytest.fixture(scope="module")
+def small_pendulum_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Path]:
+    """A small trained Pendulum-v1 run (continuous actions) for the lines that name one
+    (``rlloop collect runs/pendulum-sac``), made when the first such line runs."""
+    made: list[Path] = []
+
+    def run() -> Path:
+        if not made:
+            made.append(tmp_path_factory.mktemp("docs-run") / "run")
+            assert main(["train", "ppo", "--env", "Pendulum-v1", "--total-env-steps",
+                         str(CAP), "--run-dir", str(made[0]), *QUIET_RUN]) == 0
+        return made[0]
+
+    return run
+
+
 @pytest.mark.slow  # about two minutes over all pages on two cores
 @pytest.mark.parametrize("page", SHELL_PAGES, ids=_id)
 def test_shell_examples_run(page: Path, in_tmp: Path, small_run: Path,
+                            small_pendulum_run: Callable[[], Path],
                             capsys: pytest.CaptureFixture[str]) -> None:
     for block in file_blocks(page):
         assert block.file_name is not None
@@ -106,7 +125,8 @@ def test_shell_examples_run(page: Path, in_tmp: Path, small_run: Path,
             continue
         for run_dir in _named_runs(argv):
             if not run_dir.exists():
-                shutil.copytree(small_run, run_dir)
+                pendulum = "pendulum" in run_dir.name.lower()
+                shutil.copytree(small_pendulum_run() if pendulum else small_run, run_dir)
         argv, out_file = _redirect(argv)
         capsys.readouterr()
         code = main(argv)
@@ -131,6 +151,13 @@ def _runnable(argv: list[str]) -> list[str] | None:
         budget = OFF_POLICY_CAP if argv[1] in ("dqn", "sac", "td3") else CAP
         budget = 2 * CAP if "--resume" in argv else budget  # a resume's is the total
         argv = [*_capped(argv, "--total-env-steps", budget), *QUIET_RUN]
+        if argv[1] in ("bc", "cql", "iql"):  # offline: a budget of gradient updates
+            steps = 2 * OFFLINE_CAP if "--resume" in argv else OFFLINE_CAP
+            argv += ["--set", f"{argv[1]}.total_gradient_steps={steps}",
+                     "--set", f"{argv[1]}.eval_interval={OFFLINE_CAP}",
+                     "--set", "eval_episodes=2"]
+    elif argv[0] == "collect":
+        argv = _capped(argv, "--episodes", COLLECT_CAP)
     elif argv[0] == "tune":
         more = "--resume" in argv and "--trials" in argv
         argv = _capped(argv, "--trials", 2 if more else 1, add="--resume" not in argv)
@@ -149,7 +176,7 @@ def _capped(argv: list[str], flag: str, cap: int, add: bool = True) -> list[str]
 
 def _named_runs(argv: list[str]) -> Iterator[Path]:
     """Run directories the line reads but no earlier line made."""
-    if argv[0] in ("eval", "export"):
+    if argv[0] in ("eval", "export", "collect"):
         yield Path(argv[1])
     elif argv[0] == "plot":
         for arg in argv[1:]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
+from rlloop.cli.collect import add_collect_parser
 from rlloop.config.loading import parse_int
 from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import BACKENDS
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("algo", help=f"algorithm, any case: {', '.join(sorted(ALGORITHMS))}")
     t.add_argument("--env", help="env id, e.g. CartPole-v1 (default: CartPole-v1)")
     t.add_argument("--config", help="YAML config file")
+    t.add_argument("--dataset", help="bc, cql, iql: the dataset to learn from (a directory "
+                   "`rlloop collect` wrote, or minari:ID); without --env, the env it names "
+                   "evaluates")
     t.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set ppo.lr=0.001 (repeatable); "
                    "`rlloop presets ALGO --env ID` prints every key with its value")
@@ -162,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "seeding, rendering): one line per problem, naming the fix")
     c.add_argument("env_id", help="a registered env id, or module:Env-v0 to import its module")
     _add_presets_parser(sub)
+    add_collect_parser(sub, _integer)
     return p
 
 

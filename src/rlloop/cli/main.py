@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlloop.cli.arguments import build_parser as _parser
+from rlloop.cli.collect import apply_dataset_flag, check_offline_run, collect_command
 from rlloop.cli.early_checks import (
     algorithm_arg,
     check_action_space,
@@ -100,6 +101,7 @@ def _train(args: argparse.Namespace) -> int:
                               "resumed run stays in its own directory; drop --run-dir (copy "
                               "the run first to continue it elsewhere)")
         check_saved_run(args.resume, allow_import=args.allow_import)
+    apply_dataset_flag(args)  # bc, cql, iql: --dataset, and the env it names
     # Typos in the env id or a --set key answer here, before torch's second of import.
     check_set_keys(args.algo, args.sets)
     settings = _settings(args)
@@ -117,6 +119,8 @@ def _train(args: argparse.Namespace) -> int:
         check_extras(settings)
         if env_id is not None:
             check_action_space(args.algo, env_id, settings.get("env_kwargs"))
+        if not args.resume:
+            check_offline_run(args.algo, settings, env_id)
     from rlloop.logging.process_sink import prestart
     from rlloop.runs.report import FIGURE_PRELOAD
 
@@ -326,6 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
         if args.command == "tune":
             return tune_command(args)
+        if args.command == "collect":
+            return collect_command(args)
         if args.command == "presets":
             return _presets(args)
         if args.command == "check-env":

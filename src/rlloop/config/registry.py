@@ -35,6 +35,9 @@ class AlgorithmEntry:
     discrete: bool = True
     continuous: bool = True
     kind: Literal["on_policy", "off_policy"] = "on_policy"
+    #: Learns from a recorded dataset (``--dataset``): an off-policy cadence without env
+    #: steps (``rlloop.trainers.offline_schedule``); the env only evaluates.
+    offline: bool = False
 
     @property
     def config_cls(self) -> type:
@@ -49,6 +52,7 @@ class AlgorithmEntry:
 
 _PPO_CONFIG = "rlloop.config.ppo"
 _OFF_POLICY_CONFIG = "rlloop.config.offpolicy"
+_OFFLINE_CONFIG = "rlloop.config.offline"
 
 ALGORITHMS: dict[str, AlgorithmEntry] = {
     # build_ppo makes a RecurrentPPO when ppo.recurrent is set.
@@ -73,6 +77,12 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                              "CrossQConfig", "CrossQ", discrete=False, kind="off_policy"),
     "td3": AlgorithmEntry("td3", "rlloop.algorithms.td3", _OFF_POLICY_CONFIG, "TD3Config",
                           "TD3", discrete=False, kind="off_policy"),
+    "bc": AlgorithmEntry("bc", "rlloop.algorithms.bc", _OFFLINE_CONFIG, "BCConfig", "BC",
+                         kind="off_policy", offline=True),
+    "cql": AlgorithmEntry("cql", "rlloop.algorithms.cql", _OFFLINE_CONFIG, "CQLConfig",
+                          "CQL", kind="off_policy", offline=True),
+    "iql": AlgorithmEntry("iql", "rlloop.algorithms.iql", _OFFLINE_CONFIG, "IQLConfig",
+                          "IQL", discrete=False, kind="off_policy", offline=True),
     # PettingZoo envs (--env pettingzoo:<family>.<env>); it has its own multi-agent runner,
     # so it implements the trainer's protocol rather than subclassing AlgorithmBase.
     "ma_ppo": AlgorithmEntry("ma_ppo", "rlloop.algorithms.ma_ppo", _PPO_CONFIG,

@@ -43,7 +43,8 @@ SKIPPED_SHARE_RECORDS = 10
 DISTRIBUTED_ALGOS = ("ppo", "sac")
 #: The same inside an algorithm's section (the off-policy cadence and evaluator).
 RESUMABLE_SECTION_KEYS = frozenset({
-    "eval_interval", "record_interval", "save_interval", "max_opts", "evaluator", "recorder"})
+    "eval_interval", "record_interval", "save_interval", "max_opts", "evaluator", "recorder",
+    "total_gradient_steps"})
 
 
 def resumable(key: str, algo: str) -> bool:

@@ -202,10 +202,16 @@ class Session:
         after the others have heard the step)."""
         config = self.config
         self.skipped_updates = SkippedUpdatesGuard(config, self.algorithm.learner)
-        schedule: Schedule = (OnPolicySchedule(self.algorithm, config.eval_every or None)
-                              if not self.off_policy else
-                              OffPolicySchedule(cast(OffPolicyAlgorithm, self.algorithm),
-                                                save=lambda _: self.save()))
+        schedule: Schedule
+        if ALGORITHMS[config.algo].offline:  # the off-policy cadence without env steps
+            from rlloop.trainers.offline_schedule import OfflineSchedule
+
+            schedule = OfflineSchedule(self.algorithm, save=lambda _: self.save())
+        else:
+            schedule = (OnPolicySchedule(self.algorithm, config.eval_every or None)
+                        if not self.off_policy else
+                        OffPolicySchedule(cast(OffPolicyAlgorithm, self.algorithm),
+                                          save=lambda _: self.save()))
         self.profiler: TraceProfiler | None = None
         if config.profile is not None:
             self.profiler = TraceProfiler(config.profile, self.run_dir / "profile")

@@ -25,6 +25,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "Box2D": ("Box2D", "box2d"),
     "onnx": ("ONNX", "export"),
     "imageio": ("imageio", "video"),
+    "minari": ("Minari", "offline"),
 }
 
 

@@ -91,6 +91,12 @@ DEFAULT_SPACES: dict[str, dict[str, Any]] = {
             "td3.tau": [0.001, 0.005, 0.01, 0.02, 0.05],
             "td3.action_noise_std": [0.1, 0.2, 0.3, 0.5],
             "td3.target_policy_noise": [0.1, 0.2, 0.3]},
+    # Offline algorithms: tuned on a dataset (--set ALGO.dataset=...), evaluated in the env.
+    "bc": {"bc.lr": {"low": 1e-4, "high": 3e-3, "log": True}, "bc.batch_size": [64, 256]},
+    "cql": {"cql.lr": {"low": 1e-4, "high": 1e-3, "log": True},
+            "cql.cql_weight": [0.5, 1.0, 5.0, 10.0]},
+    "iql": {"iql.lr": {"low": 1e-4, "high": 1e-3, "log": True},
+            "iql.expectile": [0.5, 0.7, 0.9], "iql.temperature": [1.0, 3.0, 10.0]},
 }
 
 _RANGE_FIELDS = frozenset({"low", "high", "log", "type"})
