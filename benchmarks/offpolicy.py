@@ -2,7 +2,7 @@
 
 Run: ``python benchmarks/offpolicy.py [--quick] [--dqn-steps N] [--sac-steps N]
 [--tasks dqn sac] [--paths autograd compiled manual] [--seeds 0 1 2] [--jobs N]
-[--threads N]``
+[--threads N]``, or ``python benchmarks/offpolicy.py --whole-process [...]``
 (several seeds add a summary of means and
 of how rlloop's returns compare with SB3's; ``--jobs`` trains that many seeds at once, one
 process each, for machines with more cores than the two this project's is measured on).
@@ -59,6 +59,12 @@ Everything runs with one torch thread (``--threads N``: N for both libraries; CP
 then counts every thread). The machine may be shared: the load average is
 printed with the results, and ``--clock cpu`` times training by this process's CPU time
 instead of the wall clock.
+
+SBX (Stable-Baselines in JAX) races in fresh processes, not in this one:
+``--whole-process`` hands the rest of the command line to ``whole_process.py`` (rlloop's
+default path against SBX, one process per run, alternating, whole-process time and steady
+env steps/s; DQN CartPole-v1 40k, SAC and TD3 Pendulum-v1 3k and 20k, PPO CartPole-v1 to
+475).
 
 Returns at these budgets vary far more between seeds than between the libraries (DQN's
 final return on CartPole ranges from under 100 to 500 in both), so the summary states
@@ -392,6 +398,14 @@ def report_seed(results: list[Result]) -> list[Result]:
 
 
 def main() -> None:
+    import sys
+
+    if "--whole-process" in sys.argv:
+        import whole_process
+
+        sys.argv.remove("--whole-process")
+        whole_process.main()
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short runs (a smoke test)")
     parser.add_argument("--dqn-steps", type=int, default=None)
