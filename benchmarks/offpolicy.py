@@ -1,8 +1,8 @@
 """Off-policy training throughput: rlloop vs Stable-Baselines3, in one process, one run.
 
 Run: ``python benchmarks/offpolicy.py [--quick] [--dqn-steps N] [--sac-steps N]
-[--tasks dqn sac] [--paths autograd compiled manual] [--seeds 0 1 2] [--jobs N]
-[--threads N]``
+[--tasks dqn sac] [--paths default autograd compiled manual] [--seeds 0 1 2] [--jobs N]
+[--threads N]``, or ``python benchmarks/offpolicy.py --whole-process [...]``
 (several seeds add a summary of means and
 of how rlloop's returns compare with SB3's; ``--jobs`` trains that many seeds at once, one
 process each, for machines with more cores than the two this project's is measured on).
@@ -22,13 +22,16 @@ rlloop's shipped presets are the same values):
   steps, one gradient step per env step, [256, 256] networks, tau 0.005, 1 env. Both
   step Gymnasium's Pendulum.
 
-rlloop's gradient paths run side by side on one env (``--paths``): ``autograd`` (the
-default: autograd and ``Adam(fused=True)``, eager), ``compiled`` (the same update,
+rlloop's gradient paths run side by side on one env (``--paths``): ``default`` (no
+setting: eager, ``Adam(fused=True)``; DQN's gradient from its hand-derived backward pass
+on a CPU, ``dqn.manual_backward=auto``, SAC's from autograd), ``autograd`` (the same with
+autograd's gradient for DQN too, ``dqn.manual_backward=false``), ``compiled`` (the same update,
 gradient, clipping and Adam included, through ``torch.compile`` as one graph,
 ``<algo>.compile=true``; its first updates include the compilation) and, for DQN,
-``manual`` (the opt-in hand-derived backward pass, ``dqn.manual_backward=true``). The
+``manual`` (the hand-derived backward pass asked for, ``dqn.manual_backward=true``). The
 Gymnasium-env run takes the default path, the 4-env run the default path and, with
-``compiled`` among ``--paths``, the compiled one.
+``compiled`` among ``--paths``, the compiled one. Runs on the default path carry no
+suffix in the tables.
 
 Budgets (defaults): 40k env steps for DQN and 5k for SAC, which keeps the whole run near
 ten minutes on two cores; rl-zoo trains 50k and 20k (``--dqn-steps``, ``--sac-steps``).
@@ -59,6 +62,12 @@ Everything runs with one torch thread (``--threads N``: N for both libraries; CP
 then counts every thread). The machine may be shared: the load average is
 printed with the results, and ``--clock cpu`` times training by this process's CPU time
 instead of the wall clock.
+
+SBX (Stable-Baselines in JAX) races in fresh processes, not in this one:
+``--whole-process`` hands the rest of the command line to ``whole_process.py`` (rlloop's
+default path against SBX, one process per run, alternating, whole-process time and steady
+env steps/s; DQN CartPole-v1 40k, SAC and TD3 Pendulum-v1 3k and 20k, PPO CartPole-v1 to
+475).
 
 Returns at these budgets vary far more between seeds than between the libraries (DQN's
 final return on CartPole ranges from under 100 to 500 in both), so the summary states
@@ -189,7 +198,7 @@ class RlloopRun:
     """rlloop's trainer, advanced in chunks; ``seconds`` counts only its own training."""
 
     def __init__(self, algo: str, env_id: str, steps: int, seed: int, num_envs: int,
-                 backend: str = "auto", path: str = "autograd") -> None:
+                 backend: str = "auto", path: str = "default") -> None:
         from rlloop.config.loading import build_config
         from rlloop.runs.build import build_algorithm
         from rlloop.trainers.loop import Trainer
@@ -207,7 +216,7 @@ class RlloopRun:
         self.algo, self.env_id, self.num_envs, self.seed = algo, env_id, num_envs, seed
         self.label = (f"rlloop {num_envs} env{'s' if num_envs > 1 else ''}"
                       + (" gym" if backend == "gymnasium" and algo == "dqn" else "")
-                      + ("" if path == "autograd" else f" {path}"))
+                      + (f" {path}" if PATHS[path](algo) else ""))
         self.algorithm: Any = build_algorithm(self.config)
         self.trainer = Trainer(self.algorithm, schedule=OffPolicySchedule(
             cast(OffPolicyAlgorithm, self.algorithm)))
@@ -345,14 +354,15 @@ def report(results: list[Result], peak: float) -> None:
 
 
 #: ``(num_envs, backend, gradient path)`` of every rlloop run, per task.
-TASKS = {"dqn": ("CartPole-v1", 1024, ((1, "native", "autograd"), (1, "native", "compiled"),
-                                       (1, "native", "manual"), (4, "native", "autograd"),
+TASKS = {"dqn": ("CartPole-v1", 1024, ((1, "native", "default"), (1, "native", "compiled"),
+                                       (1, "native", "autograd"), (4, "native", "default"),
                                        (4, "native", "compiled"),
-                                       (1, "gymnasium", "autograd"))),
-         "sac": ("Pendulum-v1", 100, ((1, "auto", "autograd"), (1, "auto", "compiled")))}
+                                       (1, "gymnasium", "default"))),
+         "sac": ("Pendulum-v1", 100, ((1, "auto", "default"), (1, "auto", "compiled")))}
 #: The settings of each gradient path.
 PATHS: dict[str, Callable[[str], list[str]]] = {
-    "autograd": lambda algo: [],
+    "default": lambda algo: [],
+    "autograd": lambda algo: ["dqn.manual_backward=false"] if algo == "dqn" else [],
     "compiled": lambda algo: [f"{algo}.compile=true"],
     "manual": lambda algo: ["dqn.manual_backward=true"],
 }
@@ -392,6 +402,14 @@ def report_seed(results: list[Result]) -> list[Result]:
 
 
 def main() -> None:
+    import sys
+
+    if "--whole-process" in sys.argv:
+        import whole_process
+
+        sys.argv.remove("--whole-process")
+        whole_process.main()
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short runs (a smoke test)")
     parser.add_argument("--dqn-steps", type=int, default=None)

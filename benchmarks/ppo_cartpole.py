@@ -1,6 +1,7 @@
 """PPO on CartPole-v1: rlloop (native and Gymnasium backends) vs Stable-Baselines3.
 
-Run: ``python benchmarks/ppo_cartpole.py [--seeds 0 1 2] [--budget 200000] [--compile]``
+Run: ``python benchmarks/ppo_cartpole.py [--seeds 0 1 2] [--budget 200000] [--compile]
+[--sbx]``
 
 For each contender and seed, training runs until a deterministic evaluation of
 ``--eval-episodes`` episodes, every ``--eval-every`` env steps, reaches 475 (the
@@ -21,6 +22,12 @@ adds it with ``ppo.compile=true``, each seed compiling afresh, as a new run woul
 compilation counts as training time). Both run with one torch thread
 (for these small MLPs, more threads do not help; see DESIGN.md), in the same process, one
 after another.
+
+``--sbx`` adds SBX (Stable-Baselines in JAX, ``pip install sbx-rl``) at rl-zoo's CartPole
+settings, its XLA CPU client on one thread (``jax_peer.py``); its first seed in the process
+includes JAX's jit compilation, later seeds reuse the compiled functions. The whole-process
+race (a fresh process per run, imports and compilation included) is
+``python benchmarks/whole_process.py --rows ppo``.
 """
 
 from __future__ import annotations
@@ -110,6 +117,22 @@ def run_sb3(seed: int, budget: int, eval_every: int, episodes: int) -> Outcome:
         return float(mean)  # type: ignore[arg-type]  # a float unless asked for lists
 
     return sb3_until_solved(model, evaluate, budget, eval_every, [env, eval_env])
+
+
+def run_sbx(seed: int, budget: int, eval_every: int, episodes: int) -> Outcome:
+    """SBX (JAX) with rl-zoo's CartPole-v1 hyperparameters, as :func:`run_sb3`."""
+    from jax_peer import sbx_model
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    model = sbx_model("ppo", "CartPole-v1", seed)
+    eval_env = make_vec_env("CartPole-v1", n_envs=1, seed=seed + 1000)
+
+    def evaluate() -> float:
+        mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=episodes, deterministic=True)
+        return float(mean)  # type: ignore[arg-type]  # a float unless asked for lists
+
+    return sb3_until_solved(model, evaluate, budget, eval_every, [model.get_env(), eval_env])
 
 
 def run_sb3_preset(seed: int, budget: int, eval_every: int, episodes: int) -> Outcome:
@@ -210,8 +233,15 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=20)
     parser.add_argument("--compile", action="store_true",
                         help="also run rlloop's native preset with ppo.compile=true")
+    parser.add_argument("--sbx", action="store_true",
+                        help="also run SBX (JAX) at rl-zoo's settings (needs sbx-rl)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.sbx:
+        from jax_peer import one_jax_thread, require_sbx
+
+        one_jax_thread()  # before jax is first imported
+        require_sbx()
 
     contenders: dict[str, Callable[[int], Outcome]] = {
         "rlloop native": lambda s: run_rlloop(s, "native", args.budget, args.eval_every,
@@ -224,6 +254,8 @@ def main() -> None:
         "sb3 (rl-zoo)": lambda s: run_sb3(s, args.budget, args.eval_every, args.eval_episodes),
         "sb3 (rlloop preset)": lambda s: run_sb3_preset(s, args.budget, args.eval_every,
                                                         args.eval_episodes),
+        **({"sbx (rl-zoo)": lambda s: run_sbx(s, args.budget, args.eval_every,
+                                              args.eval_episodes)} if args.sbx else {}),
     }
     results = run_seeds(contenders, args.seeds, width=19, digits=2)
     print_medians(results, f"PPO CartPole-v1, median over seeds {args.seeds} (threshold "
@@ -237,12 +269,16 @@ def main() -> None:
     print("\nratios vs SB3 (higher is better for rlloop): solve time against SB3's tuned "
           "rl-zoo run, training throughput against SB3 at rlloop's hyperparameters")
     for name in results:
-        if name.startswith("sb3"):
+        if name.startswith(("sb3", "sbx")):
             continue
         print(f"{name:19s} solve time {med(base, 'solve_s') / med(name, 'solve_s'):6.1f}x   "
               f"with eval {med(base, 'solve_total_s') / med(name, 'solve_total_s'):6.1f}x   "
               f"train steps/s {med(name, 'train_sps') / med(equal, 'train_sps'):6.1f}x "
               f"(vs rl-zoo's {med(name, 'train_sps') / med(base, 'train_sps'):.1f}x)")
+        if "sbx (rl-zoo)" in results:
+            sbx_s, sbx_total = med("sbx (rl-zoo)", "solve_s"), med("sbx (rl-zoo)", "solve_total_s")
+            print(f"{'':19s} vs SBX (rl-zoo): solve time {sbx_s / med(name, 'solve_s'):6.2f}x"
+                  f"   with eval {sbx_total / med(name, 'solve_total_s'):6.2f}x")
 
 
 if __name__ == "__main__":

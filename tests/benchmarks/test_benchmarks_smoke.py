@@ -86,7 +86,7 @@ def test_offpolicy_benchmark_runs_sac_on_the_threads_asked(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("stable_baselines3")
     run_benchmark(monkeypatch, GPU_BENCHMARK.with_name("offpolicy.py"), "--tasks", "sac",
-                  "--sac-steps", "150", "--paths", "autograd", "--threads", "2",
+                  "--sac-steps", "150", "--paths", "default", "--threads", "2",
                   "--clock", "cpu", "--eval-episodes", "2")
     out = capsys.readouterr().out
     assert "torch threads: 2" in out and "matmul peak (2 thread(s), fp32)" in out, out

@@ -1,5 +1,6 @@
-"""The opt-in hand-derived DQN backward matches autograd, and any network it does not
-derive falls back to autograd with one warning."""
+"""The hand-derived DQN backward (the default on a CPU) matches autograd, and any network
+it does not derive falls back to autograd: quietly by default, with one warning when asked
+for."""
 
 from __future__ import annotations
 
@@ -110,11 +111,12 @@ def test_manual_update_skips_a_non_finite_loss():
 # ---- the structure check: anything but a plain ReLU MLP falls back to autograd
 
 
-def _learner_for(online: torch.nn.Module):
+def _learner_for(online: torch.nn.Module, manual: bool | str = True, **settings):
     from rlloop.algorithms.dqn import DQNLearner, DQNModule
     from rlloop.config.offpolicy import DQNConfig
 
-    config = DQNConfig(manual_backward=True, hidden=[16, 16], batch_size=8, lr=1e-2)
+    config = DQNConfig(manual_backward=manual, hidden=[16, 16], batch_size=8,  # type: ignore[arg-type]
+                       lr=1e-2, **settings)
     return DQNLearner({"default_policy": DQNModule(online)}, config)  # type: ignore[arg-type]
 
 
@@ -152,6 +154,18 @@ def test_other_networks_warn_once_and_train_with_autograd(make, reason):
         learner.update_towards(obs, action, target)
     with torch.no_grad():
         assert float(dqn_loss(online(obs), action, target)[0]) < 0.5 * first
+
+
+def test_default_takes_the_manual_path_where_it_applies_quietly():
+    from rlloop.config.offpolicy import DQNConfig
+
+    assert DQNConfig().manual_backward == "auto"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # auto never warns
+        assert _learner_for(QNetwork(4, 2, [16, 16]), "auto").backprop is not None
+        assert _learner_for(QNetwork(4, 2, [16, 16], dueling=True), "auto").backprop is None
+        assert _learner_for(QNetwork(4, 2, [16, 16]), "auto", compile=True).backprop is None
+        assert _learner_for(QNetwork(4, 2, [16, 16]), False).backprop is None
 
 
 def _hooked(q: QNetwork) -> QNetwork:

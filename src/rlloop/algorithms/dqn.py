@@ -26,7 +26,7 @@ from rlloop.envs.action_masks import legal_actions, resolve_action_mask
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID
-from rlloop.learners.mlp_backprop import DQNBackprop, dqn_backprop
+from rlloop.learners.mlp_backprop import DQNBackprop, dqn_backprop, plain_relu_q_network
 from rlloop.losses.dqn import dqn_loss, dqn_target
 from rlloop.losses.polyak import hard_update, polyak_update
 from rlloop.modules.encoders import Encoder, build_encoder
@@ -48,8 +48,9 @@ class DQNModule(nn.Module):
 class DQNLearner(OffPolicyLearnerBase):
     """Adam on the online network; Huber TD loss; target updates on a fixed cadence.
 
-    With ``manual_backward`` and a plain ReLU Q-network (one module), the gradient comes
-    from :class:`~rlloop.learners.mlp_backprop.DQNBackprop` instead of autograd.
+    With ``manual_backward`` (by default on a CPU, without ``compile``) and a plain ReLU
+    Q-network (one module), the gradient comes from
+    :class:`~rlloop.learners.mlp_backprop.DQNBackprop` instead of autograd.
     """
 
     transient_attrs = frozenset({"td_errors"})
@@ -65,7 +66,7 @@ class DQNLearner(OffPolicyLearnerBase):
 
     def configure_optimizers_for_module(self, module_id: str, config: DQNConfig) -> None:
         online = self.module(module_id).online
-        if config.manual_backward and len(self.modules) == 1:
+        if len(self.modules) == 1 and manual_backward(config, online):
             self.backprop = dqn_backprop(online)
         self.add_adam(module_id, "default", list(online.parameters()), config.lr,
                       config.max_grad_norm, config.adam_eps)
@@ -151,6 +152,15 @@ class DQNLearner(OffPolicyLearnerBase):
             hard_update(m.target, m.online)
         else:
             polyak_update(m.target, m.online, self.config.tau)
+
+
+def manual_backward(config: DQNConfig, online: nn.Module) -> bool:
+    """Whether the update takes the hand-derived backward pass: asked for, or ``auto`` on a
+    CPU, eager, with a network the pass derives (quietly autograd otherwise)."""
+    if config.manual_backward != "auto":
+        return bool(config.manual_backward)
+    device = next(online.parameters()).device
+    return device.type == "cpu" and not config.compile and plain_relu_q_network(online)
 
 
 def _loss(online: nn.Module, obs: Tensor, action: Tensor, target: Tensor,

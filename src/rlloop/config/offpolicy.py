@@ -226,10 +226,11 @@ class DQNConfig(OffPolicyConfig):
     exploration_steps: int = 20_000
     """Env steps over which epsilon decays linearly (SB3's exploration_fraction=0.1 of the
     default 200k-step budget; a fraction would move with the budget, breaking resume)."""
-    manual_backward: bool = False
-    """Opt in: compute the gradient with a hand-derived backward pass instead of autograd
-    (rlloop.learners.mlp_backprop; same maths, faster on one CPU thread). Plain ReLU
-    Q-networks only: any other network warns once and uses autograd."""
+    manual_backward: bool | Literal["auto"] = "auto"
+    """Compute the gradient with a hand-derived backward pass instead of autograd
+    (rlloop.learners.mlp_backprop; same maths to float rounding, faster on a CPU). auto:
+    on a CPU where the Q-network is a plain ReLU MLP and compile is off, else autograd;
+    true: required (any other network warns once and uses autograd); false: autograd."""
     action_mask: bool | Literal["auto"] = "auto"
     """Invalid-action masking from the env's info["action_mask"]: greedy and random actions
     come from the legal ones only, and the target's max runs over the next state's legal
@@ -249,7 +250,10 @@ class DQNConfig(OffPolicyConfig):
                 raise ConfigError(f"dqn.{name} must be in [0, 1], got {getattr(self, name)}")
         check_hidden("dqn", self.hidden)
         GradientClip(self.max_grad_norm)
-        if self.manual_backward and self.compile:
+        if self.manual_backward not in (True, False, "auto"):
+            raise ConfigError(f"dqn.manual_backward must be true, false or auto, got "
+                              f"{self.manual_backward!r}")
+        if self.manual_backward is True and self.compile:
             raise ConfigError("dqn.manual_backward and dqn.compile exclude each other (the "
                               "hand-derived pass is not compiled); set one of them to false")
 

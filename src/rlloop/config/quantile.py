@@ -43,7 +43,7 @@ class QRDQNConfig(DQNConfig):
         for name, why in (("dueling", "a dueling head of quantiles"),
                           ("manual_backward", "the hand-derived backward pass"),
                           ("compile", "torch.compile of the quantile update")):
-            if getattr(self, name):
+            if getattr(self, name) is True:  # manual_backward's auto: not for quantiles
                 raise ConfigError(f"qrdqn.{name} is not supported yet ({why}); set "
                                   f"qrdqn.{name}=false or use dqn")
         super().__post_init__()

@@ -1,21 +1,23 @@
-"""Opt-in: DQN's gradient derived by hand, for plain ReLU Q-networks on one CPU thread.
+"""DQN's gradient derived by hand, for plain ReLU Q-networks (DQN's default on a CPU).
 
 Autograd is every algorithm's gradient. DQN's update on CartPole is a 64-row batch
 through a ``[256, 256]`` MLP: about a quarter of a millisecond of matmuls on one CPU
-thread, and autograd's graph adds a visible share to it. With ``dqn.manual_backward=true``
-:class:`DQNBackprop` computes the same gradient without a graph: :class:`MLPBackprop`
-keeps each layer's input on the way forward, then writes ``dL/dW = g^T a`` and
-``dL/db = sum g`` into each parameter's ``.grad`` and passes ``g <- (g W) * [a > 0]``
-down, layer by layer, from :func:`dqn_loss_grad` (Huber's derivative). The optimiser
-step is the autograd path's (:class:`~rlloop.learners.optim_step.GuardedStep`).
+thread, and autograd's graph adds a visible share to it. With ``dqn.manual_backward``
+(``auto``, the default, takes it on a CPU, without ``compile``, for the networks it
+derives; ``true`` asks for it) :class:`DQNBackprop` computes the same gradient without
+a graph: :class:`MLPBackprop` keeps each layer's input on the way forward, then writes
+``dL/dW = g^T a`` and ``dL/db = sum g`` into each parameter's ``.grad`` and passes
+``g <- (g W) * [a > 0]`` down, layer by layer, from :func:`dqn_loss_grad` (Huber's
+derivative). The optimiser step is the autograd path's
+(:class:`~rlloop.learners.optim_step.GuardedStep`).
 
 It derives one network only, so :func:`dqn_backprop` checks, when the learner is built,
 that the Q-network is exactly that: a non-dueling
 :class:`~rlloop.modules.q_networks.QNetwork` whose body is
 :class:`~rlloop.modules.q_networks.MLP` of ``nn.Linear`` layers, without hooks or
-parametrisations. Any other network (a LayerNorm, a tanh, another head) gets one
-warning and autograd. The gradients equal autograd's up to float rounding
-(``tests/learners/test_mlp_backprop.py``).
+parametrisations. Any other network (a LayerNorm, a tanh, another head) gets autograd,
+after one warning where ``true`` asked for the pass. The gradients equal autograd's up
+to float rounding (``tests/learners/test_mlp_backprop.py``).
 """
 
 from __future__ import annotations
@@ -132,6 +134,11 @@ def dqn_backprop(network: nn.Module) -> DQNBackprop | None:
     warnings.warn(f"dqn.manual_backward: {problem}, which the hand-derived backward pass "
                   "does not cover; using autograd", stacklevel=3)
     return None
+
+
+def plain_relu_q_network(network: nn.Module) -> bool:
+    """Whether :class:`DQNBackprop` derives ``network``'s gradient exactly."""
+    return _not_plain_relu(network) is None
 
 
 def _not_plain_relu(network: nn.Module) -> str | None:
