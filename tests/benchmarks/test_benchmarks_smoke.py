@@ -96,11 +96,12 @@ def test_offpolicy_benchmark_runs_sac_on_the_threads_asked(
 def test_quantile_benchmark_reports_each_task_s_ratio(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("sb3_contrib")
-    # TQC past its 100 warm-up steps, so both libraries take gradient steps
+    # TQC and CrossQ past their 100 warm-up steps, so both libraries take gradient steps
     run_benchmark(monkeypatch, GPU_BENCHMARK.with_name("quantile.py"), "--qrdqn-steps", "64",
-                  "--tqc-steps", "120", "--chunk", "40")
+                  "--tqc-steps", "120", "--crossq-steps", "120", "--chunk", "40")
     out = capsys.readouterr().out
-    for algo, env in (("qrdqn", "CartPole-v1"), ("tqc", "Pendulum-v1")):
+    for algo, env in (("qrdqn", "CartPole-v1"), ("tqc", "Pendulum-v1"),
+                      ("crossq", "Pendulum-v1")):
         assert re.search(rf"^{algo} {env}: rlloop / sb3-contrib env steps/s [\d.]+x$", out,
                          re.MULTILINE), out
         assert re.search(rf"^{algo} {env}, \d+ env steps, 1 thread\(s\)$", out,
