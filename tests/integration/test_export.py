@@ -14,7 +14,9 @@ from small_runs import train_ppo, train_sac
 
 from rlloop.algorithms import AlgorithmBase
 from rlloop.cli.main import main
+from rlloop.config.loading import build_config
 from rlloop.runs.saved import load_run_policy
+from rlloop.runs.start import train
 
 LOAD_TORCHSCRIPT = """
 import sys, torch
@@ -55,7 +57,7 @@ def _observations_and_eval_actions(run: Path) -> tuple[torch.Tensor, torch.Tenso
 
 def _compare(algo: str, got: np.ndarray, want: torch.Tensor) -> None:
     assert got.shape == tuple(want.shape)
-    if algo == "ppo":  # discrete: the very same actions
+    if algo in ("ppo", "qrdqn"):  # discrete: the very same actions
         assert got.dtype == np.int64
         np.testing.assert_array_equal(got, want.numpy())
     else:
@@ -79,6 +81,32 @@ def test_onnx_export_runs_in_onnxruntime_with_the_eval_actions(runs, algo, cli_i
     _compare(algo, got, want)
     (one,) = session.run(["action"], {"obs": obs[:1].numpy()})  # the batch size is free
     _compare(algo, one, want[:1])
+
+
+#: 250 env steps of each algorithm that rides on DQN's or SAC's parts, learning from step 50
+QUANTILE_AND_CROSSQ = {
+    "qrdqn": ("CartPole-v1", ["qrdqn.hidden=[32,32]", "qrdqn.n_quantiles=5"]),
+    "tqc": ("Pendulum-v1", ["tqc.hidden=[32,32]"]),
+    "crossq": ("Pendulum-v1", []),
+}
+
+
+@pytest.mark.parametrize("algo", sorted(QUANTILE_AND_CROSSQ))
+def test_quantile_and_crossq_policies_export_to_onnx_with_the_eval_actions(
+        algo, tmp_path, cli_in_process):
+    import onnxruntime
+
+    env, sets = QUANTILE_AND_CROSSQ[algo]
+    run = tmp_path / algo
+    small = [f"{algo}.learning_starts=50", f"{algo}.batch_size=16", f"{algo}.buffer_size=1000"]
+    train(build_config(algo, env, flags={"total_env_steps": 250},
+                       sets=["mlflow=false", "progress=false", "save_video=false",
+                             "num_envs=1", "eval_episodes=2", *small, *sets]), run)
+    path = _export(run, "onnx", cli_in_process)
+    obs, want = _observations_and_eval_actions(run)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (got,) = session.run(["action"], {"obs": obs.numpy()})
+    _compare(algo, got, want)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "sac"])

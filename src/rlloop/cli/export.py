@@ -35,7 +35,7 @@ from rlloop.system.run_files import check_output_file, check_run_dir, write_file
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
 #: Algorithms whose ``act`` maps one observation batch to one action batch.
-EXPORTABLE = ("ppo", "a2c", "dqn", "sac", "td3", "bc", "cql", "iql")
+EXPORTABLE = ("ppo", "a2c", "dqn", "qrdqn", "sac", "td3", "tqc", "crossq", "bc", "cql", "iql")
 
 
 class ObsNormalizer(nn.Module):
