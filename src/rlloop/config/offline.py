@@ -110,8 +110,8 @@ class CQLConfig(OfflineConfig):
     """Initial entropy temperature."""
     autotune_alpha: bool = True
     """Learn alpha so that the policy entropy tracks -action_dim."""
-    deterministic_backup: bool = False
-    """Leave the entropy term out of the TD target (TorchRL's default is True)."""
+    deterministic_backup: bool = True
+    """Leave the entropy term out of the TD target (as CORL's and TorchRL's defaults do)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
