@@ -1,7 +1,8 @@
 """Offline RL on a mixed-quality Pendulum-v1 dataset: BC, CQL and IQL against the expert.
 
 Run: ``python benchmarks/offline.py [--dataset DIR] [--expert RUN_DIR] [--seeds 0 1 2]
-[--steps N] [--hidden 256 256] [--algos bc cql iql] [--device cpu]``
+[--steps N] [--hidden 256 256] [--algos bc cql iql] [--device cpu]
+[--set cql.lr=1e-3 ...]``
 
 Without ``--dataset`` it makes one: SAC trained on Pendulum-v1 for 20k env steps (the
 expert), then 100 of its greedy episodes recorded with ``--epsilon 0.5`` (each action
@@ -10,7 +11,8 @@ updates per seed on that same dataset, and its best policy (``best/``, the best 
 evaluations made every ``steps / 5`` updates) is evaluated afresh on 20 greedy episodes,
 as the expert is. One JSON line per run is appended to ``benchmarks/offline_results.jsonl``
 and a table printed: the mean over seeds, and each as a share of the expert's return
-("within 15%": ``return >= expert - 0.15 |expert|``).
+("within 15%": ``return >= expert - 0.15 |expert|``). Each ``--set ALGO.KEY=VALUE``
+applies to that algorithm's runs and is written in their rows (``"sets"``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def main() -> None:
     p.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
     p.add_argument("--algos", nargs="+", default=["bc", "iql", "cql"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--set", dest="sets", action="append", default=[],
+                   help="ALGO.KEY=VALUE for that algorithm's runs (repeatable)")
     args = p.parse_args()
     workdir = Path(args.workdir)
     expert, dataset = expert_and_dataset(workdir, args.expert, args.dataset)
@@ -65,18 +69,21 @@ def main() -> None:
     for algo in args.algos:
         for seed in args.seeds:
             t0 = time.perf_counter()
+            sets = [s for s in args.sets if s.startswith(f"{algo}.")]
             config = build_config(algo, "Pendulum-v1", flags={"seed": seed,
                                                                 "device": args.device},
                                   sets=[*QUIET, f"{algo}.dataset={dataset}",
                                         f"{algo}.total_gradient_steps={args.steps}",
                                         f"{algo}.eval_interval={max(args.steps // 5, 1)}",
-                                        f"{algo}.hidden={json.dumps(args.hidden)}"])
+                                        f"{algo}.hidden={json.dumps(args.hidden)}",
+                                        *sets])
             run = workdir / f"{algo}-{seed}-{int(time.time())}"
             train(config, run)
             value = evaluate_run(run, 20)["return_mean"]
             returns.setdefault(algo, []).append(value)
             row = {"algo": algo, "seed": seed, "steps": args.steps, "hidden": args.hidden,
-                   "return_mean": value, "expert": expert_return, "dataset": dataset.name,
+                   "sets": sets, "return_mean": value, "expert": expert_return,
+                   "dataset": dataset.name,
                    "wall_s": round(time.perf_counter() - t0, 1)}
             with RESULTS.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")

@@ -3,9 +3,8 @@ expert in which half the actions are uniformly random (the mean of 3 seeds, each
 policy evaluated afresh on 20 greedy episodes).
 
 What holds (measured 2026-12-03 with ``benchmarks/offline.py``, [64, 64] networks, 10k
-gradient updates): IQL beats behaviour cloning on the same data. The issue's bar, CQL and
-IQL both beating BC and within 15% of the expert, is not met yet: that test is an expected
-failure (strict, so it reports when it starts to pass).
+gradient updates; CQL and IQL at ``lr=1e-3``): CQL (-146) and IQL (-157) each beat
+behaviour cloning (-306) on the same data and come within 15% of the expert (-149).
 
 Heavy: the expert alone is 20k env steps of SAC, and each offline run 10k gradient updates.
 """
@@ -23,6 +22,9 @@ from rlloop.runs.start import train
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false"]
 SEEDS = (0, 1, 2)
+#: CQL and IQL learn their critics at SAC's Pendulum rate (its preset's): at 3e-4 Q is
+#: still far from the data's returns after 10k updates (CQL's evaluations fall).
+EXTRA = {"cql": ["cql.lr=1e-3"], "iql": ["iql.lr=1e-3"]}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def _mean_return(root, dataset, algo: str) -> float:
     for seed in SEEDS:
         config = build_config(algo, "Pendulum-v1", flags={"seed": seed}, sets=[
             *QUIET, f"{algo}.dataset={dataset}", f"{algo}.total_gradient_steps=10000",
-            f"{algo}.eval_interval=2000", f"{algo}.hidden=[64,64]"])
+            f"{algo}.eval_interval=2000", f"{algo}.hidden=[64,64]", *EXTRA.get(algo, [])])
         run = train(config, root / f"{algo}-{seed}").run_dir
         values.append(evaluate_run(run, 20)["return_mean"])
     return statistics.mean(values)
@@ -61,8 +63,19 @@ def test_iql_beats_bc_on_mixed_data(mean_returns) -> None:
 
 @pytest.mark.slow
 @pytest.mark.heavy
-@pytest.mark.xfail(strict=True, reason="measured 2026-12-03: BC -306, IQL -236 (one seed of "
-                   "three at -413), CQL -528, expert -149: docs/guides/offline.md")
+def test_iql_comes_within_15_percent_of_the_expert(mean_returns) -> None:
+    expert = mean_returns["expert"]
+    assert mean_returns["iql"] >= expert - 0.15 * abs(expert), mean_returns
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_cql_beats_bc_on_mixed_data(mean_returns) -> None:
+    assert mean_returns["cql"] > mean_returns["bc"], mean_returns
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
 def test_cql_and_iql_beat_bc_and_come_within_15_percent_of_the_expert(mean_returns) -> None:
     bc, cql, iql, expert = (mean_returns[k] for k in ("bc", "cql", "iql", "expert"))
     bar = expert - 0.15 * abs(expert)

@@ -99,8 +99,9 @@ class CQLConfig(OfflineConfig):
 
     tau: float = 0.005
     """Polyak coefficient of the target critics."""
-    cql_weight: float = 5.0
-    """Weight of the conservative penalty (TorchRL's ``min_q_weight``, the paper's alpha)."""
+    cql_weight: float = 10.0
+    """Weight of the conservative penalty (TorchRL's ``min_q_weight``, the paper's alpha;
+    CORL's default 10)."""
     cql_temperature: float = 1.0
     """Temperature of the penalty's log-sum-exp."""
     cql_actions: int = 10
@@ -110,8 +111,8 @@ class CQLConfig(OfflineConfig):
     """Initial entropy temperature."""
     autotune_alpha: bool = True
     """Learn alpha so that the policy entropy tracks -action_dim."""
-    deterministic_backup: bool = False
-    """Leave the entropy term out of the TD target (TorchRL's default is True)."""
+    deterministic_backup: bool = True
+    """Leave the entropy term out of the TD target (as CORL's and TorchRL's defaults do)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
