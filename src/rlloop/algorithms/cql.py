@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from rlloop.algorithms.base import EnvSettings
 from rlloop.algorithms.offline_base import OfflineAlgorithmBase, OfflineLearnerBase
+from rlloop.algorithms.sac import add_actor_critic_adams
 from rlloop.config.offline import CQLConfig as CQLConfig
 from rlloop.data.transitions import Transitions
 from rlloop.envs.core import Box, Discrete
@@ -64,13 +65,8 @@ class CQLLearner(OfflineLearnerBase):
         return cast(CQLModule, self.modules[module_id])
 
     def configure_optimizers_for_module(self, module_id: str, config: CQLConfig) -> None:
-        m = self.module(module_id)
-        groups: list[tuple[str, list[Tensor]]] = [("actor", list(m.actor.parameters())),
-                                                  ("critic", list(m.critic.parameters()))]
-        if config.autotune_alpha:
-            groups.append(("alpha", [m.log_alpha]))
-        for name, params in groups:
-            self.add_adam(module_id, name, params, config.lr)
+        add_actor_critic_adams(self, module_id, self.module(module_id), config.lr,
+                               config.autotune_alpha)
 
     def noise(self, batch: Transitions) -> dict[str, Tensor]:
         """The update's random draws, in this order: the policy's standard normal noise at

@@ -91,6 +91,18 @@ def sac_module_factory(spec: EnvSpec, act_dim: int, config: SACConfig,
         config.hidden, cnn_precision=config.cnn_precision))
 
 
+def add_actor_critic_adams(learner: Any, module_id: str, module: nn.Module, lr: float,
+                           autotune_alpha: bool) -> None:
+    """One Adam each for ``module``'s actor and critic, and its ``log_alpha`` when tuned."""
+    actor, critic = cast(nn.Module, module.actor), cast(nn.Module, module.critic)
+    groups: list[tuple[str, list[Tensor]]] = [("actor", list(actor.parameters())),
+                                              ("critic", list(critic.parameters()))]
+    if autotune_alpha:
+        groups.append(("alpha", [cast(Tensor, module.log_alpha)]))
+    for name, params in groups:
+        learner.add_adam(module_id, name, params, lr)
+
+
 class SACLearner(OffPolicyLearnerBase):
     """Registers ``actor``, ``critic`` and ``alpha`` optimisers; one backward per update.
 
@@ -109,13 +121,8 @@ class SACLearner(OffPolicyLearnerBase):
         return cast(SACModule, self.modules[module_id])
 
     def configure_optimizers_for_module(self, module_id: str, config: SACConfig) -> None:
-        m = self.module(module_id)
-        groups: list[tuple[str, list[Tensor]]] = [("actor", list(m.actor.parameters())),
-                                                  ("critic", list(m.critic.parameters()))]
-        if config.autotune_alpha:
-            groups.append(("alpha", [m.log_alpha]))
-        for name, params in groups:
-            self.add_adam(module_id, name, params, config.lr)
+        add_actor_critic_adams(self, module_id, self.module(module_id), config.lr,
+                               config.autotune_alpha)
 
     def _noise(self, m: SACModule, batch: Transitions) -> tuple[Tensor, Tensor]:
         """The policy's standard normal draws ``[B, d]`` at ``next_obs`` and at ``obs``;
