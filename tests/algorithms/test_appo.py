@@ -102,6 +102,9 @@ def test_the_learner_scores_fragments_with_its_own_weights_through_vtrace() -> N
 
     import torch
 
+    from rlloop.learners.learner import DEFAULT_MODULE_ID
+    from rlloop.losses.appo import appo_loss
+    from rlloop.losses.ppo import PPOLossConfig, standardize
     from rlloop.losses.vtrace import vtrace
     from rlloop.runners.fragments import FragmentSampler
     from rlloop.runs.build import build_algorithm
@@ -139,6 +142,17 @@ def test_the_learner_scores_fragments_with_its_own_weights_through_vtrace() -> N
         torch.testing.assert_close(batch.log_probs, mu.flatten(), rtol=0, atol=0)
         torch.testing.assert_close(batch.advantages, ref.advantages.flatten())
         torch.testing.assert_close(batch.returns, ref.targets.flatten())
+        # the learner's loss on it is appo_loss: the ratio against mu, V-trace's targets
+        learner, cfg = algo.learner, algo.config
+        whole = learner.prepare_minibatch(DEFAULT_MODULE_ID, batch)
+        loss, _ = learner.compute_loss_for_module(
+            DEFAULT_MODULE_ID, cfg, whole, learner.forward_train(DEFAULT_MODULE_ID, whole))
+        dist, now = algo.policy.dist_value(obs.flatten(0, 1))
+        expected, _ = appo_loss(
+            dist.log_prob(actions.flatten()), mu.flatten(), standardize(ref.advantages.flatten()),
+            now, values.flatten(), ref.targets.flatten(), dist.entropy(),
+            PPOLossConfig(cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vf, False))
+        torch.testing.assert_close(loss, expected, rtol=0, atol=1e-6)
         before = [p.clone() for p in algo.policy.parameters()]
         stats = algo.update(48)
         assert torch.isfinite(torch.tensor(stats["losses/policy"]))
