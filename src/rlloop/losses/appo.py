@@ -38,8 +38,10 @@ def appo_loss(
     (``clip_vf`` against ``old_values``, V at the batch's start) and statistics. RLlib's
     APPO (IMPACT, Luo et al., 2020) takes its ratio against a target network instead
     (``clip(mu / pi_target, 0, 2) * pi_theta / mu``), adds an adaptive KL term, and does not
-    standardise advantages; with its target network equal to the behaviour policy and no
-    KL, it computes this loss (``tests/losses/test_appo_loss_equals_rllib.py``).
+    standardise advantages (``cfg.normalize_advantages``); with its target network equal to
+    the behaviour policy and no KL, it computes this loss, but for the bootstrap at a
+    fragment's end, which its appended step partly cancels
+    (``tests/losses/test_appo_loss_equals_rllib.py`` pins both).
     """
     return ppo_loss(log_prob, behaviour_log_prob, advantages, values, old_values, targets,
                     entropy, cfg)
