@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT / "src"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rllib_runs import end_report, parse_or_serve, run_worker, start_ray  # a script beside this one
+
 ENV_ID = "rlloop.envs.slow:SlowCartPole-v1"
 FRAGMENT, EPOCHS, MINIBATCH, HIDDEN = 32, 4, 128, [64, 64]
 
@@ -78,13 +77,10 @@ def rllib_worker(spec: dict[str, Any]) -> dict[str, Any]:
     from ray.rllib.algorithms.appo import APPOConfig
     from ray.tune.registry import register_env
 
-    sys.path.insert(0, str(SRC))
+    runners, m = int(spec["runners"]), int(spec["envs"])
+    start_ray(runners + 1)
     from rlloop.envs.slow import make as make_slow
 
-    runners, m = int(spec["runners"]), int(spec["envs"])
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=max(os.cpu_count() or 1, runners + 1), include_dashboard=False,
-             log_to_driver=False)
     register_env("sleep_lag", lambda cfg: make_slow(sleep_s=spec["sleep"] * (
         spec["slower_by"] if cfg.worker_index == 1 else 1.0)))
     config = (APPOConfig().framework("torch").environment("sleep_lag")
@@ -126,15 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rllib", action="store_true", help="also RLlib's APPO")
     p.add_argument("--only", nargs="+", choices=["ppo", "appo"], default=["ppo", "appo"])
     p.add_argument("--json", help="write the rows to this file")
-    p.add_argument("--rllib-worker", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.rllib_worker:
-        print(json.dumps(rllib_worker(json.loads(args.rllib_worker))), flush=True)
+    args = parse_or_serve(p, argv, rllib_worker)
+    if args is None:
         return 0
-    import torch
-
-    torch.set_num_threads(1)
-    sys.path.insert(0, str(SRC))
     rows = []
     for name in args.only:
         got = rlloop_run(name, args)
@@ -143,11 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.rllib:
         spec = {"runners": args.runners, "envs": args.envs_per_runner, "sleep": args.sleep,
                 "slower_by": args.slower_by, "target": args.target, "budget_s": args.budget_s}
-        done = subprocess.run([sys.executable, __file__, "--rllib-worker", json.dumps(spec)],
-                              capture_output=True, text=True, timeout=args.budget_s + 300)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        got = json.loads(lines[-1]) if lines else {
-            "error": " | ".join(done.stderr.strip().splitlines()[-3:])}
+        try:
+            got = run_worker(sys.executable, __file__, spec, args.budget_s + 300)
+        except RuntimeError as e:
+            got = {"error": str(e)}
         rows.append({"contender": "RLlib appo", **got})
         print(json.dumps(rows[-1]), flush=True)
     print("| contender | env steps | seconds | env steps/s | return | reached |\n|---|---|---|"
@@ -156,9 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         if "env_steps" in r:
             print(f"| {r['contender']} | {r['env_steps']:,.0f} | {r['seconds']:.1f} | "
                   f"{r['env_steps'] / r['seconds']:,.0f} | {r['return']:.1f} | {r['reached']} |")
-    print(f"cores: {os.cpu_count()}, load average now: {os.getloadavg()[0]:.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    end_report(rows, args.json)
     return 0
 
 

@@ -44,15 +44,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT / "src"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rllib_runs import end_report, parse_or_serve, run_worker, start_ray  # a script beside this one
+
 FRAGMENT, EPOCHS, MINIBATCH, HIDDEN = 32, 4, 128, [64, 64]
 #: env -> (id, sleep per step, rlloop's backend for it)
 ENVS = {"sleep": ("rlloop.envs.slow:SlowCartPole-v1", 0.002, "gymnasium-thread"),
@@ -122,14 +122,11 @@ def rllib_worker(spec: dict[str, Any]) -> dict[str, Any]:
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.tune.registry import register_env
 
-    sys.path.insert(0, str(SRC))
-    from rlloop.envs.slow import make as make_slow  # a Gymnasium env; no rlloop trainer
-
     torch.set_num_threads(1)  # as rlloop's learner (Ray gives its actors one thread each)
     runners, envs = int(spec["runners"]), int(spec["envs"])
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=max(os.cpu_count() or 1, runners), include_dashboard=False,
-             log_to_driver=False)
+    start_ray(runners)
+    from rlloop.envs.slow import make as make_slow  # a Gymnasium env; no rlloop trainer
+
     register_env("sleep", lambda cfg: make_slow(sleep_s=0.002))
     register_env("acrobot", lambda cfg: gymnasium.make("Acrobot-v1"))
     config = PPOConfig().framework("torch")
@@ -177,13 +174,7 @@ def rllib_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_rllib(python: str, spec: dict[str, Any]) -> dict[str, Any]:
-    done = subprocess.run([python, __file__, "--rllib-worker", json.dumps(spec)],
-                          capture_output=True, text=True, timeout=SOLVE_BUDGET_S + 300)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        tail = " | ".join(done.stderr.strip().splitlines()[-5:])
-        raise RuntimeError(f"RLlib run {spec} failed: {tail}")
-    return dict(json.loads(lines[-1]))
+    return run_worker(python, __file__, spec, SOLVE_BUDGET_S + 300)
 
 
 # ---------------------------------------------------------------- report
@@ -247,16 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--solve", action="store_true", help="also time PPO to solve CartPole")
     p.add_argument("--solve-runners", type=int, default=2)
     p.add_argument("--json", help="write every measurement to this file")
-    p.add_argument("--rllib-worker", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.rllib_worker:
-        print(json.dumps(rllib_worker(json.loads(args.rllib_worker))), flush=True)
+    args = parse_or_serve(p, argv, rllib_worker)
+    if args is None:
         return 0
-
-    import torch
-
-    torch.set_num_threads(1)
-    sys.path.insert(0, str(SRC))
     from rlloop.config.ray import RayConfig
     from rlloop.runners.ray_cluster import connect
 
@@ -294,9 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             import ray
 
             ray.shutdown()
-    print(f"cores: {os.cpu_count()}, load average now: {os.getloadavg()[0]:.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    end_report(rows, args.json)
     return 0
 
 

@@ -110,7 +110,7 @@ def test_a2c_updates_on_every_space_ppo_s_collection_takes(env_id):
     ("sets", "message"),
     [
         (["compile=true"], "compile: a2c has no compiled update"),
-        (["num_learners=2"], r"num_learners=2 needs one of \['ppo', 'sac'\], not a2c"),
+        (["num_learners=2"], r"num_learners=2 needs one of \['ppo', 'appo', 'sac'\], not a2c"),
         (["num_env_runners=1"], "a2c does not support env runners"),
         (["a2c.recurrent=lstm"], "a2c.recurrent: a2c has no recurrent policy"),
         (["a2c.num_epochs=4"], "unknown config key 'a2c.num_epochs'"),

@@ -35,8 +35,6 @@ SMALL = [*QUIET, "num_env_runners=1", "num_envs=4", "appo.fragments_per_batch=1"
     ("{algo}.normalize_rewards=true", "{algo}.normalize_rewards is not supported"),
     ("backend=gymnasium-async", "{algo}'s env runners are processes that may start none "
                                 "of their own"),
-    ("num_learners=2", "num_learners=2 needs one of ['ppo', 'sac'], not {algo}; use "
-                       "num_learners=1"),
 ])
 def test_bad_async_settings_are_one_line_naming_the_fix(algo: str, item: str,
                                                         expected: str) -> None:
@@ -44,6 +42,14 @@ def test_bad_async_settings_are_one_line_naming_the_fix(algo: str, item: str,
         build_config(algo, "CartPole-v1", sets=["num_env_runners=2", item.format(algo=algo)])
     assert str(e.value).startswith(expected.format(algo=algo)), e.value
     assert "\n" not in str(e.value)
+
+
+def test_impala_refuses_several_learners_in_one_line() -> None:
+    """IMPALA's one RMSprop step per batch has no data-parallel learner (APPO's has)."""
+    with pytest.raises(ConfigError) as e:
+        build_config("impala", "CartPole-v1", sets=["num_env_runners=2", "num_learners=2"])
+    assert str(e.value) == ("num_learners=2 needs one of ['ppo', 'appo', 'sac'], not impala; "
+                            "use num_learners=1")
 
 
 def test_a_negative_policy_lag_stops_the_cli_before_torch(tmp_path: Path,
@@ -102,6 +108,9 @@ def test_the_learner_scores_fragments_with_its_own_weights_through_vtrace() -> N
 
     import torch
 
+    from rlloop.learners.learner import DEFAULT_MODULE_ID
+    from rlloop.losses.appo import appo_loss
+    from rlloop.losses.ppo import PPOLossConfig, standardize
     from rlloop.losses.vtrace import vtrace
     from rlloop.runners.fragments import FragmentSampler
     from rlloop.runs.build import build_algorithm
@@ -139,6 +148,17 @@ def test_the_learner_scores_fragments_with_its_own_weights_through_vtrace() -> N
         torch.testing.assert_close(batch.log_probs, mu.flatten(), rtol=0, atol=0)
         torch.testing.assert_close(batch.advantages, ref.advantages.flatten())
         torch.testing.assert_close(batch.returns, ref.targets.flatten())
+        # the learner's loss on it is appo_loss: the ratio against mu, V-trace's targets
+        learner, cfg = algo.learner, algo.config
+        whole = learner.prepare_minibatch(DEFAULT_MODULE_ID, batch)
+        loss, _ = learner.compute_loss_for_module(
+            DEFAULT_MODULE_ID, cfg, whole, learner.forward_train(DEFAULT_MODULE_ID, whole))
+        dist, now = algo.policy.dist_value(obs.flatten(0, 1))
+        expected, _ = appo_loss(
+            dist.log_prob(actions.flatten()), mu.flatten(), standardize(ref.advantages.flatten()),
+            now, values.flatten(), ref.targets.flatten(), dist.entropy(),
+            PPOLossConfig(cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vf, False))
+        torch.testing.assert_close(loss, expected, rtol=0, atol=1e-6)
         before = [p.clone() for p in algo.policy.parameters()]
         stats = algo.update(48)
         assert torch.isfinite(torch.tensor(stats["losses/policy"]))
@@ -177,6 +197,36 @@ def test_one_runner_at_lag_0_resumes_exactly(tmp_path: Path) -> None:
     assert pairs[0].keys() == pairs[1].keys()
     differ = [k for k in pairs[0] if not same_leaf(pairs[0][k], pairs[1][k])]
     assert differ == ["/trainer/latest_eval/time/eval_s", "/trainer/wall_time"], differ
+
+
+@pytest.mark.slow
+def test_two_learner_processes_learn_as_one_learner(tmp_path: Path) -> None:
+    """num_learners=2 (a spawned rank, gloo; no Ray without a cluster): one runner at lag 0
+    samples the same fragments, and after 16 updates (128 env steps, 4 epochs of 2
+    minibatches each) the weights equal one learner's to float rounding."""
+    import torch
+    from proc_utils import live_children
+
+    from rlloop.config.ray import learner_actors
+    from rlloop.runs.session import Session
+
+    weights, starts = [], []
+    for learners in (1, 2):
+        config = build_config("appo", "CartPole-v1", flags={"seed": 3, "total_env_steps": 128},
+                              sets=[*SMALL, "appo.max_policy_lag=0", "appo.rollout_steps=16",
+                                    "appo.minibatch_size=32", f"num_learners={learners}"])
+        assert learner_actors(config) == 0
+        session = Session(config, tmp_path / str(learners))
+        starts.append({k: v.clone() for k, v in session.algorithm.policy.state_dict().items()})
+        assert session.run().env_steps == 128
+        assert type(session.algorithm.learner).__name__ == (
+            "APPOLearner" if learners == 1 else "DataParallelAPPOLearner")
+        weights.append(session.algorithm.policy.state_dict())
+    one, two = weights
+    assert all(torch.equal(starts[0][k], starts[1][k]) for k in one)
+    assert max(float((one[k] - starts[0][k]).abs().max()) for k in one) > 3e-3  # 16 steps
+    assert max(float((one[k] - two[k]).abs().max()) for k in one) < 1e-6
+    assert not live_children()
 
 
 class _KillRunner:

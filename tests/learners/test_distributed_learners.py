@@ -205,7 +205,7 @@ def test_killed_learner_rank_restarts_from_the_newest_checkpoint(tmp_path, cli_e
     (["ppo", "--env", "CartPole-v1", "--set", "num_learners=0"],
      "num_learners must be >= 1, got 0"),
     (["dqn", "--env", "CartPole-v1", "--set", "num_learners=2"],
-     "num_learners=2 needs one of ['ppo', 'sac'], not dqn; use num_learners=1"),
+     "num_learners=2 needs one of ['ppo', 'appo', 'sac'], not dqn; use num_learners=1"),
     (["sac", "--env", "Pendulum-v1", "--set", "num_learners=2", "--set", "compile=true"],
      "sac.compile=true does not combine with num_learners > 1"),
     (["ppo", "--env", "CartPole-v1", "--set", "num_learners=2", "--set", "ppo.recurrent=lstm"],

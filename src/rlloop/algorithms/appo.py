@@ -6,7 +6,7 @@ version of the weights that sampled it, and one too stale is dropped. The learne
 ``fragments_per_batch`` fragments, evaluates them with its current weights (the target
 policy pi and V), and corrects for the lag with :func:`rlloop.losses.vtrace.vtrace`:
 
-- **APPO** runs :func:`rlloop.losses.ppo.ppo_loss` (PPO's clipped surrogate, ``num_epochs``
+- **APPO** runs :func:`rlloop.losses.appo.appo_loss` (PPO's clipped surrogate, ``num_epochs``
   of minibatches) on V-trace's advantages, its ratio taken against the behaviour policy's
   log-probabilities, and regresses V onto V-trace's targets.
 - **IMPALA** takes one gradient step of :func:`rlloop.losses.a2c.a2c_loss` (the policy
@@ -25,12 +25,13 @@ import torch
 from torch import Tensor
 
 from rlloop.algorithms.a2c import A2CLearner
-from rlloop.algorithms.ppo import PPO
+from rlloop.algorithms.ppo import PPO, PPOLearner
 from rlloop.config.appo import APPOConfig as APPOConfig
 from rlloop.config.appo import IMPALAConfig as IMPALAConfig
 from rlloop.data.rollout import RolloutBatch
 from rlloop.errors import ConfigError
 from rlloop.learners.learner import DEFAULT_MODULE_ID, Learner
+from rlloop.losses.appo import appo_loss
 from rlloop.losses.vtrace import vtrace
 from rlloop.runners.fragments import Fragment
 
@@ -41,11 +42,19 @@ def _joined(frags: list[Fragment], name: str) -> Tensor:
     return torch.cat([getattr(f, name) for f in frags], dim=0 if name == "last_obs" else 1)
 
 
+class APPOLearner(PPOLearner):
+    """PPO's learner with :func:`~rlloop.losses.appo.appo_loss`: a batch's ``log_probs``
+    are the behaviour policy's, its advantages and returns V-trace's."""
+
+    loss_fn = staticmethod(appo_loss)
+
+
 class APPO(PPO):
     """Take ``fragments_per_batch`` fragments from the runners, then ``num_epochs`` of
     minibatch PPO on their V-trace advantages (see the module doc)."""
 
     name = "appo"
+    learner_cls: ClassVar[type[Learner[RolloutBatch]]] = APPOLearner
     config: Any  # APPOConfig here, IMPALAConfig in IMPALA
 
     transient_attrs: ClassVar[frozenset[str]] = PPO.transient_attrs | {"_fragments"}

@@ -1,9 +1,10 @@
-"""PPO's and SAC's learners as L data-parallel ranks (``num_learners=L``).
+"""PPO's, APPO's and SAC's learners as L data-parallel ranks (``num_learners=L``).
 
 What keeps L ranks equal to one learner on the whole batch, beyond the shared machinery of
 :mod:`rlloop.learners.distributed`:
 
-* PPO standardises advantages over the whole minibatch before it is split (a rank's shard
+* PPO (and APPO, whose batch rank 0 has V-trace'd) standardises advantages over the whole
+  minibatch before it is split (a rank's shard
   alone would give other means and stds), then its loss leaves them as they are.
 * SAC draws the policy noise for the whole batch from the generator state rank 0 sent, and
   each rank takes its rows, so every sample sees the noise it would see in one learner.
@@ -19,8 +20,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rlloop.algorithms.appo import APPOLearner
 from rlloop.algorithms.ppo import PPOLearner, policy_factory
 from rlloop.algorithms.sac import SACLearner, SACModule, sac_module_factory
+from rlloop.config.appo import APPOConfig
 from rlloop.config.offpolicy import SACConfig
 from rlloop.config.ppo import PPOConfig
 from rlloop.data.transitions import Transitions
@@ -42,6 +45,10 @@ if TYPE_CHECKING:
 class DataParallelPPOLearner(DataParallel, PPOLearner):  # type: ignore[misc]
     """:class:`PPOLearner` on one rank's shard of every minibatch (its
     :meth:`~PPOLearner.prepare_minibatch` standardises the whole minibatch first)."""
+
+
+class DataParallelAPPOLearner(DataParallel, APPOLearner):  # type: ignore[misc]
+    """:class:`~rlloop.algorithms.appo.APPOLearner` on one rank's shard of every minibatch."""
 
 
 class AllReduceStep(GuardedStep):
@@ -119,7 +126,9 @@ def build_rank_learner(spec: LearnerSpec, group: GroupInfo, device: torch.device
         mask_dims = resolve_action_mask(config.action_mask, env, config.section)
         module = module or build_module(policy_factory(env, config, mask_dims, features),
                                         device)
-        learner = DataParallelPPOLearner({DEFAULT_MODULE_ID: module}, config, on_nonfinite)
+        cls = (DataParallelAPPOLearner if isinstance(config, APPOConfig)
+               else DataParallelPPOLearner)
+        learner = cls({DEFAULT_MODULE_ID: module}, config, on_nonfinite)
     elif isinstance(config, SACConfig):
         space = env.action_space
         entropy = (-float(space.dim) if config.target_entropy is None
@@ -130,7 +139,8 @@ def build_rank_learner(spec: LearnerSpec, group: GroupInfo, device: torch.device
                                          generator or new_generator(device, spec.seed),
                                          on_nonfinite)
     else:
-        raise ConfigError(f"num_learners > 1 needs ppo or sac, not {type(config).__name__}")
+        raise ConfigError(f"num_learners > 1 needs ppo, appo or sac, not "
+                          f"{type(config).__name__}")
     comm = device if group.backend == "nccl" else torch.device("cpu")
     learner.join(group, link, comm)
     return learner

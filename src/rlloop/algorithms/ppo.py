@@ -35,6 +35,9 @@ from rlloop.modules.masked import MaskedActorCritic
 from rlloop.runners.graphed import GraphedCollect
 from rlloop.system.devices import build_module, resolve_device, stats_dtype
 
+#: A minibatch's loss with :func:`~rlloop.losses.ppo.ppo_loss`'s arguments (and meaning).
+PPOLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+
 
 class PPOLearner(Learner[RolloutBatch]):
     """Adam per module; the clipped-surrogate loss of :func:`rlloop.losses.ppo.ppo_loss`.
@@ -45,6 +48,8 @@ class PPOLearner(Learner[RolloutBatch]):
 
     #: The compiled loss's coefficient tensors: filled from the schedules before every use.
     transient_attrs: ClassVar[frozenset[str]] = frozenset({"_coefs"})
+    #: The loss of a minibatch, ``ppo_loss``'s signature (APPO's learner runs ``appo_loss``).
+    loss_fn: ClassVar[PPOLossFn] = staticmethod(ppo_loss)
 
     def __init__(self, modules: Mapping[str, nn.Module], config: PPOConfig,
                  on_nonfinite: Literal["skip", "raise"] = "skip", *,
@@ -97,15 +102,16 @@ class PPOLearner(Learner[RolloutBatch]):
         coefs = (self.hyperparameter(module_id, "clip_coef"), config.vf_coef,
                  self.hyperparameter(module_id, "ent_coef"), config.clip_vf)
         if fwd_out is not None:
-            return _loss_of(fwd_out, batch, *coefs)
+            return _loss_of(fwd_out, batch, self.loss_fn, *coefs)
         module = self.modules[module_id]
         if not self.config.compile:
-            return _module_loss(module, batch, *coefs)
+            return _module_loss(module, batch, self.loss_fn, *coefs)
         if self._compiled_loss is None:
             # Built on first use: torch.compile imports torch._dynamo (about a second).
             self._compiled_loss = torch.compile(_module_loss)
         clip_coef, vf_coef, ent_coef, clip_vf = coefs
-        return self._compiled_loss(module, batch, self._coef(module_id, "clip_coef", clip_coef),
+        return self._compiled_loss(module, batch, self.loss_fn,
+                                   self._coef(module_id, "clip_coef", clip_coef),
                                    vf_coef, self._coef(module_id, "ent_coef", ent_coef), clip_vf)
 
     def _coef(self, module_id: str, name: str, value: float) -> Tensor:
@@ -120,25 +126,26 @@ class PPOLearner(Learner[RolloutBatch]):
         return self._coefs[key].fill_(value)
 
 
-def _module_loss(module: nn.Module, batch: RolloutBatch, clip_coef: float | Tensor,
-                 vf_coef: float, ent_coef: float | Tensor, clip_vf: float | None
-                 ) -> tuple[Tensor, dict[str, Tensor]]:
+def _module_loss(module: nn.Module, batch: RolloutBatch, loss_fn: PPOLossFn,
+                 clip_coef: float | Tensor, vf_coef: float, ent_coef: float | Tensor,
+                 clip_vf: float | None) -> tuple[Tensor, dict[str, Tensor]]:
     """The PPO loss of ``module`` on ``batch``, its forward pass included: the function
     ``ppo.compile`` compiles (forward, loss and, through autograd, their backward)."""
     assert isinstance(module, ActorCritic)
-    return _loss_of(module.dist_value(batch.obs), batch, clip_coef, vf_coef, ent_coef, clip_vf)
+    return _loss_of(module.dist_value(batch.obs), batch, loss_fn, clip_coef, vf_coef, ent_coef,
+                    clip_vf)
 
 
-def _loss_of(fwd_out: tuple[ActionDist, Tensor], batch: RolloutBatch, clip_coef: float | Tensor,
-             vf_coef: float, ent_coef: float | Tensor, clip_vf: float | None
-             ) -> tuple[Tensor, dict[str, Tensor]]:
+def _loss_of(fwd_out: tuple[ActionDist, Tensor], batch: RolloutBatch, loss_fn: PPOLossFn,
+             clip_coef: float | Tensor, vf_coef: float, ent_coef: float | Tensor,
+             clip_vf: float | None) -> tuple[Tensor, dict[str, Tensor]]:
     """The PPO loss of a forward pass's ``(dist, values)`` on ``batch`` (advantages
     standardised already)."""
     dist, values = fwd_out
     actions = batch.actions.flatten(1) if batch.actions.dim() > 1 else batch.actions
     cfg = PPOLossConfig(clip_coef, vf_coef, ent_coef, clip_vf, normalize_advantages=False)
-    return ppo_loss(dist.log_prob(actions), batch.log_probs, batch.advantages, values,
-                    batch.values, batch.returns, dist.entropy(), cfg)
+    return loss_fn(dist.log_prob(actions), batch.log_probs, batch.advantages, values,
+                   batch.values, batch.returns, dist.entropy(), cfg)
 
 
 def policy_factory(spec: EnvSpec, config: OnPolicyConfig, mask_dims: int,

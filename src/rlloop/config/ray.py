@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlloop.config.appo import ASYNC_ALGOS
 from rlloop.errors import ConfigError
 
 #: The algorithms whose sampling env runners can take over.
@@ -49,8 +50,11 @@ class RayConfig:
 
 def learner_actors(config: Any) -> int:
     """How many learner ranks of a run (a ``RunConfig``) are Ray actors: ranks 1..L-1 when
-    Ray is in use (env runners) and ``ray.learner_actors`` is on, else none."""
-    if config.num_env_runners > 0 and config.ray.learner_actors:
+    Ray is in use (env runners; for APPO and IMPALA, only on a cluster: ``ray.address``)
+    and ``ray.learner_actors`` is on, else none."""
+    uses_ray = config.num_env_runners > 0 and (config.algo not in ASYNC_ALGOS
+                                               or config.ray.address is not None)
+    if uses_ray and config.ray.learner_actors:
         return int(config.num_learners) - 1
     return 0
 

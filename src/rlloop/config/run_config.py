@@ -40,7 +40,7 @@ RESUMABLE_KEYS = frozenset({
 #: Metrics records in a row over which ``max_skipped_share`` is judged (its docstring says 10).
 SKIPPED_SHARE_RECORDS = 10
 #: Algorithms whose learner can run as several processes (``num_learners > 1``).
-DISTRIBUTED_ALGOS = ("ppo", "sac")
+DISTRIBUTED_ALGOS = ("ppo", "appo", "sac")
 #: The same inside an algorithm's section (the off-policy cadence and evaluator).
 RESUMABLE_SECTION_KEYS = frozenset({
     "eval_interval", "record_interval", "save_interval", "max_opts", "evaluator", "recorder",

@@ -29,11 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.multiprocessing as mp
-from torch import Tensor
 
 from rlloop.errors import RlloopError
 from rlloop.runners.async_runner_process import serve, to_tensors
-from rlloop.runners.fragments import Fragment, FragmentEpisodes, weights_lag
+from rlloop.runners.fragments import Fragment, FragmentEpisodes, RemoteEnvs, weights_lag
 from rlloop.runners.ray_actor import BuildAlgorithm, envs_per_runner
 from rlloop.system.seeding import derive_seed
 
@@ -47,30 +46,6 @@ _POLL_S = 0.2
 
 class AsyncRunnerError(RlloopError, RuntimeError):
     """An env runner process failed and may not (or can no longer) be restarted."""
-
-
-class ProcessEnvs:
-    """The learner's view of the runners' envs: their spec and count; closing it stops
-    the runners. They are stepped only inside the runners."""
-
-    #: Stepped elsewhere: an env_config cannot rebuild them (AlgorithmBase.begin_horizon).
-    remote = True
-
-    def __init__(self, spec: Any, num_envs: int, group: AsyncRunnerProcesses) -> None:
-        self.spec, self.num_envs, self.group = spec, num_envs, group
-
-    def reset(self, seed: int | None = None) -> Tensor:
-        self.group.reset(seed)
-        return self.group.obs
-
-    def get_state(self) -> dict[str, Any]:
-        return {}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        pass
-
-    def close(self) -> None:
-        self.group.close()
 
 
 class AsyncRunnerProcesses:
@@ -113,7 +88,7 @@ class AsyncRunnerProcesses:
         self._window_t0 = time.perf_counter()
         self._closed = False
         self.processes: list[Any] = [None] * self.num_runners
-        self.env = ProcessEnvs(algorithm.env.spec, self.num_runners * self.envs, self)
+        self.env = RemoteEnvs(algorithm.env.spec, self.num_runners * self.envs, self)
         self._publish()
         try:
             for runner in range(self.num_runners):

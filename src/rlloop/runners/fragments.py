@@ -13,10 +13,12 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+from rlloop.envs.core import EnvSpec, StepResult
 
 
 @dataclass(frozen=True)
@@ -168,3 +170,40 @@ class FragmentEpisodes:
         self.recent.clear()
         self.recent.extend(zip(map(float, state.get("recent_returns", [])),
                                map(float, state.get("recent_lengths", [])), strict=True))
+
+
+class RunnerGroup(Protocol):
+    """What :class:`RemoteEnvs` needs of a group of env runners (Ray actors or processes)."""
+
+    obs: Tensor
+
+    def reset(self, seed: int | None = None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RemoteEnvs:
+    """The learner's view of the runners' envs: their spec and count; closing it stops
+    the runners. They are stepped only inside the runners."""
+
+    #: Stepped elsewhere: an env_config cannot rebuild them (AlgorithmBase.begin_horizon).
+    remote = True
+
+    def __init__(self, spec: EnvSpec, num_envs: int, group: RunnerGroup) -> None:
+        self.spec, self.num_envs, self.group = spec, num_envs, group
+
+    def reset(self, seed: int | None = None) -> Tensor:
+        self.group.reset(seed)
+        return self.group.obs
+
+    def step(self, actions: Tensor) -> StepResult:
+        raise RuntimeError("the envs run inside env runners; they are stepped there")
+
+    def get_state(self) -> dict[str, Any]:
+        return {}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        self.group.close()

@@ -33,15 +33,13 @@ from typing import TYPE_CHECKING, Any
 import ray
 import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
-from torch import Tensor
 
 from rlloop.algorithms.offpolicy_loop import OffPolicyLoop
 from rlloop.config.ray import learner_actors
 from rlloop.data.rollout import RolloutBuffer
-from rlloop.envs.core import EnvSpec, StepResult
 from rlloop.errors import RlloopError
 from rlloop.modules.custom import script_nets
-from rlloop.runners.fragments import Fragment, FragmentEpisodes, weights_lag
+from rlloop.runners.fragments import Fragment, FragmentEpisodes, RemoteEnvs, weights_lag
 from rlloop.runners.ray_actor import BuildAlgorithm, EnvRunnerActor, envs_per_runner
 from rlloop.runners.ray_cluster import connect, disconnect
 from rlloop.system.devices import move_to
@@ -69,33 +67,6 @@ def _raised(traceback_text: str) -> str | None:
         if match:
             found = f"{match[1].rpartition('.')[2]}: {match[2].strip()}"
     return found
-
-
-class RemoteEnvs:
-    """The learner's view of the runners' envs: their spec and count; closing it stops
-    the runners. They are stepped only inside the runners."""
-
-    #: Stepped elsewhere: an env_config cannot rebuild them (AlgorithmBase.begin_horizon).
-    remote = True
-
-    def __init__(self, spec: EnvSpec, num_envs: int, group: RayEnvRunnerGroup) -> None:
-        self.spec, self.num_envs, self.group = spec, num_envs, group
-
-    def reset(self, seed: int | None = None) -> Tensor:
-        self.group.reset(seed)
-        return self.group.obs
-
-    def step(self, actions: Tensor) -> StepResult:
-        raise RuntimeError("the envs run inside Ray env runners; they are stepped there")
-
-    def get_state(self) -> dict[str, Any]:
-        return {}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        pass
-
-    def close(self) -> None:
-        self.group.close()
 
 
 class RayEnvRunnerGroup:
