@@ -57,27 +57,8 @@ def mean_returns(pendulum_mixed) -> dict[str, float]:
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_iql_beats_bc_on_mixed_data(mean_returns) -> None:
-    assert mean_returns["iql"] > mean_returns["bc"], mean_returns
-
-
-@pytest.mark.slow
-@pytest.mark.heavy
-def test_iql_comes_within_15_percent_of_the_expert(mean_returns) -> None:
+@pytest.mark.parametrize("algo", ["cql", "iql"])
+def test_beats_bc_and_comes_within_15_percent_of_the_expert(algo, mean_returns) -> None:
     expert = mean_returns["expert"]
-    assert mean_returns["iql"] >= expert - 0.15 * abs(expert), mean_returns
-
-
-@pytest.mark.slow
-@pytest.mark.heavy
-def test_cql_beats_bc_on_mixed_data(mean_returns) -> None:
-    assert mean_returns["cql"] > mean_returns["bc"], mean_returns
-
-
-@pytest.mark.slow
-@pytest.mark.heavy
-def test_cql_and_iql_beat_bc_and_come_within_15_percent_of_the_expert(mean_returns) -> None:
-    bc, cql, iql, expert = (mean_returns[k] for k in ("bc", "cql", "iql", "expert"))
-    bar = expert - 0.15 * abs(expert)
-    assert cql > bc and iql > bc, mean_returns
-    assert cql >= bar and iql >= bar, mean_returns
+    assert mean_returns[algo] > mean_returns["bc"], mean_returns
+    assert mean_returns[algo] >= expert - 0.15 * abs(expert), mean_returns
