@@ -179,3 +179,22 @@ def test_discrete_cql_trains_on_the_cartpole_dataset(expert, tmp_path) -> None:
         "cql.eval_interval=100", "eval_episodes=2"])
     result = train(config, tmp_path / "cql")
     assert result.env_steps == 0 and result.best_eval_return is not None
+
+
+def test_a_resume_that_ends_between_evaluations_saves_its_updates(expert, tmp_path) -> None:
+    """An offline run's env steps stay 0: a resume that trained on with no evaluation due
+    was taken for a finished run, and its updates were never saved (nor evaluated)."""
+    _, path, _ = expert
+
+    def config(steps: int):
+        return build_config("bc", "CartPole-v1", flags={"seed": 0}, sets=[
+            *QUIET, f"bc.dataset={path}", f"bc.total_gradient_steps={steps}",
+            "bc.hidden=[16,16]", "bc.eval_interval=10", "eval_episodes=1"])
+
+    train(config(10), tmp_path / "bc")
+    resume(tmp_path / "bc", sets=["bc.total_gradient_steps=15"])
+    latest = CheckpointManager(tmp_path / "bc" / "checkpoints").latest()
+    assert latest is not None and latest.name == "000000015"
+    assert load_checkpoint(latest).components["trainer"]["counters"]["algorithm/steps"] == 15
+    rows = [json.loads(line) for line in (tmp_path / "bc" / "metrics.jsonl").open()]
+    assert sum("eval/return_mean" in row for row in rows) == 2  # at 10, and the final one
