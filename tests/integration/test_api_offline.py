@@ -94,7 +94,8 @@ def test_cql_learns_from_continuous_data_in_the_env_given(tmp_path) -> None:
     (lambda d: BC(d, lr=-1.0), "bc.lr must be > 0"),
     (lambda d: BC(d).learn(0), "total_gradient_steps must be an integer > 0, got 0"),
     (lambda d: BC(d).learn(total_timesteps=5), "total_timesteps is learn(total_gradient_steps)"),
-])
+], ids=["no-dataset", "missing", "budget-setting", "dataset-setting", "other-env", "iql-discrete",
+        "bad-lr", "zero-updates", "sb3-keyword"])
 def test_bad_offline_model_input_answers_in_one_line(cartpole_data, make, expected) -> None:
     with pytest.raises(ConfigError) as info:
         make(cartpole_data)
