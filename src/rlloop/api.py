@@ -318,6 +318,7 @@ class OfflineModel(Model):
         super().__init__(env, run_dir=run_dir, dataset=text, **kwargs)
         check_dataset(text, check_action_space(self.config))
 
+    # Model.learn's count renamed for its unit: learn(total_env_steps=n) is refused here.
     def learn(self, total_gradient_steps: int | float | None = None,  # type: ignore[override]
               callbacks: Callback | Sequence[Callback] = (), **sb3: Any) -> RunResult:
         """Train ``total_gradient_steps`` gradient updates on the dataset (``env/steps``
