@@ -3,17 +3,17 @@
 
 A thin layer on the CLI's code path: ``learn`` runs the same :class:`~rlloop.runs.session.Session`
 (run directory, MLflow run, checkpoints, report), and ``predict`` / ``evaluate`` act with
-the policy ``rlloop eval`` loads (the run's ``best/``, else its latest checkpoint).
+the policy ``rlloop eval`` loads (the run's ``best/``, else its latest checkpoint). The
+offline algorithms learn from a dataset: ``BC("data/cartpole-expert").learn(20_000)`` trains
+20,000 gradient updates.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
-import reprlib
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,9 +21,18 @@ import numpy as np
 
 from rlloop.algorithms import AlgorithmBase
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.config.api_arguments import (
+    NETS,
+    SB3_POLICY,
+    dataset_arguments,
+    env_argument,
+    learn_count,
+    path_argument,
+)
 from rlloop.config.loading import build_config, integer, sb3_hint
 from rlloop.config.registry import ALGORITHMS
 from rlloop.config.run_config import MAX_EVAL_EPISODES, RunConfig
+from rlloop.data.offline_dataset import check_dataset
 from rlloop.envs.ids import check_registered
 from rlloop.envs.objects import (
     copies_of,
@@ -67,11 +76,11 @@ class Model:
     def __init__(self, env: EnvLike | None = None, /, *sb3_args: Any,
                  run_dir: str | Path | None = None, policy: NetFactory | str | None = None,
                  **kwargs: Any) -> None:
-        env = _env_argument(type(self).__name__, env, sb3_args, kwargs)
+        env = env_argument(type(self).__name__, env, sb3_args, kwargs)
         section = {f.name for f in dataclasses.fields(ALGORITHMS[self.algo].config_cls)}
-        if isinstance(policy, str) and _SB3_POLICY.fullmatch(policy):
+        if isinstance(policy, str) and SB3_POLICY.fullmatch(policy):
             raise ConfigError(f"policy={policy!r} is a Stable-Baselines3 policy name; rlloop "
-                              f"builds the network from the observation space ({_NETS}): drop "
+                              f"builds the network from the observation space ({NETS}): drop "
                               "policy= (it takes a custom network, module:Class or a class)")
         if "total_env_steps" in kwargs:
             raise ConfigError(f"total_env_steps is learn()'s argument, not a setting: "
@@ -92,7 +101,8 @@ class Model:
         self.config = build_config(self.algo, env_id_of(env), flags=flags)
         check_action_space(self.config)  # TD3("CartPole-v1") is refused here, as in SB3
         # Absolute, as every path the model keeps: a later os.chdir must not move the run.
-        self.run_dir: Path | None = _path(run_dir, "run_dir") if run_dir is not None else None
+        self.run_dir: Path | None = (path_argument(run_dir, "run_dir") if run_dir is not None
+                                     else None)
         if self.run_dir is not None and self.run_dir.exists() and not self.run_dir.is_dir():
             raise RunDirError(f"run_dir {self.run_dir} is a file, not a directory; pass a "
                               "directory path that does not exist or is empty")
@@ -135,27 +145,22 @@ class Model:
 
         Ctrl-C (``SIGINT``) stops at the next boundary, writes the final checkpoint and
         report, then raises ``KeyboardInterrupt``; a later ``learn()`` continues from there."""
-        if sb3:
-            raise _learn_keywords(sb3)
-        steps = integer(total_env_steps)
-        if isinstance(total_env_steps, float) and total_env_steps.is_integer():
-            steps = int(total_env_steps)  # learn(1e5), as the CLI takes 1e5
+        return self._learn(learn_count(total_env_steps, "total_env_steps", sb3), callbacks)
+
+    def _learn(self, count: int, callbacks: Callback | Sequence[Callback]) -> RunResult:
+        """``learn``: train ``count`` more in its unit (:meth:`_with_budget`)."""
         callbacks = as_callbacks(callbacks)
-        if steps is None or steps <= 0:
-            raise ConfigError(f"total_env_steps must be an integer > 0, got {total_env_steps!r}")
-        total_env_steps = steps
         self._drop_actor()
         latest = _latest(self.run_dir)
         if self.run_dir is not None and latest is not None:
-            done = int(load_checkpoint(latest).metadata["env_steps"])
+            done = self._trained(latest)
             # As `rlloop train --resume`: a saved profile section profiles only when asked
             # for again (the run directory does not choose to run the profiler).
             sets = [] if self._own_config or "profile" in self._overrides else ["profile=null"]
             result = resume(self.run_dir, allow_import=self.allow_import, callbacks=callbacks,
-                            sets=sets, **self._overrides,
-                            total_env_steps=done + total_env_steps)
+                            sets=sets, **self._resume_flags(done + count))
         else:
-            config = dataclasses.replace(self.config, total_env_steps=total_env_steps)
+            config = self._with_budget(self.config, count)
             with (claimed_default_run_dir(config) if self.run_dir is None
                   else contextlib.nullcontext(self.run_dir)) as claimed:
                 run_dir = claimed.absolute()
@@ -173,11 +178,24 @@ class Model:
             raise KeyboardInterrupt
         return result
 
+    # The budget ``learn`` counts: env steps here, gradient updates for offline models.
+    def _with_budget(self, config: RunConfig, total: int) -> RunConfig:
+        """``config`` trained to ``total``."""
+        return dataclasses.replace(config, total_env_steps=total)
+
+    def _resume_flags(self, total: int) -> dict[str, Any]:
+        """``load``'s overrides and the budget of a resume that trains to ``total``."""
+        return {**self._overrides, "total_env_steps": total}
+
+    def _trained(self, checkpoint: Path) -> int:
+        """What ``checkpoint`` holds trained."""
+        return int(load_checkpoint(checkpoint).metadata["env_steps"])
+
     def save(self, path: str | Path) -> Path:
         """Copy the run to ``path`` as a run directory that `load`, ``rlloop eval`` and
         ``rlloop train --resume`` accept (without its MLflow store and identity: a
         resumed copy starts a new MLflow run)."""
-        dest = _path(path, "save() path")
+        dest = path_argument(path, "save() path")
         if self.run_dir is None or _latest(self.run_dir) is None:
             raise RunDirError("nothing to save yet: call learn() first")
         if dest.resolve() == self.run_dir.resolve():
@@ -243,62 +261,6 @@ class Model:
         return f"{type(self).__name__}({self.config.env!r}, run_dir={self.run_dir})"
 
 
-#: Stable-Baselines3's policy names (``PPO("MlpPolicy", env)``).
-_SB3_POLICY = re.compile(r"(Mlp|Cnn|MultiInput)(Lstm)?Policy")
-_NETS = ("an MLP for vectors, a CNN for images, one encoder per Dict entry; "
-         "ppo.recurrent=lstm for memory")
-#: What SB3's ``learn`` keywords are here.
-_LEARN_KEYWORDS = {
-    "total_timesteps": "learn(total_env_steps)",
-    "callback": "learn(n, callbacks=...)",
-    "progress_bar": "the run setting progress (on by default; PPO(..., progress=False))",
-    "log_interval": "the run settings eval_every and checkpoint_every (every iteration is "
-                    "logged)",
-    "reset_num_timesteps": "none: learn() continues the run; a new model starts a new one",
-    "tb_log_name": "the run setting tensorboard=True (logs go to the run directory)",
-}
-
-
-def _env_argument(name: str, env: EnvLike | None, extra: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> EnvLike:
-    """The constructor's env: the one positional argument or ``env=``; SB3's
-    ``PPO("MlpPolicy", env)`` is refused naming rlloop's spelling."""
-    keyword = kwargs.pop("env", None)
-    given = [e for e in (env, *extra, keyword) if e is not None]
-    if isinstance(env, str) and _SB3_POLICY.fullmatch(env):
-        rest = given[1:]
-        shown = repr(rest[0]) if rest and isinstance(rest[0], str) else "env"
-        raise ConfigError(f"{name}({env!r}, ...) is Stable-Baselines3's form; rlloop takes the "
-                          f"env first and builds the network from the observation space "
-                          f"({_NETS}): {name}({shown}, ...)")
-    if len(given) > 1:
-        raise ConfigError(f"{name} takes one env (an id, a gymnasium.Env or a function "
-                          f"returning one), positional or env=; got {len(given)}: "
-                          f"{reprlib.repr(given)}")
-    return given[0] if given else "CartPole-v1"
-
-
-def _learn_keywords(keywords: Mapping[str, Any]) -> ConfigError:
-    """The refusal of ``learn``'s unknown keywords, with SB3's names translated."""
-    hints = "; ".join(f"Stable-Baselines3's {k} is {_LEARN_KEYWORDS[k]} here"
-                      for k in sorted(keywords) if k in _LEARN_KEYWORDS)
-    return ConfigError(f"learn() got unknown arguments {sorted(keywords)}; "
-                       f"{hints + '; ' if hints else ''}it takes total_env_steps and callbacks")
-
-
-
-
-def _path(value: object, what: str) -> Path:
-    """``value`` as an absolute Path (``~`` expanded), or ConfigError naming ``what`` for
-    anything that is no path."""
-    try:
-        return Path(value).expanduser().absolute()  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigError(f"{what} must be a path (str or os.PathLike), got {value!r} "
-                          f"({type(value).__name__}); pass e.g. 'runs/my-run'") from None
-
-
-
 class PPO(Model):
     algo = "ppo"
 
@@ -339,8 +301,63 @@ class CrossQ(Model):
     algo = "crossq"
 
 
+class OfflineModel(Model):
+    """An offline algorithm learning from a recorded dataset, never from its env:
+    ``BC("data/cartpole-expert").learn(20_000)``.
+
+    ``dataset`` is a directory ``rlloop collect`` wrote, or ``minari:ID`` for one in Minari's
+    local store; ``env`` is where the policy is evaluated, by default the env the dataset
+    was recorded in. Keyword arguments are as for :class:`Model` (``lr=1e-3`` sets
+    ``cql.lr``; the preset for (algorithm, env) fills in the rest). ``learn`` counts gradient
+    updates; ``predict``, ``evaluate``, ``save`` and ``load`` are :class:`Model`'s.
+    """
+
+    def __init__(self, dataset: str | Path, env: EnvLike | None = None, /, *,
+                 run_dir: str | Path | None = None, **kwargs: Any) -> None:
+        text, env = dataset_arguments(type(self).__name__, dataset, env, kwargs)
+        super().__init__(env, run_dir=run_dir, dataset=text, **kwargs)
+        check_dataset(text, check_action_space(self.config))
+
+    # Model.learn's count renamed for its unit: learn(total_env_steps=n) is refused here.
+    def learn(self, total_gradient_steps: int | float | None = None,  # type: ignore[override]
+              callbacks: Callback | Sequence[Callback] = (), **sb3: Any) -> RunResult:
+        """Train ``total_gradient_steps`` gradient updates on the dataset (``env/steps``
+        stays 0); a later call trains that many more, continuing the run, as
+        :meth:`Model.learn` does."""
+        return self._learn(learn_count(total_gradient_steps, "total_gradient_steps", sb3),
+                           callbacks)
+
+    def _with_budget(self, config: RunConfig, total: int) -> RunConfig:
+        return dataclasses.replace(config, hparams=dataclasses.replace(
+            config.hparams, total_gradient_steps=total))
+
+    def _resume_flags(self, total: int) -> dict[str, Any]:
+        section = self._overrides.get(self.algo)
+        return {**self._overrides, self.algo: {**(section if isinstance(section, dict) else {}),
+                                               "total_gradient_steps": total}}
+
+    def _trained(self, checkpoint: Path) -> int:
+        return int(checkpoint.name)  # an offline run's checkpoints are named by its updates
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.config.hparams.dataset!r}, "
+                f"{self.config.env!r}, run_dir={self.run_dir})")
+
+
+class BC(OfflineModel):
+    algo = "bc"
+
+
+class CQL(OfflineModel):
+    algo = "cql"
+
+
+class IQL(OfflineModel):
+    algo = "iql"  # Box actions only
+
+
 MODELS: dict[str, type[Model]] = {cls.algo: cls for cls in (PPO, A2C, DQN, QRDQN, SAC, TD3, TQC,
-                                                            CrossQ, APPO, IMPALA)}
+                                                            CrossQ, APPO, IMPALA, BC, CQL, IQL)}
 
 
 def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = None,
@@ -353,7 +370,7 @@ def load(path: str | Path, *, allow_import: bool = False, env: EnvLike | None = 
     factory or an instance; it is registered under the saved id). ``flags`` override saved
     run settings (e.g. ``device="cpu"``).
     """
-    run_dir = _path(path, "load() path")
+    run_dir = path_argument(path, "load() path")
     if "total_env_steps" in flags:
         raise ConfigError("total_env_steps is learn()'s argument, not a setting: "
                           f"load(...).learn({flags['total_env_steps']!r}) trains that many more")

@@ -179,3 +179,46 @@ def test_discrete_cql_trains_on_the_cartpole_dataset(expert, tmp_path) -> None:
         "cql.eval_interval=100", "eval_episodes=2"])
     result = train(config, tmp_path / "cql")
     assert result.env_steps == 0 and result.best_eval_return is not None
+
+
+def test_a_resume_that_ends_between_evaluations_saves_its_updates(expert, tmp_path) -> None:
+    """An offline run's env steps stay 0: a resume that trained on with no evaluation due
+    was taken for a finished run, and its updates were never saved (nor evaluated)."""
+    _, path, _ = expert
+
+    def config(steps: int):
+        return build_config("bc", "CartPole-v1", flags={"seed": 0}, sets=[
+            *QUIET, f"bc.dataset={path}", f"bc.total_gradient_steps={steps}",
+            "bc.hidden=[16,16]", "bc.eval_interval=10", "eval_episodes=1"])
+
+    train(config(10), tmp_path / "bc")
+    resume(tmp_path / "bc", sets=["bc.total_gradient_steps=15"])
+    latest = CheckpointManager(tmp_path / "bc" / "checkpoints").latest()
+    assert latest is not None and latest.name == "000000015"
+    assert load_checkpoint(latest).components["trainer"]["counters"]["algorithm/steps"] == 15
+    rows = [json.loads(line) for line in (tmp_path / "bc" / "metrics.jsonl").open()]
+    assert sum("eval/return_mean" in row for row in rows) == 2  # at 10, and the final one
+
+
+def test_cqls_penalty_weight_is_10_for_box_actions_and_1_for_discrete_ones() -> None:
+    """The defaults measured best (mixed Pendulum data: 10 over 5; mixed CartPole data: 1
+    over 10 on 5 of 6 seeds, ``benchmarks/offline_cartpole.py``); a weight set holds for
+    both, and the discrete learner weighs its penalty by it."""
+    from rlloop.algorithms.cql import DiscreteCQLLearner, DiscreteCQLModule
+    from rlloop.config.offline import CQLConfig
+    from rlloop.data.transitions import Transitions
+    from rlloop.learners.learner import DEFAULT_MODULE_ID
+
+    default = CQLConfig(dataset="-", hidden=[8])
+    assert (default.penalty_weight(discrete=False), default.penalty_weight(discrete=True)) == (
+        10.0, 1.0)
+    assert CQLConfig(dataset="-", cql_weight=3.0).penalty_weight(discrete=True) == 3.0
+    torch.manual_seed(0)
+    learner = DiscreteCQLLearner({DEFAULT_MODULE_ID: DiscreteCQLModule(4, 2, default)}, default)
+    batch = Transitions(torch.randn(8, 4), torch.randint(0, 2, (8,)), torch.randn(8),
+                        torch.randn(8, 4), torch.zeros(8, dtype=torch.bool), torch.full((8,), 0.99))
+    penalty = {w: learner.compute_loss_for_module(
+        DEFAULT_MODULE_ID, CQLConfig(dataset="-", hidden=[8], cql_weight=w), batch)[1]["losses/cql"]
+        for w in (None, 1.0, 10.0)}
+    assert torch.equal(penalty[None], penalty[1.0])
+    assert not torch.equal(penalty[None], penalty[10.0])

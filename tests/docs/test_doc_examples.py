@@ -22,7 +22,7 @@ from doc_blocks import ROOT, Command, file_blocks, pages, python_blocks, shell_c
 
 from rlloop import api
 from rlloop.cli.main import main
-from rlloop.runs import start
+from rlloop.runs import collect, start
 
 CAP = 512  # env steps: an iteration or two, enough to leave a checkpoint
 OFF_POLICY_CAP = 256  # off-policy runs optimise on every step: their steps cost more
@@ -53,9 +53,11 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def capped_api(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every run a page's Python starts trains at most CAP env steps, with no MLflow
-    store and no video (the examples keep the budgets a user would write)."""
+    """Every run a page's Python starts trains at most CAP env steps (an offline model's
+    OFFLINE_CAP gradient updates), with no MLflow store and no video, and records at most
+    COLLECT_CAP episodes (the examples keep the budgets a user would write)."""
     real_train, real_learn = start.train, api.Model.learn
+    real_offline_learn, real_collect = api.OfflineModel.learn, collect.collect
 
     def train(config: Any, run_dir: Any = None, **kwargs: Any) -> Any:
         config = dataclasses.replace(config, total_env_steps=min(config.total_env_steps, CAP),
@@ -65,9 +67,21 @@ def capped_api(monkeypatch: pytest.MonkeyPatch) -> None:
     def learn(self: api.Model, total_env_steps: Any = None, *args: Any, **kwargs: Any) -> Any:
         return real_learn(self, min(int(total_env_steps), CAP), *args, **kwargs)
 
+    def offline_learn(self: api.OfflineModel, total_gradient_steps: Any = None, *args: Any,
+                      **kwargs: Any) -> Any:
+        hparams = dataclasses.replace(self.config.hparams, eval_interval=OFFLINE_CAP)
+        self.config = dataclasses.replace(self.config, hparams=hparams, eval_episodes=2)
+        return real_offline_learn(self, min(int(total_gradient_steps), OFFLINE_CAP), *args,
+                                  **kwargs)
+
+    def capped_collect(run_dir: Any, episodes: int, *args: Any, **kwargs: Any) -> Any:
+        return real_collect(run_dir, min(episodes, COLLECT_CAP), *args, **kwargs)
+
     monkeypatch.setattr(start, "train", train)
     monkeypatch.setattr(api, "train", train)
     monkeypatch.setattr(api.Model, "learn", learn)
+    monkeypatch.setattr(api.OfflineModel, "learn", offline_learn)
+    monkeypatch.setattr(collect, "collect", capped_collect)
 
 
 def test_the_docs_have_examples() -> None:

@@ -110,7 +110,8 @@ class CQLLearner(OfflineLearnerBase):
         penalty, penalty_stats = cql_penalty(
             q, m.critic(obs_n, noise["random"]).view(shape), m.critic(obs_n, pi).view(shape),
             log_pi.view(-1, n), m.critic(obs_n, next_pi).view(shape),
-            next_log_pi.view(-1, n), self.act_dim, cfg.cql_weight, cfg.cql_temperature)
+            next_log_pi.view(-1, n), self.act_dim, cfg.penalty_weight(discrete=False),
+            cfg.cql_temperature)
         action, log_prob = m.actor(batch.obs, noise=noise["actor"])
         q_pi = m.critic(batch.obs, action, detach_params=True)
         actor_loss, actor_stats = sac_actor_loss(q_pi[0], q_pi[1], log_prob, alpha)
@@ -150,7 +151,8 @@ class DiscreteCQLLearner(OfflineLearnerBase):
         with torch.no_grad():
             target = dqn_target(batch.reward, batch.discount, batch.terminated,
                                 m.critic_target(batch.next_obs))
-        return cql_discrete_loss(m.critic(batch.obs), batch.action, target, config.cql_weight)
+        return cql_discrete_loss(m.critic(batch.obs), batch.action, target,
+                                 config.penalty_weight(discrete=True))
 
 
 class CQL(OfflineAlgorithmBase):

@@ -85,6 +85,9 @@ def _presets(args: argparse.Namespace) -> int:
         zoo = ("-" if row.zoo_score is None else f"{row.zoo_score:g}" if row.zoo_std is None
                else f"{row.zoo_score:g} +- {row.zoo_std:g}")
         print(f"{row.env:{width}s}  {row.algo:6s} {budget:>10s}  {zoo}")
+    offline = sorted({row.algo for row in rows if ALGORITHMS[row.algo].offline})
+    if offline:
+        print(f"({', '.join(offline)}: the budget counts gradient updates)")
     print("print one as YAML: rlloop presets ALGO --env ENV (use it with --config)")
     return 0
 

@@ -7,7 +7,8 @@ config dataclasses), ``registry`` (algorithm name -> config class and constructo
 module path so that nothing here imports torch), ``presets`` (the tuned YAML settings per
 env), ``ray`` (the Ray section and the env-runner checks), ``gradient_clip``,
 ``network_choices`` and ``schedules`` (settings the learners and networks take),
-``unused_settings`` (warnings for settings a run does not use).
+``unused_settings`` (warnings for settings a run does not use), ``api_arguments`` (the
+Python API's arguments checked: env, ``learn``'s count, paths, an offline model's dataset).
 
 May import: ``rlloop.errors`` and ``rlloop.system``; never torch at import time, so that
 ``rlloop --help`` and bad input answer in well under a second.

@@ -123,8 +123,9 @@ def action_space_refusal(algo: str, env_id: str, space: str) -> str | None:
         return (f"{algo} takes {takes} actions but {env_id} has {space} ones; use ppo or "
                 "a2c for this env")
     if space == "Discrete" and not entry.discrete:
+        fits = "bc or cql (offline)" if entry.offline else "ppo, a2c or dqn"
         return (f"{algo} needs continuous (Box) actions but {env_id} has discrete ones; use "
-                "ppo, a2c or dqn for this env")
+                f"{fits} for this env")
     if space == "Box" and not entry.continuous:
         return (f"{algo} needs discrete actions but {env_id} has continuous ones; use ppo, "
                 "a2c, sac or td3 for this env")

@@ -96,7 +96,7 @@ class _Checkpoints:
     def on_eval(self, trainer: Trainer, stats: Stats) -> None:
         self.session.phases.add("evals", stats.get("time/eval_s", 0.0))
         value = stats.get("eval/return_mean", math.nan)
-        self.session.latest_eval_at = trainer.state["env/steps"]
+        self.session.latest_eval_at = trainer.state[self.session.progress]
         best = self.session.best_eval_return
         if not math.isnan(value) and (best is None or value > best):
             # A policy snapshot: no replay buffer or optimiser state (GBs for big buffers).
@@ -149,13 +149,16 @@ class Session:
         self.solved = False
         self.solved_at: int | None = None  # env steps of the evaluation confirmed solved
         self.new_best = False  # this sitting saved a better policy to best/
-        self.latest_eval_at: int | None = None  # env steps of trainer.latest_eval
+        self.latest_eval_at: int | None = None  # the progress count of trainer.latest_eval
         self._training = False  # inside the training loop (evals there may solve the run)
         self._solve_threshold: float | None = None  # known when the loop starts
         # Off-policy algorithms run on the off-policy cadence: evals and saves counted in
         # optimisation steps (their config section), checkpoints named by them.
         self.off_policy = ALGORITHMS[config.algo].kind == "off_policy"
         self.checkpoint_every = 0 if self.off_policy else config.checkpoint_every
+        #: The counter training advances: env steps; an offline run's gradient updates (its
+        #: env steps stay 0, so a resume that trains on could not be told from a finished run).
+        self.progress = "algorithm/steps" if ALGORITHMS[config.algo].offline else "env/steps"
         settings = check_run(config, run_dir)
         self.algorithm = self._build(settings)
         self._claim(resume)
@@ -378,7 +381,7 @@ class Session:
         trainer, cfg = self.trainer, self.config
         stats: Stats = {}
         self.phases.add("startup", self.phases.elapsed())
-        self._start_steps = trainer.state["env/steps"]
+        self._start_steps = trainer.state[self.progress]
         self.skipped_updates.start()
         self._start_evals = self.algorithm.evals
         self._final: dict[str, Any] | None = None
@@ -400,7 +403,7 @@ class Session:
                         self.skipped_updates.judge(trainer)
                 else:  # a run cut at its budget's end: its pending eval (record, save)
                     stats = trainer.finish_iteration()
-                if (self.latest_eval_at == trainer.state["env/steps"]
+                if (self.latest_eval_at == trainer.state[self.progress]
                         and "eval/return_mean" in trainer.latest_eval):
                     # A resume of a finished run: its last evaluation stands (another
                     # would log a second row at the same step).
@@ -450,7 +453,7 @@ class Session:
             # again), or a new run; not after a learner rank died: its update may be half
             # applied on rank 0.
             broken = isinstance(sys.exception(), LearnerGroupError)
-            if not broken and (self.trainer.state["env/steps"] > self._start_steps
+            if not broken and (self.trainer.state[self.progress] > self._start_steps
                                or self.algorithm.evals != self._start_evals
                                or not self.manager.latest()):
                 self.save(self._final)

@@ -11,13 +11,11 @@ evaluates) and ``algorithm/collects`` too; ``algorithm/steps`` counts gradient u
 
 from __future__ import annotations
 
-import time
 from typing import Any, cast
 
 from rlloop.algorithms.offpolicy_parts import EVALUATORS, MeanRecorder
 from rlloop.config.offline import OfflineConfig
-from rlloop.system.signals import atomic
-from rlloop.trainers.loop import Stats, Trainer
+from rlloop.trainers.loop import Trainer
 from rlloop.trainers.offpolicy_schedule import Cadence, OffPolicyAlgorithm, OffPolicySchedule
 
 
@@ -32,21 +30,6 @@ class OfflineSchedule(OffPolicySchedule):
         super().__init__(cast(OffPolicyAlgorithm, algorithm), cadence=cadence,
                          evaluator=EVALUATORS["deterministic"](), recorder=MeanRecorder(), **kwargs)
 
-    def step(self, trainer: Trainer, env_config: dict[str, Any] | None) -> Stats:
-        """One gradient update, then its eval, record and save where due."""
-        state, clock = trainer.state, time.perf_counter
-        t0 = clock()
-        paused = self._paused
-        stats: Stats = {}
-        with atomic():  # made and counted whole, or not at all (its record too)
-            opt = self.algorithm.optimize(state["env/steps"])
-            state["algorithm/steps"] += 1
-            self.recorder.add(opt or {})
-            if not self.eval_due(trainer):
-                stats.update(self._record_if_due(trainer))
-        if self.eval_due(trainer):
-            stats.update(self.evaluate(trainer, None))
-        else:
-            self._save_if_due(trainer)
-        trainer.wall_time += clock() - t0 - (self._paused - paused)
-        return trainer.count(stats)
+    def collect(self, trainer: Trainer, env_config: dict[str, Any] | None) -> int:
+        """No env step: every iteration makes one gradient update due."""
+        return 1

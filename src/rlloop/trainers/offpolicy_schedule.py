@@ -126,11 +126,7 @@ class OffPolicySchedule:
         paused = self._paused
         stats: Stats = {}
         if not self.pending_opts:
-            algo.begin_horizon(state["algorithm/collects"], env_config)
-            steps = algo.env_step()
-            state["algorithm/collects"] += 1
-            state["env/steps"] += steps
-            self.pending_opts = opts_due(state["env/steps"], steps, self.cadence.opt_interval)
+            self.pending_opts = self.collect(trainer, env_config)
         while self.pending_opts:
             # Made and counted whole, or not at all; its record too when no eval is due (a
             # cut before an eval leaves the step for the resume to evaluate and record).
@@ -153,6 +149,15 @@ class OffPolicySchedule:
                 break
         trainer.wall_time += _clock() - t0 - (self._paused - paused)
         return trainer.count(stats)
+
+    def collect(self, trainer: Trainer, env_config: dict[str, Any] | None) -> int:
+        """One batched env step, counted; returns the optimisation steps it made due."""
+        algo, state = self.algorithm, trainer.state
+        algo.begin_horizon(state["algorithm/collects"], env_config)
+        steps = algo.env_step()
+        state["algorithm/collects"] += 1
+        state["env/steps"] += steps
+        return opts_due(state["env/steps"], steps, self.cadence.opt_interval)
 
     def eval_due(self, trainer: Trainer) -> bool:
         """Whether the latest optimisation step calls for an eval (every ``eval_interval``)."""

@@ -100,8 +100,11 @@ def listing(algo: str | None = None, env_id: str | None = None) -> list[Listed]:
             if algo not in (None, name) or env_id not in (None, found.env):
                 continue
             bench = found.benchmark.get(name, {})
-            # rl-zoo's budget of its score, else the preset's own (no score to reach)
-            budget = bench.get("budget") or found.algorithms[name].get("total_env_steps")
+            # rl-zoo's budget of its score, else the preset's own (no score to reach); an
+            # offline algorithm's counts gradient updates
+            layer = found.algorithms[name]
+            budget = (bench.get("budget") or layer.get("total_env_steps")
+                      or (layer.get(name) or {}).get("total_gradient_steps"))
             rows.append(Listed(found.env, name, budget, bench.get("zoo_score"),
                                bench.get("zoo_std")))
     if not rows:
