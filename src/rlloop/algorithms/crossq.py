@@ -119,7 +119,8 @@ class CrossQLearner(SACLearner):
             loss, actor_stats = self.actor_loss(batch, standard_normal(
                 shape, batch.reward, self.generator), actor_norm)
             self.step(loss)
-            if critic_skipped is not None and self.step.skipped is not None:
+            if critic_skipped is not None and self.step.flag is not None \
+                    and self.step.skipped is not None:
                 # one update skipped in both its steps counts once (on the device, no sync)
                 self.step.skipped.sub_(critic_skipped * self.step.flag)
             stats.update(actor_stats)
