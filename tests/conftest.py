@@ -22,6 +22,20 @@ from rich.console import Console
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def sb3_logs_in_pytest_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Stable-Baselines3 makes a directory for its logger at every ``learn`` (``SB3-<time>``
+    under the system's temporary directory unless ``SB3_LOGDIR`` names one): the peer
+    comparisons' go under pytest's own temporary directory, which pytest prunes."""
+    previous = os.environ.get("SB3_LOGDIR")
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3-logs"))
+    yield
+    if previous is None:
+        os.environ.pop("SB3_LOGDIR", None)
+    else:
+        os.environ["SB3_LOGDIR"] = previous
+
+
 @pytest.fixture
 def float64_default() -> Iterator[None]:
     """torch's default dtype float64 for the test (a user's ``set_default_dtype``)."""

@@ -315,3 +315,15 @@ def test_trains_from_the_cli_and_loads_into_the_python_api(tmp_path, cli_in_proc
     assert action.shape == (1,) and -2 <= float(action[0]) <= 2
     assert model.learn(30).env_steps >= 180  # the same run continues
     model.close()
+
+
+def test_an_update_skipped_in_both_its_steps_counts_once() -> None:
+    config = CrossQConfig(hidden=HIDDEN, critic_hidden=HIDDEN, batch_size=4)
+    learner = CrossQLearner({DEFAULT_MODULE_ID: CrossQModule(3, 1, config)}, config,
+                            target_entropy=-1.0, generator=torch.Generator().manual_seed(0))
+    obs = torch.full((4, 3), float("nan"))  # both the critic's and the actor's loss
+    done = torch.zeros(4, dtype=torch.bool)
+    batch = Transitions(obs, torch.zeros(4, 1), torch.zeros(4), obs, done, torch.full((4,), 0.99))
+    for _ in range(config.policy_delay):  # the last one steps the actor as well
+        learner.update(batch)
+    assert learner.skipped_updates == config.policy_delay == learner.updates

@@ -235,3 +235,10 @@ def test_nothing_is_sampled_before_an_episode_ends() -> None:
     assert len(ours) == 0
     with pytest.raises(ValueError, match="raise learning_starts"):
         ours.sample(4)
+
+
+def test_the_memory_estimate_counts_every_tensor_it_holds() -> None:
+    _, ours = buffers("future", count=0)
+    held = [*ours._fields.values(), ours._ends]
+    tensor_bytes = sum(t.numel() * t.element_size() for t in held)
+    assert ours.nbytes == tensor_bytes + ours.obs.nbytes + ours.next_obs.nbytes

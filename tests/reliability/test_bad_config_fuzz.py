@@ -273,7 +273,9 @@ def test_settings_that_cannot_fit_are_refused_before_allocating(case, memory_res
     code, seconds, stderr = memory_results[case]
     line = assert_one_line_error(code, stderr, MEMORY_CASES[case][1])
     assert "of RAM is available" in line or case == "torch-threads"
-    assert seconds < 0.5  # estimated, not allocated (hidden=[1e8] used to take 52 s)
+    # estimated, not allocated (hidden=[1e8] used to take 52 s); 0.62 s was measured for a
+    # refusal on a host loaded 3x over, so the bound leaves room for load, not allocation
+    assert seconds < 3.0
 
 
 def test_env_raising_in_step_is_one_line_and_the_final_checkpoint_is_written(

@@ -21,6 +21,7 @@ runs per env or per transition.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -73,7 +74,11 @@ class HindsightReplayBuffer:
         self.her_ratio = 1 - 1 / (n_sampled_goal + 1)
         self.device = d = torch.device(device)
         n = num_envs
-        self.nbytes = n * rows * (2 * layout.bytes_per_obs + 4 + 1 + 4 + 8 + 8 + 8)
+        action_bytes = math.prod(action_shape) * torch.empty((), dtype=action_dtype).element_size()
+        # per row: obs and next obs, action, reward, terminated, discount, ep_start, ep_id;
+        # and per episode slot (rows + 1 of them per env) its end step
+        self.nbytes = (n * rows * (2 * layout.bytes_per_obs + action_bytes + 4 + 1 + 4 + 8 + 8)
+                       + (rows + 1) * n * 8)
         check_fits("HER replay", capacity, self.nbytes, d)
         self.obs = ObsStore((rows, n), layout, d)
         self.next_obs = ObsStore((rows, n), layout, d)

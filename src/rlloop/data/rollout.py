@@ -65,7 +65,7 @@ class RolloutBuffer:
         self.truncated = torch.zeros((t, n), dtype=torch.bool, device=d)
         #: Per step, views of its row of every field, made once: at a few envs, indexing
         #: the seven fields at every step costs as much as the copies into them.
-        self.rows = [StepRows(*(None if isinstance(x, ObsStore) else x[i] for x in (
+        self.rows = [StepRows(*(None if isinstance(x, ObsStore) else x[i] for x in (  # type: ignore[arg-type]
             self.obs, self.actions, self.log_probs, self.rewards, self.terminated,
             self.truncated, self.next_obs))) for i in range(t)]
 

@@ -109,9 +109,59 @@ class _Eager(torch.optim.Optimizer):
 
 
 class Adam(_Eager, torch.optim.Adam):
-    """``torch.optim.Adam`` without ``torch._dynamo``'s import in eager use."""
+    """``torch.optim.Adam`` without ``torch._dynamo``'s import in eager use.
+
+    With ``fused=True`` on a CPU, once every parameter has its state, ``step()`` calls the
+    fused kernel itself, with the arguments and state torch's step would pass it: the same
+    parameters and moments to the bit (``tests/learners/test_adam.py``), without the ~45 µs
+    of Python torch's step spends gathering them (a DQN update on CartPole is ~0.8 ms).
+    Anything else (a closure, several groups, a parameter without a gradient or state,
+    AMSGrad, a tensor learning rate, another device) takes torch's step.
+    """
 
     torch_cls = torch.optim.Adam
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
+        if closure is None and not torch.compiler.is_compiling() and self._fused_cpu_step():
+            return None
+        return super().step(closure)
+
+    def _fused_cpu_step(self) -> bool:
+        """torch's fused Adam step, written out for one group of CPU parameters that all
+        have gradients and state; False, having done nothing, where it does not apply."""
+        if len(self.param_groups) != 1:
+            return False
+        group = self.param_groups[0]
+        beta1, beta2 = group["betas"]
+        if (not group["fused"] or group["amsgrad"] or group["differentiable"]
+                or group["capturable"] or group["decoupled_weight_decay"]
+                or not isinstance(group["lr"], float) or not isinstance(beta1, float)
+                or not isinstance(beta2, float)):
+            return False
+        params: list[torch.Tensor] = group["params"]
+        grads, exp_avgs, exp_avg_sqs, steps = [], [], [], []
+        dtype = params[0].dtype
+        for p in params:
+            grad, state = p.grad, self.state.get(p)
+            if (grad is None or not state or p.dtype != dtype or p.device.type != "cpu"
+                    or grad.is_sparse):
+                return False
+            grads.append(grad)
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+        found_inf = getattr(self, "found_inf", None)
+        with torch.no_grad():
+            torch._foreach_add_(steps, 1)
+            torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False,
+                               lr=group["lr"], beta1=beta1, beta2=beta2,
+                               weight_decay=group["weight_decay"], eps=group["eps"],
+                               maximize=group["maximize"],
+                               grad_scale=getattr(self, "grad_scale", None),
+                               found_inf=found_inf)
+            if found_inf is not None:  # a skipped step leaves the step counts as they were
+                torch._foreach_sub_(steps, [found_inf] * len(steps))
+        return True
 
 
 class RMSprop(_Eager, torch.optim.RMSprop):

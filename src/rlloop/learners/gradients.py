@@ -15,6 +15,7 @@ tensor in C++, one dispatch for all of them). The results are bit-identical
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -33,7 +34,7 @@ def grad_norm(params: Sequence[Tensor]) -> Tensor:
 def total_norm(grads: Sequence[Tensor]) -> Tensor:
     """``get_total_norm(grads)``: the L2 norm of all of ``grads`` together (not empty)."""
     if _per_tensor(grads):
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(cast(list[Tensor], grads))))
     return torch.nn.utils.get_total_norm(grads)
 
 

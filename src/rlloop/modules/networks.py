@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -72,13 +73,13 @@ def run_layers(net: nn.Sequential, x: Tensor, stop: int | None = None) -> Tensor
                 or layer._backward_hooks or layer._backward_pre_hooks):  # (_hooked, inline)
             x = layer(x)
         elif kind is nn.Linear:  # (its parameters read as nn.Module.__getattr__ finds them)
-            x = F.linear(x, layer._parameters["weight"], layer._parameters["bias"])
+            x = F.linear(x, cast(Tensor, layer._parameters["weight"]), layer._parameters["bias"])
         elif kind is nn.Tanh:
             x = torch.tanh(x)
         elif kind is nn.ReLU:
-            x = F.relu(x, layer.inplace)
+            x = F.relu(x, cast(bool, layer.inplace))
         else:
-            x = F.elu(x, layer.alpha, layer.inplace)
+            x = F.elu(x, cast(float, layer.alpha), cast(bool, layer.inplace))
     return x
 
 

@@ -184,9 +184,8 @@ def unfilmable_reason(env_id: str) -> str | None:
     from gymnasium.envs.registration import load_env_creator
 
     try:
-        creator = gymnasium.spec(env_id).entry_point
-        if isinstance(creator, str):
-            creator = load_env_creator(creator)
+        entry = gymnasium.spec(env_id).entry_point
+        creator = load_env_creator(entry) if isinstance(entry, str) else entry
         params = inspect.signature(creator).parameters if callable(creator) else None
     except Exception:  # not a Gymnasium id, or one that making it will explain
         return None
