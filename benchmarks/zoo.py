@@ -156,11 +156,40 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
                          f"steps ({result.stopped_by}); not recorded: the next sitting with "
                          f"--runs-dir {runs} resumes it")
     ev = evaluate_run(result.run_dir, episodes=episodes)
+    success = success_rate(result.run_dir, row.env, episodes)
     return {"env": row.env, "algo": row.algo, "seed": seed, "fraction": fraction,
             "budget": row.budget, "env_steps": result.env_steps,
             "return_mean": ev["return_mean"], "return_std": ev["return_std"],
             "episodes": episodes, "best_training_eval": result.best_eval_return,
+            **({} if success is None else {"success_rate": success}),
             "wall_s": round(wall, 1), **stamp(load)}
+
+
+def success_rate(run_dir: Path, env_id: str, episodes: int) -> float | None:
+    """For a goal env (a Dict observation with ``desired_goal``): the share of
+    ``episodes`` fresh deterministic episodes (seeds from 10,000) whose last step's
+    ``info["is_success"]`` is set, with the run's best policy; None for other envs."""
+    import gymnasium as gym
+
+    from rlloop import load
+    from rlloop.envs.ids import resolve_env_id
+
+    env = gym.make(resolve_env_id(env_id))
+    try:
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Dict) or "desired_goal" not in space.spaces:
+            return None
+        model, reached = load(run_dir), 0
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=10_000 + episode)
+            done, info = False, {}
+            while not done:
+                obs, _, terminated, truncated, info = env.step(model.predict(obs))
+                done = terminated or truncated
+            reached += bool(info.get("is_success", False))
+        return reached / episodes
+    finally:
+        env.close()
 
 
 def in_use(run_dir: Path) -> str | None:
@@ -241,6 +270,9 @@ def table(all_rows: list[Row], results: list[dict[str, Any]]) -> str:
         if row.mujoco:
             notes.append("rl-zoo's score on -v3")
         notes += sorted({r["note"] for r in used if r.get("note")})
+        if all("success_rate" in r for r in used):
+            rates = ", ".join(f"{r['success_rate']:.0%}" for r in used)
+            notes.append(f"goals reached in {rates} of {used[0]['episodes']} fresh episodes")
         if mean < row.zoo_score and row.name in REASONS:
             notes.append(REASONS[row.name])
         lines.append(f"| {row.env} | {row.algo} | {budget} | {mean:.1f}{spread} "
