@@ -37,6 +37,7 @@ class InfoStore:
         self.rows, self.num_envs, self.device = rows, num_envs, device
         self.values: dict[Path, Tensor] = {}
         self.present: dict[Path, Tensor] = {}
+        self.kinds: dict[Path, tuple[tuple[int, ...], np.dtype]] = {}  # shape, dtype
 
     def write(self, row: int, infos: Sequence[Mapping[str, Any]]) -> None:
         """Row ``row`` := ``infos``, one dict per env (entries absent from an env's dict
@@ -46,26 +47,30 @@ class InfoStore:
                              f"got {len(infos)}")
         flat = [dict(_entries(info, ())) for info in infos]
         columns = []
-        for path in {p: None for f in flat for p in f}:  # first-seen order
+        for path in dict.fromkeys(p for f in flat for p in f):  # first-seen order
             envs = [e for e, f in enumerate(flat) if path in f]
             arrays = [_numeric(path, flat[e][path]) for e in envs]
-            store = self.values.get(path)
-            shape, kind = ((arrays[0].shape, arrays[0].dtype) if store is None else
-                           (tuple(store.shape[2:]), _numpy_dtype(store.dtype)))
+            shape, kind = self.kinds.get(path, (arrays[0].shape, arrays[0].dtype))
             for array in arrays:
                 if array.shape != shape or not np.can_cast(array.dtype, kind, "safe"):
                     raise UnstorableInfo(f"info{_name(path)} was {shape} {kind} and is now "
                                          f"{array.shape} {array.dtype}; give each entry one "
                                          "shape and kind")
-            columns.append((path, envs, np.stack(arrays).astype(kind)))
+            columns.append((path, envs, np.stack(arrays).astype(kind, copy=False)))
         for path, envs, values in columns:
             store = self.values.get(path)
             if store is None:
                 store = self._new_entry(path, values)
-            store[row, torch.tensor(envs, device=self.device)] = torch.as_tensor(
-                values).to(self.device)
-        for path, present in self.present.items():
-            present[row] = torch.tensor([path in f for f in flat], device=self.device)
+            tensor = torch.from_numpy(values).to(self.device)
+            if len(envs) == self.num_envs:
+                store[row] = tensor
+            else:
+                store[row, torch.tensor(envs, device=self.device)] = tensor
+        if self.present:
+            flags = torch.tensor([[path in f for f in flat] for path in self.present],
+                                 device=self.device)
+            for present, given in zip(self.present.values(), flags, strict=True):
+                present[row] = given
 
     def _new_entry(self, path: Path, values: np.ndarray) -> Tensor:
         store = torch.zeros((self.rows, self.num_envs, *values.shape[1:]),
@@ -73,22 +78,25 @@ class InfoStore:
         self.values[path] = store
         self.present[path] = torch.zeros((self.rows, self.num_envs), dtype=torch.bool,
                                          device=self.device)
+        self.kinds[path] = (values.shape[1:], values.dtype)
         return store
 
     def read(self, row: Tensor, env: Tensor) -> np.ndarray:
         """``[B]`` object array of the infos at ``row``, ``env`` ``[B]`` (fresh dicts,
         numpy values), the form Stable-Baselines3 passes to ``compute_reward``."""
         count = len(row)
-        out = np.empty(count, dtype=object)
         dicts: list[dict[str, Any]] = [{} for _ in range(count)]
         for path, store in self.values.items():
             values = store[row, env].cpu().numpy()
             present = self.present[path][row, env].cpu().numpy()
+            if len(path) == 1 and present.all():  # the common case, in one pass
+                key = path[0]
+                for info, value in zip(dicts, values, strict=True):
+                    info[key] = value
+                continue
             for i in np.flatnonzero(present).tolist():
                 _put(dicts[i], path, values[i])
-        for j, info in enumerate(dicts):
-            out[j] = info
-        return out
+        return np.fromiter(dicts, dtype=object, count=count)
 
     def get_state(self, held: int) -> list[dict[str, Any]]:
         """The first ``held`` rows of every entry (views: serialise before the next write)."""
@@ -96,7 +104,7 @@ class InfoStore:
                 for path, store in self.values.items()]
 
     def set_state(self, state: list[dict[str, Any]]) -> None:
-        self.values, self.present = {}, {}
+        self.values, self.present, self.kinds = {}, {}, {}
         for entry in state:
             path, values = tuple(entry["path"]), entry["values"]
             if values.shape[1] != self.num_envs or values.shape[0] > self.rows:
@@ -109,6 +117,7 @@ class InfoStore:
                                   device=self.device)
             present[: len(values)] = entry["present"].to(self.device)
             self.values[path], self.present[path] = store, present
+            self.kinds[path] = (tuple(values.shape[2:]), _numpy_dtype(values.dtype))
 
 
 def _entries(info: Mapping[str, Any], prefix: Path) -> list[tuple[Path, Any]]:
