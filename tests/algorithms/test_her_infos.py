@@ -102,9 +102,9 @@ def test_an_info_entry_that_cannot_be_stored_is_refused_at_the_first_step() -> N
 
 
 def test_a_reward_that_reads_info_without_it_names_her_copy_info() -> None:
-    with pytest.raises(ConfigError, match=r"it gave KeyError: 'cost' \(called with an empty "
-                                          r"info per row; a reward that reads info needs "
-                                          r"sac.her_copy_info=true\)"):
+    with pytest.raises(ConfigError, match=r"an empty info per row\), and for B=2 it raised "
+                                          r"KeyError: 'cost'; set sac.her_copy_info=true if "
+                                          r"it reads info, else make it vectorised"):
         _sac(COSTLY)
 
 

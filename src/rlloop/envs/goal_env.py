@@ -58,8 +58,11 @@ def goal_reward(env: Any, section: str, *, with_infos: bool = False
         try:
             got: Any = tuple(reward(probe, probe).shape)
         except Exception as e:
-            got = (f"{type(e).__name__}: {e} (called with an empty info per row; a reward "
-                   f"that reads info needs {section}.her_copy_info=true)")
+            raise ConfigError(
+                f"{section}.replay=her calls {env.spec.env_id}'s compute_reward on batches "
+                f"of goals ([B, G] arrays, an empty info per row), and for B=2 it raised "
+                f"{type(e).__name__}: {e}; set {section}.her_copy_info=true if it reads "
+                "info, else make it vectorised, as Gymnasium-Robotics' are") from None
         _check_batched(env, section, got, 2)
     return reward
 
