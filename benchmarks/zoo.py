@@ -83,6 +83,8 @@ REASONS: dict[str, str] = {
 
 #: Envs whose rl-zoo score was measured on -v3 while rlloop trains -v5.
 MUJOCO = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid")
+#: Gymnasium-Robotics envs (hindsight replay): rl-zoo's scores are -v1's, on mujoco-py.
+ROBOTICS = ("FetchReach", "FetchPush", "FetchSlide", "FetchPickAndPlace")
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,12 @@ class Row:
     @property
     def mujoco(self) -> bool:
         return self.env.split("-v")[0] in MUJOCO
+
+    @property
+    def group(self) -> str:
+        """Which line of the table's summary counts the row."""
+        base = self.env.split("-v")[0]
+        return "mujoco" if base in MUJOCO else "robotics" if base in ROBOTICS else "classic"
 
 
 def rows(only: list[str]) -> list[Row]:
@@ -249,8 +257,8 @@ def ratio(ours: float, zoo: float) -> float:
 def table(all_rows: list[Row], results: list[dict[str, Any]]) -> str:
     lines = ["| env | algo | budget (env steps) | rlloop mean ± std | rl-zoo | ratio | note |",
              "|---|---|---|---|---|---|---|"]
-    met = {False: 0, True: 0}  # by row.mujoco
-    total = {False: 0, True: 0}
+    met = {"classic": 0, "mujoco": 0, "robotics": 0}  # by row.group
+    total = dict.fromkeys(met, 0)
     for row in all_rows:
         mine = [r for r in results if r["env"] == row.env and r["algo"] == row.algo]
         if not mine:
@@ -261,14 +269,16 @@ def table(all_rows: list[Row], results: list[dict[str, Any]]) -> str:
         mean = statistics.fmean(scores)
         spread = f" ± {statistics.pstdev(scores):.1f}" if len(scores) > 1 else ""
         r_ = ratio(mean, row.zoo_score)
-        total[row.mujoco] += 1
-        met[row.mujoco] += mean >= row.zoo_score
+        total[row.group] += 1
+        met[row.group] += mean >= row.zoo_score
         budget = f"{round(row.budget * fraction):,}"
         notes = [] if fraction == 1 else [f"{fraction:g} of rl-zoo's {row.budget:,}"]
         if len(scores) < 3:
             notes.append(f"{len(scores)} seed{'s' if len(scores) > 1 else ''}")
         if row.mujoco:
             notes.append("rl-zoo's score on -v3")
+        if row.group == "robotics":
+            notes.append("rl-zoo's score on -v1 (mujoco-py), with normalised observations")
         notes += sorted({r["note"] for r in used if r.get("note")})
         if all("success_rate" in r for r in used):
             rates = ", ".join(f"{r['success_rate']:.0%}" for r in used)
@@ -278,9 +288,10 @@ def table(all_rows: list[Row], results: list[dict[str, Any]]) -> str:
         lines.append(f"| {row.env} | {row.algo} | {budget} | {mean:.1f}{spread} "
                      f"| {row.zoo_score:g} ± {row.zoo_std:g} | {r_:.2f} | {'; '.join(notes)} |")
     lines.append("")
-    lines.append(f"{met[False]} of {total[False]} classic-control and Box2D rows at or above "
-                 "rl-zoo's score" + (f"; {met[True]} of {total[True]} MuJoCo rows."
-                                    if total[True] else "."))
+    counts = [f"{met[g]} of {total[g]} {name} rows" for g, name in (
+        ("classic", "classic-control and Box2D"), ("mujoco", "MuJoCo"),
+        ("robotics", "Gymnasium-Robotics")) if total[g]]
+    lines.append("; ".join(counts) + " at or above rl-zoo's score.")
     return "\n".join(lines) + "\n"
 
 
