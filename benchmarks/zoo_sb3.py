@@ -39,6 +39,17 @@ ROWS: dict[str, dict[str, Any]] = {
         "budget": 1_000_000, "eval_every": 8_192, "eval_episodes": 5, "normalize": True,
         "kwargs": {},
     },
+    # rl-zoo's TQC FetchReach-v1 entry (tqc.yml, HerReplayBuffer with future goals, 4 per
+    # real transition) without its normalize: true, as rlloop's preset (rlloop does not
+    # standardise Dict observations): the same algorithm on the same inputs.
+    "FetchReach-v4/tqc": {
+        "budget": 20_000, "eval_every": 2_000, "eval_episodes": 10, "her": True,
+        "kwargs": {"buffer_size": 1_000_000, "batch_size": 256, "gamma": 0.95,
+                   "learning_rate": 1e-3, "learning_starts": 1_000,
+                   "replay_buffer_kwargs": {"goal_selection_strategy": "future",
+                                            "n_sampled_goal": 4},
+                   "policy_kwargs": {"net_arch": [64, 64], "n_critics": 1}},
+    },
     "LunarLanderContinuous-v3/ppo": {
         "budget": 1_000_000, "n_envs": 16, "eval_every": 16_384, "eval_episodes": 20,
         "kwargs": {"n_steps": 1024, "batch_size": 64, "gae_lambda": 0.98, "gamma": 0.999,
@@ -63,7 +74,18 @@ def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None 
     env_id, algo = row.split("/")
     spec = ROWS[row]
     n_envs = spec.get("n_envs", 1)
-    cls = getattr(stable_baselines3, algo.upper())
+    kwargs, policy = dict(spec["kwargs"]), "MlpPolicy"
+    if spec.get("her"):  # a goal env: Gymnasium-Robotics' ids, Dict observations
+        import gymnasium_robotics
+        from stable_baselines3 import HerReplayBuffer
+
+        gym.register_envs(gymnasium_robotics)
+        kwargs["replay_buffer_class"], policy = HerReplayBuffer, "MultiInputPolicy"
+    if hasattr(stable_baselines3, algo.upper()):
+        cls = getattr(stable_baselines3, algo.upper())
+    else:
+        import sb3_contrib
+        cls = getattr(sb3_contrib, algo.upper())
     env: Any = gym.make(env_id) if n_envs == 1 else make_vec_env(env_id, n_envs=n_envs,
                                                                  seed=seed)
     eval_env: Any = Monitor(gym.make(env_id))
@@ -81,7 +103,7 @@ def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None 
             kept["obs_rms"] = copy.deepcopy(getattr(eval_env, "obs_rms", None))
             return True
 
-    model = cls("MlpPolicy", env, seed=seed, device="cpu", **spec["kwargs"])
+    model = cls(policy, env, seed=seed, device="cpu", **kwargs)
     fresh_episodes = episodes or 20
     with tempfile.TemporaryDirectory(prefix="zoo-sb3-") as tmp:
         # EvalCallback counts vectorised steps: every eval_every env steps over all envs
