@@ -112,7 +112,9 @@ def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None 
                                 best_model_save_path=tmp, callback_on_new_best=KeepStatistics(),
                                 deterministic=True, verbose=0)
         model.learn(total_timesteps=round(fraction * spec["budget"]), callback=callback)
-        best = cls.load(Path(tmp) / "best_model.zip", device="cpu")
+        # (a HerReplayBuffer is built again on load, and needs the env for it)
+        best = cls.load(Path(tmp) / "best_model.zip", device="cpu",
+                        env=env if spec.get("her") else None)
         if kept.get("obs_rms") is not None:
             eval_env.obs_rms = kept["obs_rms"]
             fresh = evaluate_gym(env_id, lambda obs: best.predict(
