@@ -58,10 +58,11 @@ ROWS: dict[str, dict[str, Any]] = {
 }
 
 
-def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None = None
-               ) -> tuple[float, float]:
+def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None = None,
+               normalize: bool = False) -> tuple[float, float]:
     """(best evaluation while training, the best policy's fresh score) of one seed, on
-    ``fraction`` of rl-zoo's budget; ``episodes`` per evaluation (default: the row's)."""
+    ``fraction`` of rl-zoo's budget; ``episodes`` per evaluation (default: the row's);
+    ``normalize``: with VecNormalize even where the row has none."""
     import copy
 
     import gymnasium as gym
@@ -72,7 +73,7 @@ def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None 
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
     env_id, algo = row.split("/")
-    spec = ROWS[row]
+    spec = {**ROWS[row], **({"normalize": True} if normalize else {})}
     n_envs = spec.get("n_envs", 1)
     kwargs, policy = dict(spec["kwargs"]), "MlpPolicy"
     if spec.get("her"):  # a goal env: Gymnasium-Robotics' ids, Dict observations
@@ -134,6 +135,9 @@ def main() -> None:
                         "left out of an earlier sitting can be run on its own")
     p.add_argument("--fraction", type=float, default=1.0,
                    help="train this fraction of rl-zoo's budget (default 1)")
+    p.add_argument("--normalize", action="store_true",
+                   help="with VecNormalize (rl-zoo's normalize: true) even where the row, "
+                        "like rlloop's preset, has none (FetchReach)")
     p.add_argument("--eval-episodes", type=int, default=None,
                    help="episodes per evaluation and for the fresh score (default: the "
                         "row's cadence, 20 fresh)")
@@ -145,7 +149,8 @@ def main() -> None:
     torch.set_num_threads(1)
     scores = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        best, score = train_seed(args.row, seed, args.fraction, args.eval_episodes)
+        best, score = train_seed(args.row, seed, args.fraction, args.eval_episodes,
+                                 args.normalize)
         scores.append(score)
         print(f"{args.row} SB3 seed {seed}: best while training {best:.1f}, "
               f"fresh {score:.1f}", flush=True)
