@@ -66,6 +66,11 @@ REASONS: dict[str, str] = {
                                     "seed 1 learned to hover "
                                     "(episodes of 850-1000 steps, evaluations -80 to +66 "
                                     "from 35k to 500k) and never landed in its budget",
+    "FetchReach-v4/tqc": "seeds -3.5, -1.5, -1.6: seeds 1 and 2 at rl-zoo's level; seed 0's "
+                         "best policy is off the goal for 38 of 50 steps in one of its 20 "
+                         "evaluation episodes (the other 19: -1.7 on average); SB3 2.9 "
+                         "with the same values scores -29.9 ± 15.4 without normalisation "
+                         "and -1.1 ± 0.2 with rl-zoo's VecNormalize (benchmarks/zoo_sb3.py)",
     "HalfCheetah-v5/ppo": "seeds 5619.4, 5455.8, 6192.4 (each seed's best policy on 20 "
                           "fresh episodes; std 719, 2229 and 40 within a seed: seed 1's "
                           "cheetah flips over in some episodes); seed 2 is above rl-zoo's "
@@ -83,6 +88,8 @@ REASONS: dict[str, str] = {
 
 #: Envs whose rl-zoo score was measured on -v3 while rlloop trains -v5.
 MUJOCO = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid")
+#: Gymnasium-Robotics envs (hindsight replay): rl-zoo's scores are -v1's, on mujoco-py.
+ROBOTICS = ("FetchReach", "FetchPush", "FetchSlide", "FetchPickAndPlace")
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,12 @@ class Row:
     @property
     def mujoco(self) -> bool:
         return self.env.split("-v")[0] in MUJOCO
+
+    @property
+    def group(self) -> str:
+        """Which line of the table's summary counts the row."""
+        base = self.env.split("-v")[0]
+        return "mujoco" if base in MUJOCO else "robotics" if base in ROBOTICS else "classic"
 
 
 def rows(only: list[str]) -> list[Row]:
@@ -156,11 +169,40 @@ def train_one(row: Row, seed: int, fraction: float, episodes: int, runs: Path
                          f"steps ({result.stopped_by}); not recorded: the next sitting with "
                          f"--runs-dir {runs} resumes it")
     ev = evaluate_run(result.run_dir, episodes=episodes)
+    success = success_rate(result.run_dir, row.env, episodes)
     return {"env": row.env, "algo": row.algo, "seed": seed, "fraction": fraction,
             "budget": row.budget, "env_steps": result.env_steps,
             "return_mean": ev["return_mean"], "return_std": ev["return_std"],
             "episodes": episodes, "best_training_eval": result.best_eval_return,
+            **({} if success is None else {"success_rate": success}),
             "wall_s": round(wall, 1), **stamp(load)}
+
+
+def success_rate(run_dir: Path, env_id: str, episodes: int) -> float | None:
+    """For a goal env (a Dict observation with ``desired_goal``): the share of
+    ``episodes`` fresh deterministic episodes (seeds from 10,000) whose last step's
+    ``info["is_success"]`` is set, with the run's best policy; None for other envs."""
+    import gymnasium as gym
+
+    from rlloop import load
+    from rlloop.envs.ids import resolve_env_id
+
+    env = gym.make(resolve_env_id(env_id))
+    try:
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Dict) or "desired_goal" not in space.spaces:
+            return None
+        model, reached = load(run_dir), 0
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=10_000 + episode)
+            done, info = False, {}
+            while not done:
+                obs, _, terminated, truncated, info = env.step(model.predict(obs))
+                done = terminated or truncated
+            reached += bool(info.get("is_success", False))
+        return reached / episodes
+    finally:
+        env.close()
 
 
 def in_use(run_dir: Path) -> str | None:
@@ -220,8 +262,8 @@ def ratio(ours: float, zoo: float) -> float:
 def table(all_rows: list[Row], results: list[dict[str, Any]]) -> str:
     lines = ["| env | algo | budget (env steps) | rlloop mean ± std | rl-zoo | ratio | note |",
              "|---|---|---|---|---|---|---|"]
-    met = {False: 0, True: 0}  # by row.mujoco
-    total = {False: 0, True: 0}
+    met = {"classic": 0, "mujoco": 0, "robotics": 0}  # by row.group
+    total = dict.fromkeys(met, 0)
     for row in all_rows:
         mine = [r for r in results if r["env"] == row.env and r["algo"] == row.algo]
         if not mine:
@@ -232,23 +274,30 @@ def table(all_rows: list[Row], results: list[dict[str, Any]]) -> str:
         mean = statistics.fmean(scores)
         spread = f" ± {statistics.pstdev(scores):.1f}" if len(scores) > 1 else ""
         r_ = ratio(mean, row.zoo_score)
-        total[row.mujoco] += 1
-        met[row.mujoco] += mean >= row.zoo_score
+        total[row.group] += 1
+        met[row.group] += mean >= row.zoo_score
         budget = f"{round(row.budget * fraction):,}"
         notes = [] if fraction == 1 else [f"{fraction:g} of rl-zoo's {row.budget:,}"]
         if len(scores) < 3:
             notes.append(f"{len(scores)} seed{'s' if len(scores) > 1 else ''}")
         if row.mujoco:
             notes.append("rl-zoo's score on -v3")
+        if row.group == "robotics":
+            notes.append("rl-zoo's score on -v1 (mujoco-py), with normalised observations")
         notes += sorted({r["note"] for r in used if r.get("note")})
+        if all("success_rate" in r for r in used):
+            rates = ", ".join(f"{r['success_rate']:.0%}" for r in used)
+            notes.append(f"at the goal at the end of {rates} of {used[0]['episodes']} more "
+                         "fresh episodes (seeds 10,000 on)")
         if mean < row.zoo_score and row.name in REASONS:
             notes.append(REASONS[row.name])
         lines.append(f"| {row.env} | {row.algo} | {budget} | {mean:.1f}{spread} "
                      f"| {row.zoo_score:g} ± {row.zoo_std:g} | {r_:.2f} | {'; '.join(notes)} |")
     lines.append("")
-    lines.append(f"{met[False]} of {total[False]} classic-control and Box2D rows at or above "
-                 "rl-zoo's score" + (f"; {met[True]} of {total[True]} MuJoCo rows."
-                                    if total[True] else "."))
+    counts = [f"{met[g]} of {total[g]} {name} rows" for g, name in (
+        ("classic", "classic-control and Box2D"), ("mujoco", "MuJoCo"),
+        ("robotics", "Gymnasium-Robotics")) if total[g]]
+    lines.append("; ".join(counts) + " at or above rl-zoo's score.")
     return "\n".join(lines) + "\n"
 
 

@@ -39,6 +39,17 @@ ROWS: dict[str, dict[str, Any]] = {
         "budget": 1_000_000, "eval_every": 8_192, "eval_episodes": 5, "normalize": True,
         "kwargs": {},
     },
+    # rl-zoo's TQC FetchReach-v1 entry (tqc.yml, HerReplayBuffer with future goals, 4 per
+    # real transition) without its normalize: true, as rlloop's preset (rlloop does not
+    # standardise Dict observations): the same algorithm on the same inputs.
+    "FetchReach-v4/tqc": {
+        "budget": 20_000, "eval_every": 2_000, "eval_episodes": 10, "her": True,
+        "kwargs": {"buffer_size": 1_000_000, "batch_size": 256, "gamma": 0.95,
+                   "learning_rate": 1e-3, "learning_starts": 1_000,
+                   "replay_buffer_kwargs": {"goal_selection_strategy": "future",
+                                            "n_sampled_goal": 4},
+                   "policy_kwargs": {"net_arch": [64, 64], "n_critics": 1}},
+    },
     "LunarLanderContinuous-v3/ppo": {
         "budget": 1_000_000, "n_envs": 16, "eval_every": 16_384, "eval_episodes": 20,
         "kwargs": {"n_steps": 1024, "batch_size": 64, "gae_lambda": 0.98, "gamma": 0.999,
@@ -47,10 +58,11 @@ ROWS: dict[str, dict[str, Any]] = {
 }
 
 
-def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None = None
-               ) -> tuple[float, float]:
+def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None = None,
+               normalize: bool = False) -> tuple[float, float]:
     """(best evaluation while training, the best policy's fresh score) of one seed, on
-    ``fraction`` of rl-zoo's budget; ``episodes`` per evaluation (default: the row's)."""
+    ``fraction`` of rl-zoo's budget; ``episodes`` per evaluation (default: the row's);
+    ``normalize``: with VecNormalize even where the row has none."""
     import copy
 
     import gymnasium as gym
@@ -61,9 +73,20 @@ def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None 
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
     env_id, algo = row.split("/")
-    spec = ROWS[row]
+    spec = {**ROWS[row], **({"normalize": True} if normalize else {})}
     n_envs = spec.get("n_envs", 1)
-    cls = getattr(stable_baselines3, algo.upper())
+    kwargs, policy = dict(spec["kwargs"]), "MlpPolicy"
+    if spec.get("her"):  # a goal env: Gymnasium-Robotics' ids, Dict observations
+        import gymnasium_robotics
+        from stable_baselines3 import HerReplayBuffer
+
+        gym.register_envs(gymnasium_robotics)
+        kwargs["replay_buffer_class"], policy = HerReplayBuffer, "MultiInputPolicy"
+    if hasattr(stable_baselines3, algo.upper()):
+        cls = getattr(stable_baselines3, algo.upper())
+    else:
+        import sb3_contrib
+        cls = getattr(sb3_contrib, algo.upper())
     env: Any = gym.make(env_id) if n_envs == 1 else make_vec_env(env_id, n_envs=n_envs,
                                                                  seed=seed)
     eval_env: Any = Monitor(gym.make(env_id))
@@ -81,7 +104,7 @@ def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None 
             kept["obs_rms"] = copy.deepcopy(getattr(eval_env, "obs_rms", None))
             return True
 
-    model = cls("MlpPolicy", env, seed=seed, device="cpu", **spec["kwargs"])
+    model = cls(policy, env, seed=seed, device="cpu", **kwargs)
     fresh_episodes = episodes or 20
     with tempfile.TemporaryDirectory(prefix="zoo-sb3-") as tmp:
         # EvalCallback counts vectorised steps: every eval_every env steps over all envs
@@ -90,7 +113,9 @@ def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None 
                                 best_model_save_path=tmp, callback_on_new_best=KeepStatistics(),
                                 deterministic=True, verbose=0)
         model.learn(total_timesteps=round(fraction * spec["budget"]), callback=callback)
-        best = cls.load(Path(tmp) / "best_model.zip", device="cpu")
+        # (a HerReplayBuffer is built again on load, and needs the env for it)
+        best = cls.load(Path(tmp) / "best_model.zip", device="cpu",
+                        env=env if spec.get("her") else None)
         if kept.get("obs_rms") is not None:
             eval_env.obs_rms = kept["obs_rms"]
             fresh = evaluate_gym(env_id, lambda obs: best.predict(
@@ -110,6 +135,9 @@ def main() -> None:
                         "left out of an earlier sitting can be run on its own")
     p.add_argument("--fraction", type=float, default=1.0,
                    help="train this fraction of rl-zoo's budget (default 1)")
+    p.add_argument("--normalize", action="store_true",
+                   help="with VecNormalize (rl-zoo's normalize: true) even where the row, "
+                        "like rlloop's preset, has none (FetchReach)")
     p.add_argument("--eval-episodes", type=int, default=None,
                    help="episodes per evaluation and for the fresh score (default: the "
                         "row's cadence, 20 fresh)")
@@ -121,7 +149,8 @@ def main() -> None:
     torch.set_num_threads(1)
     scores = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        best, score = train_seed(args.row, seed, args.fraction, args.eval_episodes)
+        best, score = train_seed(args.row, seed, args.fraction, args.eval_episodes,
+                                 args.normalize)
         scores.append(score)
         print(f"{args.row} SB3 seed {seed}: best while training {best:.1f}, "
               f"fresh {score:.1f}", flush=True)

@@ -83,8 +83,41 @@ class ScalarReward(BitFlip):
         return np.float32(-float(np.any(achieved_goal != desired_goal)))  # type: ignore[return-value]
 
 
+class CostlyBitFlip(BitFlipBox):
+    """A reward that reads ``info``: each step off the goal costs ``info["cost"]``, which
+    grows along the episode (1.25, 1.5, ...), so that a step's reward scored with another
+    step's info is wrong. The reset's info holds a cost of its own (0.5), which no step
+    has. ``compute_reward`` takes one info dict or a sequence of them, one per row
+    (Stable-Baselines3's ``copy_info_dict=True`` form). The steps taken are the last
+    entry of ``state``, so a checkpoint continues the episode's costs."""
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        n = self.n_bits
+        return {"observation": self.state[:n].copy(), "achieved_goal": self.state[:n].copy(),
+                "desired_goal": self.state[n: 2 * n].copy()}
+
+    def compute_reward(self, achieved_goal: Any, desired_goal: Any, info: Any) -> np.ndarray:
+        missed = -super().compute_reward(achieved_goal, desired_goal, info)
+        costs = info["cost"] if isinstance(info, dict) else [i["cost"] for i in info]
+        return -missed * np.asarray(costs, dtype=np.float64)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict]:
+        super().reset(seed=seed, options=options)
+        self.state = np.append(self.state, np.float32(0.0))
+        return self._obs(), {"cost": 0.5}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        self._flip(action)
+        self.state[-1] += 1
+        obs, info = self._obs(), {"cost": 1.0 + 0.25 * float(self.state[-1])}
+        reward = float(self.compute_reward(obs["achieved_goal"], obs["desired_goal"], info))
+        info["is_success"] = reward == 0.0
+        return obs, reward, reward == 0.0, False, info
+
+
 def register() -> None:
     for name, cls in (("BitFlip", BitFlip), ("BitFlipBox", BitFlipBox),
+                      ("CostlyBitFlip", CostlyBitFlip),
                       ("NoComputeReward", NoComputeReward), ("ScalarReward", ScalarReward)):
         if f"rlloop-test/{name}-v0" not in gymnasium.registry:
             gymnasium.register(f"rlloop-test/{name}-v0", entry_point=cls,

@@ -37,11 +37,31 @@ def torch_reward(achieved: torch.Tensor, desired: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(goal_reward(achieved.numpy(), desired.numpy()), dtype=torch.float32)
 
 
+def info_reward(achieved: np.ndarray, desired: np.ndarray, infos) -> np.ndarray:
+    """A reward that reads each row's info: a weight per step, an offset of the achieved
+    goal ([G]), and a bonus in a nested dict that only some steps give."""
+    weight = np.array([i["weight"] for i in infos])
+    offset = np.stack([i["offset"] for i in infos])
+    bonus = np.array([i["extra"]["bonus"] if "extra" in i else 0.0 for i in infos])
+    shifted = np.asarray(achieved, dtype=np.float64) + offset
+    return -np.round(np.abs(shifted - np.asarray(desired)).sum(-1) * weight, 3) + bonus
+
+
+def torch_info_reward(achieved: torch.Tensor, desired: torch.Tensor, infos) -> torch.Tensor:
+    return torch.as_tensor(info_reward(achieved.numpy(), desired.numpy(), infos),
+                           dtype=torch.float32)
+
+
 class RewardEnv:
     """What SB3's buffer calls: ``env_method("compute_reward", ...)`` of a VecEnv."""
 
+    def __init__(self, reads_infos: bool = False) -> None:
+        self.reads_infos = reads_infos
+
     def env_method(self, name, achieved, desired, infos, indices=None):
         assert name == "compute_reward"
+        if self.reads_infos:
+            return [info_reward(achieved, desired, infos)]
         return [goal_reward(achieved, desired)]
 
 
@@ -83,22 +103,45 @@ def flat(obs: dict[str, np.ndarray]) -> torch.Tensor:
     return torch.as_tensor(np.concatenate([obs[k] for k, _ in KEYS], axis=1))
 
 
+def step_infos(num_envs: int, count: int, seed: int = 1) -> Iterator[list[dict]]:
+    """Each step's info dicts: a weight and an offset always, a nested bonus sometimes."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        infos = [{"weight": float(rng.uniform(0.5, 2.0)), "offset": rng.normal(size=G)}
+                 for _ in range(num_envs)]
+        for info in infos:
+            if rng.random() < 0.5:
+                info["extra"] = {"bonus": float(rng.integers(1, 4))}
+        yield infos
+
+
 def buffers(strategy: str, num_envs: int = 3, capacity: int = 60, count: int = 47,
-            n_sampled_goal: int = 4):
-    """SB3's buffer and rlloop's, fed the same ``count`` env steps."""
+            n_sampled_goal: int = 4, copy_info: bool = False, infos_late: bool = False):
+    """SB3's buffer and rlloop's, fed the same ``count`` env steps; ``copy_info``: a
+    reward that reads the steps' infos, kept by both (SB3's ``copy_info_dict=True``);
+    ``infos_late`` (a planted error): rlloop's buffer gets each step's infos one step late."""
     space = spaces.Dict({k: spaces.Box(-np.inf, np.inf, s, np.float32) for k, s in KEYS})
     theirs = sb3_her.HerReplayBuffer(
-        capacity, space, spaces.Box(-1, 1, (ACT,), np.float32), RewardEnv(), device="cpu",
-        n_envs=num_envs, n_sampled_goal=n_sampled_goal, goal_selection_strategy=strategy)
+        capacity, space, spaces.Box(-1, 1, (ACT,), np.float32), RewardEnv(copy_info),
+        device="cpu", n_envs=num_envs, n_sampled_goal=n_sampled_goal,
+        goal_selection_strategy=strategy, copy_info_dict=copy_info)
     ours = HindsightReplayBuffer(capacity, num_envs, LAYOUT, (ACT,), torch.float32,
-                                 torch_reward, n_sampled_goal, strategy)  # type: ignore[arg-type]
-    for s in steps(num_envs, count):
+                                 torch_info_reward if copy_info else torch_reward,
+                                 n_sampled_goal, strategy, keep_infos=copy_info)  # type: ignore[arg-type]
+    before = [{"weight": 1.0, "offset": np.zeros(G)}] * num_envs
+    for s, infos in zip(steps(num_envs, count), step_infos(num_envs, count), strict=True):
         done = s.terminated | s.truncated
-        theirs.add(s.obs, s.next_obs, s.action, s.reward, done,
-                   [{"TimeLimit.truncated": bool(t)} for t in s.truncated])
-        ours.add(Transitions(flat(s.obs), torch.as_tensor(s.action), torch.as_tensor(s.reward),
-                             flat(s.next_obs), torch.as_tensor(s.terminated),
-                             torch.full((num_envs,), 0.99)))
+        infos = [{**i, "TimeLimit.truncated": bool(t)} for i, t in zip(infos, s.truncated,
+                                                                       strict=True)]
+        theirs.add(s.obs, s.next_obs, s.action, s.reward, done, infos)
+        batch = Transitions(flat(s.obs), torch.as_tensor(s.action), torch.as_tensor(s.reward),
+                            flat(s.next_obs), torch.as_tensor(s.terminated),
+                            torch.full((num_envs,), 0.99))
+        if copy_info:
+            ours.add(batch, before if infos_late else infos)
+            before = infos
+        else:
+            ours.add(batch)
         ours.end_episodes(torch.as_tensor(done))
     return theirs, ours
 
@@ -174,6 +217,43 @@ def test_an_unwrapped_buffer_and_one_relabelled_goal_per_real_transition() -> No
     compare(theirs, ours, batch_size=101, seed=3)
 
 
+@pytest.mark.parametrize("strategy", ["future", "final", "episode"])
+def test_rewards_that_read_infos_equal_sb3s_copy_info_dict(strategy: str) -> None:
+    theirs, ours = buffers(strategy, copy_info=True)
+    compare(theirs, ours)
+    row, env = torch.tensor([5, 19, 0]), torch.tensor([2, 0, 1])
+    # what compute_reward gets: SB3's form (an object array of dicts), the values given
+    kept, given = ours.infos.read(row, env), theirs.infos[row.numpy(), env.numpy()]
+    assert kept.dtype == given.dtype == np.dtype(object)
+    for a, b in zip(kept, given, strict=True):
+        assert a.keys() == b.keys()
+        assert all(np.array_equal(a[k], b[k]) for k in a if k != "extra")
+        assert a.get("extra") == b.get("extra")
+
+
+def test_the_comparison_catches_infos_of_the_wrong_step() -> None:
+    theirs, ours = buffers("future", copy_info=True, infos_late=True)
+    with pytest.raises(AssertionError):
+        compare(theirs, ours)
+
+
+def test_infos_that_cannot_be_stored_are_named() -> None:
+    from rlloop.data.info_storage import InfoStore, UnstorableInfo
+    store = InfoStore(4, 2, torch.device("cpu"))
+    store.write(0, [{"a": 1.5, "b": np.zeros(2)}, {"a": 2.0, "n": 3}])
+    with pytest.raises(UnstorableInfo, match=r"info\['name'\] is a str, and only numbers"):
+        store.write(1, [{"name": "x"}, {}])
+    with pytest.raises(UnstorableInfo, match=r"info\['b'\] was \(2,\) float64 and is now "
+                                             r"\(3,\) float64; give each entry one shape"):
+        store.write(1, [{}, {"b": np.zeros(3)}])
+    with pytest.raises(UnstorableInfo, match=r"info\['n'\] was \(\) int64 and is now "
+                                             r"\(\) float64"):
+        store.write(1, [{"n": 0.5}, {}])
+    kept = store.read(torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 0, 1]))
+    assert [{k: np.asarray(v).tolist() for k, v in info.items()} for info in kept] == [
+        {"a": 1.5, "b": [0.0, 0.0]}, {"a": 2.0, "n": 3}, {}, {}]  # nothing refused kept
+
+
 def test_the_comparison_catches_a_goal_from_the_past() -> None:
     theirs, ours = buffers("future")
     ours.strategy = "episode"  # goals from anywhere in the episode, earlier steps included
@@ -221,11 +301,15 @@ def test_own_draws_follow_the_strategy_and_the_ratio() -> None:
     assert 0.7 < float(last.sum()) / float(first.sum()) < 1.4
 
 
-def test_state_round_trip_samples_the_same() -> None:
-    _, a = buffers("future")
-    _, b = buffers("future", count=5)
-    b.set_state({k: v.clone() if isinstance(v, torch.Tensor) else v
-                 for k, v in a.get_state().items()})
+@pytest.mark.parametrize("copy_info", [False, True])
+def test_state_round_trip_samples_the_same(copy_info: bool) -> None:
+    _, a = buffers("future", copy_info=copy_info)
+    _, b = buffers("future", count=5, copy_info=copy_info)
+    state = a.get_state()
+    if copy_info:  # what a checkpoint keeps: data, not the dicts
+        assert sorted(e["path"] for e in state["infos"]) == [
+            ["TimeLimit.truncated"], ["extra", "bonus"], ["offset"], ["weight"]]
+    b.set_state({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()})
     sa, sb = (dataclasses.astuple(r.sample(64, torch.Generator().manual_seed(1))) for r in (a, b))
     assert all(torch.equal(x, y) for x, y in zip(sa, sb, strict=True) if x is not None)
 

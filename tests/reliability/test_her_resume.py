@@ -22,12 +22,16 @@ SETS = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=fal
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["future"])
-def test_sac_with_her_resumes_bit_exactly(tmp_path, strategy) -> None:
+@pytest.mark.parametrize(("strategy", "env", "copy_info"), [
+    ("future", "BitFlipBox", False),
+    ("future", "CostlyBitFlip", True),  # a reward that reads info: the infos resume too
+])
+def test_sac_with_her_resumes_bit_exactly(tmp_path, strategy, env, copy_info) -> None:
     def config(steps: int):
-        return build_config("sac", "rlloop-test/BitFlipBox-v0",
+        return build_config("sac", f"rlloop-test/{env}-v0",
                             flags={"seed": 4, "total_env_steps": steps},
-                            sets=[*SETS, f"sac.her_strategy={strategy}"])
+                            sets=[*SETS, f"sac.her_strategy={strategy}",
+                                  f"sac.her_copy_info={copy_info}"])
 
     # 3 envs x 50 steps to the cut (8-step episodes, ended early on the goal: none ends
     # on step 50 in every env), 40 rows per env: the replay has wrapped by the end
@@ -36,6 +40,7 @@ def test_sac_with_her_resumes_bit_exactly(tmp_path, strategy) -> None:
     saved = load_checkpoint(CheckpointManager(tmp_path / "b" / "checkpoints").latest())
     replay = saved.components["algorithm"]["offpolicy"]["replay"]
     assert (replay["start"] < int(replay["written"])).all()  # an episode runs in every env
+    assert ("infos" in replay) == copy_info
     resume(tmp_path / "b", total_env_steps=300)
 
     a = load_checkpoint(CheckpointManager(tmp_path / "a" / "checkpoints").latest())
@@ -45,6 +50,9 @@ def test_sac_with_her_resumes_bit_exactly(tmp_path, strategy) -> None:
     lb = dict(leaves({k: b.components[k] for k in ("algorithm", "rng")}))
     assert la.keys() == lb.keys()
     assert a.components["algorithm"]["offpolicy"]["replay"]["written"] == 100
+    if copy_info:  # the costs of the steps held, read back as they were kept
+        costs = a.components["algorithm"]["offpolicy"]["replay"]["infos"]
+        assert {tuple(e["path"]) for e in costs} == {("cost",), ("is_success",)}
     # the learner's logged-lr accumulator is folded at a checkpoint (a logging statistic,
     # summed in another order after a cut): equal to rounding, the rest bit-identical
     different = [k for k in la if not (same_leaf(la[k], lb[k]) or (

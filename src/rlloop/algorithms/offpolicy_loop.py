@@ -34,6 +34,7 @@ from rlloop.config.offpolicy import OffPolicyConfig as OffPolicyConfig
 from rlloop.config.offpolicy import check_hidden as check_hidden
 from rlloop.config.schedules import Linear
 from rlloop.data.hindsight_replay import HindsightReplayBuffer
+from rlloop.data.info_storage import UnstorableInfo
 from rlloop.data.obs_storage import ObsLayout
 from rlloop.data.prioritized_replay import PrioritizedReplayBuffer
 from rlloop.data.replay_normalization import ReplayNormalizer
@@ -106,6 +107,12 @@ class OffPolicyLoop:
                                          env.spec.obs_dtype, ObsLayout.of(env.spec), env)
         self.processor = self.step_processor(self.experience)
         self.replay = REPLAY_BUFFERS[config.replay](self.experience, config)
+        #: Each env step's info dicts, one per env, for HER that keeps them
+        #: (``her_copy_info``); None otherwise.
+        self.step_infos: Callable[[], list[dict[str, Any]]] | None = None
+        if isinstance(self.replay, HindsightReplayBuffer) and self.replay.infos is not None:
+            from rlloop.envs.goal_env import step_infos  # Gymnasium, only for HER
+            self.step_infos = step_infos(env, config.section)
         self.env_steps = 0
         self._due = 0  # optimisation steps made due by collect(), run by update()
         self.normalizer = ReplayNormalizer(env.num_envs, config.gamma, obs_stats,
@@ -126,9 +133,13 @@ class OffPolicyLoop:
         res = runner.env.step(action if self.to_env is None else self.to_env(action))
         t2 = clock()
         done = res.terminated | res.truncated
-        self.replay.add(self.processor.process(obs, action,
-                                               self.learning_reward(res.reward, done, res.obs),
-                                               res.final_obs, res.terminated, res.truncated))
+        batch = self.processor.process(obs, action,
+                                       self.learning_reward(res.reward, done, res.obs),
+                                       res.final_obs, res.terminated, res.truncated)
+        if self.step_infos is None:
+            self.replay.add(batch)
+        else:
+            self.add_with_infos(batch)
         runner.episodes.update(res.reward, done)
         self.episodes_ended(done)
         runner.obs = res.obs
@@ -136,6 +147,18 @@ class OffPolicyLoop:
         runner.time_env += t2 - t1
         self.env_steps += n
         return n
+
+    def add_with_infos(self, batch: Transitions) -> None:
+        """HER with ``her_copy_info``: the step's transitions and its infos, refused in
+        one line where an info entry cannot be stored."""
+        assert isinstance(self.replay, HindsightReplayBuffer) and self.step_infos is not None
+        try:
+            self.replay.add(batch, self.step_infos())
+        except UnstorableInfo as e:
+            s = self.config.section
+            raise ConfigError(f"{s}.her_copy_info=true stores each step's info, but {e}; "
+                              f"drop that entry from the env's info or set "
+                              f"{s}.her_copy_info=false") from None
 
     def choose_actions(self, obs: Tensor, explore: ExploreFn) -> Tensor:
         """The actions for ``obs``: warm-up's random ones (legal ones where the algorithm

@@ -243,8 +243,9 @@ def _her_replay(spec: ExperienceSpec, cfg: OffPolicyConfig) -> Replay:
     try:
         return HindsightReplayBuffer(cfg.buffer_size, spec.num_envs, layout,  # type: ignore[arg-type]
                                      spec.action_shape, spec.action_dtype,
-                                     goal_reward(spec.env, s), cfg.her_n_sampled_goal,
-                                     cfg.her_strategy, spec.device)
+                                     goal_reward(spec.env, s, with_infos=cfg.her_copy_info),
+                                     cfg.her_n_sampled_goal, cfg.her_strategy, spec.device,
+                                     keep_infos=cfg.her_copy_info)
     except ReplayMemoryError as e:
         raise ConfigError(_replay_too_big(f"{s}.buffer_size", cfg.buffer_size, e)) from None
 

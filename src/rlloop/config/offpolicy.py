@@ -40,7 +40,8 @@ class OffPolicyConfig:
     supports_prioritized: ClassVar[bool] = False
     UNUSED_WHEN: ClassVar[tuple[Dependency, ...]] = (
         ("replay", ("uniform", "frames", "her"), ("per_alpha", "per_beta", "per_beta_steps")),
-        ("replay", ("uniform", "prioritized", "frames"), ("her_strategy", "her_n_sampled_goal")),
+        ("replay", ("uniform", "prioritized", "frames"),
+         ("her_strategy", "her_n_sampled_goal", "her_copy_info")),
         ("lr_schedule", ("constant",), ("lr_decay_steps",)),
     )
 
@@ -62,6 +63,10 @@ class OffPolicyConfig:
     it in its episode), "final" (its episode's last) or "episode" (any of its episode)."""
     her_n_sampled_goal: int = 4
     """HER: relabelled transitions per real one (a batch holds n/(n+1) relabelled)."""
+    her_copy_info: bool = False
+    """HER: keep each step's info dict (numbers and numeric arrays) and pass the
+    relabelled transitions' infos to the env's compute_reward, for a reward that reads
+    info (SB3's copy_info_dict); false passes an empty dict per transition."""
     step_processor: str = "nstep"
     """Step processor (STEP_PROCESSORS): "nstep" sums n_step rewards per transition and
     keeps the final observation of truncated episodes for bootstrapping."""

@@ -4,8 +4,9 @@ What lives here: ``batch`` (`TensorBatch`, the base of every typed batch), ``rol
 (on-policy rollouts and `RolloutBatch`, flat or cut into recurrent sequences by
 ``sequences``), ``returns`` (GAE and discounted returns as pure functions),
 ``transitions`` (`Transitions`, the off-policy batch), ``replay``, ``prioritized_replay``,
-``nstep``, ``frame_replay`` and ``obs_storage`` (the off-policy replay buffers: uniform,
-prioritized, n-step, Atari frames, Dict observations) and ``multi_agent`` (per-agent
+``nstep``, ``frame_replay``, ``hindsight_replay``, ``obs_storage`` and ``info_storage``
+(the off-policy replay buffers: uniform, prioritized, n-step, Atari frames, hindsight
+relabelling, Dict observations, the steps' info dicts) and ``multi_agent`` (per-agent
 rollouts).
 
 May import: ``rlloop.errors``, ``system``, ``config`` and ``envs`` (the spaces).

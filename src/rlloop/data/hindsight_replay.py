@@ -17,23 +17,30 @@ episodes whose first step is still held are sampled, as Stable-Baselines3's
 A batch holds ``int(B * n/(n+1))`` relabelled transitions first, then the real ones, with
 ``n = n_sampled_goal``. Every update is a few tensor ops over ``[num_envs]``; no Python loop
 runs per env or per transition.
+
+With ``keep_infos`` each step's ``info`` dicts are kept too (:mod:`rlloop.data.info_storage`)
+and the relabelled transitions' infos are passed to ``compute_reward``, for rewards that
+read them (Stable-Baselines3's ``copy_info_dict=True``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from rlloop.data.info_storage import InfoStore
 from rlloop.data.obs_storage import ObsLayout, ObsStore
 from rlloop.data.replay import check_fits
 from rlloop.data.transitions import Transitions
 
-#: ``compute_reward(achieved [B, G], desired [B, G]) -> [B]`` float32, on their device.
-GoalReward = Callable[[Tensor, Tensor], Tensor]
+#: ``compute_reward(achieved [B, G], desired [B, G]) -> [B]`` float32, on their device;
+#: with ``keep_infos``, ``compute_reward(achieved, desired, infos)``, ``infos`` a ``[B]``
+#: object array of the transitions' info dicts.
+GoalReward = Callable[..., Tensor]
 Strategy = Literal["future", "final", "episode"]
 STRATEGIES: tuple[str, ...] = ("future", "final", "episode")
 #: The Dict entries HER reads and rewrites.
@@ -55,12 +62,15 @@ class HindsightReplayBuffer:
         strategy: Which achieved goal relabels a transition at step ``t`` of an episode
             of ``L`` steps: "future" (the one after a step in ``[t, L)``, inclusive as
             SB3's), "final" (after step ``L - 1``) or "episode" (after one in ``[0, L)``).
+        keep_infos: Keep each step's info dicts (``add``'s ``infos``) and pass those of
+            the relabelled transitions to ``compute_reward``.
     """
 
     def __init__(self, capacity: int, num_envs: int, layout: ObsLayout,
                  action_shape: tuple[int, ...], action_dtype: torch.dtype,
                  compute_reward: GoalReward, n_sampled_goal: int = 4,
-                 strategy: Strategy = "future", device: torch.device | str = "cpu") -> None:
+                 strategy: Strategy = "future", device: torch.device | str = "cpu",
+                 keep_infos: bool = False) -> None:
         names = {name: shape for name, shape, _ in layout.entries}
         if ACHIEVED not in names or DESIRED not in names or names[ACHIEVED] != names[DESIRED]:
             raise ValueError(f"HER needs '{ACHIEVED}' and '{DESIRED}' entries of one shape, "
@@ -100,6 +110,7 @@ class HindsightReplayBuffer:
         self._episode = torch.zeros(n, dtype=torch.int64, device=d)
         self._written = 0  # env steps added (per env), absolute
         self._ended = False  # whether an episode has ended (read back once, then kept)
+        self.infos = InfoStore(rows, n, d) if keep_infos else None
 
     def __len__(self) -> int:
         """Transitions held, or 0 while no episode has ended (nothing can be sampled yet:
@@ -108,14 +119,26 @@ class HindsightReplayBuffer:
             self._ended = bool((self._ends >= 0).any())
         return min(self._written, self.rows) * self.num_envs if self._ended else 0
 
-    def add(self, batch: Transitions) -> Tensor:
+    def add(self, batch: Transitions, infos: Sequence[Mapping[str, Any]] | None = None
+            ) -> Tensor:
         """Add one env step: ``[num_envs, ...]`` one-step transitions, env ``i`` in row
-        ``i``; returns ``[num_envs]`` int64, the flat indices written. Call
-        :meth:`end_episodes` after it with the step's ``done`` flags."""
+        ``i`` (and with ``keep_infos`` the step's ``infos``, one dict per env); returns
+        ``[num_envs]`` int64, the flat indices written. Call :meth:`end_episodes` after it
+        with the step's ``done`` flags.
+
+        Raises:
+            UnstorableInfo: an info entry is no number, bool or numeric array (nothing of
+                the step is added).
+        """
         if batch.reward.shape[0] != self.num_envs:
             raise ValueError(f"HER replay takes one transition per env ({self.num_envs}) "
                              f"per add, got {batch.reward.shape[0]}")
         row = self._written % self.rows
+        if self.infos is not None:
+            if infos is None:
+                raise ValueError("this HER replay keeps infos (keep_infos=True): pass the "
+                                 "step's infos to add")
+            self.infos.write(row, infos)
         self.obs[row], self.next_obs[row] = batch.obs, batch.next_obs
         f = self._fields
         for name in ("action", "reward", "terminated", "discount"):
@@ -211,7 +234,12 @@ class HindsightReplayBuffer:
             obs[DESIRED] = torch.cat([goal, obs[DESIRED][n:]])
             next_obs[DESIRED] = obs[DESIRED]
             # r_t rewards s_{t+1}: the goal achieved after the step, as SB3 and the paper
-            new = self.compute_reward(next_obs[ACHIEVED][:n], goal).to(reward.dtype)
+            if self.infos is None:
+                new = self.compute_reward(next_obs[ACHIEVED][:n], goal)
+            else:
+                infos = self.infos.read(row[:n], env[:n])
+                new = self.compute_reward(next_obs[ACHIEVED][:n], goal, infos)
+            new = new.to(reward.dtype)
             reward = torch.cat([new.reshape(n), reward[n:]])
         f = self._fields
         return Transitions(obs=self.layout.join(obs), action=f["action"][row, env],
@@ -229,6 +257,8 @@ class HindsightReplayBuffer:
         state.update({k: t[:held] for k, t in self._fields.items()})
         state.update(ends=self._ends, start=self._start, episode=self._episode,
                      written=self._written, capacity=self.capacity)
+        if self.infos is not None:
+            state["infos"] = self.infos.get_state(held)
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -246,5 +276,10 @@ class HindsightReplayBuffer:
             store[: value.shape[0]] = value.to(self.device)
         for name in ("ends", "start", "episode"):
             getattr(self, f"_{name}").copy_(state[name])
+        if self.infos is not None:
+            if "infos" not in state:
+                raise ValueError("this replay state holds no infos (saved without keeping "
+                                 "them); build the buffer with keep_infos=False")
+            self.infos.set_state(state["infos"])
         self._written = int(state["written"])
         self._ended = False

@@ -147,6 +147,7 @@ class GymVecEnv:
         self._mask_in_obs = bool(dict_mask_dims(env_id, obs_space, act_space))
         self._make_one = env_fns[0]
         self._copy: gymnasium.Env[Any, Any] | None = None
+        self.last_infos: dict[str, Any] = {}
 
     # -- conversions ---------------------------------------------------------------
 
@@ -312,6 +313,7 @@ class GymVecEnv:
             raise
         except Exception as e:
             raise self._env_failed("step", e) from e
+        self.last_infos = infos  # Gymnasium's vector infos (see goal_env.step_infos)
         obs_np = self._obs_array(obs, self._mask(infos))
         terminated = np.asarray(terminated, dtype=bool)
         arrays = [obs_np, np.asarray(reward, dtype=np.float32), terminated,
