@@ -92,7 +92,7 @@ class Row:
     env: str
     algo: str
     budget: int
-    zoo_score: float
+    zoo_score: float | None  # None: rl-zoo publishes no score for this (env, algo)
     zoo_std: float
 
     @property
@@ -107,7 +107,8 @@ class Row:
 def rows(only: list[str]) -> list[Row]:
     from rlloop.config.presets import all_files
 
-    found = [Row(f.env, algo, int(b["budget"]), float(b["zoo_score"]),
+    found = [Row(f.env, algo, int(b["budget"]),
+                 None if b.get("zoo_score") is None else float(b["zoo_score"]),
                  float(b.get("zoo_std", 0.0)))
              for f in all_files() for algo, b in sorted(f.benchmark.items())
              if algo in f.algorithms]
@@ -231,20 +232,24 @@ def table(all_rows: list[Row], results: list[dict[str, Any]]) -> str:
         scores = [r["return_mean"] for r in used]
         mean = statistics.fmean(scores)
         spread = f" ± {statistics.pstdev(scores):.1f}" if len(scores) > 1 else ""
-        r_ = ratio(mean, row.zoo_score)
-        total[row.mujoco] += 1
-        met[row.mujoco] += mean >= row.zoo_score
+        if row.zoo_score is None:  # nothing published to compare with or to count
+            zoo, r_text = "none published", "-"
+        else:
+            zoo = f"{row.zoo_score:g} ± {row.zoo_std:g}"
+            r_text = f"{ratio(mean, row.zoo_score):.2f}"
+            total[row.mujoco] += 1
+            met[row.mujoco] += mean >= row.zoo_score
         budget = f"{round(row.budget * fraction):,}"
         notes = [] if fraction == 1 else [f"{fraction:g} of rl-zoo's {row.budget:,}"]
         if len(scores) < 3:
             notes.append(f"{len(scores)} seed{'s' if len(scores) > 1 else ''}")
-        if row.mujoco:
+        if row.mujoco and row.zoo_score is not None:
             notes.append("rl-zoo's score on -v3")
         notes += sorted({r["note"] for r in used if r.get("note")})
-        if mean < row.zoo_score and row.name in REASONS:
+        if row.zoo_score is not None and mean < row.zoo_score and row.name in REASONS:
             notes.append(REASONS[row.name])
         lines.append(f"| {row.env} | {row.algo} | {budget} | {mean:.1f}{spread} "
-                     f"| {row.zoo_score:g} ± {row.zoo_std:g} | {r_:.2f} | {'; '.join(notes)} |")
+                     f"| {zoo} | {r_text} | {'; '.join(notes)} |")
     lines.append("")
     lines.append(f"{met[False]} of {total[False]} classic-control and Box2D rows at or above "
                  "rl-zoo's score" + (f"; {met[True]} of {total[True]} MuJoCo rows."
