@@ -58,6 +58,11 @@ REASONS: dict[str, str] = {
                                     "measured the same way (benchmarks/zoo_sb3.py): 263.9 "
                                     "± 7.2 over 3 seeds (256.8, 261.1, 273.7), the "
                                     "same as rlloop's 263.1 ± 4.5",
+    "LunarLander-v3/a2c": "seeds 96.0, -68.8, 39.0 (each best policy still crashes in some "
+                          "of the 20 fresh episodes: std 101-209 within a seed); SB3 2.9 "
+                          "with the same rl-zoo hyperparameters, measured the same way "
+                          "(benchmarks/zoo_sb3.py), interleaved on this machine: 57.3, "
+                          "-62.0, 25.6 (7.0 ± 50.5), below rl-zoo's one run too",
     "MountainCar-v0/dqn": "seed 1 never reaches the flag (-188.3); seeds 3-5 (not in the "
                           "mean) -99.5, -105.2, -102.0; SB3 2.9 with the same rl-zoo "
                           "hyperparameters, measured the same way (benchmarks/zoo_sb3.py): "
