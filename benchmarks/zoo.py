@@ -63,7 +63,8 @@ REASONS: dict[str, str] = {
                           "with the same rl-zoo hyperparameters, measured the same way "
                           "(benchmarks/zoo_sb3.py), interleaved on this machine: 57.3, "
                           "-62.0, 25.6 (7.0 ± 50.5), below rl-zoo's one run too; rlloop "
-                          "seeds 3-7 (not in the mean) 101.7, 138.4, -38.5, 98.8, 33.7",
+                          "seeds 3-7 (not in the mean) 101.7, 138.4, -38.5, 98.8, 33.7, "
+                          "SB3's 15.1, -60.9, -25.9, 169.8, 13.1",
     "MountainCar-v0/dqn": "seed 1 never reaches the flag (-188.3); seeds 3-5 (not in the "
                           "mean) -99.5, -105.2, -102.0; SB3 2.9 with the same rl-zoo "
                           "hyperparameters, measured the same way (benchmarks/zoo_sb3.py): "
