@@ -55,6 +55,13 @@ ROWS: dict[str, dict[str, Any]] = {
         "kwargs": {"n_steps": 1024, "batch_size": 64, "gae_lambda": 0.98, "gamma": 0.999,
                    "n_epochs": 4, "ent_coef": 0.01},
     },
+    # rl-zoo's LunarLander entry (lr lin_0.00083: falls linearly to 0 over the budget);
+    # rlloop's preset evaluates every 250 iterations of 8 x 5 steps on 10 episodes.
+    "LunarLander-v3/a2c": {
+        "budget": 200_000, "n_envs": 8, "eval_every": 10_000, "eval_episodes": 10,
+        "kwargs": {"n_steps": 5, "gamma": 0.995, "ent_coef": 1e-5,
+                   "learning_rate": lambda progress_remaining: 0.00083 * progress_remaining},
+    },
 }
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import gymnasium as gym
 import pytest
 import torch
+from peer_equality import assert_equal_to_peer
 from sb3_contrib import CrossQ as PeerCrossQ
 from sb3_contrib.common.torch_layers import BatchRenorm1d
 from stable_baselines3.common.logger import Logger
@@ -171,22 +172,11 @@ def _run_both() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return peer_rows, our_rows
 
 
-def _flat(values: list[Any]) -> list[Tensor]:
-    return [t for v in values for t in (v if isinstance(v, list) else [v])]
-
-
 def _assert_equal_to_peer() -> None:
     peer_rows, our_rows = _run_both()
     for update, (theirs, mine) in enumerate(zip(peer_rows, our_rows, strict=True), 1):
         assert theirs.keys() == mine.keys(), (update, theirs.keys(), mine.keys())
-        for key, value in theirs.items():
-            if isinstance(value, float):
-                assert abs(mine[key] - value) <= 1e-10 * max(1.0, abs(value)), (
-                    update, key, mine[key], value)
-            else:
-                for a, b in zip(_flat(mine[key]), _flat(value), strict=True):
-                    torch.testing.assert_close(a, b.detach(), rtol=1e-10, atol=1e-10,
-                                               msg=f"update {update}: {key}")
+        assert_equal_to_peer(mine, theirs, f"update {update}")
 
 
 @pytest.mark.parametrize(("warmup", "offset"), [(10, 0.0), (0, 0.3), (0, 40.0)],

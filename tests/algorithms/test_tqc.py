@@ -9,6 +9,7 @@ from collections.abc import Callable
 import gymnasium as gym
 import pytest
 import torch
+from peer_equality import assert_equal_to_peer
 from sb3_contrib import TQC as PeerTQC
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.torch_layers import FlattenExtractor
@@ -145,12 +146,8 @@ def _peer_and_ours() -> tuple[dict[str, float], dict[str, list[Tensor]],
 
 def _assert_equal_to_peer() -> None:
     peer_losses, peer_grads, losses, grads = _peer_and_ours()
-    for name, value in peer_losses.items():
-        assert abs(losses[name] - value) <= 1e-10 * max(1.0, abs(value)), (name, losses, value)
-    for name, theirs in peer_grads.items():
-        assert len(grads[name]) == len(theirs), name
-        for mine, their in zip(grads[name], theirs, strict=True):
-            torch.testing.assert_close(mine, their, rtol=0.0, atol=1e-10, msg=name)
+    assert_equal_to_peer(losses, peer_losses, "losses")
+    assert_equal_to_peer(grads, peer_grads, "gradients", rtol=0.0)
 
 
 def test_tqc_losses_and_gradients_equal_sb3_contrib(float64_default: None) -> None:
