@@ -115,14 +115,14 @@ class CrossQLearner(SACLearner):
         if self.actor_update_due():
             if self.on_nonfinite == "raise" and bool(self.step.flag):
                 raise self.nonfinite_error("critic loss or gradient")
-            critic_skipped = self.step.flag.clone() if self.step.flag is not None else None
+            flag, skipped = self.step.flag, self.step.skipped  # set by the critic's step
+            assert flag is not None and skipped is not None
+            critic_skipped = flag.clone()
             loss, actor_stats = self.actor_loss(batch, standard_normal(
                 shape, batch.reward, self.generator), actor_norm)
             self.step(loss)
-            if critic_skipped is not None and self.step.flag is not None \
-                    and self.step.skipped is not None:
-                # one update skipped in both its steps counts once (on the device, no sync)
-                self.step.skipped.sub_(critic_skipped * self.step.flag)
+            # one update skipped in both its steps counts once (on the device, no sync)
+            skipped.sub_(critic_skipped * flag)
             stats.update(actor_stats)
         self.after_update()
         return stats
