@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runs import QUIET, failed_runner_error
 from conftest import leaves, same_leaf
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
 from rlloop.config.loading import build_config
 from rlloop.errors import ConfigError
 
-QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 #: One runner, 4 envs, fragments of 16 steps: 64 env steps an iteration.
 SMALL = [*QUIET, "num_env_runners=1", "num_envs=4", "appo.fragments_per_batch=1",
          "eval_every=0", "eval_episodes=2", "stop_on_solve=false"]
@@ -266,17 +266,8 @@ def test_a_killed_runner_is_started_again_and_training_finishes(tmp_path: Path) 
 @pytest.mark.slow
 def test_a_failed_runner_without_restart_stops_with_its_error(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from rlloop.cli.main import main
-
-    code = main(["train", "appo", "--env", "raising_env:RaisingCartPole-v0", "--run-dir",
-                 str(tmp_path / "run"), "--quiet", "--set", "env_kwargs.after=20",
-                 "--set", "num_env_runners=1", "--set", "restart_failed_env_runners=false",
-                 "--set", "num_envs=2", *[a for s in QUIET for a in ("--set", s)]])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1, err
-    assert err[0].startswith("rlloop: error: env runner 0 failed: EnvError: "), err
-    assert "raised RuntimeError in step(): simulated bug at step 21" in err[0]
-    assert err[0].endswith("set restart_failed_env_runners=true to restart it")
+    line = failed_runner_error("appo", tmp_path / "run", capsys)
+    assert line.startswith("rlloop: error: env runner 0 failed: EnvError: "), line
 
 
 @pytest.mark.heavy

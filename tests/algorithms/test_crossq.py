@@ -12,6 +12,7 @@ from typing import Any
 import gymnasium as gym
 import pytest
 import torch
+from cli_runs import train_then_load
 from peer_equality import assert_equal_to_peer
 from sb3_contrib import CrossQ as PeerCrossQ
 from sb3_contrib.common.torch_layers import BatchRenorm1d
@@ -290,16 +291,11 @@ def test_a_target_network_setting_is_refused_before_torch_is_imported() -> None:
 
 
 def test_trains_from_the_cli_and_loads_into_the_python_api(tmp_path, cli_in_process) -> None:
-    from rlloop import CrossQ, load
+    from rlloop import CrossQ
 
-    run = tmp_path / "run"
-    out = cli_in_process(["train", "crossq", "--env", "Pendulum-v1", "--run-dir", str(run),
-                          "--total-env-steps", "150", "--quiet", "--set", "mlflow=false",
-                          "--set", "save_video=false", "--set", "crossq.learning_starts=100",
-                          "--set", "crossq.hidden=[32,32]", "--set",
-                          "crossq.critic_hidden=[32,32]", "--set", "crossq.batch_size=32"])
-    assert out.returncode == 0, out.stderr
-    model = load(run)
+    model = train_then_load(cli_in_process, tmp_path / "run", "crossq", "Pendulum-v1", 150,
+                            "crossq.learning_starts=100", "crossq.hidden=[32,32]",
+                            "crossq.critic_hidden=[32,32]", "crossq.batch_size=32")
     assert isinstance(model, CrossQ)
     action = model.predict(torch.zeros(3).numpy())
     assert action.shape == (1,) and -2 <= float(action[0]) <= 2

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import gymnasium as gym
 import pytest
 import torch
+from cli_runs import train_then_load
 from sb3_contrib import QRDQN as PeerQRDQN
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.torch_layers import FlattenExtractor
@@ -141,15 +142,10 @@ def test_config_refuses_what_qrdqn_lacks(sets: dict[str, object], match: str) ->
 
 
 def test_trains_from_the_cli_and_loads_into_the_python_api(tmp_path, cli_in_process) -> None:
-    from rlloop import QRDQN, load
+    from rlloop import QRDQN
 
-    run = tmp_path / "run"
-    out = cli_in_process(["train", "qrdqn", "--env", "CartPole-v1", "--run-dir", str(run),
-                          "--total-env-steps", "400", "--quiet", "--set", "mlflow=false",
-                          "--set", "save_video=false", "--set", "qrdqn.learning_starts=100",
-                          "--set", "qrdqn.n_quantiles=10", "--set", "num_envs=4"])
-    assert out.returncode == 0, out.stderr
-    model = load(run)
+    model = train_then_load(cli_in_process, tmp_path / "run", "qrdqn", "CartPole-v1", 400,
+                            "qrdqn.learning_starts=100", "qrdqn.n_quantiles=10", "num_envs=4")
     assert isinstance(model, QRDQN)
     assert int(model.predict(torch.zeros(4).numpy())) in (0, 1)
     assert model.learn(200).env_steps == 600  # the same run continues

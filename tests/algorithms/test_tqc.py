@@ -9,6 +9,7 @@ from collections.abc import Callable
 import gymnasium as gym
 import pytest
 import torch
+from cli_runs import train_then_load
 from peer_equality import assert_equal_to_peer
 from sb3_contrib import TQC as PeerTQC
 from stable_baselines3.common.logger import Logger
@@ -186,15 +187,11 @@ def test_config_refuses_what_tqc_lacks(sets: dict[str, object], match: str) -> N
 
 
 def test_trains_from_the_cli_and_loads_into_the_python_api(tmp_path, cli_in_process) -> None:
-    from rlloop import TQC, load
+    from rlloop import TQC
 
-    run = tmp_path / "run"
-    out = cli_in_process(["train", "tqc", "--env", "Pendulum-v1", "--run-dir", str(run),
-                          "--total-env-steps", "200", "--quiet", "--set", "mlflow=false",
-                          "--set", "save_video=false", "--set", "tqc.learning_starts=100",
-                          "--set", "tqc.hidden=[32,32]", "--set", "tqc.batch_size=32"])
-    assert out.returncode == 0, out.stderr
-    model = load(run)
+    model = train_then_load(cli_in_process, tmp_path / "run", "tqc", "Pendulum-v1", 200,
+                            "tqc.learning_starts=100", "tqc.hidden=[32,32]",
+                            "tqc.batch_size=32")
     assert isinstance(model, TQC)
     action = model.predict(torch.zeros(3).numpy())
     assert action.shape == (1,) and -2 <= float(action[0]) <= 2

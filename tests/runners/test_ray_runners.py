@@ -19,10 +19,10 @@ import torch
 ray = pytest.importorskip("ray")
 
 import runner_envs  # noqa: E402  (registers SlowFromSeed-v0 and HomeOnly-v0)
+from cli_runs import QUIET, failed_runner_error  # noqa: E402
 from ray.exceptions import GetTimeoutError, RayActorError  # noqa: E402
 
 import rlloop.envs.slow  # noqa: E402, F401  (registers SlowCartPole-v1, as --env would)
-from rlloop.cli.main import main as cli_main  # noqa: E402
 from rlloop.config.loading import build_config  # noqa: E402
 from rlloop.config.ray import RayConfig  # noqa: E402
 from rlloop.config.run_config import RunConfig  # noqa: E402
@@ -35,7 +35,6 @@ from rlloop.runs.session import Session  # noqa: E402
 from rlloop.trainers.loop import Trainer  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1]
-QUIET = ["mlflow=false", "progress=false", "save_video=false"]
 SLOW_ENV = "rlloop.envs.slow:SlowCartPole-v1"
 
 
@@ -190,16 +189,8 @@ def test_killed_runner_is_restarted_and_training_finishes(ray_instance: None,
 
 def test_failed_runner_without_restart_stops_with_its_error(
         ray_instance: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli_main(["train", "ppo", "--env", "raising_env:RaisingCartPole-v0", "--run-dir",
-                     str(tmp_path / "run"), "--quiet", "--set", "env_kwargs.after=20",
-                     "--set", "num_env_runners=1", "--set", "restart_failed_env_runners=false",
-                     "--set", "num_envs=2", "--set", "ppo.minibatch_size=32",
-                     *[arg for s in QUIET for arg in ("--set", s)]])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1, err
-    assert err[0].startswith("rlloop: error: env runner 0 failed: "), err
-    assert "raised RuntimeError in step(): simulated bug at step 21" in err[0]
-    assert err[0].endswith("set restart_failed_env_runners=true to restart it")
+    line = failed_runner_error("ppo", tmp_path / "run", capsys, "ppo.minibatch_size=32")
+    assert line.startswith("rlloop: error: env runner 0 failed: "), line
 
 
 @pytest.mark.slow
