@@ -68,8 +68,10 @@ class DQNLearner(OffPolicyLearnerBase):
         online = self.module(module_id).online
         if len(self.modules) == 1 and manual_backward(config, online):
             self.backprop = dqn_backprop(online)
+        # The hand-derived pass writes every gradient on every update: its parameters,
+        # gradients and Adam's state can live in flat buffers (fewer, larger ops per step).
         self.add_adam(module_id, "default", list(online.parameters()), config.lr,
-                      config.max_grad_norm, config.adam_eps)
+                      config.max_grad_norm, config.adam_eps, flat=self.backprop is not None)
 
     def compute_loss_for_module(self, module_id: str, config: DQNConfig,
                                 batch: Transitions, fwd_out: Any = None
@@ -119,7 +121,8 @@ class DQNLearner(OffPolicyLearnerBase):
         optimisation step reports its last update's only)."""
         if self.backprop is not None:
             loss_stats, self.td_errors = self.backprop(obs, action, target, weights, stats)
-            self.step.apply(torch.isfinite(self.td_errors).all())
+            # finite unless a TD error is not (or their sum overflows, beyond 1e36 each)
+            self.step.apply(self.td_errors.sum())
         elif (whole := self.whole_update(self.module().online, self.td_loss)) is not None:
             loss_stats, self.td_errors = whole(obs, action, target, weights)
         else:

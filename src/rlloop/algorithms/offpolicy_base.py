@@ -28,6 +28,8 @@ from rlloop.data.transitions import Transitions
 from rlloop.envs.core import Box
 from rlloop.envs.normalizer import RunningMeanStd
 from rlloop.errors import ConfigError, saved_count
+from rlloop.learners.adam import Adam
+from rlloop.learners.flat_buffers import FlatParameters
 from rlloop.learners.learner import Learner
 from rlloop.learners.optim_step import GuardedOptim, GuardedStep, adam
 from rlloop.learners.whole_update import LossFn, WholeUpdate
@@ -84,14 +86,24 @@ class OffPolicyLearnerBase(Learner[Transitions]):
 
     def add_adam(self, module_id: str, name: str, params: list[Tensor], lr: float,
                  max_grad_norm: float | None = None, eps: float = 1e-8,
-                 betas: tuple[float, float] = (0.9, 0.999)) -> None:
+                 betas: tuple[float, float] = (0.9, 0.999), *, flat: bool = False) -> None:
         """Register ``Adam(fused=True)`` over ``params`` (with global-norm clipping), its
-        learning rate ``lr`` or, with ``lr_schedule: linear``, decaying from ``lr``."""
+        learning rate ``lr`` or, with ``lr_schedule: linear``, decaying from ``lr``.
+
+        ``flat``: lay the parameters, their gradients and Adam's state out in flat buffers
+        (:mod:`rlloop.learners.flat_buffers`), for an update that writes every gradient
+        itself on every step (autograd would leave some None) on a CPU; ignored elsewhere.
+        """
         optimizer = adam(params, lr, eps, betas)
         rate = learning_rate(lr, self.config.lr_schedule, self.config.lr_decay_steps)
         self.register_optimizer(module_id, name, optimizer, params, rate,
                                 GradientClip(max_grad_norm))
-        self.step.add(GuardedOptim(optimizer, params, max_grad_norm))
+        layout = None
+        if flat and isinstance(optimizer, Adam) and optimizer.defaults["fused"] and all(
+                p.device.type == "cpu" for p in params):
+            layout = FlatParameters(params)
+            optimizer.use_flat(layout)
+        self.step.add(GuardedOptim(optimizer, params, max_grad_norm, layout))
 
     def compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` through ``torch.compile`` when the config asks for it (built once, on

@@ -24,10 +24,12 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.optim.optimizer as torch_optimizer
+
+from rlloop.learners.flat_buffers import FlatParameters
 
 _DYNAMO = "torch._dynamo"
 
@@ -116,15 +118,95 @@ class Adam(_Eager, torch.optim.Adam):
     parameters and moments to the bit (``tests/learners/test_adam.py``), without the ~45 µs
     of Python torch's step spends gathering them (a DQN update on CartPole is ~0.8 ms).
     Anything else (a closure, several groups, a parameter without a gradient or state,
-    AMSGrad, a tensor learning rate, another device) takes torch's step.
+    AMSGrad, a tensor learning rate, another device) takes torch's step. With
+    :meth:`use_flat`, the moments live in flat buffers too and the call is one kernel over
+    all of them.
     """
 
     torch_cls = torch.optim.Adam
 
+    #: The flat layout of :meth:`use_flat` (None: one tensor per parameter, as torch's).
+    _flat: FlatParameters | None = None
+
     def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
+        if closure is None and not torch.compiler.is_compiling() and self._flat_step():
+            return None
+        if self._flat is not None:  # a per-tensor step may advance some counts, not all
+            self._steps_agree = False
         if closure is None and not torch.compiler.is_compiling() and self._fused_cpu_step():
             return None
         return super().step(closure)
+
+    def use_flat(self, flat: FlatParameters) -> None:
+        """Keep the moments and step counts of ``flat``'s parameters (this optimiser's only
+        group, in the same order) in flat buffers as well, so that a step is one fused-kernel
+        call over the whole of them (:mod:`rlloop.learners.flat_buffers`).
+
+        ``state`` keeps torch's form, one entry per parameter, whose tensors are views of
+        the buffers; a loaded state is copied into them (a ``load_state_dict`` post-hook).
+        Each element takes the arithmetic of torch's step, so the results are the same to
+        the bit. A step where the layout does not hold (a parameter's gradient rebound,
+        step counts that differ after a load) takes the per-tensor path instead.
+        """
+        params = self.param_groups[0]["params"]
+        if len(self.param_groups) != 1 or len(params) != len(flat.params) or any(
+                p is not q for p, q in zip(params, flat.params, strict=True)):
+            raise ValueError("use_flat takes the optimiser's own parameters, in order")
+        self._flat = flat
+        self._exp_avg = torch.zeros_like(flat.data)
+        self._exp_avg_sq = torch.zeros_like(flat.data)
+        # fused Adam keeps its step counts as float32 tensors on the parameters' device
+        self._steps = torch.zeros(len(params), dtype=torch.float32, device=flat.data.device)
+        self._lay_out_state()
+        self.register_load_state_dict_post_hook(_lay_out_loaded_state)
+
+    def _lay_out_state(self) -> None:
+        """Copy each parameter's state (zeros where it has none yet, as torch's first step
+        would make it) into the flat buffers and make the entries views of them."""
+        flat = self._flat
+        assert flat is not None
+        avgs, avg_sqs = flat.views(self._exp_avg), flat.views(self._exp_avg_sq)
+        with torch.no_grad():
+            for i, p in enumerate(flat.params):
+                state = self.state[p]
+                if state:
+                    avgs[i].copy_(state["exp_avg"])
+                    avg_sqs[i].copy_(state["exp_avg_sq"])
+                    self._steps[i].copy_(state["step"])
+                else:
+                    avgs[i].zero_()
+                    avg_sqs[i].zero_()
+                    self._steps[i].zero_()
+                state.update(step=self._steps[i], exp_avg=avgs[i], exp_avg_sq=avg_sqs[i])
+        self._one_step = self._steps[0]
+        self._steps_agree = bool((self._steps == self._steps[0]).all())
+
+    def _flat_step(self) -> bool:
+        """The fused step over the flat buffers of :meth:`use_flat`; False, having done
+        nothing, where they do not hold."""
+        flat = self._flat
+        if flat is None or not flat.intact():
+            return False
+        if not self._steps_agree:  # (a host read, only after a per-tensor step)
+            self._steps_agree = bool((self._steps == self._steps[0]).all())
+            if not self._steps_agree:
+                return False
+        group = self.param_groups[0]
+        if not _fusable(group):
+            return False
+        beta1, beta2 = group["betas"]
+        found_inf = getattr(self, "found_inf", None)
+        with torch.no_grad():
+            self._steps.add_(1)
+            torch._fused_adam_([flat.data], [flat.grad], [self._exp_avg], [self._exp_avg_sq],
+                               [], [self._one_step], amsgrad=False, lr=group["lr"],
+                               beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
+                               eps=group["eps"], maximize=group["maximize"],
+                               grad_scale=getattr(self, "grad_scale", None),
+                               found_inf=found_inf)
+            if found_inf is not None:  # a skipped step leaves the step counts as they were
+                self._steps.sub_(found_inf)
+        return True
 
     def _fused_cpu_step(self) -> bool:
         """torch's fused Adam step, written out for one group of CPU parameters that all
@@ -132,12 +214,9 @@ class Adam(_Eager, torch.optim.Adam):
         if len(self.param_groups) != 1:
             return False
         group = self.param_groups[0]
-        beta1, beta2 = group["betas"]
-        if (not group["fused"] or group["amsgrad"] or group["differentiable"]
-                or group["capturable"] or group["decoupled_weight_decay"]
-                or not isinstance(group["lr"], float) or not isinstance(beta1, float)
-                or not isinstance(beta2, float)):
+        if not _fusable(group):
             return False
+        beta1, beta2 = group["betas"]
         params: list[torch.Tensor] = group["params"]
         grads, exp_avgs, exp_avg_sqs, steps = [], [], [], []
         dtype = params[0].dtype
@@ -162,6 +241,20 @@ class Adam(_Eager, torch.optim.Adam):
             if found_inf is not None:  # a skipped step leaves the step counts as they were
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
         return True
+
+
+def _lay_out_loaded_state(optimizer: torch.optim.Optimizer) -> None:
+    """The ``load_state_dict`` post-hook of :meth:`Adam.use_flat`."""
+    cast(Adam, optimizer)._lay_out_state()
+
+
+def _fusable(group: dict[str, Any]) -> bool:
+    """Whether a parameter group's settings are those the fused CPU step writes out."""
+    beta1, beta2 = group["betas"]
+    return bool(group["fused"] and not (
+        group["amsgrad"] or group["differentiable"] or group["capturable"]
+        or group["decoupled_weight_decay"]) and isinstance(group["lr"], float)
+        and isinstance(beta1, float) and isinstance(beta2, float))
 
 
 class RMSprop(_Eager, torch.optim.RMSprop):

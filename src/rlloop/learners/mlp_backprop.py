@@ -9,7 +9,10 @@ a graph: :class:`MLPBackprop` keeps each layer's input on the way forward, then 
 ``dL/dW = g^T a`` and ``dL/db = sum g`` into each parameter's ``.grad`` and passes
 ``g <- (g W) * [a > 0]`` down, layer by layer, from :func:`dqn_loss_grad` (Huber's
 derivative). The optimiser step is the autograd path's
-(:class:`~rlloop.learners.optim_step.GuardedStep`).
+(:class:`~rlloop.learners.optim_step.GuardedStep`), on flat buffers: since this pass
+writes every gradient on every update, the Q-network's parameters, gradients and Adam's
+moments each live in one buffer (:mod:`rlloop.learners.flat_buffers`), and the norm, the
+clip and Adam's step are one op each instead of one per tensor.
 
 It derives one network only, so :func:`dqn_backprop` checks, when the learner is built,
 that the Q-network is exactly that: a non-dueling

@@ -22,7 +22,8 @@ import torch
 from torch import Tensor
 
 from rlloop.learners.adam import Adam
-from rlloop.learners.gradients import clip_to_norm_, total_norm
+from rlloop.learners.flat_buffers import FlatParameters
+from rlloop.learners.gradients import clip_scale, clip_to_norm_, total_norm
 
 
 def adam(params: Sequence[Tensor], lr: float, eps: float = 1e-8,
@@ -56,6 +57,9 @@ class GuardedOptim:
     optimizer: torch.optim.Optimizer
     params: list[Tensor]
     max_grad_norm: float | None = None
+    #: The parameters' flat layout (:mod:`rlloop.learners.flat_buffers`), if they have one:
+    #: the norm and the clip are then one op each over the whole gradient buffer.
+    flat: FlatParameters | None = None
 
 
 class GuardedStep:
@@ -99,22 +103,42 @@ class GuardedStep:
             for p in o.params:
                 p.grad = None
         loss.backward()  # type: ignore[no-untyped-call]
-        self.apply(torch.isfinite(loss.detach()))
+        self.apply(loss.detach())
 
     def apply(self, finite: Tensor) -> None:
-        """Clip and step on the gradients in ``.grad``, unless ``finite`` (a 0-dim bool
-        tensor) or a clipped norm says otherwise; counted in :attr:`skipped`."""
+        """Clip and step on the gradients in ``.grad``, unless ``finite`` or a clipped norm
+        says otherwise; counted in :attr:`skipped`.
+
+        ``finite``: a 0-dim bool tensor, or a 0-dim float tensor that is finite exactly
+        when the loss is (the loss, a sum of TD errors). A float takes fewer ops: the
+        clipped norms are added to it, and the update is skipped where the sum is not
+        finite (one of them is not, or, beyond 1e38, the sum overflows float32).
+        """
         for o in self.optims:
-            grads = [p.grad for p in o.params if p.grad is not None]
-            if o.max_grad_norm is not None and grads:
+            if o.max_grad_norm is None:
+                continue
+            if o.flat is not None and o.flat.intact():
+                norm = torch.linalg.vector_norm(o.flat.grad)
+                o.flat.grad.mul_(clip_scale(o.max_grad_norm, norm))
+            else:
+                grads = [p.grad for p in o.params if p.grad is not None]
+                if not grads:
+                    continue
                 norm = total_norm(grads)
                 clip_to_norm_(o.params, o.max_grad_norm, norm)
-                finite = finite & torch.isfinite(norm)
+            finite = (finite + norm if finite.is_floating_point()
+                      else finite & torch.isfinite(norm))
         assert self.flag is not None and self.skipped is not None
-        torch.logical_not(finite, out=self.flag)
+        if finite.is_floating_point():  # x - x is 0 for a finite x, NaN for inf and NaN
+            torch.sub(finite, finite, out=self.flag)
+            self.flag.ne_(0.0)
+        else:
+            torch.logical_not(finite, out=self.flag)
         self.skipped.add_(self.flag)
         if self._eager and bool(self.flag):
             return
         for o in self.optims:
-            if any(p.grad is not None for p in o.params):  # e.g. TD3's actor between updates
+            # (a flat layout's gradients are never None; elsewhere, e.g. TD3's actor between
+            # delayed updates has none, and its optimiser does not step)
+            if o.flat is not None or any(p.grad is not None for p in o.params):
                 o.optimizer.step()
