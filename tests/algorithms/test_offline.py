@@ -87,6 +87,7 @@ def test_bc_clones_the_expert_to_95_percent_of_its_return(expert, tmp_path) -> N
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
     evals = [r["eval/return_mean"] for r in rows if "eval/return_mean" in r]
     assert result.env_steps == 0 and len(evals) == 2
+    assert result.stopped_by == "budget"  # total_gradient_steps, the run's budget
     assert evals[-1] >= 0.95 * return_mean, (evals, return_mean)
 
 

@@ -475,5 +475,6 @@ class Session:
             return self.user_callbacks.stopped_by
         if self.solved:
             return "solved"
-        return "max_opts" if self.trainer.schedule.finished(self.trainer) else "budget"
+        schedule = self.trainer.schedule
+        return schedule.stop_reason if schedule.finished(self.trainer) else "budget"
 

@@ -302,6 +302,7 @@ class _EpochSchedule:
     """The task's iteration on the one loop: one epoch (collect, then train steps)."""
 
     counters: tuple[str, ...] = ("train/steps", "train/epochs", "env/steps")
+    stop_reason = "budget"
 
     def __init__(self, owner: TaskTrainer[Any]) -> None:
         self.owner = owner

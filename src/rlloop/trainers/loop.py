@@ -78,6 +78,9 @@ class Schedule(Protocol):
     counters: tuple[str, ...]
     """The names of the trainer's counters (``Trainer.state``)."""
 
+    stop_reason: str
+    """The run's ``stopped_by`` where :meth:`finished` ends it."""
+
     def step(self, trainer: Trainer, env_config: dict[str, Any] | None) -> Stats:
         """One iteration (collect -> update -> log); returns its flat stats."""
         ...
@@ -327,6 +330,7 @@ class OnPolicySchedule:
     updates (``run``'s argument; until a run starts, the constructor's or the restored one)."""
 
     counters = RL8_COUNTERS
+    stop_reason = "budget"  # (never: the env-step budget ends an on-policy run)
 
     def __init__(self, algorithm: Algorithm, steps_per_eval: int | None = None) -> None:
         self.algorithm = algorithm

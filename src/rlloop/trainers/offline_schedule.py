@@ -23,6 +23,8 @@ class OfflineSchedule(OffPolicySchedule):
     """:class:`OffPolicySchedule` whose iteration is one gradient update (see the module
     docstring); evaluations act greedily and records carry the mean since the last."""
 
+    stop_reason = "budget"  # its end is the run's budget, ``total_gradient_steps``
+
     def __init__(self, algorithm: Any, **kwargs: Any) -> None:
         config: OfflineConfig = algorithm.config
         cadence = Cadence(1, config.eval_interval, config.record_interval,

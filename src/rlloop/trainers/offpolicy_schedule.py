@@ -99,6 +99,7 @@ class OffPolicySchedule:
     """
 
     counters = RL8_COUNTERS
+    stop_reason = "max_opts"
 
     def __init__(self, algorithm: OffPolicyAlgorithm, *, cadence: Cadence | None = None,
                  evaluator: Evaluator | None = None, recorder: Recorder | None = None,
