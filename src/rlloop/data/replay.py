@@ -175,6 +175,8 @@ class ReplayBuffer:
                 store[: count - first] = value[first:]
         self._pos = (self._pos + n) % self.capacity
         self._size = min(self._size + n, self.capacity)
+        if first == count:  # (one op where the write did not wrap: one-env loops add often)
+            return torch.arange(start, start + count, device=self.device)
         return (start + torch.arange(count, device=self.device)) % self.capacity
 
     def _columns(self, batch: Transitions) -> dict[str, Tensor]:
