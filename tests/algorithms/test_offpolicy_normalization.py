@@ -16,6 +16,7 @@ import torch
 from conftest import leaves, same_leaf
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.cli.export import deterministic_policy
 from rlloop.config.loading import build_config
 from rlloop.data.replay_normalization import ReplayNormalizer
 from rlloop.data.transitions import Transitions
@@ -120,7 +121,8 @@ def test_normalize_obs_is_refused_for_images(env, message):
 def test_goal_observations_are_standardised_entry_by_entry_after_relabelling():
     """HER with a Dict goal observation: the statistics cover each entry of the flat row;
     a sampled batch is the replay's relabelled one (goals and rewards from raw rows), then
-    standardised; ``predict`` of a Dict observation acts on it standardised."""
+    standardised; ``predict`` of a Dict observation, the exported policy and evaluation
+    act on it standardised with the same statistics."""
     config = build_config("tqc", "rlloop-test/BitFlipBox-v0", flags={"seed": 0},
                           sets=[*QUIET, "num_envs=2", "tqc.replay=her", "tqc.hidden=[16,16]",
                                 "tqc.normalize_obs=true", "tqc.normalize_rewards=true",
@@ -149,5 +151,10 @@ def test_goal_observations_are_standardised_entry_by_entry_after_relabelling():
                                  for x in (stats.normalize(row), row))
         assert np.array_equal(predict_actions(algo, obs, True, False), standardised)
         assert not np.allclose(standardised, raw_row)
+        with torch.no_grad():  # what `rlloop export` writes takes the flat row
+            exported = deterministic_policy(algo)(row[None]).numpy()[0]
+        assert np.allclose(exported, standardised, atol=1e-6)
+        evaluated = algo._eval_env({}, 1)  # evaluation reads the statistics, never moves them
+        assert evaluated.stats is stats and not evaluated.update
     finally:
         algo.close()
