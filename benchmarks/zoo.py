@@ -73,11 +73,6 @@ REASONS: dict[str, str] = {
                                     "seed 1 learned to hover "
                                     "(episodes of 850-1000 steps, evaluations -80 to +66 "
                                     "from 35k to 500k) and never landed in its budget",
-    "FetchReach-v4/tqc": "seeds -3.5, -1.5, -1.6: seeds 1 and 2 at rl-zoo's level; seed 0's "
-                         "best policy is off the goal for 38 of 50 steps in one of its 20 "
-                         "evaluation episodes (the other 19: -1.7 on average); SB3 2.9 "
-                         "with the same values scores -29.9 ± 15.4 without normalisation "
-                         "and -1.1 ± 0.2 with rl-zoo's VecNormalize (benchmarks/zoo_sb3.py)",
     "HalfCheetah-v5/ppo": "seeds 5619.4, 5455.8, 6192.4 (each seed's best policy on 20 "
                           "fresh episodes; std 719, 2229 and 40 within a seed: seed 1's "
                           "cheetah flips over in some episodes); seed 2 is above rl-zoo's "

@@ -40,10 +40,10 @@ ROWS: dict[str, dict[str, Any]] = {
         "kwargs": {},
     },
     # rl-zoo's TQC FetchReach-v1 entry (tqc.yml, HerReplayBuffer with future goals, 4 per
-    # real transition) without its normalize: true, as rlloop's preset (rlloop does not
-    # standardise Dict observations): the same algorithm on the same inputs.
+    # real transition, normalize: true), as rlloop's preset.
     "FetchReach-v4/tqc": {
         "budget": 20_000, "eval_every": 2_000, "eval_episodes": 10, "her": True,
+        "normalize": True,
         "kwargs": {"buffer_size": 1_000_000, "batch_size": 256, "gamma": 0.95,
                    "learning_rate": 1e-3, "learning_starts": 1_000,
                    "replay_buffer_kwargs": {"goal_selection_strategy": "future",
@@ -97,8 +97,9 @@ def train_seed(row: str, seed: int, fraction: float = 1.0, episodes: int | None 
     env: Any = gym.make(env_id) if n_envs == 1 else make_vec_env(env_id, n_envs=n_envs,
                                                                  seed=seed)
     eval_env: Any = Monitor(gym.make(env_id))
-    if spec.get("normalize"):  # rl-zoo's `normalize: true`
-        env = VecNormalize(env if n_envs > 1 else DummyVecEnv([lambda: gym.make(env_id)]))
+    if spec.get("normalize"):  # rl-zoo's `normalize: true`, with the algorithm's discount
+        env = VecNormalize(env if n_envs > 1 else DummyVecEnv([lambda: gym.make(env_id)]),
+                           gamma=spec["kwargs"].get("gamma", 0.99))
         # EvalCallback copies the training statistics into it before each evaluation
         eval_env = VecNormalize(DummyVecEnv([lambda: Monitor(gym.make(env_id))]),
                                 training=False, norm_reward=False)
@@ -143,8 +144,8 @@ def main() -> None:
     p.add_argument("--fraction", type=float, default=1.0,
                    help="train this fraction of rl-zoo's budget (default 1)")
     p.add_argument("--normalize", action="store_true",
-                   help="with VecNormalize (rl-zoo's normalize: true) even where the row, "
-                        "like rlloop's preset, has none (FetchReach)")
+                   help="with VecNormalize (rl-zoo's normalize: true) even where the row "
+                        "has none")
     p.add_argument("--eval-episodes", type=int, default=None,
                    help="episodes per evaluation and for the fresh score (default: the "
                         "row's cadence, 20 fresh)")

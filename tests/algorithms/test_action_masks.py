@@ -219,6 +219,7 @@ def test_qrdqn_never_takes_a_masked_action_on_prioritized_n_step_replay():
     ("ppo", "Pendulum-v1", ["ppo.action_mask=true"],
      r"^ppo.action_mask needs Discrete actions but Pendulum-v1 has Box ones"),
     ("ppo", ENV, ["ppo.normalize_obs=true"], r"^ppo.normalize_obs cannot run with an action"),
+    ("dqn", ENV, ["dqn.normalize_obs=true"], r"^dqn.normalize_obs cannot run with an action"),
     ("ppo", ENV, ["ppo.recurrent=lstm"], r"^recurrent PPO does not mask actions yet"),
 ])
 def test_masking_that_cannot_work_is_refused(algo, env, sets, message):

@@ -147,19 +147,40 @@ def test_sac_with_her_reaches_fetch_goals(tmp_path) -> None:
     # rl-zoo's SAC FetchReach values (sac.yml) without its VecNormalize; solved near 10k
     # env steps (seed 0: eval return -1.8 at 10k, from -49 before)
     _fetch_reach()
-    import gymnasium as gym
-
-    from rlloop import load
     config = build_config("sac", "FetchReach-v4", flags={"seed": 0, "total_env_steps": 14_000},
                           sets=[*QUIET, "stop_on_solve=false", "num_envs=1", "sac.replay=her",
                                 "sac.gamma=0.95", "sac.lr=1e-3", "sac.batch_size=256",
                                 "sac.learning_starts=1000", "sac.hidden=[64,64]",
                                 "sac.eval_interval=2000", "eval_episodes=10"])
     train(config, tmp_path / "run")
-    model, env, successes = load(tmp_path / "run"), gym.make("FetchReach-v4"), []
-    for episode in range(50):
+    successes = _fetch_successes(tmp_path / "run")
+    assert sum(successes) / len(successes) >= 0.9, successes
+
+
+@pytest.mark.heavy  # about 2 minutes on a 2-core host (mujoco<3.12)
+def test_tqc_with_her_and_normalisation_reaches_fetch_goals_by_6k(tmp_path) -> None:
+    # The FetchReach-v4 preset (rl-zoo's tqc.yml values with normalize: true): seeds 0-2
+    # evaluated at -2.3 to -1.9 at 5k env steps; SAC without normalisation was still at
+    # -50 to -45 there (docs/guides/goal-conditioned.md)
+    _fetch_reach()
+    config = build_config("tqc", "FetchReach-v4", flags={"seed": 0, "total_env_steps": 6_000},
+                          sets=[*QUIET, "stop_on_solve=false"])
+    assert config.hparams.normalize_obs and config.hparams.normalize_rewards
+    train(config, tmp_path / "run")
+    successes = _fetch_successes(tmp_path / "run")
+    assert sum(successes) / len(successes) >= 0.9, successes
+
+
+def _fetch_successes(run: Path, episodes: int = 50) -> list[float]:
+    """Whether the run's best policy ends each of ``episodes`` fresh FetchReach episodes
+    (seeds 10,000 on) at the goal."""
+    import gymnasium as gym
+
+    from rlloop import load
+    model, env, successes = load(run), gym.make("FetchReach-v4"), []
+    for episode in range(episodes):
         obs, _ = env.reset(seed=10_000 + episode)
         for _ in range(50):
             obs, _, _, _, info = env.step(model.predict(obs))
         successes.append(float(info["is_success"]))
-    assert sum(successes) / len(successes) >= 0.9, successes
+    return successes

@@ -1,20 +1,28 @@
 """Observation and reward normalisation for the off-policy algorithms (issue 45): the
 replay keeps raw rows and a sample is normalised with the current statistics, which are
-saved in checkpoints and restored exactly; refused for observations that are not vectors.
-That normalised SAC still learns is in tests/learning/test_learning_offpolicy.py."""
+saved in checkpoints and restored exactly; Dict goal observations are standardised entry
+by entry after hindsight relabelling (SB3's order: tests/data/test_hindsight_replay.py);
+refused for images. That normalised SAC still learns is in
+tests/learning/test_learning_offpolicy.py; HER with normalisation resumes exactly in
+tests/reliability/test_her_resume.py."""
 
 from __future__ import annotations
 
+import dict_envs
+import goal_envs
+import numpy as np
 import pytest
 import torch
 from conftest import leaves, same_leaf
 
 from rlloop.checkpoint import CheckpointManager, load_checkpoint
+from rlloop.cli.export import deterministic_policy
 from rlloop.config.loading import build_config
 from rlloop.data.replay_normalization import ReplayNormalizer
 from rlloop.data.transitions import Transitions
 from rlloop.errors import ConfigError
 from rlloop.runs.build import build_algorithm
+from rlloop.runs.predict import predict_actions
 from rlloop.runs.start import resume, train
 
 QUIET = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=false"]
@@ -96,7 +104,57 @@ def test_the_replay_keeps_raw_observations_and_a_sample_standardises_them():
         algo.close()
 
 
-def test_normalize_obs_is_refused_for_image_observations():
-    with pytest.raises(ConfigError, match=r"dqn\.normalize_obs takes vector"):
-        train(build_config("dqn", "ALE/Pong-v5", flags={"total_env_steps": 100},
+@pytest.mark.parametrize(("env", "message"), [
+    ("ALE/Pong-v5", r"^dqn\.normalize_obs takes vector \(float32\) observations, not "
+                    r"ALE/Pong-v5's \(torch.uint8\)"),
+    ("rlloop-test/DictCue-v0", r"^dqn\.normalize_obs takes vector entries, but "
+                               r"rlloop-test/DictCue-v0's Dict observation has image entries "
+                               r"\['pixels'\]; set dqn\.normalize_obs=false"),
+])
+def test_normalize_obs_is_refused_for_images(env, message):
+    dict_envs.register()
+    with pytest.raises(ConfigError, match=message):
+        train(build_config("dqn", env, flags={"total_env_steps": 100},
                            sets=[*QUIET, "dqn.normalize_obs=true"]))
+
+
+def test_goal_observations_are_standardised_entry_by_entry_after_relabelling():
+    """HER with a Dict goal observation: the statistics cover each entry of the flat row;
+    a sampled batch is the replay's relabelled one (goals and rewards from raw rows), then
+    standardised; ``predict`` of a Dict observation, the exported policy and evaluation
+    act on it standardised with the same statistics."""
+    config = build_config("tqc", "rlloop-test/BitFlipBox-v0", flags={"seed": 0},
+                          sets=[*QUIET, "num_envs=2", "tqc.replay=her", "tqc.hidden=[16,16]",
+                                "tqc.normalize_obs=true", "tqc.normalize_rewards=true",
+                                "tqc.learning_starts=16"])
+    algo = build_algorithm(config)
+    try:
+        for _ in range(12):  # 8-step episodes: some have ended in both envs
+            algo.env_step()
+        stats, loop = algo.obs_stats, algo.loop
+        assert stats.mean.shape == (3 * goal_envs.N_BITS,)
+        state = loop.generator.get_state()
+        raw = loop.replay.sample(64, loop.generator)
+        loop.generator.set_state(state)
+        batch = loop.sample(64, 0)
+        parts = dict(loop.replay.layout.split(raw.next_obs))
+        reached = (parts["achieved_goal"] == parts["desired_goal"]).all(-1)
+        assert torch.equal(raw.reward, reached.float() - 1)  # scored on raw goals
+        assert torch.equal(batch.obs, stats.normalize(raw.obs))
+        assert torch.equal(batch.next_obs, stats.normalize(raw.next_obs))
+        assert torch.equal(batch.reward, loop.normalizer.batch(raw).reward)
+        assert not torch.equal(batch.reward, raw.reward)
+        bits = np.array([1, 0] * (goal_envs.N_BITS // 2), np.float32)
+        obs = {"achieved_goal": bits, "desired_goal": 1 - bits, "observation": bits}
+        row = torch.as_tensor(np.concatenate([obs[k] for k, _, _ in algo.env.spec.obs_parts]))
+        standardised, raw_row = (algo.act(x[None], True).numpy()[0]
+                                 for x in (stats.normalize(row), row))
+        assert np.array_equal(predict_actions(algo, obs, True, False), standardised)
+        assert not np.allclose(standardised, raw_row)
+        with torch.no_grad():  # what `rlloop export` writes takes the flat row
+            exported = deterministic_policy(algo)(row[None]).numpy()[0]
+        assert np.allclose(exported, standardised, atol=1e-6)
+        evaluated = algo._eval_env({}, 1)  # evaluation reads the statistics, never moves them
+        assert evaluated.stats is stats and not evaluated.update
+    finally:
+        algo.close()

@@ -5,13 +5,20 @@ random lengths that end by termination or truncation, a capacity small enough to
 Sampling is random, so the comparison takes SB3's own draws (which transitions, which
 goal index in the episode) and asks rlloop's buffer for the same ones: every field of the
 batch must be equal, and rlloop's goal draws must span SB3's range for each transition.
+With normalisation (SB3's buffer sampled with a ``VecNormalize`` env, rlloop's batch
+through a ``ReplayNormalizer``, each set of statistics fed the same steps by its own code)
+the relabelled batches are standardised alike, to float32 rounding.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
+from itertools import pairwise
+from typing import Any
 
+import gymnasium
 import numpy as np
 import pytest
 import torch
@@ -19,9 +26,12 @@ from gymnasium import spaces
 
 from rlloop.data.hindsight_replay import HindsightReplayBuffer
 from rlloop.data.obs_storage import ObsLayout
+from rlloop.data.replay_normalization import ReplayNormalizer
 from rlloop.data.transitions import Transitions
+from rlloop.envs.normalizer import RunningMeanStd
 
 sb3_her = pytest.importorskip("stable_baselines3.her.her_replay_buffer")
+sb3_vec_env = pytest.importorskip("stable_baselines3.common.vec_env")
 
 G, OBS, ACT = 3, 2, 2  # goal, observation and action widths
 KEYS = (("achieved_goal", (G,)), ("desired_goal", (G,)), ("observation", (OBS,)))
@@ -146,9 +156,10 @@ def buffers(strategy: str, num_envs: int = 3, capacity: int = 60, count: int = 4
     return theirs, ours
 
 
-def sb3_sample(buffer, batch_size: int, seed: int):
-    """SB3's batch and its draws: the transitions (rows, envs) and, per relabelled one,
-    the bounds and result of its goal-index draw (``final`` draws none)."""
+def sb3_sample(buffer, batch_size: int, seed: int, env=None):
+    """SB3's batch (normalised by ``env``, a ``VecNormalize``, if given) and its draws: the
+    transitions (rows, envs) and, per relabelled one, the bounds and result of its
+    goal-index draw (``final`` draws none)."""
     np.random.seed(seed)
     drawn: dict[str, list] = {"choice": [], "randint": []}
     real_choice, real_randint = np.random.choice, np.random.randint
@@ -165,28 +176,36 @@ def sb3_sample(buffer, batch_size: int, seed: int):
 
     np.random.choice, np.random.randint = choice, randint  # type: ignore[assignment]
     try:
-        batch = buffer.sample(batch_size)
+        batch = buffer.sample(batch_size, env)
     finally:
         np.random.choice, np.random.randint = real_choice, real_randint
     rows, envs = np.unravel_index(drawn["choice"][0], buffer.ep_length.shape)
     return batch, rows, envs, drawn["randint"]
 
 
-def assert_batches_equal(ours: Transitions, theirs) -> None:
+def assert_batches_equal(ours: Transitions, theirs, exact: bool = True) -> None:
+    """Every field equal; with ``exact=False`` observations and rewards to float32
+    rounding (standardised in float32 here, in float64 and then rounded by SB3)."""
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+
     obs = dict(LAYOUT.split(ours.obs))
     next_obs = dict(LAYOUT.split(ours.next_obs))
     for key, _ in KEYS:
-        assert torch.equal(obs[key], theirs.observations[key]), key
-        assert torch.equal(next_obs[key], theirs.next_observations[key]), key
+        assert same(obs[key], theirs.observations[key]), key
+        assert same(next_obs[key], theirs.next_observations[key]), key
     assert torch.equal(ours.action, theirs.actions)
-    assert torch.equal(ours.reward, theirs.rewards.reshape(-1))
+    assert same(ours.reward, theirs.rewards.reshape(-1))
     assert torch.equal(ours.terminated.float(), theirs.dones.reshape(-1))
 
 
-def compare(theirs, ours: HindsightReplayBuffer, batch_size: int = 256, seed: int = 0) -> None:
+def compare(theirs, ours: HindsightReplayBuffer, batch_size: int = 256, seed: int = 0,
+            normalized: tuple[Any, ReplayNormalizer] | None = None) -> None:
     """rlloop's buffer, asked for SB3's draws, gives SB3's batch; its own goal draws
-    span the range SB3 draws from."""
-    batch, rows, envs, goal_draws = sb3_sample(theirs, batch_size, seed)
+    span the range SB3 draws from. ``normalized``: SB3's batch sampled with the
+    ``VecNormalize`` env, rlloop's standardised by the ``ReplayNormalizer``."""
+    vec_normalize, normalizer = normalized or (None, None)
+    batch, rows, envs, goal_draws = sb3_sample(theirs, batch_size, seed, vec_normalize)
     row, env = torch.as_tensor(rows), torch.as_tensor(envs)
     n_virtual = int(theirs.her_ratio * batch_size)
     if ours.strategy == "final":
@@ -201,7 +220,11 @@ def compare(theirs, ours: HindsightReplayBuffer, batch_size: int = 256, seed: in
         goal_step = torch.cat([torch.as_tensor(out), lowest[n_virtual:]])
     # SB3 draws the relabelled ones first and returns them last: same rows, rolled
     order = torch.cat([torch.arange(n_virtual, batch_size), torch.arange(n_virtual)])
-    assert_batches_equal(ours.relabelled(row, env, goal_step[:n_virtual]).select(order), batch)
+    mine = ours.relabelled(row, env, goal_step[:n_virtual]).select(order)
+    if normalizer is None:
+        assert_batches_equal(mine, batch)
+    else:
+        assert_batches_equal(normalizer.batch(mine), batch, exact=False)
 
 
 @pytest.mark.parametrize("strategy", ["future", "final", "episode"])
@@ -272,6 +295,89 @@ def test_the_comparison_catches_rewards_not_recomputed() -> None:
     ours.relabelled = stale_rewards  # type: ignore[method-assign]
     with pytest.raises(AssertionError):
         compare(theirs, ours)
+
+
+class SpaceOnly(gymnasium.Env):  # type: ignore[type-arg]
+    """An env with the test's spaces, for the ``VecEnv`` under SB3's ``VecNormalize``."""
+
+    observation_space = spaces.Dict({k: spaces.Box(-np.inf, np.inf, s, np.float32)
+                                     for k, s in KEYS})
+    action_space = spaces.Box(-1, 1, (ACT,), np.float32)
+
+
+class ScriptedVecEnv(sb3_vec_env.DummyVecEnv):
+    """Steps return what ``scripted`` holds: ``(obs, rewards, dones, infos)``."""
+
+    scripted: tuple[Any, ...] = ()
+
+    def step_wait(self):
+        return self.scripted
+
+
+GAMMA = 0.95
+
+
+def normalized_buffers(strategy: str, num_envs: int = 3, count: int = 47,
+                       goals_swapped: bool = False):
+    """:func:`buffers`, and beside SB3's a ``VecNormalize`` and beside rlloop's a
+    ``ReplayNormalizer``, each fed the same steps by its own code: every step's reward and
+    done flags and the observations the envs return (a finished episode's reset one).
+    ``goals_swapped`` (a planted error): rlloop's statistics see each row's achieved goal
+    where its desired goal goes, and the other way round."""
+    theirs, ours = buffers(strategy, num_envs, count=count)
+    vec_normalize = sb3_vec_env.VecNormalize(
+        ScriptedVecEnv([SpaceOnly] * num_envs), gamma=GAMMA)
+    width = sum(math.prod(shape) for _, shape in KEYS)
+    normalizer = ReplayNormalizer(num_envs, GAMMA, RunningMeanStd((width,)), True)
+    # SB3's statistics start from a count of 1e-4, rlloop's from 1e-8: start them alike
+    normalizer.obs_stats.count = normalizer.reward_stats.count = 1e-4  # type: ignore[union-attr]
+    # the first ``count`` steps are those buffers() added; ``after``: the step that follows
+    for s, after in pairwise(steps(num_envs, count + 1)):
+        done = s.terminated | s.truncated
+        vec_normalize.venv.scripted = (after.obs, s.reward, done, [{}] * num_envs)
+        vec_normalize.step(s.action)
+        seen = after.obs if not goals_swapped else {
+            **after.obs, "achieved_goal": after.obs["desired_goal"],
+            "desired_goal": after.obs["achieved_goal"]}
+        normalizer.observe(torch.as_tensor(s.reward), torch.as_tensor(done), flat(seen))
+    return theirs, ours, (vec_normalize, normalizer)
+
+
+@pytest.mark.parametrize("strategy", ["future", "final"])
+def test_normalised_batches_equal_sb3s_with_vec_normalize(strategy: str) -> None:
+    """The replay keeps raw rows: goals are relabelled and rewards recomputed on raw
+    goals, then observations are standardised per entry and rewards divided by the
+    return's std, as SB3's buffer does with a VecNormalize env."""
+    theirs, ours, normalized = normalized_buffers(strategy)
+    vec_normalize, normalizer = normalized
+    stats = normalizer.obs_stats
+    assert stats is not None and normalizer.reward_stats is not None
+    for key, mean in LAYOUT.split(stats.mean):  # one row's statistics are each entry's own
+        peer = vec_normalize.obs_rms[key]
+        torch.testing.assert_close(mean, torch.as_tensor(peer.mean), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(dict(LAYOUT.split(stats.var))[key],
+                                   torch.as_tensor(peer.var), rtol=1e-6, atol=1e-7)
+    assert normalizer.reward_stats.var.item() == pytest.approx(vec_normalize.ret_rms.var,
+                                                               rel=1e-12)
+    assert normalizer.reward_stats.var.item() > 1.5  # rewards are scaled, not left as they are
+    compare(theirs, ours, normalized=normalized)
+
+
+def test_the_comparison_catches_statistics_of_the_wrong_entries() -> None:
+    theirs, ours, normalized = normalized_buffers("future", goals_swapped=True)
+    with pytest.raises(AssertionError):
+        compare(theirs, ours, normalized=normalized)
+
+
+def test_the_comparison_catches_rows_standardised_before_they_are_relabelled() -> None:
+    theirs, ours, normalized = normalized_buffers("future")
+    stats = normalized[1].obs_stats
+    assert stats is not None
+    for store in (ours.obs, ours.next_obs):  # a goal achieved, standardised as one
+        store[:] = stats.normalize(store[:])
+    normalized[1].obs_stats = None  # (and the batch not standardised again)
+    with pytest.raises(AssertionError):
+        compare(theirs, ours, normalized=normalized)
 
 
 def test_own_draws_follow_the_strategy_and_the_ratio() -> None:

@@ -1,6 +1,7 @@
 """Exact resume with hindsight replay: N env steps straight == N/2, a checkpoint, and a
 resume to N, bit for bit, with episodes running in every env at the cut (their steps are
-in the replay, not yet sampleable; the envs' state continues them after the resume)."""
+in the replay, not yet sampleable; the envs' state continues them after the resume), and
+with the observation and reward statistics of normalize_obs and normalize_rewards."""
 
 from __future__ import annotations
 
@@ -22,16 +23,20 @@ SETS = ["mlflow=false", "progress=false", "save_video=false", "stop_on_solve=fal
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "env", "copy_info"), [
-    ("future", "BitFlipBox", False),
-    ("future", "CostlyBitFlip", True),  # a reward that reads info: the infos resume too
+@pytest.mark.parametrize(("strategy", "env", "copy_info", "normalize"), [
+    ("future", "BitFlipBox", False, False),
+    # a reward that reads info: the infos resume too; and the normalisation statistics
+    ("future", "CostlyBitFlip", True, True),
 ])
-def test_sac_with_her_resumes_bit_exactly(tmp_path, strategy, env, copy_info) -> None:
+def test_sac_with_her_resumes_bit_exactly(tmp_path, strategy, env, copy_info,
+                                          normalize) -> None:
     def config(steps: int):
         return build_config("sac", f"rlloop-test/{env}-v0",
                             flags={"seed": 4, "total_env_steps": steps},
                             sets=[*SETS, f"sac.her_strategy={strategy}",
-                                  f"sac.her_copy_info={copy_info}"])
+                                  f"sac.her_copy_info={copy_info}",
+                                  f"sac.normalize_obs={normalize}",
+                                  f"sac.normalize_rewards={normalize}"])
 
     # 3 envs x 50 steps to the cut (8-step episodes, ended early on the goal: none ends
     # on step 50 in every env), 40 rows per env: the replay has wrapped by the end
@@ -41,6 +46,8 @@ def test_sac_with_her_resumes_bit_exactly(tmp_path, strategy, env, copy_info) ->
     replay = saved.components["algorithm"]["offpolicy"]["replay"]
     assert (replay["start"] < int(replay["written"])).all()  # an episode runs in every env
     assert ("infos" in replay) == copy_info
+    assert ("obs_norm" in saved.components["algorithm"]) == normalize
+    assert ("reward_norm" in saved.components["algorithm"]["offpolicy"]) == normalize
     resume(tmp_path / "b", total_env_steps=300)
 
     a = load_checkpoint(CheckpointManager(tmp_path / "a" / "checkpoints").latest())

@@ -187,10 +187,13 @@ class DQN(OffPolicyAlgorithmBase):
         if not isinstance(env.spec.action_space, Discrete):
             raise ConfigError(f"{self.name} needs discrete actions but {env.env_id} has "
                               "continuous ones; use sac or td3")
+        self.mask_dims = resolve_action_mask(config.action_mask, env.spec, self.name)
+        if self.mask_dims and config.normalize_obs:  # standardising would blur the 0/1 mask
+            raise ConfigError(f"{self.name}.normalize_obs cannot run with an action mask "
+                              f"from {env.env_id}; set {self.name}.normalize_obs=false")
         super().__init__(self.name, env, config)
         self.config = config
         self.space = env.spec.action_space
-        self.mask_dims = resolve_action_mask(config.action_mask, env.spec, self.name)
         self.q = build_module(lambda: self.network(env), self.device)
         self.learner = self.learner_cls({DEFAULT_MODULE_ID: DQNModule(self.q)}, config,
                                         env.on_nonfinite)
@@ -210,7 +213,8 @@ class DQN(OffPolicyAlgorithmBase):
         """The observation encoder the config asks for (None: the MLP on flat input)."""
         spec, config = env.spec, self.config
         return build_encoder(self.name, config.network_encoder, spec.obs_shape, spec.image_obs,
-                             spec.obs_parts, config.hidden, cnn_precision=config.cnn_precision)
+                             spec.obs_parts, config.hidden, cnn_precision=config.cnn_precision,
+                             standardized=config.normalize_obs)
 
     # ---- acting ----------------------------------------------------------------------
     def _epsilon_greedy(self, obs: Tensor, eps: float, generator: torch.Generator) -> Tensor:

@@ -241,17 +241,25 @@ def observation_stats(section: str, env: EnvSettings, config: OffPolicyConfig
                       ) -> RunningMeanStd | None:
     """The running observation statistics of ``normalize_obs`` (None when off).
 
+    A Dict observation arrives flat (its entries concatenated, ``EnvSpec.obs_parts``), so
+    per-element statistics of the row are each entry's own, as VecNormalize keeps them
+    per key; its action-mask features are the algorithm's to refuse (DQN does).
+
     Raises:
-        ConfigError: image or Dict observations, which the replay keeps in their own
-            dtype and layout (uint8 frames cannot hold standardised values).
+        ConfigError: image observations, or a Dict with image entries: the off-policy
+            networks take pixels scaled to ``[0, 1]``, never standardised per pixel.
     """
     if not config.normalize_obs:
         return None
     spec = env.spec
-    if spec.obs_parts or spec.obs_dtype != torch.float32:
+    images = [key for key, _, image in spec.obs_parts if image]
+    if images:
+        raise ConfigError(f"{section}.normalize_obs takes vector entries, but {env.env_id}'s "
+                          f"Dict observation has image entries {images}; set "
+                          f"{section}.normalize_obs=false or drop them from the observation")
+    if spec.obs_dtype != torch.float32:
         raise ConfigError(f"{section}.normalize_obs takes vector (float32) observations, not "
-                          f"{env.env_id}'s ({spec.obs_dtype}"
-                          f"{', a Dict' if spec.obs_parts else ''}); set "
+                          f"{env.env_id}'s ({spec.obs_dtype}); set "
                           f"{section}.normalize_obs=false")
     return RunningMeanStd(spec.obs_shape, device=resolve_device(env.device))
 

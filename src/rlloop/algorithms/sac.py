@@ -88,7 +88,8 @@ def sac_module_factory(spec: EnvSpec, act_dim: int, config: SACConfig,
     """What builds SAC's module for ``spec`` (every learner rank builds its copy so)."""
     return lambda: module_cls(flat_dim(spec.obs_shape), act_dim, config, lambda: build_encoder(
         config.section, config.network_encoder, spec.obs_shape, spec.image_obs, spec.obs_parts,
-        config.hidden, cnn_precision=config.cnn_precision))
+        config.hidden, cnn_precision=config.cnn_precision,
+        standardized=config.normalize_obs))
 
 
 def add_actor_critic_adams(learner: Any, module_id: str, module: nn.Module, lr: float,

@@ -144,7 +144,8 @@ class TD3(OffPolicyAlgorithmBase):
         self.module = build_module(lambda: TD3Module(
             flat_dim(spec.obs_shape), space.dim, config.hidden, lambda: build_encoder(
                 "td3", config.network_encoder, spec.obs_shape, spec.image_obs, spec.obs_parts,
-                config.hidden, cnn_precision=config.cnn_precision)), self.device)
+                config.hidden, cnn_precision=config.cnn_precision,
+                standardized=config.normalize_obs)), self.device)
         self.learner = TD3Learner({DEFAULT_MODULE_ID: self.module}, config, self.generator,
                                   env.on_nonfinite)
         self.noise = make_action_noise(config.action_noise, env.num_envs, space.dim,

@@ -112,7 +112,8 @@ class OffPolicyConfig:
     observations and a sampled batch is standardised with the statistics of that moment,
     as SB3 does: rows standardised when stored would keep the first steps' unsettled
     statistics for the whole run (SAC then did not learn Pendulum-v1). Vector (float)
-    observations only."""
+    observations, and Dict observations of vector entries (standardised entry by entry,
+    after hindsight relabelling with replay=her); not images."""
     normalize_rewards: bool = False
     """Divide rewards by the running std of the discounted return (SB3's VecNormalize
     ``norm_reward``, PPO's ``normalize_rewards``) and clip them at +-10, after

@@ -139,8 +139,8 @@ class DictEncoder(nn.Module):
     the entries (a legal-action mask, ``EnvSpec.action_mask``) are not encoded. Image entries
     (pixel values 0-255) are scaled to ``[0, 1]`` and get the Nature CNN when both sides
     are at least 36, else (MiniGrid's 7x7 views) an MLP like vector entries do; vector
-    entries get an MLP of ``hidden`` units. ``standardized`` observations (PPO's
-    ``normalize_obs``) arrive with every entry scaled already: none is divided by 255.
+    entries get an MLP of ``hidden`` units. ``standardized`` observations
+    (``normalize_obs``) arrive with every entry scaled already: none is divided by 255.
     """
 
     def __init__(self, parts: ObsParts, hidden: Sequence[int], activation: str,
@@ -228,20 +228,22 @@ Encoder = NatureCNN | DictEncoder
 
 def build_encoder(section: str, kind: str, obs_shape: Sequence[int], image: bool,
                   parts: ObsParts = (), hidden: Sequence[int] = (256, 256),
-                  activation: str = "relu", cnn_precision: str = "float32") -> Encoder | None:
+                  activation: str = "relu", cnn_precision: str = "float32", *,
+                  standardized: bool = False) -> Encoder | None:
     """The encoder ``kind`` selects for observations of ``obs_shape``, or None where the
     algorithm's MLP takes the flattened observation directly.
 
     ``auto`` picks the Nature CNN for image observations and the MLP otherwise; ``mlp``
     flattens everything (pixels too, as floats); ``nature_cnn`` insists on the CNN.
     Dict observations (``parts``, ``EnvSpec.obs_parts``) get a :class:`DictEncoder` of
-    ``hidden`` units per vector entry unless ``kind`` is ``mlp``. ``cnn_precision`` is the
-    Nature CNN's (``<algo>.cnn_precision``).
+    ``hidden`` units per vector entry unless ``kind`` is ``mlp``, ``standardized`` ones
+    (``normalize_obs``) with no entry scaled again. ``cnn_precision`` is the Nature CNN's
+    (``<algo>.cnn_precision``).
     """
     if kind not in ENCODERS:
         raise ConfigError(f"{section}.encoder must be one of {list(ENCODERS)}, got {kind!r}")
     if parts and kind != "mlp":
-        return DictEncoder(parts, hidden, activation, cnn_precision)
+        return DictEncoder(parts, hidden, activation, cnn_precision, standardized=standardized)
     if kind == "mlp" or (kind == "auto" and not image):
         return None
     return NatureCNN(obs_shape, precision=cnn_precision)
