@@ -5,6 +5,7 @@ that ``torch.optim.RMSprop``'s first step makes (a second or more)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -96,6 +97,20 @@ def test_the_plain_step_runs_flat_and_resumes_from_a_state_dict() -> None:
     _steps(restored, copy, 2, seed=3)
     _steps(reference, twin, 2, seed=3)
     for a, b in zip(copy, twin, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_copy_steps_on_flat_state_of_its_own() -> None:
+    params = _params()
+    optimizer = ForeachRMSprop(params, lr=1e-3, foreach=True)
+    _steps(optimizer, params, 2)
+    twin = copy.deepcopy(optimizer)  # torch copies defaults, state and groups only
+    twin_params = twin.param_groups[0]["params"]  # copies of the parameters
+    _steps(optimizer, params, 2, seed=5)
+    _steps(twin, twin_params, 2, seed=5)
+    assert twin._flat is not None and optimizer._flat is not None
+    assert twin._flat.square_avg is not optimizer._flat.square_avg
+    for a, b in zip(params, twin_params, strict=True):
         assert torch.equal(a, b)
 
 

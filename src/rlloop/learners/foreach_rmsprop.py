@@ -52,9 +52,9 @@ class ForeachRMSprop(RMSprop):
     """:class:`~rlloop.learners.adam.RMSprop` (same arguments, state and results) with the
     flat step the module docstring describes."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._flat: _FlatState | None = None
+    #: Made at the first flat step; a class default, as torch's pickling and copying of an
+    #: optimiser keep only its defaults, state and groups (a copy makes its own).
+    _flat: _FlatState | None = None
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
         flat = None if closure is not None else self._plain_step_state()
