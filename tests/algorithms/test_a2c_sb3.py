@@ -67,7 +67,11 @@ def _sb3_in_float64(monkeypatch):
 
 
 def _compare(
-    env_id: str, normalize: bool, sde: bool = False, optimizer: str = "rmsprop"
+    env_id: str,
+    normalize: bool,
+    sde: bool = False,
+    optimizer: str = "rmsprop",
+    ent_coef: float = ENT_COEF,
 ) -> dict[str, float]:
     """The largest differences between SB3 and rlloop after one A2C step on one rollout:
     ``loss/<name>``, ``grad`` (clipped gradients) and ``param``."""
@@ -78,7 +82,7 @@ def _compare(
         sets=[
             "mlflow=false",
             "progress=false",
-            f"a2c.ent_coef={ENT_COEF}",
+            f"a2c.ent_coef={ent_coef}",
             f"a2c.normalize_advantages={str(normalize).lower()}",
             # SB3's defaults, not the Pendulum preset's tuned ones
             f"a2c.use_sde={str(sde).lower()}",
@@ -113,7 +117,7 @@ def _compare(
             "MlpPolicy",
             env_id,
             n_steps=5,
-            ent_coef=ENT_COEF,
+            ent_coef=ent_coef,
             vf_coef=0.5,
             normalize_advantage=normalize,
             use_sde=sde,
@@ -151,16 +155,17 @@ def _compare(
 
 
 @pytest.mark.parametrize(
-    ("env_id", "normalize", "sde", "optimizer"),
+    ("env_id", "normalize", "sde", "optimizer", "ent_coef"),
     [
-        ("CartPole-v1", False, False, "rmsprop"),
-        ("Pendulum-v1", True, False, "rmsprop"),
-        ("Pendulum-v1", False, True, "rmsprop"),
-        ("CartPole-v1", False, False, "adam"),
+        ("CartPole-v1", False, False, "rmsprop", ENT_COEF),
+        ("Pendulum-v1", True, False, "rmsprop", ENT_COEF),
+        ("Pendulum-v1", False, True, "rmsprop", ENT_COEF),
+        ("CartPole-v1", False, False, "adam", ENT_COEF),
+        ("CartPole-v1", False, False, "rmsprop", 0.0),  # rl-zoo's: no entropy term at all
     ],
 )
-def test_one_update_equals_stable_baselines3(env_id, normalize, sde, optimizer):
-    diffs = _compare(env_id, normalize, sde, optimizer)
+def test_one_update_equals_stable_baselines3(env_id, normalize, sde, optimizer, ent_coef):
+    diffs = _compare(env_id, normalize, sde, optimizer, ent_coef)
     assert max(diffs.values()) < 1e-10, diffs
 
 
@@ -200,3 +205,32 @@ def test_the_loss_is_the_policy_gradient_plus_weighted_value_and_entropy_terms()
     assert float(normalized["losses/policy"]) == pytest.approx(
         -float((std * log_prob).mean()), abs=1e-15
     )
+
+
+def test_without_an_entropy_bonus_the_entropy_is_not_differentiated():
+    """ent_coef=0 leaves the entropy out of the loss: the same loss and gradients to the
+    bit as with its zero term in, and no gradient reaches the entropy."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 3, generator=g, requires_grad=True)
+    values = torch.randn(6, generator=g, requires_grad=True)
+    adv, returns = torch.randn(6, generator=g), torch.randn(6, generator=g)
+    actions = torch.tensor([0, 1, 2, 0, 1, 2])
+
+    def step(with_zero_term: bool):
+        log_probs = torch.log_softmax(logits, -1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        reached = []
+        entropy.register_hook(reached.append)
+        log_prob = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        loss, stats = a2c_loss(log_prob, adv, values, returns, entropy, 0.5, 0.0)
+        if with_zero_term:
+            loss = loss - 0.0 * entropy.mean()
+        grads = torch.autograd.grad(loss, (logits, values))
+        return loss.detach(), grads, stats["losses/entropy"], len(reached)
+
+    loss, grads, entropy, reached = step(False)
+    loss_with, grads_with, entropy_with, reached_with = step(True)
+    assert (reached, reached_with) == (0, 1)
+    assert torch.equal(loss, loss_with) and torch.equal(entropy, entropy_with)
+    for a, b in zip(grads, grads_with, strict=True):
+        assert torch.equal(a, b)

@@ -248,12 +248,16 @@ def test_next_obs_is_copied_only_where_an_episode_ended():
     env.close()
 
 
-def test_ppo_bootstraps_truncations_from_the_final_observation():
-    """PPO's batch values every stored final observation at once and keeps those of
-    truncated steps; rows of steps where nothing ended hold stale data and must not leak."""
-    algo = build_algorithm(build_config("ppo", "CartPole-v1", sets=[
+@pytest.mark.parametrize("algo_name", ["ppo", "a2c"])
+def test_ppo_and_a2c_bootstrap_truncations_from_the_final_observation(algo_name):
+    """PPO's batch (and A2C's, which values its rollout in the update, not as it acts)
+    bootstraps truncated steps from their final observations; rows of steps where nothing
+    ended hold stale data and must not leak."""
+    algo = build_algorithm(build_config(algo_name, "CartPole-v1", sets=[
         "mlflow=false", "num_envs=4", "backend=gymnasium", "device=cpu",
-        "env_kwargs={max_episode_steps: 5}", "ppo.rollout_steps=12", "ppo.minibatch_size=16"]))
+        "env_kwargs={max_episode_steps: 5}", f"{algo_name}.rollout_steps=12",
+        *(["ppo.minibatch_size=16"] if algo_name == "ppo" else [])]))
+    assert (algo._rollout_values is None) == (algo_name == "a2c")
     algo.collect()
     algo.buffer.next_obs[~(algo.buffer.terminated | algo.buffer.truncated)] = 1e6  # stale
     batch = algo._batch()

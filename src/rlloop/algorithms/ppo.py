@@ -183,6 +183,9 @@ class PPO(AlgorithmBase):
     supports_dict_obs = True
     #: A2C's learner here (its update is its own; the collection is this class's).
     learner_cls: ClassVar[type[Learner[RolloutBatch]]] = PPOLearner
+    #: Whether an MLP policy on a CPU records V(s) as it acts (see ``_rollout_values``);
+    #: with a shared encoder the rollout always does.
+    values_while_acting: ClassVar[bool] = True
     policy: Any  # ActorCritic here, RecurrentActorCritic in RecurrentPPO
     #: Scratch storage, fully rewritten by every collect before it is read: not state
     #: (gSDE's noise matrices are drawn afresh when a collect starts).
@@ -229,8 +232,8 @@ class PPO(AlgorithmBase):
         # weights (not so for Ray runners' fragments).
         self._rollout_values = torch.zeros(
             (config.rollout_steps, self.env.num_envs), device=self.device) \
-            if isinstance(self.policy, ActorCritic) and (
-                encoder is not None or self.device.type == "cpu") else None
+            if isinstance(self.policy, ActorCritic) and (encoder is not None or (
+                self.device.type == "cpu" and self.values_while_acting)) else None
         self._t = 0
         self._values_fresh = False
         self._graphed = self._graphed_collect() if config.cuda_graph else None
@@ -306,7 +309,7 @@ class PPO(AlgorithmBase):
         buf, policy = self.buffer, self.policy
         t, n = buf.steps, buf.num_envs
         obs = buf.obs[:].flatten(0, 1)  # Dict observations: joined from their entries
-        if self._rollout_values is None:
+        if self._rollout_values is None and self.device.type != "cpu":
             # One forward over every observation and every stored final one: selecting the
             # truncated rows first would wait for the device to say how many there are.
             values_all = policy.value(torch.cat([obs, self.runner.obs,
@@ -314,7 +317,8 @@ class PPO(AlgorithmBase):
             final_values = values_all[(t + 1) * n:].view(t, n)
         else:
             # A pass over every stored final observation would cost a third of an epoch;
-            # one wait per update for the few truncated rows costs nothing in comparison.
+            # one wait per update for the few truncated rows costs nothing in comparison
+            # (and on a CPU, where A2C does not record the values, none).
             if self._rollout_values is not None and self._values_fresh:
                 values_all = torch.cat([self._rollout_values.flatten(),
                                         policy.value(self.runner.obs)])

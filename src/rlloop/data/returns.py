@@ -40,13 +40,14 @@ def gae(
     episode_continues = (~(terminated | truncated)).to(values.dtype)
     deltas = rewards + gamma * not_terminal * next_values - values
     carried = gamma * lam * episode_continues  # the share of A_{t+1} that A_t keeps
-    advantages = torch.empty_like(values)
     running = torch.zeros_like(values[0])
-    # Rows as views made once: with few envs, indexing each step costs as much as its math.
-    rows = zip(deltas.unbind(0), carried.unbind(0), advantages.unbind(0), strict=True)
-    for delta, carry, out in reversed(list(rows)):
+    # Rows as views made once, stacked once at the end: with few envs and steps (A2C's
+    # 5 x 8) indexing or copying each step costs as much as its math.
+    backwards = []
+    for delta, carry in zip(deltas.unbind(0)[::-1], carried.unbind(0)[::-1], strict=True):
         running = delta + carry * running
-        out.copy_(running)
+        backwards.append(running)
+    advantages = torch.stack(backwards[::-1])
     return advantages, advantages + values
 
 

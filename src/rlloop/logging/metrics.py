@@ -122,7 +122,11 @@ class _Stat:
     def fold(self) -> None:
         if not self.pending:
             return
-        new = _to_floats(self.pending)
+        if len(self.pending) == 1:  # most keys, reduced every iteration: no batching to do
+            only = self.pending[0]
+            new = [float(only.item() if isinstance(only, torch.Tensor) else only)]
+        else:
+            new = _to_floats(self.pending)
         self.pending = []
         # Sums add value by value onto what was folded before, so a sum never depends on
         # when folds happened (a checkpoint folds): `acc + sum(new)` rounds by the groups.

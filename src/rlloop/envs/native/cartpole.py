@@ -4,7 +4,7 @@ The physics, reward, termination thresholds, initial-state distribution and 500-
 time limit are those of Gymnasium 1.x ``CartPole-v1`` (Barto, Sutton & Anderson 1983,
 with the corrected equations of https://coneural.org/florian/papers/05_cart_pole.pdf),
 so returns and "solved" thresholds are comparable with published results. Everything
-else is built for throughput: one ``[N, 4]`` float32 state, about 35 small tensor ops
+else is built for throughput: one ``[N, 4]`` float32 state, about 30 small tensor ops
 per step whatever ``N`` is, no Python loop over envs and no host synchronisation, so
 the same code runs unchanged on a GPU.
 
@@ -91,7 +91,8 @@ def step_physics(state: Tensor, action: Tensor) -> Tensor:
     saves two scalar ops and changes the result only at float rounding level.
     """
     force_per_mass, length_over_g = _physics_constants(state.device, state.dtype)
-    x_dot, theta, theta_dot = state[..., 1], state[..., 2], state[..., 3]
+    # One unbind for the four columns: each index or slice of a view costs a dispatch.
+    x, x_dot, theta, theta_dot = state.unbind(-1)
     cos = torch.cos(theta)
     sin = torch.sin(theta)
     # addcmul(a, b, c, value=v) is a + v * b * c in one op.
@@ -107,13 +108,15 @@ def step_physics(state: Tensor, action: Tensor) -> Tensor:
     theta_acc = torch.sub(sin, cos * temp, alpha=1.0 / GRAVITY).div_(eff_length_over_g)
     x_acc = torch.addcmul(temp, theta_acc, cos, value=-POLE_MASS_LENGTH / TOTAL_MASS)
 
-    # Explicit Euler: positions (columns 0, 2) advance with the old velocities (1, 3),
-    # Gymnasium's default integrator. Writing into strided views of one output tensor
-    # is several times cheaper than torch.stack at small N.
+    # Explicit Euler: positions advance with the old velocities, Gymnasium's default
+    # integrator. Writing into the column views of one output tensor is several times
+    # cheaper than torch.stack at small N.
     new = torch.empty_like(state)
-    torch.add(state[..., 0::2], state[..., 1::2], alpha=TAU, out=new[..., 0::2])
-    torch.add(x_dot, x_acc, alpha=TAU, out=new[..., 1])
-    torch.add(theta_dot, theta_acc, alpha=TAU, out=new[..., 3])
+    new_x, new_x_dot, new_theta, new_theta_dot = new.unbind(-1)
+    torch.add(x, x_dot, alpha=TAU, out=new_x)
+    torch.add(x_dot, x_acc, alpha=TAU, out=new_x_dot)
+    torch.add(theta, theta_dot, alpha=TAU, out=new_theta)
+    torch.add(theta_dot, theta_acc, alpha=TAU, out=new_theta_dot)
     return new
 
 
