@@ -55,6 +55,9 @@ class ForeachRMSprop(RMSprop):
     #: Made at the first flat step; a class default, as torch's pickling and copying of an
     #: optimiser keep only its defaults, state and groups (a copy makes its own).
     _flat: _FlatState | None = None
+    #: ``_flat`` is derived: its tensors hold the values ``state`` has (which checkpoints
+    #: save), and a loaded state is gathered into new ones at the next step.
+    transient_attrs = frozenset({"_flat"})
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
         flat = None if closure is not None else self._plain_step_state()
