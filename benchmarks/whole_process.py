@@ -1,7 +1,7 @@
 """Whole-process races on a CPU: rlloop's default path against SBX (and optionally SB3).
 
 Run: ``python benchmarks/whole_process.py [--rows dqn sac td3 ppo] [--dqn-steps N]
-[--sac-steps N] [--td3-steps N] [--rounds 2] [--seed 0] [--sb3]`` (also reached as
+[--sac-steps N] [--td3-steps N] [--rounds 2] [--seed 0] [--sb3] [--one-core]`` (also reached as
 ``python benchmarks/offpolicy.py --whole-process ...``).
 
 Each run is a fresh Python process, timed from its start to its end by the wall clock:
@@ -19,7 +19,11 @@ same half, all its threads), the return.
 
 Everything runs on one thread: torch's (``torch.set_num_threads(1)``) and XLA's CPU client
 (``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1``, set
-before jax is imported; see ``jax_peer.py``). Hyperparameters are rl-zoo's, as in
+before jax is imported; see ``jax_peer.py``). Even so, SBX's XLA runtime keeps about 1.5
+cores busy while it trains (its CPU seconds exceed its wall seconds), so on a machine with
+a second core free its wall clock gains from it; ``--one-core`` confines every run to one
+core (``sched_setaffinity`` before it starts), so that each wall clock is one core's.
+Hyperparameters are rl-zoo's, as in
 ``offpolicy.py`` (DQN CartPole-v1: SBX one Gymnasium env; rlloop one native env, rl-zoo's
 setup, and four, its preset) and ``ppo_cartpole.py`` (rlloop's CartPole preset against
 SBX at rl-zoo's CartPole entry, the time to a 475 evaluation). TD3 on Pendulum-v1 takes
@@ -153,10 +157,10 @@ def child_ppo(library: str, budget: int, seed: int) -> dict[str, float]:
 # ---------------------------------------------------------------- parent: the race
 
 
-def run_child(library: str, algo: str, steps: int, seed: int, num_envs: int
-              ) -> tuple[float, float, dict[str, float]]:
-    """Run one child: its wall seconds, its CPU seconds (all threads, user + system) and
-    what it reported."""
+def run_child(library: str, algo: str, steps: int, seed: int, num_envs: int,
+              core: int | None = None) -> tuple[float, float, dict[str, float]]:
+    """Run one child (confined to CPU ``core`` if given): its wall seconds, its CPU
+    seconds (all threads, user + system) and what it reported."""
     from jax_peer import ONE_THREAD_XLA_FLAGS
 
     env = {**os.environ, "XLA_FLAGS": ONE_THREAD_XLA_FLAGS, "JAX_PLATFORMS": "cpu",
@@ -165,7 +169,8 @@ def run_child(library: str, algo: str, steps: int, seed: int, num_envs: int
            str(steps), str(seed), str(num_envs)]
     cpu0 = _children_cpu()
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, preexec_fn=pin)
     wall = time.perf_counter() - t0
     cpu = _children_cpu() - cpu0
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -179,7 +184,8 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def race(algo: str, steps: int, rounds: int, seed: int, sb3: bool) -> list[Run]:
+def race(algo: str, steps: int, rounds: int, seed: int, sb3: bool,
+         core: int | None = None) -> list[Run]:
     contenders = list(CONTENDERS[algo])
     if sb3 and algo in ("dqn", "sac"):
         contenders.append(("sb3 1 env", "sb3", 1))
@@ -188,7 +194,7 @@ def race(algo: str, steps: int, rounds: int, seed: int, sb3: bool) -> list[Run]:
         # alternate the order each round, so neither always runs first
         for label, library, n in (contenders if rnd % 2 == 0 else contenders[::-1]):
             load = os.getloadavg()[0]
-            wall, cpu, out = run_child(library, algo, steps, seed, n)
+            wall, cpu, out = run_child(library, algo, steps, seed, n, core)
             run = Run(label, algo, int(out.get("solve_steps", steps)), wall - out["eval_s"],
                       cpu - out.get("eval_cpu_s", out["eval_s"]), out["train_s"],
                       out["steady_sps"], out["steady_cpu_sps"], out["return"], load)
@@ -239,6 +245,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sb3", action="store_true", help="add SB3 to the DQN and SAC rows")
+    parser.add_argument("--one-core", action="store_true",
+                        help="confine every run to one CPU core (its wall clock is then one "
+                             "core's, whatever threads it starts)")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -251,8 +260,9 @@ def main() -> None:
     require_sbx()  # fail here, not in the first child
     budgets = {"dqn": args.dqn_steps, "sac": args.sac_steps, "td3": args.td3_steps,
                "ppo": [args.ppo_budget]}
+    core = max(os.sched_getaffinity(0)) if args.one_core else None
     runs = [r for algo in args.rows for steps in budgets[algo]
-            for r in race(algo, steps, args.rounds, args.seed, args.sb3)]
+            for r in race(algo, steps, args.rounds, args.seed, args.sb3, core)]
     report(runs)
 
 
