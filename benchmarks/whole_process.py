@@ -252,7 +252,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         library, algo, steps, seed, n = args.child
-        print("RESULT " + json.dumps(child(library, algo, int(steps), int(seed), int(n))))
+        out = child(library, algo, int(steps), int(seed), int(n))
+        # the cores it may run on (1 under --one-core)
+        print("RESULT " + json.dumps({**out, "cores": len(os.sched_getaffinity(0))}))
         return
     sys.path.insert(0, str(HERE))
     from jax_peer import require_sbx

@@ -49,3 +49,13 @@ def test_child_reports_what_the_race_reads(benchmarks_on_path: None, library: st
                           "return"}
     assert out["train_s"] > 0 and out["steady_sps"] > 0 and out["steady_cpu_sps"] > 0
     assert 8 <= out["return"] <= 500  # CartPole's returns, 20 greedy episodes
+
+
+def test_one_core_confines_the_child(benchmarks_on_path: None) -> None:
+    import os
+
+    import whole_process
+
+    _, _, out = whole_process.run_child("rlloop", "dqn", 1100, 0, 1,
+                                        core=max(os.sched_getaffinity(0)))
+    assert out["cores"] == 1 and out["steady_sps"] > 0
