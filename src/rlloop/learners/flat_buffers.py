@@ -22,6 +22,13 @@ import torch
 from torch import Tensor
 
 
+def flat_views(flat: Tensor, like: Sequence[Tensor]) -> list[Tensor]:
+    """``flat`` (as many elements as ``like`` together) cut into views shaped as the
+    tensors of ``like``, in order."""
+    return [v.view(t.shape) for v, t in zip(flat.split([t.numel() for t in like]), like,
+                                            strict=True)]
+
+
 class FlatParameters:
     """``params`` (one dtype, one device) with their values in :attr:`data` and their
     gradients in :attr:`grad`, both flat; the parameters' own ``.data`` and ``.grad``
@@ -44,11 +51,7 @@ class FlatParameters:
 
     def views(self, flat: Tensor) -> list[Tensor]:
         """``flat`` cut into tensors of the parameters' shapes, in order."""
-        out, offset = [], 0
-        for p in self.params:
-            out.append(flat[offset: offset + p.numel()].view_as(p))
-            offset += p.numel()
-        return out
+        return flat_views(flat, self.params)
 
     def restore(self) -> None:
         """Copy the parameters' current values (and gradients, zero where None) into the

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from rlloop.learners.adam import RMSprop
+from rlloop.learners.flat_buffers import flat_views
 
 
 class _FlatState(NamedTuple):
@@ -114,11 +115,9 @@ class ForeachRMSprop(RMSprop):
         states = [self.state[p] for p in params]
         square_avg = torch.cat([s["square_avg"].reshape(-1) for s in states])
         steps = torch.stack([s["step"].reshape(()) for s in states])
-        sizes = [p.numel() for p in params]
 
         def views(flat: Tensor) -> tuple[Tensor, ...]:
-            return tuple(v.view(p.shape) for v, p in zip(flat.split(sizes), params,
-                                                            strict=True))
+            return tuple(flat_views(flat, params))
 
         grad, avg = torch.empty_like(square_avg), torch.empty_like(square_avg)
         flat = _FlatState(params, self.state, tuple(states), square_avg, steps,
