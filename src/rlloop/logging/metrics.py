@@ -56,6 +56,9 @@ def _added(total: float, values: list[float]) -> float:
 
 def _to_floats(values: list[Value]) -> list[float]:
     """Convert numbers and 0-d tensors to floats, with one device sync for all tensors."""
+    if len(values) == 1:  # most keys, reduced every iteration: no batching to do
+        only = values[0]
+        return [float(only.item() if isinstance(only, torch.Tensor) else only)]
     out: list[float] = []
     tensor_pos: list[int] = []
     tensors: list[torch.Tensor] = []
@@ -122,11 +125,7 @@ class _Stat:
     def fold(self) -> None:
         if not self.pending:
             return
-        if len(self.pending) == 1:  # most keys, reduced every iteration: no batching to do
-            only = self.pending[0]
-            new = [float(only.item() if isinstance(only, torch.Tensor) else only)]
-        else:
-            new = _to_floats(self.pending)
+        new = _to_floats(self.pending)
         self.pending = []
         # Sums add value by value onto what was folded before, so a sum never depends on
         # when folds happened (a checkpoint folds): `acc + sum(new)` rounds by the groups.
