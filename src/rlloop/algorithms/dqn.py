@@ -9,7 +9,7 @@ gradient updates: copied (``tau = 1``) or Polyak-averaged (``tau < 1``).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import torch
@@ -25,11 +25,18 @@ from rlloop.data.transitions import Transitions
 from rlloop.envs.action_masks import legal_actions, resolve_action_mask
 from rlloop.envs.core import Discrete, sample_random_actions
 from rlloop.errors import ConfigError
+from rlloop.learners.adam import Adam
 from rlloop.learners.learner import DEFAULT_MODULE_ID
-from rlloop.learners.mlp_backprop import DQNBackprop, dqn_backprop, plain_relu_q_network
-from rlloop.losses.dqn import dqn_loss, dqn_target
+from rlloop.learners.mlp_backprop import (
+    DQNBackprop,
+    dqn_backprop,
+    huber_loss,
+    plain_relu_q_network,
+)
+from rlloop.learners.update_loop import scripted_updates
+from rlloop.losses.dqn import dqn_loss, dqn_stats, dqn_target
 from rlloop.losses.polyak import hard_update, polyak_update
-from rlloop.modules.encoders import Encoder, build_encoder
+from rlloop.modules.encoders import Encoder, build_encoder, flat_input
 from rlloop.modules.masked import random_legal_actions
 from rlloop.modules.networks import flat_dim
 from rlloop.modules.q_networks import QNetwork
@@ -111,6 +118,41 @@ class DQNLearner(OffPolicyLearnerBase):
         m = self.module()
         next_q = torch.cat([m.target(x) for x in batch.next_obs.split(chunk)])
         return dqn_target(batch.reward, batch.discount, batch.terminated, next_q)
+
+    def updates_towards(self, obs: Tensor, action: Tensor, target: Tensor, k: int, *,
+                        stats: bool) -> dict[str, Tensor]:
+        """``k`` updates on ``k`` equal batches of these rows, in order, whose TD targets
+        were computed already (the target network stays fixed across them); the last
+        one's stats where ``stats``. One call for all of them where
+        :func:`~rlloop.learners.update_loop.scripted_updates` runs them, else one by one."""
+        run = self._update_loop()
+        if run is None:
+            out: dict[str, Tensor] = {}
+            for i, (o, a, y) in enumerate(zip(obs.chunk(k), action.chunk(k), target.chunk(k),
+                                              strict=True)):
+                out = self.update_towards(o, a, y, stats=stats and i == k - 1)
+            return out
+        assert self.backprop is not None
+        rows = obs.shape[0] // k
+        q, self.td_errors = run(flat_input(obs, self.backprop.mlp.dtype).reshape(k, rows, -1),
+                                action.long().reshape(k, rows, 1), target.reshape(k, rows))
+        for _ in range(k):
+            self.after_update()
+        return dqn_stats(huber_loss(self.td_errors), q, self.td_errors) if stats else {}
+
+    def _update_loop(self) -> Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]] | None:
+        """The scripted run of several hand-derived updates, where it applies (see
+        :mod:`rlloop.learners.update_loop`)."""
+        if self.backprop is None or self.on_nonfinite == "raise" or len(self.step.optims) != 1:
+            return None
+        optim = self.step.optims[0]
+        adam = optim.optimizer.flat_step() if isinstance(optim.optimizer, Adam) else None
+        if adam is None or self.step.flag is None or self.step.skipped is None:
+            return None
+        layers = self.backprop.backprop.layers
+        return scripted_updates([layer.weight for layer in layers],
+                                [layer.bias for layer in layers], adam, self.step.flag,
+                                self.step.skipped, optim.max_grad_norm)
 
     def update_towards(self, obs: Tensor, action: Tensor, target: Tensor,
                        weights: Tensor | None = None, *, stats: bool = True
@@ -266,11 +308,8 @@ class DQN(OffPolicyAlgorithmBase):
                 left -= 1
                 continue
             batch = loop.sample(k * cfg.batch_size, loop.env_steps)
-            targets = learner.targets(batch).split(cfg.batch_size)
-            obs, actions = batch.obs.split(cfg.batch_size), batch.action.split(cfg.batch_size)
-            for i in range(k):
-                stats = learner.update_towards(obs[i], actions[i], targets[i],
-                                               stats=i == k - 1 and k == left)
+            stats = learner.updates_towards(batch.obs, batch.action, learner.targets(batch), k,
+                                            stats=k == left)
             left -= k
         return stats
 

@@ -24,6 +24,7 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 import torch
@@ -181,31 +182,42 @@ class Adam(_Eager, torch.optim.Adam):
         self._one_step = self._steps[0]
         self._steps_agree = bool((self._steps == self._steps[0]).all())
 
-    def _flat_step(self) -> bool:
-        """The fused step over the flat buffers of :meth:`use_flat`; False, having done
-        nothing, where they do not hold."""
+    def flat_step(self) -> FlatAdamStep | None:
+        """What the fused step over the flat buffers of :meth:`use_flat` reads and writes,
+        or None where they do not hold (this step then takes the per-tensor path)."""
         flat = self._flat
         if flat is None or not flat.intact():
-            return False
+            return None
         if not self._steps_agree:  # (a host read, only after a per-tensor step)
             self._steps_agree = bool((self._steps == self._steps[0]).all())
             if not self._steps_agree:
-                return False
+                return None
         group = self.param_groups[0]
         if not _fusable(group):
-            return False
+            return None
         beta1, beta2 = group["betas"]
-        found_inf = getattr(self, "found_inf", None)
+        return FlatAdamStep(flat, self._exp_avg, self._exp_avg_sq, self._steps,
+                            self._one_step, group["lr"], beta1, beta2, group["weight_decay"],
+                            group["eps"], group["maximize"],
+                            getattr(self, "grad_scale", None), getattr(self, "found_inf", None))
+
+    def _flat_step(self) -> bool:
+        """The fused step over the flat buffers of :meth:`use_flat`; False, having done
+        nothing, where they do not hold."""
+        step = self.flat_step()
+        if step is None:
+            return False
+        found_inf = step.found_inf
         with torch.no_grad():
-            self._steps.add_(1)
-            torch._fused_adam_([flat.data], [flat.grad], [self._exp_avg], [self._exp_avg_sq],
-                               [], [self._one_step], amsgrad=False, lr=group["lr"],
-                               beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
-                               eps=group["eps"], maximize=group["maximize"],
-                               grad_scale=getattr(self, "grad_scale", None),
+            step.steps.add_(1)
+            torch._fused_adam_([step.flat.data], [step.flat.grad], [step.exp_avg],
+                               [step.exp_avg_sq], [], [step.one_step], amsgrad=False,
+                               lr=step.lr, beta1=step.beta1, beta2=step.beta2,
+                               weight_decay=step.weight_decay, eps=step.eps,
+                               maximize=step.maximize, grad_scale=step.grad_scale,
                                found_inf=found_inf)
             if found_inf is not None:  # a skipped step leaves the step counts as they were
-                self._steps.sub_(found_inf)
+                step.steps.sub_(found_inf)
         return True
 
     def _fused_cpu_step(self) -> bool:
@@ -241,6 +253,27 @@ class Adam(_Eager, torch.optim.Adam):
             if found_inf is not None:  # a skipped step leaves the step counts as they were
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
         return True
+
+
+@dataclass(frozen=True)
+class FlatAdamStep:
+    """The tensors and settings of one fused Adam step over a flat layout
+    (:meth:`Adam.flat_step`): the step counts ``steps`` (one per parameter, all equal) are
+    advanced around the kernel, which reads ``one_step`` (the first of them)."""
+
+    flat: FlatParameters
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    steps: torch.Tensor
+    one_step: torch.Tensor
+    lr: float
+    beta1: float
+    beta2: float
+    weight_decay: float
+    eps: float
+    maximize: bool
+    grad_scale: torch.Tensor | None
+    found_inf: torch.Tensor | None
 
 
 def _lay_out_loaded_state(optimizer: torch.optim.Optimizer) -> None:
