@@ -25,11 +25,9 @@ def _net() -> nn.Module:
 def _step(net: nn.Module, max_norm: float | None, flat: bool) -> GuardedStep:
     params = list(net.parameters())
     optimizer = Adam(params, lr=1e-2, fused=True)
-    layout = None
     if flat:
-        layout = FlatParameters(params)
-        optimizer.use_flat(layout)
-    return GuardedStep([GuardedOptim(optimizer, params, max_norm, layout)])
+        optimizer.use_flat(FlatParameters(params))
+    return GuardedStep([GuardedOptim(optimizer, params, max_norm)])
 
 
 def _write_grads(net: nn.Module, seed: int, scale: float = 1.0) -> torch.Tensor:

@@ -98,12 +98,10 @@ class OffPolicyLearnerBase(Learner[Transitions]):
         rate = learning_rate(lr, self.config.lr_schedule, self.config.lr_decay_steps)
         self.register_optimizer(module_id, name, optimizer, params, rate,
                                 GradientClip(max_grad_norm))
-        layout = None
         if flat and isinstance(optimizer, Adam) and optimizer.defaults["fused"] and all(
                 p.device.type == "cpu" for p in params):
-            layout = FlatParameters(params)
-            optimizer.use_flat(layout)
-        self.step.add(GuardedOptim(optimizer, params, max_grad_norm, layout))
+            optimizer.use_flat(FlatParameters(params))
+        self.step.add(GuardedOptim(optimizer, params, max_grad_norm))
 
     def compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` through ``torch.compile`` when the config asks for it (built once, on

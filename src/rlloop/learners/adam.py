@@ -127,12 +127,12 @@ class Adam(_Eager, torch.optim.Adam):
     torch_cls = torch.optim.Adam
 
     #: The flat layout of :meth:`use_flat` (None: one tensor per parameter, as torch's).
-    _flat: FlatParameters | None = None
+    flat: FlatParameters | None = None
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
         if closure is None and not torch.compiler.is_compiling() and self._flat_step():
             return None
-        if self._flat is not None:  # a per-tensor step may advance some counts, not all
+        if self.flat is not None:  # a per-tensor step may advance some counts, not all
             self._steps_agree = False
         if closure is None and not torch.compiler.is_compiling() and self._fused_cpu_step():
             return None
@@ -153,7 +153,7 @@ class Adam(_Eager, torch.optim.Adam):
         if len(self.param_groups) != 1 or len(params) != len(flat.params) or any(
                 p is not q for p, q in zip(params, flat.params, strict=True)):
             raise ValueError("use_flat takes the optimiser's own parameters, in order")
-        self._flat = flat
+        self.flat = flat
         self._exp_avg = torch.zeros_like(flat.data)
         self._exp_avg_sq = torch.zeros_like(flat.data)
         # fused Adam keeps its step counts as float32 tensors on the parameters' device
@@ -164,7 +164,7 @@ class Adam(_Eager, torch.optim.Adam):
     def _lay_out_state(self) -> None:
         """Copy each parameter's state (zeros where it has none yet, as torch's first step
         would make it) into the flat buffers and make the entries views of them."""
-        flat = self._flat
+        flat = self.flat
         assert flat is not None
         avgs, avg_sqs = flat.views(self._exp_avg), flat.views(self._exp_avg_sq)
         with torch.no_grad():
@@ -185,7 +185,7 @@ class Adam(_Eager, torch.optim.Adam):
     def flat_step(self) -> FlatAdamStep | None:
         """What the fused step over the flat buffers of :meth:`use_flat` reads and writes,
         or None where they do not hold (this step then takes the per-tensor path)."""
-        flat = self._flat
+        flat = self.flat
         if flat is None or not flat.intact():
             return None
         if not self._steps_agree:  # (a host read, only after a per-tensor step)

@@ -57,9 +57,13 @@ class GuardedOptim:
     optimizer: torch.optim.Optimizer
     params: list[Tensor]
     max_grad_norm: float | None = None
-    #: The parameters' flat layout (:mod:`rlloop.learners.flat_buffers`), if they have one:
-    #: the norm and the clip are then one op each over the whole gradient buffer.
-    flat: FlatParameters | None = None
+
+    @property
+    def flat(self) -> FlatParameters | None:
+        """The parameters' flat layout (:mod:`rlloop.learners.flat_buffers`), if the
+        optimiser keeps one (:meth:`rlloop.learners.adam.Adam.use_flat`): the norm and the
+        clip are then one op each over the whole gradient buffer."""
+        return getattr(self.optimizer, "flat", None)
 
 
 class GuardedStep:
