@@ -100,3 +100,18 @@ def test_updates_run_eager_where_the_scripted_call_cannot(monkeypatch):
     learner.updates_towards(batch.obs, batch.action, targets, 6, stats=False)
     _one_by_one(twin, batch, targets, 6)
     assert all(torch.equal(a, b) for a, b in zip(_state(learner), _state(twin), strict=True))
+
+
+def test_a_torch_that_cannot_script_warns_once_and_runs_eager(monkeypatch):
+    def broken(fn):
+        raise RuntimeError("TorchScript was removed\nmore detail")
+
+    update_loop._scripted.cache_clear()
+    monkeypatch.setattr(torch.jit, "script", broken)
+    try:
+        with pytest.warns(UserWarning, match=r"TorchScript was removed\); DQN's updates run"):
+            assert update_loop._scripted() is None
+        learner, _ = _learner()
+        assert learner._update_loop() is None  # cached: no second warning
+    finally:
+        update_loop._scripted.cache_clear()

@@ -19,7 +19,8 @@ moments, step counts and skip counts are the same to the bit as update by update
 It runs only where that path would run: the hand-derived backward, one flat Adam whose
 skip flag is the guard's, no importance weights, the guard not raising (which would read
 the flag after every update). ``torch.jit.script`` is deprecated in recent torch; where it is
-gone or fails, :func:`scripted_updates` returns None and the updates run one by one, eager.
+gone or fails, :func:`scripted_updates` returns None (after one warning saying so) and the
+updates run one by one, eager.
 """
 
 from __future__ import annotations
@@ -101,7 +102,11 @@ def _scripted() -> Callable[..., tuple[Tensor, Tensor]] | None:
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", FutureWarning)
             return torch.jit.script(_dqn_updates)  # type: ignore[no-any-return]
-    except Exception:  # any failure to script means: run eager
+    except Exception as e:  # any failure to script means: run eager
+        warnings.warn(f"torch.jit.script could not compile DQN's update loop "
+                      f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                      "DQN's updates run one by one, eager (slower, the same results)",
+                      stacklevel=2)
         return None
 
 
